@@ -1,0 +1,1 @@
+"""Built-in workloads, installed as ``taxmodel.kernels``. Importing this package registers them."""

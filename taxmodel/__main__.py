@@ -1,0 +1,3 @@
+from taxmodel.cli import main
+
+main()

@@ -1,0 +1,151 @@
+"""The workload protocol: what a workload (built-in or a user's own) tells taxmodel.
+
+A workload has named shape presets (one of them tiny enough for the CPU interpreter), builds
+its inputs (on the symmetric heap where a variant needs it), has a reference implementation for
+correctness, declares its cost, and offers variants. A variant enqueues one iteration's kernels
+and says which kernel names play which role; the ledger then never needs to import the
+workload: the declared cost and roles travel in the bundle's metadata and events.
+
+Register a workload with ``@register`` (built-ins live in ``taxmodel.kernels``; a user's module
+can be loaded with ``taxmodel profile --workload-module my_module``).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, ClassVar, Mapping
+
+from taxmodel.errors import InputError
+
+
+@dataclass(frozen=True)
+class Intermediate:
+    """A tensor written to HBM by one kernel and read back by the next (a locality-tax source).
+
+    ``producer``/``consumer`` are regular expressions over kernel names (or roles prefixed with
+    'role:'); ``bytes`` is the size written once and read once, per rank and iteration.
+    """
+
+    name: str
+    bytes: int
+    producer: str
+    consumer: str
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Declared cost of one iteration on one rank: the physical floor of the work."""
+
+    flops: int
+    hbm_bytes: int  # bytes that must cross HBM at least once (inputs read, outputs written)
+    link_bytes: int  # bytes this rank must receive over GPU-GPU links
+    intermediates: tuple[Intermediate, ...] = ()
+    dtype: str = "bf16"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["intermediates"] = [asdict(i) for i in self.intermediates]
+        return d
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "Cost":
+        inter = tuple(Intermediate(**i) for i in d.get("intermediates", ()))
+        return Cost(int(d["flops"]), int(d["hbm_bytes"]), int(d["link_bytes"]), inter, d.get("dtype", "bf16"))
+
+
+@dataclass
+class Variant:
+    """One way of computing the workload.
+
+    ``run(state)`` enqueues one iteration's kernels (no host sync inside); ``roles`` maps a
+    kernel-name regex to a role (compute/comm/fused/copy); ``needs_heap`` says whether inputs
+    must live on the symmetric heap; ``fine_grained`` marks in-kernel communication variants.
+    """
+
+    name: str
+    run: Callable[[Any], Any]
+    roles: Mapping[str, str] = field(default_factory=dict)
+    needs_heap: bool = False
+    fine_grained: bool = False
+    description: str = ""
+    available: Callable[[Any], str | None] = lambda ctx: None  # returns why not, or None
+
+
+class Workload:
+    """Base class of a workload. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    presets: ClassVar[dict[str, dict[str, int]]] = {}
+    default_preset: ClassVar[str] = ""
+    cpu_preset: ClassVar[str] = "tiny"
+
+    def variants(self) -> dict[str, Variant]:
+        raise NotImplementedError
+
+    def shape(self, preset: str | None = None, **overrides: int) -> dict[str, int]:
+        preset = preset or self.default_preset
+        if preset not in self.presets:
+            raise InputError(f"{self.name}: unknown preset '{preset}'; choose one of {', '.join(self.presets)}")
+        shape = dict(self.presets[preset])
+        shape.update({k: int(v) for k, v in overrides.items() if v is not None})
+        return shape
+
+    def setup(self, ctx: Any, shape: Mapping[str, int], variant: Variant) -> Any:
+        """Build inputs and outputs for one rank; return the state passed to ``variant.run``."""
+        raise NotImplementedError
+
+    def reference(self, ctx: Any, shape: Mapping[str, int], state: Any) -> Any:
+        """The expected output of this rank, in higher precision."""
+        raise NotImplementedError
+
+    def output(self, state: Any) -> Any:
+        """The output tensor that ``reference`` is compared with."""
+        raise NotImplementedError
+
+    def tolerance(self, shape: Mapping[str, int]) -> tuple[float, float]:
+        """(rtol, atol) for the reference check."""
+        return (2e-2, 2e-2)
+
+    def cost(self, shape: Mapping[str, int], world_size: int, variant: str) -> Cost:
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[Workload]] = {}
+
+
+def register(cls: type[Workload]) -> type[Workload]:
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def get_workload(name: str) -> Workload:
+    load_builtin_workloads()
+    if name not in _REGISTRY:
+        raise InputError(f"unknown workload '{name}'; built-in and registered: {', '.join(sorted(_REGISTRY)) or 'none'}")
+    return _REGISTRY[name]()
+
+
+def all_workloads() -> dict[str, type[Workload]]:
+    load_builtin_workloads()
+    return dict(_REGISTRY)
+
+
+def load_builtin_workloads() -> None:
+    import importlib
+
+    importlib.import_module("taxmodel.kernels")
+
+
+def classify_role(name: str, roles: Mapping[str, str], default: str = "compute") -> str:
+    """Role of a kernel named ``name``: the first matching regex in ``roles``, else a guess
+    (NCCL/RCCL kernels are comm, everything else ``default``)."""
+    for pattern, role in roles.items():
+        if re.search(pattern, name):
+            return role
+    low = name.lower()
+    if "nccl" in low or "rccl" in low:
+        return "comm"
+    return default

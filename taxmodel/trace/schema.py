@@ -1,0 +1,146 @@
+"""The one event schema every importer writes and everything downstream reads.
+
+One row per GPU activity (kernel, memcpy, memset), host launch call, synchronization, marker,
+or in-kernel trace record. Times are integer nanoseconds on the rank's own clock as captured;
+clock offsets between ranks live in the bundle's metadata (``clock_offsets_ns``), never baked
+into the events, so that alignment can be re-estimated.
+
+Missing values use sentinels rather than nulls so that every column has one plain dtype and
+interval arithmetic stays vectorized: -1 for integers, "" for strings.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.errors import BundleError
+
+SCHEMA_VERSION = 1
+
+KINDS = ("kernel", "memcpy", "memset", "launch", "sync", "marker", "record")
+"""kernel/memcpy/memset: GPU activities. launch: a host runtime call that enqueued GPU work
+(linked to it by ``correlation``). sync: a host call that waited on the GPU. marker: an
+iteration or user range (e.g. ``ProfilerStep#3``). record: an in-kernel trace record of one
+CTA's phase inside a fused kernel (``cta``, ``phase`` set)."""
+
+ROLES = ("compute", "comm", "fused", "copy", "other")
+"""What a GPU activity does for the workload: compute (GEMM, attention, combine), comm (a
+collective or a copy between GPUs), fused (compute with in-kernel communication), copy (local
+memcpy/memset), other (anything else, and every non-GPU row)."""
+
+GPU_KINDS = ("kernel", "memcpy", "memset")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    dtype: str
+    missing: object
+    doc: str
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("rank", "int32", None, "global rank of the process that recorded the row"),
+    Column("device", "int32", -1, "GPU index on its host; -1 for host rows"),
+    Column("stream", "int64", -1, "GPU stream (or host thread id for host rows)"),
+    Column("kind", "string", None, "one of KINDS"),
+    Column("role", "string", "other", "one of ROLES"),
+    Column("name", "string", "", "kernel or call name as the tracer reported it"),
+    Column("start_ns", "int64", None, "start, integer ns, rank-local clock"),
+    Column("end_ns", "int64", None, "end, integer ns, rank-local clock; end > start"),
+    Column("correlation", "int64", -1, "links a launch row to the GPU rows it enqueued"),
+    Column("repetition", "int32", 0, "independent repetition (separate timed loop) of the run"),
+    Column("iteration", "int32", -1, "iteration within the repetition; -1 outside any"),
+    Column("collective_id", "string", "", "'<process group>:<sequence>' for collectives"),
+    Column("collective_op", "string", "", "allgather, allreduce, reduce_scatter, ..."),
+    Column("graph_id", "int64", -1, "CUDA/HIP graph id when launched from a graph"),
+    Column("grid", "string", "", "grid dims 'x,y,z' in blocks"),
+    Column("block", "string", "", "block dims 'x,y,z' in threads"),
+    Column("bytes", "int64", -1, "bytes moved (memcpy/memset/collective message)"),
+    Column("flops", "int64", -1, "floating-point operations, when declared"),
+    Column("cta", "int32", -1, "CTA (program) id of an in-kernel record"),
+    Column("phase", "string", "", "phase of an in-kernel record: flag_wait, remote_load, ..."),
+)
+
+COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+_BY_NAME = {c.name: c for c in COLUMNS}
+REQUIRED = tuple(c.name for c in COLUMNS if c.missing is None)
+
+
+def empty_events() -> pd.DataFrame:
+    """A zero-row events frame with every column at its schema dtype."""
+    return pd.DataFrame({c.name: pd.Series([], dtype=_pandas_dtype(c)) for c in COLUMNS})
+
+
+def _pandas_dtype(col: Column) -> str:
+    return "object" if col.dtype == "string" else col.dtype
+
+
+def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
+    """Return ``df`` with every schema column present (sentinels filled in) at its dtype,
+    in schema order, sorted by (rank, start_ns, end_ns). Extra columns are dropped.
+
+    Raises BundleError naming the column when a required one is missing or a value cannot be
+    converted.
+    """
+    out = {}
+    n = len(df)
+    for col in COLUMNS:
+        if col.name in df.columns:
+            s = df[col.name]
+        elif col.missing is None:
+            raise BundleError(f"events: required column '{col.name}' is missing")
+        else:
+            s = pd.Series([col.missing] * n, index=df.index)
+        try:
+            if col.dtype == "string":
+                s = s.fillna(col.missing if col.missing is not None else "").astype(str)
+                s = s.astype(object)
+            else:
+                if s.isna().any():
+                    if col.missing is None:
+                        raise BundleError(f"events: column '{col.name}' has missing values")
+                    s = s.fillna(col.missing)
+                s = s.astype(col.dtype)
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise BundleError(f"events: column '{col.name}' cannot be read as {col.dtype}: {exc}") from exc
+        out[col.name] = s.to_numpy()
+    result = pd.DataFrame(out)
+    return result.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+
+
+def validate_events(df: pd.DataFrame) -> None:
+    """Check a normalized events frame; raise BundleError naming the first offending field."""
+    missing = [c for c in COLUMN_NAMES if c not in df.columns]
+    if missing:
+        raise BundleError(f"events: missing column '{missing[0]}'")
+    for col in COLUMNS:
+        want = _pandas_dtype(col)
+        if str(df[col.name].dtype) != want and not (want == "object" and pd.api.types.is_string_dtype(df[col.name])):
+            raise BundleError(f"events: column '{col.name}' has dtype {df[col.name].dtype}, expected {col.dtype}")
+    bad_kind = ~df["kind"].isin(KINDS)
+    if bad_kind.any():
+        raise BundleError(f"events: column 'kind' has unknown value {df.loc[bad_kind, 'kind'].iloc[0]!r}; expected one of {KINDS}")
+    bad_role = ~df["role"].isin(ROLES)
+    if bad_role.any():
+        raise BundleError(f"events: column 'role' has unknown value {df.loc[bad_role, 'role'].iloc[0]!r}; expected one of {ROLES}")
+    # Markers (iteration ranges) and host calls may be instantaneous; GPU work may not.
+    gpu = df["kind"].isin(GPU_KINDS + ("record",)).to_numpy()
+    dur = df["end_ns"].to_numpy() - df["start_ns"].to_numpy()
+    bad = (dur < 0) | (gpu & (dur <= 0))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        row = df.iloc[i]
+        raise BundleError(
+            f"events: field 'end_ns' is not after 'start_ns' for {row['kind']} {row['name']!r} "
+            f"on rank {row['rank']} (start {row['start_ns']}, end {row['end_ns']})"
+        )
+    if (df["rank"].to_numpy() < 0).any():
+        raise BundleError("events: column 'rank' has a negative value")
+
+
+def column_docs() -> pd.DataFrame:
+    """The schema as a table (for docs and ``taxmodel show --schema``)."""
+    return pd.DataFrame([{"column": c.name, "dtype": c.dtype, "missing": c.missing, "meaning": c.doc} for c in COLUMNS])
