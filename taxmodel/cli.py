@@ -44,11 +44,194 @@ def cli() -> None:
 
 # --- runtime: profile, workloads -----------------------------------------------------------
 
+@cli.command("profile")
+@click.argument("workload")
+@click.option("--variants", default=None, help="Comma-separated variants (default: every one available here; others are skipped with the reason).")
+@click.option("--preset", default=None, help="Shape preset (default: the workload's CPU preset on CPU, its default on GPUs).")
+@click.option("--shape", "shape", multiple=True, metavar="K=V", help="Override one shape value, e.g. --shape M=4096 (repeatable).")
+@click.option("-n", "--world-size", type=int, default=None, help="Ranks to start on this host (default: every GPU; 2 on CPU).")
+@click.option("--iterations", type=int, default=5, show_default=True, help="Profiled iterations per repetition.")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed iterations first (compiles every kernel).")
+@click.option("--repeat", type=int, default=1, show_default=True, help="Independent repetitions (separate timed loops).")
+@click.option("--inject", multiple=True, metavar="TAX", help="Inject a known tax: sleep_rank=R:US, extra_launches=K, extra_copy=1 (repeatable).")
+@click.option("--tracer", default="torch", show_default=True, help="Tracer to record with.")
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
+              help="cpu runs kernels in Triton's interpreter with gloo (emulated GPUs).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds for the whole run; a hung rank is then named and the run ended.")
+@click.option("--workload-module", "workload_modules", multiple=True, metavar="MODULE",
+              help="Import a module (name or .py file) that registers your own workload (repeatable).")
+@click.option("--heap-size", "heap_bytes", type=int, default=None, help="Bytes of symmetric heap per rank (default 4 GiB on GPUs, 256 MiB on CPU).")
+@click.option("-o", "--out", default="runs", show_default=True, type=click.Path(file_okay=False),
+              help="Bundles go to OUT/WORKLOAD/VARIANT-SHAPE/.")
+def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
+                timeout_s, workload_modules, heap_bytes, out) -> None:
+    """Run WORKLOAD on N local ranks and capture one bundle per variant.
+
+    \b
+    Across nodes, start the same worker with torchrun on every node:
+      torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+          -m taxmodel.runtime.worker --workload ag_gemm --preset small -o runs/
+    """
+    from taxmodel.runtime.profile import ProfileRequest, profile
+    from taxmodel.runtime.worker import parse_shape
+
+    req = ProfileRequest(workload=workload, variants=[v for v in variants.split(",") if v] if variants else None,
+                         preset=preset, shape=parse_shape(list(shape)), world_size=world_size, iterations=iterations,
+                         warmup=warmup, repeat=repeat, inject=list(inject), tracer=tracer, out=out, device=device,
+                         timeout_s=timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules))
+    outcome = profile(req)
+    for v, why in outcome.skipped.items():
+        click.echo(f"skipped {workload}/{v}: {why}")
+    for path in outcome.bundles:
+        click.echo(str(path))
+    click.echo(f"{len(outcome.bundles)} bundle(s), {outcome.world_size} rank(s) on {outcome.device}, {outcome.wall_s:.1f} s", err=True)
+
+
+@cli.command("workloads")
+@click.option("--workload-module", "workload_modules", multiple=True, metavar="MODULE", help="Also list the workloads this module registers.")
+def workloads_cmd(workload_modules) -> None:
+    """List the workloads, their shape presets and variants."""
+    from taxmodel.runtime.profile import describe_workloads
+
+    click.echo(describe_workloads(list(workload_modules)))
+
+
 # --- model: analyze, calibrate, predict, validate ------------------------------------------
+
+@cli.command("analyze")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON document instead of tables.")
+@click.option("--lenient", is_flag=True, help="Skip (and list) iterations that cannot be analyzed instead of failing.")
+@click.option("--hardware", default=None, metavar="NAME|FILE",
+              help="Hardware preset (H100 SXM, H200 SXM, MI300X, B200) or a JSON file from `taxmodel calibrate`.")
+@click.option("--per-rank", is_flag=True, help="Also show the ledger of every rank.")
+def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware: str | None, per_rank: bool) -> None:
+    """Split each bundle's measured time into useful work and the three taxes (docs/ledger.md)."""
+    import json
+
+    from taxmodel.report.build import load_cases
+    from taxmodel.report.terminal import analysis_document, render_analysis
+
+    ledgers = [led for _, led in load_cases(bundles, hardware=hardware, lenient=lenient)]
+    if as_json:
+        click.echo(json.dumps(analysis_document(ledgers), indent=2, default=float))
+    else:
+        click.echo(render_analysis(ledgers, per_rank=per_rank), nl=False)
+
 
 # --- report: report, export-trace ----------------------------------------------------------
 
+@cli.command("report")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
+              help="Report file: .html (self-contained) or .md (PNGs written beside it).")
+@click.option("--format", "fmt", type=click.Choice(["html", "md"]), default=None,
+              help="Output format (default: from the output's suffix, else html).")
+@click.option("--hardware", default=None, help="Hardware preset or spec JSON for the useful floor (default: from each bundle).")
+@click.option("--lenient", is_flag=True, help="Skip what cannot be analyzed instead of stopping; the report lists what was skipped.")
+def report_cmd(bundles, output, fmt, hardware, lenient) -> None:
+    """Headline, ledger tables and figures for BUNDLES (directories of bundles are searched).
+
+    Bundles are compared by (workload, shape) against the `bsp` variant and swept by
+    (workload, variant) across shapes.
+    """
+    from taxmodel.report.build import load_cases, write_report
+    from taxmodel.report.headline import headlines
+
+    cases = load_cases(bundles, hardware=hardware, lenient=lenient)
+    path = write_report(cases, output, fmt)
+    for line in headlines([led for _, led in cases]):
+        click.echo(line)
+    click.echo(f"wrote {path}")
+
+
+@cli.command("export-trace")
+@click.argument("bundle", type=click.Path(exists=True))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
+              help="Trace file (.json, or .json.gz); open it in Perfetto's UI or chrome://tracing.")
+@click.option("--hardware", default=None, help="Hardware preset or spec JSON for the useful floor (default: from the bundle).")
+@click.option("--lenient", is_flag=True, help="Skip what cannot be analyzed instead of stopping.")
+def export_trace_cmd(bundle, output, hardware, lenient) -> None:
+    """BUNDLE's events plus one track per rank and ledger part (taxes), as a Chrome/Perfetto trace."""
+    from taxmodel.report.build import export_trace
+
+    click.echo(f"wrote {export_trace(bundle, output, hardware=hardware, lenient=lenient)}")
+
+
 # --- regress: compare, baseline ------------------------------------------------------------
+
+_OUT_FILE = click.Path(dir_okay=False, writable=True)
+
+
+@cli.command("compare")
+@click.argument("baseline", type=click.Path(exists=True))
+@click.argument("candidate", type=click.Path(exists=True))
+@click.option("--config", type=click.Path(exists=True, dir_okay=False),
+              help="Thresholds file (default: regress.toml beside BASELINE or in a parent, else built-in defaults).")
+@click.option("--markdown", type=_OUT_FILE, help="Write a Markdown summary (PR comment / CI job summary).")
+@click.option("--junit", type=_OUT_FILE, help="Write JUnit XML: one testcase per row and metric.")
+@click.option("--json", "json_file", type=_OUT_FILE, help="Write every number as JSON.")
+@click.option("--allow-missing", is_flag=True, help="Rows on one side only are reported but do not make the exit code 2.")
+@click.option("-v", "--verbose", is_flag=True, help="List every metric, not only those beyond their thresholds.")
+def compare_cmd(baseline, candidate, config, markdown, junit, json_file, allow_missing, verbose) -> None:
+    """Compare CANDIDATE bundles against BASELINE bundles (each a bundle or a directory of them).
+
+    Rows are matched by (workload, variant, shape); each row's latency and every tax
+    (and sub-part) get a bootstrap confidence interval of their change, resampling
+    repetitions (`taxmodel profile --repeat N`) when there are several, else iterations.
+
+    \b
+    Exit codes: 0 no regression, 1 regression, 2 cannot compare (mismatched
+    workloads, devices, world sizes or schema versions; rows on one side only).
+    Example (CI):
+      taxmodel compare profiles/h200 runs/ --markdown summary.md --junit junit.xml
+    """
+    from taxmodel.regress import compare_paths
+    from taxmodel.regress.outputs import error_outputs, terminal_text, write_outputs
+
+    try:
+        result = compare_paths(baseline, candidate, config=config, allow_missing=allow_missing)
+    except TaxmodelError as exc:  # still leave the reason in the requested reports (CI summaries)
+        write_outputs(error_outputs(str(exc), baseline, candidate), markdown=markdown, junit=junit, json_path=json_file)
+        raise
+    click.echo(terminal_text(result, verbose=verbose))
+    for path in write_outputs(result, markdown=markdown, junit=junit, json_path=json_file):
+        click.echo(f"wrote {path}")
+    sys.exit(result.exit_code)
+
+
+def _stdin_is_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+@cli.group("baseline", cls=_Group)
+def baseline_group() -> None:
+    """Manage the CI baselines that `taxmodel compare` reads (never overwritten silently)."""
+
+
+@baseline_group.command("update")
+@click.argument("candidate", type=click.Path(exists=True))
+@click.option("--baseline", "baseline_dir", required=True, type=click.Path(file_okay=False),
+              help="Directory of baseline bundles to update, e.g. profiles/h200.")
+@click.option("--yes", is_flag=True, help="Write without asking (needed when not run from a terminal).")
+@click.option("-m", "--message", default="", help="Why the baseline changes; goes into the log.")
+def baseline_update_cmd(candidate, baseline_dir, yes, message) -> None:
+    """Replace the baselines of CANDIDATE's rows with CANDIDATE (atomically, logged).
+
+    Prints old vs new latency and taxes per row first, then asks (or needs --yes).
+    """
+    from taxmodel.errors import InputError
+    from taxmodel.regress.baseline import LOG_NAME, apply_update, plan_text, plan_update
+
+    plan = plan_update(candidate, baseline_dir)
+    click.echo(plan_text(plan))
+    if not yes:
+        if not _stdin_is_terminal():
+            raise InputError("not writing the baseline without confirmation: re-run with --yes")
+        click.confirm("Write these baselines?", abort=True)
+    target = apply_update(plan, message=message)
+    click.echo(f"updated {target} (logged in {target / LOG_NAME})")
+
 
 
 def main() -> None:

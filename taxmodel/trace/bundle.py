@@ -115,14 +115,14 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
             (tmp / RAW_DIR).mkdir()
             for f in raw_files:
                 shutil.copy2(f, tmp / RAW_DIR / Path(f).name)
-        _replace_dir(tmp, path)
+        replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
 
 
-def _replace_dir(new: Path, target: Path) -> None:
+def replace_dir(new: Path, target: Path) -> None:
     """Move ``new`` to ``target``; an existing ``target`` is swapped out only after ``new`` is whole."""
     if not target.exists():
         os.replace(new, target)

@@ -1,0 +1,306 @@
+"""All-Gather + GEMM benchmark: correctness of every variant at every size, then timings side by side.
+
+GPU (4 ranks):
+    OUT=out/bench torchrun --nproc-per-node 4 benchmarks/bench_ag_gemm.py
+CPU smoke test (2 ranks, Triton interpreter, tiny shapes):
+    TRITON_INTERPRET=1 torchrun --nproc-per-node 2 benchmarks/bench_ag_gemm.py --cpu
+
+Per size it (1) checks every variant (and every tuned config) against an fp32 reference with C
+poisoned with NaN before the run, (2) times bsp, torch_fused, pull and push (push and pull over a
+small set of configs, the best reported), plus the floors: cuBLAS matmul alone, the Triton GEMM alone
+(same kernel, all rows local) and all_gather alone. A time is the mean per iteration of a batch of
+back-to-back iterations started after a barrier, the maximum over ranks (the slowest rank sets the
+pace), median over ``--reps`` batches. Results go to ``$OUT`` (or ``--out``): results.json,
+results.csv, results.md. Rank 0 prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from taxmodel.runtime.context import RankContext
+from taxmodel.runtime.heap import disable_multicast, make_heap
+
+GPU_SIZES = ["m1024", "m4096", "m8192", "m16384", "m1024_n4096", "m8192_n4096", "m1024_tp", "m8192_tp"]
+CPU_SIZES = ["tiny", "tiny_tp"]
+
+
+def gpu_configs(preset: str) -> list[Any]:
+    """The small per-size tuning set (GEMM tiles x push programs)."""
+    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG
+
+    base = GPU_CONFIG
+    tiles = [
+        dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8),
+        dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8),
+        dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=8),
+    ]
+    out = []
+    for t in tiles:
+        for pp in (8, 24):
+            out.append(replace(base, **t, push_progs=pp))
+    return out
+
+
+def gemm_only(configs: list[Any]) -> list[Any]:
+    """The configs that differ in GEMM parameters (push settings ignored)."""
+    seen, out = set(), []
+    for c in configs:
+        key = (c.block_m, c.block_n, c.block_k, c.group_m, c.num_stages, c.num_warps, c.use_tma)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", action="store_true", help="CPU smoke test (gloo, Triton interpreter, tiny shapes)")
+    p.add_argument("--sizes", default=None, help="comma-separated presets (default: all issue sizes)")
+    p.add_argument("--variants", default="bsp,torch_fused,pull,push")
+    p.add_argument("--iters", type=int, default=None, help="iterations per timed batch")
+    p.add_argument("--reps", type=int, default=None, help="timed batches (median reported)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--no-tune", action="store_true", help="time the default config only")
+    p.add_argument("--spin-timeout", type=float, default=30.0)
+    p.add_argument("--out", default=os.environ.get("OUT", "out/bench_ag_gemm"))
+    return p.parse_args(argv)
+
+
+def init(args: argparse.Namespace) -> RankContext:
+    disable_multicast()
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if args.cpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        device, backend = torch.device("cpu"), "gloo"
+    else:
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    if world > 1 or "MASTER_ADDR" in os.environ:
+        kw = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend, rank=rank, world_size=world, **kw)
+    group = dist.group.WORLD if dist.is_initialized() else None
+    return RankContext(rank=rank, world_size=world, local_rank=local, device=device, backend=backend, group=group,
+                       heap=None, interpret=args.cpu, spin_timeout_s=args.spin_timeout)
+
+
+def all_max(ctx: RankContext, value: float) -> float:
+    if ctx.world_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
+    return float(t.item())
+
+
+def time_batches(ctx: RankContext, fn: Callable[[], Any], iters: int, reps: int, warmup: int) -> float:
+    """Median over ``reps`` of (max over ranks of the per-iteration time of a batch), in ms."""
+    for _ in range(warmup):
+        fn()
+    ctx.barrier()
+    meds = []
+    for _ in range(reps):
+        ctx.barrier()
+        if ctx.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end) / iters
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            ms = (time.perf_counter() - t0) * 1e3 / iters
+        meds.append(all_max(ctx, ms))
+    return statistics.median(meds)
+
+
+def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: torch.Tensor) -> tuple[bool, float]:
+    """Poison C, run once, check in-kernel errors and compare with the reference (on every rank)."""
+    from taxmodel.kernels._sync import check_errors
+
+    st.poison()
+    variant.run(st)
+    ctx.synchronize()
+    check_errors(st.err, variant.name, ctx)
+    out = wl.output(st).float()
+    rtol, atol = wl.tolerance(shape)
+    err = float((out - ref).abs().max().item()) if out.numel() else 0.0
+    ok = bool(torch.allclose(out, ref, rtol=rtol, atol=atol)) and not math.isnan(err)
+    ok_all = all_max(ctx, 0.0 if ok else 1.0) == 0.0
+    return ok_all, all_max(ctx, err if not math.isnan(err) else float("inf"))
+
+
+def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: Any, log: Callable[[str], None]) -> list[dict]:
+    from taxmodel.kernels.ag_gemm import gemm_tiles
+    from taxmodel.kernels.ag_gemm.workload import AgGemm
+
+    wl = AgGemm()
+    shape = wl.shape(preset, seed=1)
+    iters = args.iters or (2 if args.cpu else (10 if shape["M"] >= 8192 else 20))
+    reps = args.reps or (1 if args.cpu else 3)
+    warmup = args.warmup if args.warmup is not None else (1 if args.cpu else 3)
+    rows: list[dict] = []
+    variants = wl.variants()
+    tune = not args.cpu and not args.no_tune
+    configs = gpu_configs(preset) if tune else [gemm_tiles.default_config(ctx.device)]
+    ref = None
+
+    def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None, note: str = "") -> None:
+        cost = wl.cost(shape, ctx.world_size, name if name in variants else "bsp")
+        tflops = cost.flops / (ms * 1e-3) / 1e12 if ms > 0 else float("nan")
+        rows.append(dict(size=preset, M=shape["M"], N=shape["N"], K=shape["K"], tp=shape.get("tp", 0), world=ctx.world_size,
+                         variant=name, ms=round(ms, 5), tflops_per_rank=round(tflops, 2), config=cfg, correct=ok,
+                         max_abs_err=err, note=note))
+        log(f"  {preset:14s} {name:22s} {ms:9.4f} ms  {tflops:7.1f} TF/s/rank  {'' if ok is None else ('ok' if ok else 'WRONG')} {cfg}")
+
+    for vname in args.variants.split(","):
+        variant = variants[vname]
+        why = variant.available(ctx)
+        if why:
+            rows.append(dict(size=preset, variant=vname, ms=None, note=f"unavailable: {why}"))
+            log(f"  {preset:14s} {vname:22s} unavailable: {why}")
+            continue
+        best = None
+        tuned = {"push": configs, "pull": gemm_only(configs)}.get(vname, configs[:1])
+        for cfg in tuned:
+            heap.reset()
+            ctx.heap = heap
+            wl.config = cfg
+            st = wl.setup(ctx, shape, variant)
+            if ref is None:
+                ref = wl.reference(ctx, shape, st)
+            ok, err = check(ctx, wl, shape, st, variant, ref)
+            ms = time_batches(ctx, lambda: variant.run(st), iters, reps, warmup) if ok else float("nan")
+            label = cfg.label() if vname in ("push", "pull") else ""
+            if ok and (best is None or ms < best[0]):
+                best = (ms, label, err)
+            if tune and vname in ("push", "pull"):
+                rows.append(dict(size=preset, variant=f"{vname}@tune", ms=ms, config=label, correct=ok, max_abs_err=err))
+            if not ok:
+                log(f"  {preset:14s} {vname:22s} WRONG (max abs err {err:.3g}) {label}")
+            del st
+        if best is not None:
+            record(vname, best[0], best[1], True, best[2])
+        else:
+            record(vname, float("nan"), "", False, None, "no config was correct")
+    # Floors: the GEMM alone (cuBLAS, and our Triton kernel with every row local) and the all-gather alone.
+    heap.reset()
+    ctx.heap = heap
+    wl.config = configs[0]
+    st = wl.setup(ctx, shape, variants["bsp"])
+    from taxmodel.kernels.ag_gemm.workload import make_shard
+
+    gathered = torch.cat([make_shard(1, r, st.m_loc, st.k, st.dtype, ctx.device) for r in range(ctx.world_size)])
+    record("floor:matmul(cublas)", time_batches(ctx, lambda: torch.matmul(gathered, st.b, out=st.c), iters, reps, warmup))
+    best_triton = None
+    for cfg in gemm_only(configs):
+        descs = {}
+        if cfg.use_tma and gemm_tiles.tma_available():
+            descs = dict(a_desc=gemm_tiles.make_descriptor(gathered, [cfg.block_m, cfg.block_k]),
+                         b_desc=gemm_tiles.make_descriptor(st.b, [cfg.block_k, cfg.block_n]))
+
+        def triton_gemm(cfg=cfg, descs=descs) -> None:
+            gemm_tiles.launch_ag_gemm(gathered, st.b, st.c, mode=gemm_tiles.A_LOCAL, rank=ctx.rank, world=ctx.world_size,
+                                      m_loc=st.m_loc, cfg=cfg, err=st.err, sync=st.sync, **descs)
+        ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
+        if best_triton is None or ms < best_triton[0]:
+            best_triton = (ms, cfg.label())
+    record("floor:gemm(triton)", best_triton[0], best_triton[1])
+    if ctx.world_size > 1 and ctx.backend != "threads":
+        out = torch.empty(st.m, st.k, dtype=st.dtype, device=ctx.device)
+        ms = time_batches(ctx, lambda: dist.all_gather_into_tensor(out, st.a_local, group=ctx.group), iters, reps, warmup)
+        record("floor:all_gather", ms)
+    del st
+    return rows
+
+
+def write_results(rows: list[dict], out: Path, meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    for col in ("size", "variant", "ms"):
+        if col not in df.columns:
+            df[col] = None
+    df.to_csv(out / "results.csv", index=False)
+    main = df[~df["variant"].astype(str).str.endswith("@tune")]
+    table = main.pivot_table(index="size", columns="variant", values="ms", aggfunc="first", sort=False)
+    lines = ["# All-Gather + GEMM (ms per iteration, max over ranks, median of batches)", "",
+             f"world size {meta['world_size']}, device {meta['device']}, torch {meta['torch']}, triton {meta['triton']}", ""]
+    cols = list(table.columns)
+    lines.append("| size | " + " | ".join(cols) + " | best fine-grained vs bsp |")
+    lines.append("|---" * (len(cols) + 2) + "|")
+    for size, r in table.iterrows():
+        fg = [r[c] for c in ("pull", "push") if c in r and r[c] == r[c]]
+        speed = ""
+        if fg and "bsp" in r and r["bsp"] == r["bsp"]:
+            speed = f"{(r['bsp'] / min(fg) - 1) * 100:+.1f}% faster" if min(fg) < r["bsp"] else f"{(min(fg) / r['bsp'] - 1) * 100:.1f}% slower"
+        cells = ["" if v != v else f"{v:.4f}" for v in (r[c] for c in cols)]
+        lines.append(f"| {size} | " + " | ".join(cells) + f" | {speed} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ctx = init(args)
+    import triton
+
+    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG
+    from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes, pick_dtype
+
+    sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
+    wl = AgGemm()
+    dtype = pick_dtype({}, ctx.device)
+    need = max(heap_bytes(wl.shape(s), ctx.world_size, v, dtype, GPU_CONFIG) for s in sizes for v in ("push", "pull"))
+    heap = make_heap(ctx, need + (1 << 20))
+    log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
+    log(f"ag_gemm benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB")
+    t0 = time.time()
+    rows: list[dict] = []
+    failures = 0
+    for preset in sizes:
+        try:
+            size_rows = bench_size(ctx, args, preset, heap, log)
+        except Exception as exc:  # one size failing (a hang turned error) must not hide the others
+            import traceback
+
+            log(f"  {preset}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            size_rows = [dict(size=preset, variant="error", note=f"{type(exc).__name__}: {exc}")]
+            failures += 1
+            if ctx.is_cuda:
+                break  # a failed fine-grained kernel can leave peers spinning; stop cleanly
+        rows.extend(size_rows)
+        failures += sum(1 for r in size_rows if r.get("correct") is False)
+        log(f"  ({time.time() - t0:.0f} s so far)")
+    meta = dict(world_size=ctx.world_size, device=torch.cuda.get_device_name() if ctx.is_cuda else "cpu",
+                torch=torch.__version__, triton=triton.__version__, seconds=round(time.time() - t0, 1),
+                args=vars(args))
+    if ctx.rank == 0:
+        write_results(rows, Path(args.out), meta)
+        print((Path(args.out) / "results.md").read_text())
+    heap.close()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

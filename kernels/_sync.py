@@ -1,0 +1,215 @@
+"""Flags between ranks: bounded acquire-waits and release-sets that every fine-grained kernel shares.
+
+Why one module: a spin-wait that never ends hangs a whole machine, so every wait in every kernel is
+bounded the same way and reports the same way. A waiting kernel gives up after a deadline, writes
+(rank, peer, flag index, kernel id, ...) into a small error buffer, stops waiting (every later wait
+in that launch returns at once), and the host turns the record into a ``RunError`` with
+``check_errors``.
+
+The deadline is measured with the clock the hardware offers (``MODE``, a constexpr chosen on the host
+by ``sync_mode``):
+
+- ``SYNC_NVIDIA``: the GPU global timer (``%globaltimer``, nanoseconds);
+- ``SYNC_AMD``: ``s_memrealtime`` (a 100 MHz counter, 10 ns per tick);
+- ``SYNC_POLL``: Triton's interpreter (``TRITON_INTERPRET=1``) has no clock inside a kernel, so the
+  bound is a number of polls.
+
+``spin_budget`` converts seconds into the unit of the mode. Flags hold epochs (iteration numbers,
+counting from 1): a producer sets a flag to the current epoch and a consumer waits until the flag is
+at least that epoch, so flags never need a reset between iterations (no host barrier race).
+
+Device functions (call them from your own ``@triton.jit`` kernels):
+    now(MODE) -> int64 timestamp in budget units
+    wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE) -> ok (int1)
+    signal(flag_ptr, value, from_rank, to_rank, heap_bases)     # release-set on a peer's heap (sys scope)
+    signal_add(flag_ptr, value, from_rank, to_rank, heap_bases) # release-add (arrival counters)
+    signal_local(flag_ptr, value)                               # release-set on this rank's memory
+    fence_tma_after_acquire(MODE)                               # before TMA reads of data a flag guarded
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import iris
+import torch
+import triton
+import triton.language as tl
+
+from taxmodel.errors import RunError
+
+SYNC_POLL = 0
+SYNC_NVIDIA = 1
+SYNC_AMD = 2
+
+#: Interpreted polls per second, roughly (a poll is a few Python-level tensor ops); only used to turn
+#: a timeout in seconds into a poll count, so it errs on the fast side (a longer real bound when polls are slower).
+INTERPRETER_POLLS_PER_S = 10_000
+
+#: Error buffer layout (int64): what a kernel that gave up records, first failure wins.
+ERR_FIELDS = ("failed", "rank", "peer", "flag_index", "kernel_id", "target", "seen", "waited")
+ERR_LEN = len(ERR_FIELDS)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def sync_mode(device: torch.device | str | None = None) -> int:
+    """The clock a wait should use on ``device`` (a constexpr argument for the kernels)."""
+    dev = torch.device(device) if device is not None else None
+    if interpreting() or dev is None or dev.type == "cpu":
+        return SYNC_POLL
+    if getattr(torch.version, "hip", None):
+        return SYNC_AMD
+    return SYNC_NVIDIA
+
+
+def spin_budget(timeout_s: float, mode: int) -> int:
+    """``timeout_s`` in the unit ``wait_geq`` counts in ``mode`` (ns, 10-ns ticks or polls)."""
+    if timeout_s <= 0:
+        raise ValueError("spin timeout must be positive")
+    if mode == SYNC_NVIDIA:
+        return int(timeout_s * 1e9)
+    if mode == SYNC_AMD:
+        return int(timeout_s * 1e8)
+    return max(1, int(timeout_s * INTERPRETER_POLLS_PER_S))
+
+
+def budget_seconds(units: int, mode: int) -> float:
+    """Inverse of ``spin_budget`` (for messages)."""
+    if mode == SYNC_NVIDIA:
+        return units / 1e9
+    if mode == SYNC_AMD:
+        return units / 1e8
+    return units / INTERPRETER_POLLS_PER_S
+
+
+def new_error_buffer(device: torch.device | str) -> torch.Tensor:
+    """A zeroed error record for one rank's kernels (int64 [ERR_LEN])."""
+    return torch.zeros(ERR_LEN, dtype=torch.int64, device=device)
+
+
+def check_errors(err: torch.Tensor, kernel_name: str | dict[int, str], ctx: Any = None,
+                 mode: int | None = None) -> None:
+    """Raise ``RunError`` if a kernel recorded a give-up in ``err``; reads the buffer (a host sync).
+
+    ``kernel_name`` is a name, or a mapping kernel id -> name when several kernels share ``err``.
+    """
+    rec = [int(v) for v in err.detach().to("cpu").tolist()]
+    if rec[0] == 0:
+        return
+    f = dict(zip(ERR_FIELDS, rec))
+    if isinstance(kernel_name, dict):
+        name = kernel_name.get(f["kernel_id"], f"kernel#{f['kernel_id']}")
+    else:
+        name = kernel_name
+    if mode is None:
+        mode = sync_mode(err.device)
+    waited = budget_seconds(f["waited"], mode)
+    unit = "polls" if mode == SYNC_POLL else "s"
+    amount = f"{f['waited']} {unit} (~{waited:.3g} s)" if mode == SYNC_POLL else f"{waited:.3g} s"
+    timeout = getattr(ctx, "spin_timeout_s", None)
+    hint = (f" (spin timeout {timeout} s)" if timeout is not None else "")
+    raise RunError(
+        f"rank {f['rank']}: kernel {name} gave up waiting on flag {f['flag_index']} from rank {f['peer']} "
+        f"after {amount}{hint}: it expected epoch >= {f['target']} and saw {f['seen']}. A peer rank "
+        "crashed, was never launched, or is far slower; check the other ranks' logs, or raise the "
+        "spin timeout if a peer is still compiling its kernels."
+    )
+
+
+@triton.jit
+def now(MODE: tl.constexpr):
+    """A timestamp in the unit of ``MODE`` (0 under the interpreter: it counts polls instead)."""
+    if MODE == 1:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                      is_pure=False, pack=1)
+    elif MODE == 2:
+        t = tl.inline_asm_elementwise("s_memrealtime $0\n s_waitcnt lgkmcnt(0)", "=s", [],
+                                      dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        t = tl.full((), 0, tl.int64)
+    return t
+
+
+@triton.jit
+def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE: tl.constexpr):
+    """Spin until ``*flag_ptr >= target`` with acquire semantics (system scope); bounded by ``budget``.
+
+    Returns 1 if the flag arrived, 0 if this wait (or an earlier one of this launch sharing
+    ``err_ptr``) gave up; on a give-up the first failure is recorded in ``err_ptr``.
+    """
+    failed = tl.load(err_ptr, volatile=True)
+    seen = tl.load(flag_ptr, volatile=True).to(tl.int64)
+    target64 = tl.cast(target, tl.int64)
+    start = now(MODE)
+    waited = tl.full((), 0, tl.int64)
+    while (seen < target64) & (waited < budget) & (failed == 0):
+        seen = tl.load(flag_ptr, volatile=True).to(tl.int64)
+        if MODE == 0:
+            waited += 1
+        else:
+            waited = now(MODE) - start
+        failed = tl.load(err_ptr, volatile=True)
+    ok = seen >= target64
+    if ok:
+        # Acquire: order this program's later reads after the producer's release-set.
+        seen = tl.atomic_add(flag_ptr, tl.cast(0, flag_ptr.dtype.element_ty), sem="acquire", scope="sys").to(tl.int64)
+    else:
+        if failed == 0:
+            old = tl.atomic_cas(err_ptr, tl.full((), 0, tl.int64), tl.full((), 1, tl.int64), sem="acq_rel",
+                                scope="gpu")
+            if old == 0:
+                tl.store(err_ptr + 1, tl.cast(rank, tl.int64))
+                tl.store(err_ptr + 2, tl.cast(peer, tl.int64))
+                tl.store(err_ptr + 3, tl.cast(flag_index, tl.int64))
+                tl.store(err_ptr + 4, tl.cast(kernel_id, tl.int64))
+                tl.store(err_ptr + 5, target64)
+                tl.store(err_ptr + 6, seen)
+                tl.store(err_ptr + 7, waited)
+    # The acquire is issued once per program: make every thread's later reads follow it. (Outside
+    # the branches: threads may disagree on ``ok`` in a race with the deadline.)
+    tl.debug_barrier()
+    return ok
+
+
+@triton.jit
+def signal(flag_ptr, value, from_rank, to_rank, heap_bases):
+    """Release-set ``*flag_ptr`` (a pointer into this rank's heap) on ``to_rank``'s heap to ``value``.
+
+    Everything this program stored before (to any rank) is visible to whoever acquires the flag.
+    """
+    # Every thread's stores first (the release below is issued once per program), then release.
+    tl.debug_barrier()
+    v = tl.cast(value, flag_ptr.dtype.element_ty)
+    iris.atomic_xchg(flag_ptr, v, from_rank, to_rank, heap_bases, sem="release", scope="sys")
+
+
+@triton.jit
+def signal_add(flag_ptr, value, from_rank, to_rank, heap_bases):
+    """Release-add ``value`` to a counter flag on ``to_rank``'s heap (for flags that count arrivals
+    of the pieces of one block: the consumer waits until the count reaches pieces x epochs)."""
+    tl.debug_barrier()
+    v = tl.cast(value, flag_ptr.dtype.element_ty)
+    iris.atomic_add(flag_ptr, v, from_rank, to_rank, heap_bases, sem="release", scope="sys")
+
+
+@triton.jit
+def signal_local(flag_ptr, value):
+    """Release-set a flag in this rank's own memory (system scope: copy engines and peers may read it)."""
+    tl.debug_barrier()
+    tl.atomic_xchg(flag_ptr, tl.cast(value, flag_ptr.dtype.element_ty), sem="release", scope="sys")
+
+
+@triton.jit
+def fence_tma_after_acquire(MODE: tl.constexpr):
+    """Order TMA (async-proxy) reads after an acquire done by ordinary loads (NVIDIA Hopper+).
+
+    A no-op elsewhere; call it between ``wait_geq`` and tensor-descriptor loads of the guarded data.
+    """
+    if MODE == 1:
+        tl.inline_asm_elementwise("fence.proxy.async.global;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                  is_pure=False, pack=1)
+

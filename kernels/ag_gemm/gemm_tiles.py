@@ -1,0 +1,247 @@
+"""The persistent tile GEMM shared by the fine-grained All-Gather+GEMM variants.
+
+Math: C[M, N] = A_gathered[M, K] @ B[K, N], where A_gathered's rows come in ``WORLD`` slabs of
+``M_loc`` rows, slab ``r`` being rank ``r``'s shard. Output tiles are ``BLOCK_M x BLOCK_N``; an
+M-block never straddles two slabs (the last block of each slab is partial when ``M_loc`` is not a
+multiple of ``BLOCK_M``), so every tile reads A from exactly one source rank.
+
+Tile order (why): this rank's own slab first (no communication needed), then the remote slabs
+interleaved block by block (block 0 of every peer, then block 1, ...), which is the order in which
+the push kernels deliver them; consecutive tiles are grouped ``GROUP_M`` M-blocks at a time so that
+concurrently running programs share A and B tiles in L2.
+
+How A reaches the tile (``A_MODE``, a constexpr):
+- ``A_LOCAL`` (0): every row is already in ``a_ptr`` (the gathered buffer): the GEMM alone (floor).
+- ``A_PULL`` (1): ``a_ptr`` is this rank's own shard on the symmetric heap ([M_loc, K]); rows of slab
+  ``src`` are loaded straight from rank ``src``'s heap with ``iris.load`` (no flags: the shard is
+  written before the launch, and a host barrier separates setup from the first run).
+- ``A_WAIT`` (2): ``a_ptr`` is the gathered buffer on the heap; before a tile of remote slab ``src``
+  and block ``j``, wait (acquire) until ``flags[src * blocks_per_rank + j] >= epoch`` (pushed by
+  ``src``); own rows are already in place.
+
+The persistent grid is ``NUM_PROGS`` programs (at most the SM count), each looping over tiles with
+stride ``NUM_PROGS``, so a launch never needs more programs than fit at once (no program waits on
+a program that is not running). ``USE_TMA`` loads A and B through tensor descriptors (Hopper TMA);
+otherwise through pointers (required under the interpreter and for ``A_PULL``).
+
+``COUNT`` (debug) counts, per output tile, how often it was computed and which flag epoch it saw,
+so tests can check the flag protocol (each tile exactly once, never before its flag).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+import iris
+
+from taxmodel.kernels._sync import fence_tma_after_acquire, interpreting, wait_geq
+
+A_LOCAL = 0
+A_PULL = 1
+A_WAIT = 2
+
+
+@triton.jit
+def _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile number ``t`` -> (source rank, block within the source slab, N-tile index)."""
+    tiles_per_group = GROUP_M * n_tiles
+    group = t // tiles_per_group
+    first = group * GROUP_M
+    group_size = tl.minimum(num_mblocks - first, GROUP_M)
+    within = t % tiles_per_group
+    s = first + within % group_size  # position in the M-block sequence
+    pid_n = within // group_size
+    # Sequence position -> (src, j): own slab first, then peers interleaved block by block.
+    is_own = s < blocks_per_rank
+    r = s - blocks_per_rank
+    j_remote = r // (WORLD - 1) if WORLD > 1 else r
+    step = r % (WORLD - 1) + 1 if WORLD > 1 else 0
+    src = tl.where(is_own, rank, (rank + step) % WORLD)
+    j = tl.where(is_own, s, j_remote)
+    return src, j, pid_n
+
+
+@triton.jit
+def ag_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, a_desc, b_desc,
+    flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
+    M_loc, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    rank, epoch, budget, kernel_id,
+    WORLD: tl.constexpr, A_MODE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
+    SYNC_MODE: tl.constexpr, COUNT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
+    num_mblocks = WORLD * blocks_per_rank
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    num_tiles = num_mblocks * n_tiles
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    out_dtype = c_ptr.dtype.element_ty
+
+    for t in range(pid, num_tiles, NUM_PROGS):
+        src, j, pid_n = _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD, GROUP_M)
+        offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the source slab
+        row_ok = offs_r < M_loc
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < N
+        flag_idx = src * blocks_per_rank + j
+
+        if A_MODE == 2:
+            if src != rank:
+                wait_geq(flags_ptr + flag_idx, epoch, budget, err_ptr, rank, src, flag_idx, kernel_id, SYNC_MODE)
+                if USE_TMA:
+                    fence_tma_after_acquire(SYNC_MODE)
+            if COUNT:
+                # The flag as this tile saw it just before reading A (own slab: the epoch itself).
+                seen = tl.where(src == rank, epoch, tl.load(flags_ptr + flag_idx, volatile=True))
+                tl.store(seen_ptr + (src * blocks_per_rank + j) * n_tiles + pid_n, seen)
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if USE_TMA:
+            row0 = src * M_loc + j * BLOCK_M
+            for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
+                a = a_desc.load([row0, kt * BLOCK_K])
+                b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
+                acc = tl.dot(a, b, acc)
+        else:
+            offs_k = tl.arange(0, BLOCK_K)
+            if A_MODE == 1:
+                a_rows = a_ptr + offs_r[:, None] * stride_am
+            else:
+                a_rows = a_ptr + (src * M_loc + offs_r)[:, None] * stride_am
+            b_cols = b_ptr + offs_n[None, :] * stride_bn
+            for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
+                ks = kt * BLOCK_K + offs_k
+                k_ok = ks < K
+                a_mask = row_ok[:, None] & k_ok[None, :]
+                a_ptrs = a_rows + ks[None, :] * stride_ak
+                if A_MODE == 1:
+                    a = iris.load(a_ptrs, rank, src, heap_bases, mask=a_mask, other=0.0)
+                else:
+                    a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+                b = tl.load(b_cols + ks[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                acc = tl.dot(a, b, acc)
+
+        c_rows = src * M_loc + offs_r
+        c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(out_dtype), mask=row_ok[:, None] & col_ok[None, :])
+
+        if COUNT:
+            # Tiles are numbered in C order (global M-block, N-tile) so tests can index them.
+            c_tile = (src * blocks_per_rank + j) * n_tiles + pid_n
+            tl.atomic_add(count_ptr + c_tile, 1)
+
+
+# --- host side -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile and launch parameters of the fused kernels (what the benchmark tunes).
+
+    ``num_progs`` 0 means "one program per SM, less the push programs" on a GPU. ``push_*`` only
+    matter to the push variant: programs of the push kernel, columns copied per step, columns per
+    work item (a flag piece), warps per push program.
+    """
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8
+    num_stages: int = 3
+    num_warps: int = 8
+    num_progs: int = 0
+    use_tma: bool = True
+    push_progs: int = 16
+    push_block_k: int = 256
+    push_chunk_k: int = 1024
+    push_warps: int = 8
+
+    def label(self) -> str:
+        tma = "tma" if self.use_tma else "ptr"
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}-s{self.num_stages}-w{self.num_warps}-g{self.group_m}"
+                f"-{tma}-push{self.push_progs}x{self.push_chunk_k}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: Small tiles for Triton's interpreter (CPU): partial tiles appear at the tiny preset's shapes.
+CPU_CONFIG = GemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=4,
+                        num_progs=3, use_tma=False, push_progs=2, push_block_k=16, push_chunk_k=16,
+                        push_warps=4)
+
+#: Defaults on a Hopper GPU (the benchmark tries a few others per size).
+GPU_CONFIG = GemmConfig()
+
+
+def default_config(device: torch.device) -> GemmConfig:
+    return GPU_CONFIG if torch.device(device).type == "cuda" and not interpreting() else CPU_CONFIG
+
+
+def tma_available() -> bool:
+    """Host tensor descriptors exist (Triton >= 3.4) and we run on a Hopper-or-newer NVIDIA GPU."""
+    if interpreting() or not torch.cuda.is_available() or getattr(torch.version, "hip", None):
+        return False
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability()[0] >= 9
+
+
+def make_descriptor(t: torch.Tensor, block: list[int]) -> Any:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def num_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, reserve: int = 0) -> int:
+    """Persistent grid size: every program must be resident at once (waits inside the kernel)."""
+    if cfg.num_progs > 0:
+        n = cfg.num_progs
+    elif torch.device(device).type == "cuda" and not interpreting():
+        n = torch.cuda.get_device_properties(device).multi_processor_count - reserve
+    else:
+        n = 4
+    return max(1, min(n, num_tiles))
+
+
+def tile_counts(m_loc: int, n: int, world: int, cfg: GemmConfig) -> tuple[int, int]:
+    """(M-blocks per rank slab, N-tiles)."""
+    return triton.cdiv(m_loc, cfg.block_m), triton.cdiv(n, cfg.block_n)
+
+
+def launch_ag_gemm(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, mode: int, rank: int, world: int, m_loc: int,
+    cfg: GemmConfig, err: torch.Tensor, sync: int, flags: torch.Tensor | None = None,
+    heap_bases: torch.Tensor | None = None, epoch: int = 0, budget: int = 1, kernel_id: int = 0,
+    count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
+    a_desc: Any = None, b_desc: Any = None, reserve_programs: int = 0,
+) -> None:
+    """Enqueue one ``ag_gemm_kernel`` (see the module docstring for ``mode``); no host sync."""
+    n = b.shape[1]
+    k = b.shape[0]
+    bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
+    num_tiles = world * bpr * n_tiles
+    progs = num_programs(cfg, c.device, num_tiles, reserve_programs)
+    use_tma = a_desc is not None and b_desc is not None
+    dummy = err
+    ag_gemm_kernel[(progs,)](
+        a, b, c, a_desc, b_desc,
+        flags if flags is not None else dummy, heap_bases if heap_bases is not None else dummy, err,
+        count if count is not None else dummy, seen if seen is not None else dummy,
+        m_loc, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        rank, epoch, budget, kernel_id,
+        WORLD=world, A_MODE=mode, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=use_tma,
+        SYNC_MODE=sync, COUNT=count is not None, num_warps=cfg.num_warps,
+    )

@@ -1,0 +1,249 @@
+"""All-Gather + GEMM: C = all_gather(A) @ B, with A row-sharded over the ranks.
+
+Shapes (``M``, ``N``, ``K``, ``tp``): ``M`` is the global (gathered) row count, each rank holds
+``M / world`` rows of A ([M/world, K]); B is [K, N] on every rank (``tp=0``, the layout of the
+baseline measurements) or, in the tensor-parallel layout (``tp=1``), the weight is split by
+columns and each rank holds [K, N/world]. Every rank computes all ``M`` rows of its C
+([M, N] or [M, N/world]).
+
+Inputs are drawn from seeded generators (seed in the shape's ``seed`` key, default 0) so that any
+rank can rebuild every shard: the reference needs no communication. A ~ N(0, 1), B ~ N(0, 1/K),
+so C ~ N(0, 1) and one tolerance fits every K.
+
+Dtype: bf16 on GPUs; fp32 on CPU (Triton's interpreter has no fast bf16 dot and fp32 keeps the
+reference check tight). A shape may force one with ``dtype`` 16 (bf16), 15 (fp16) or 32 (fp32).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from taxmodel.errors import InputError
+from taxmodel.runtime.workload import Cost, Intermediate, Variant, Workload, register
+
+from .gemm_tiles import GemmConfig, default_config
+
+DTYPE_CODES = {16: torch.bfloat16, 15: torch.float16, 32: torch.float32}
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+
+#: GPU presets: M x N x K with N = K = 8192 (the issue's sizes), a smaller N = K = 4096 family, and
+#: the tensor-parallel layout (weight split by columns) of the 8192 family.
+_GPU_PRESETS: dict[str, dict[str, int]] = {}
+for _m in (1024, 4096, 8192, 16384):
+    _GPU_PRESETS[f"m{_m}"] = {"M": _m, "N": 8192, "K": 8192, "tp": 0}
+    _GPU_PRESETS[f"m{_m}_n4096"] = {"M": _m, "N": 4096, "K": 4096, "tp": 0}
+    _GPU_PRESETS[f"m{_m}_tp"] = {"M": _m, "N": 8192, "K": 8192, "tp": 1}
+
+#: Tiny CPU preset: with the CPU tile config (16x16x16) every dimension has a partial tile at
+#: world sizes 1, 2, 3 and 4 (M_loc = 96, 48, 32, 24; N = 40; K = 40).
+PRESETS: dict[str, dict[str, int]] = {"tiny": {"M": 96, "N": 40, "K": 40, "tp": 0},
+                                      "tiny_tp": {"M": 96, "N": 48, "K": 40, "tp": 1}, **_GPU_PRESETS}
+
+
+def shape_dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int]:
+    """(M, M per rank, N per rank, K) after checking that the shape splits over ``world`` ranks."""
+    m, n, k = int(shape["M"]), int(shape["N"]), int(shape["K"])
+    tp = bool(shape.get("tp", 0))
+    if m % world:
+        raise InputError(f"ag_gemm: M={m} must be a multiple of the world size {world}")
+    if tp and n % world:
+        raise InputError(f"ag_gemm: tensor-parallel layout needs N={n} divisible by the world size {world}")
+    return m, m // world, (n // world if tp else n), k
+
+
+def pick_dtype(shape: Mapping[str, int], device: torch.device) -> torch.dtype:
+    code = shape.get("dtype")
+    if code is not None:
+        if int(code) not in DTYPE_CODES:
+            raise InputError(f"ag_gemm: dtype code {code} unknown; use 16 (bf16), 15 (fp16) or 32 (fp32)")
+        return DTYPE_CODES[int(code)]
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def make_shard(seed: int, rank: int, m_loc: int, k: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Rank ``rank``'s rows of A, the same on every rank that builds them."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed * 1_000_003 + 17 + rank)
+    return torch.randn(m_loc, k, generator=g, device=device, dtype=torch.float32).to(dtype)
+
+
+def make_weight(seed: int, rank: int, k: int, n: int, n_loc: int, tp: bool, dtype: torch.dtype,
+                device: torch.device) -> torch.Tensor:
+    """This rank's B: all of the [K, N] weight, or its column block in the tensor-parallel layout."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed * 1_000_003 + 7_919)
+    w = torch.randn(k, n, generator=g, device=device, dtype=torch.float32).mul_(k ** -0.5)
+    if tp:
+        w = w[:, rank * n_loc:(rank + 1) * n_loc]
+    return w.to(dtype).contiguous()
+
+
+@dataclass
+class AgGemmState:
+    """One rank's buffers for one variant; ``epoch`` counts the iterations run (flags hold it)."""
+
+    ctx: Any
+    shape: dict[str, int]
+    variant: str
+    dtype: torch.dtype
+    m: int
+    m_loc: int
+    n_loc: int
+    k: int
+    a_local: torch.Tensor
+    b: torch.Tensor
+    c: torch.Tensor
+    cfg: GemmConfig
+    err: torch.Tensor
+    sync: int
+    budget: int
+    gathered: torch.Tensor | None = None
+    flags: torch.Tensor | None = None
+    heap: Any = None
+    epoch: int = 0
+    count: torch.Tensor | None = None  # debug: per-output-tile compute count (A_WAIT/A_PULL kernels)
+    seen: torch.Tensor | None = None  # debug: flag epoch each tile saw before reading A
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world(self) -> int:
+        return self.ctx.world_size
+
+    def poison(self) -> None:
+        """Fill C with NaN so a tile the kernel never wrote fails the reference check."""
+        self.c.fill_(float("nan"))
+
+    def enable_debug_counters(self) -> None:
+        """Count per-tile computations and record the flag epoch each tile saw (tests)."""
+        from .gemm_tiles import tile_counts
+
+        bpr, n_tiles = tile_counts(self.m_loc, self.n_loc, self.world, self.cfg)
+        total = self.world * bpr * n_tiles
+        self.count = torch.zeros(total, dtype=torch.int32, device=self.c.device)
+        self.seen = torch.full((total,), -1, dtype=torch.int32, device=self.c.device)
+
+
+@dataclass
+class AgGemmVariant(Variant):
+    """A variant that may also prepare its own buffers: ``prepare(state, heap_bytes)`` runs at the
+    end of ``setup`` on every rank (in the same order everywhere: heap allocations must match)."""
+
+    prepare: Callable[[AgGemmState, int], None] | None = None
+
+
+def symmetric_heap(st: AgGemmState, nbytes: int) -> Any:
+    """The context's heap if it has ``nbytes`` free, else a new one for this state (collective)."""
+    heap = st.ctx.heap
+    if heap is not None and heap.nbytes - heap.used_bytes >= nbytes:
+        return heap
+    from taxmodel.runtime.heap import make_heap
+
+    st.heap = make_heap(st.ctx, nbytes)
+    return st.heap
+
+
+def heap_bytes(shape: Mapping[str, int], world: int, variant: str, dtype: torch.dtype, cfg: GemmConfig) -> int:
+    """Symmetric-heap bytes a variant allocates on each rank (plus alignment slack)."""
+    m, m_loc, _, k = shape_dims(shape, world)
+    elt = torch.empty((), dtype=dtype).element_size()
+    slack = 4096
+    if variant == "pull":
+        return m_loc * k * elt + slack
+    if variant == "push":
+        bpr = -(-m_loc // cfg.block_m)
+        return 2 * m * k * elt + 2 * world * bpr * 4 + slack
+    if variant == "bsp":
+        return m_loc * k * elt + slack  # CPU thread ranks emulate the collective through the heap
+    return 0
+
+
+@register
+class AgGemm(Workload):
+    """All-Gather + GEMM (tensor-parallel input projection): bsp, pull, push, torch_fused."""
+
+    name = "ag_gemm"
+    description = "C = all_gather(A) @ B with A row-sharded over ranks (M global rows; B [K,N] or [K,N/world])"
+    presets = PRESETS
+    default_preset = "m8192"
+    cpu_preset = "tiny"
+
+    def __init__(self, config: GemmConfig | None = None) -> None:
+        self.config = config
+
+    def variants(self) -> dict[str, Variant]:
+        from . import bsp, pull, push, torch_fused
+
+        return {
+            "bsp": bsp.VARIANT,
+            "pull": pull.VARIANT,
+            "push": push.VARIANT,
+            "torch_fused": torch_fused.VARIANT,
+        }
+
+    def setup(self, ctx: Any, shape: Mapping[str, int], variant: Variant) -> AgGemmState:
+        from taxmodel.kernels._sync import new_error_buffer, spin_budget, sync_mode
+
+        shape = dict(shape)
+        world, rank, device = ctx.world_size, ctx.rank, torch.device(ctx.device)
+        m, m_loc, n_loc, k = shape_dims(shape, world)
+        dtype = pick_dtype(shape, device)
+        cfg = self.config or default_config(device)
+        seed = int(shape.get("seed", 0))
+        tp = bool(shape.get("tp", 0))
+        shard = make_shard(seed, rank, m_loc, k, dtype, device)
+        b = make_weight(seed, rank, k, int(shape["N"]), n_loc, tp, dtype, device)
+        c = torch.full((m, n_loc), float("nan"), dtype=dtype, device=device)
+        sync = sync_mode(device)
+        st = AgGemmState(ctx=ctx, shape=shape, variant=variant.name, dtype=dtype, m=m, m_loc=m_loc, n_loc=n_loc,
+                         k=k, a_local=shard, b=b, c=c, cfg=cfg, err=new_error_buffer(device), sync=sync,
+                         budget=spin_budget(ctx.spin_timeout_s, sync))
+        prepare = getattr(variant, "prepare", None)
+        if prepare is not None:
+            prepare(st, heap_bytes(shape, world, variant.name, dtype, cfg))
+        ctx.barrier()  # every rank's inputs are in place before any rank's first run reads them
+        return st
+
+    def reference(self, ctx: Any, shape: Mapping[str, int], state: AgGemmState) -> torch.Tensor:
+        device = torch.device(ctx.device)
+        seed = int(shape.get("seed", 0))
+        shards = [make_shard(seed, r, state.m_loc, state.k, state.dtype, device).float() for r in range(ctx.world_size)]
+        return torch.cat(shards) @ state.b.float()
+
+    def output(self, state: AgGemmState) -> torch.Tensor:
+        return state.c
+
+    def tolerance(self, shape: Mapping[str, int]) -> tuple[float, float]:
+        return (2e-2, 2e-2)
+
+    def cost(self, shape: Mapping[str, int], world_size: int, variant: str) -> Cost:
+        """Per rank and iteration. HBM floor: own A shard read, B read, C written (remote rows of A
+        can go from the link straight on chip); link: the (world-1) remote shards received.
+        Intermediates: the gathered A written to HBM by the all-gather (or the pushes) and read
+        back by the GEMM (bsp, torch_fused, push); pull reads remote rows straight into the GEMM."""
+        m, m_loc, n_loc, k = shape_dims(shape, world_size)
+        dtype_code = shape.get("dtype")
+        dtype = DTYPE_CODES.get(int(dtype_code), torch.bfloat16) if dtype_code is not None else torch.bfloat16
+        elt = torch.empty((), dtype=dtype).element_size()
+        remote = (world_size - 1) * m_loc * k * elt
+        inter: tuple[Intermediate, ...] = ()
+        if variant in ("bsp", "torch_fused"):
+            from . import bsp, torch_fused
+
+            consumer = bsp.GEMM_KERNELS
+            producer = bsp.ALLGATHER_KERNELS if variant == "bsp" else torch_fused.COPY_KERNELS
+            inter = (Intermediate("gathered_A", m * k * elt, producer, consumer),)
+        elif variant == "push" and world_size > 1:
+            inter = (Intermediate("pushed_A", remote, "push_rows_kernel", "ag_gemm_kernel"),)
+        return Cost(
+            flops=2 * m * n_loc * k,
+            hbm_bytes=(m_loc * k + k * n_loc + m * n_loc) * elt,
+            link_bytes=remote,
+            intermediates=inter,
+            dtype=DTYPE_NAMES[dtype],
+        )

@@ -1,0 +1,111 @@
+"""Combine partial attention outputs by log-sum-exp rescaling.
+
+Given N partials of the same query row, each a normalized output o_n and a base-2 log-sum-exp
+lse_n over its own keys, the attention over the union of their keys is
+
+    m    = max_n lse_n
+    w_n  = 2^{lse_n - m}
+    o    = sum_n w_n o_n / sum_n w_n
+    lse  = m + log2(sum_n w_n)
+
+Partials with lse = -inf (empty splits, empty shards) get weight zero; if every partial is empty
+the result is o = 0, lse = -inf, never NaN. The same device function serves three places:
+the local combine over one rank's splits, the global combine over the ranks' partials (BSP),
+and both combines inside the fused kernel. It walks the partials in blocks of ``NB`` with an
+online maximum, so a long list of splits costs no more registers than a short one.
+
+Layout: the partial (n, r, d) of a group of R rows sits at ``out_base + n*stride_on + r*stride_or
++ d`` and its lse at ``lse_base + n*stride_ln + r*stride_lr``. Loads use ``.cg`` (L2, not L1):
+the partials were written by other programs of the same launch or by peer GPUs.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, check_runnable, next_pow2
+
+
+@triton.jit
+def combine_tile(out_base, lse_base, n_count, stride_on, stride_or, stride_ln, stride_lr,
+                 R: tl.constexpr, R_P2: tl.constexpr, D: tl.constexpr, NB: tl.constexpr):
+    """Combine ``n_count`` partials for R rows; returns (out [R_P2, D] fp32, lse [R_P2] base 2)."""
+    r = tl.arange(0, R_P2)
+    r_ok = r < R
+    d = tl.arange(0, D)
+    m = tl.full([R_P2], float("-inf"), tl.float32)
+    wsum = tl.zeros([R_P2], tl.float32)
+    acc = tl.zeros([R_P2, D], tl.float32)
+    for n0 in range(0, n_count, NB):
+        n = n0 + tl.arange(0, NB)
+        ok = (n < n_count)[:, None] & r_ok[None, :]
+        lse = tl.load(lse_base + n[:, None] * stride_ln + r[None, :] * stride_lr, mask=ok,
+                      other=float("-inf"), cache_modifier=".cg")
+        o = tl.load(out_base + n[:, None, None] * stride_on + r[None, :, None] * stride_or + d[None, None, :],
+                    mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(lse, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m - m_safe)
+        w = tl.exp2(lse - m_safe[None, :])
+        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
+        wsum = wsum * alpha + tl.sum(w, 0)
+        m = m_new
+    has = wsum > 0.0
+    safe_sum = tl.where(has, wsum, 1.0)
+    out = acc / safe_sum[:, None]
+    lse_out = tl.where(has, tl.where(m == float("-inf"), 0.0, m) + tl.log2(safe_sum), float("-inf"))
+    return out, lse_out
+
+
+@triton.jit
+def flash_decode_combine_local(part_out_ptr, part_lse_ptr, send_ptr, num_splits, rows_total,
+                               G: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr, NB: tl.constexpr):
+    """One program per KV pair bk: combine its splits into rows bk*G.. of the send buffer.
+
+    Send buffer (fp32, flat): out [B*Hq, D] then lse [B*Hq] (``rows_total`` = B*Hq).
+    """
+    bk = tl.program_id(0)
+    out, lse = combine_tile(part_out_ptr + bk * num_splits * G * D, part_lse_ptr + bk * num_splits * G,
+                            num_splits, G * D, D, G, 1, G, G_P2, D, NB)
+    r = tl.arange(0, G_P2)
+    d = tl.arange(0, D)
+    row = bk * G + r
+    tl.store(send_ptr + row[:, None] * D + d[None, :], out, mask=(r < G)[:, None])
+    tl.store(send_ptr + rows_total * D + row, lse, mask=r < G)
+
+
+@triton.jit
+def flash_decode_combine_global(gathered_ptr, out_ptr, world_size, rows_total,
+                                G: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr, NB: tl.constexpr):
+    """One program per KV pair bk: combine the ranks' partials (gathered send buffers) into out."""
+    bk = tl.program_id(0)
+    slot = rows_total * (D + 1)
+    out, lse = combine_tile(gathered_ptr + bk * G * D, gathered_ptr + rows_total * D + bk * G,
+                            world_size, slot, D, slot, 1, G, G_P2, D, NB)
+    r = tl.arange(0, G_P2)
+    d = tl.arange(0, D)
+    row = bk * G + r
+    tl.store(out_ptr + row[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=(r < G)[:, None])
+
+
+def packed_size(rows_total: int, head_dim: int) -> int:
+    """fp32 elements of one rank's packed partial: out [rows, D] then lse [rows]."""
+    return rows_total * (head_dim + 1)
+
+
+def launch_combine_local(args: SplitKVArgs, part_out: torch.Tensor, part_lse: torch.Tensor,
+                         send: torch.Tensor, nb: int = 8) -> None:
+    check_runnable(flash_decode_combine_local, send.device)
+    grid = (args.batch * args.kv_heads,)
+    flash_decode_combine_local[grid](part_out, part_lse, send, args.plan.num_splits, args.batch * args.q_heads,
+                                     G=args.group, G_P2=next_pow2(args.group), D=args.head_dim, NB=nb,
+                                     num_warps=4)
+
+
+def launch_combine_global(args: SplitKVArgs, gathered: torch.Tensor, out: torch.Tensor, world_size: int) -> None:
+    check_runnable(flash_decode_combine_global, out.device)
+    grid = (args.batch * args.kv_heads,)
+    flash_decode_combine_global[grid](gathered, out, world_size, args.batch * args.q_heads,
+                                      G=args.group, G_P2=next_pow2(args.group), D=args.head_dim,
+                                      NB=next_pow2(world_size), num_warps=4)

@@ -1,0 +1,105 @@
+"""Clock alignment across ranks: per-rank offsets (ns added to a rank's local times).
+
+Each rank's tracer timestamps with its own clock. Skew between ranks is exactly what the ledger
+measures, so the clocks must be put on one time base first. Sources, best first:
+
+1. ``measured``: the capture measured offsets (``meta["clock_offsets_ns"]`` with
+   ``meta["capture"]["clock_offsets_source"] == "measured"``); taken as given, uncertainty
+   from ``meta["capture"]["clock_uncertainty_ns"]`` (0 when absent).
+2. ``barrier``: markers named ``*clock_barrier*`` recorded right after a barrier on every rank;
+   the k-th such marker ends at (nearly) the same true time on every rank.
+3. ``collectives``: a ring/tree collective (NCCL, RCCL) finishes on all members at nearly the
+   same true time, since nobody can finish before the last byte arrived. The offset of rank r
+   is minus the median over shared collectives of (end on r - end on the reference rank).
+4. ``meta``: offsets in meta not marked measured; 5. ``none``: all zero (one clock assumed).
+
+The uncertainty is the largest, over ranks, median absolute deviation of the per-sample
+estimates around their median: how far one sample typically strays from the chosen offset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+BARRIER_MARKER = "clock_barrier"
+
+
+@dataclass
+class ClockAlignment:
+    offsets_ns: dict[int, int]
+    uncertainty_ns: int
+    method: str
+    samples: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"offsets_ns": {str(k): int(v) for k, v in self.offsets_ns.items()},
+                "uncertainty_ns": int(self.uncertainty_ns), "method": self.method, "samples": int(self.samples),
+                "notes": list(self.notes)}
+
+
+def offsets_from_simultaneous_ends(ends: pd.DataFrame, ranks: list[int]) -> ClockAlignment | None:
+    """Offsets from events that end at the same true time on every rank.
+
+    ``ends``: columns instance, rank, end_ns (local clock). The reference rank (offset 0) is
+    the one present in most instances. None when no instance is shared by two ranks.
+    """
+    if ends.empty:
+        return None
+    wide = ends.pivot_table(index="instance", columns="rank", values="end_ns", aggfunc="max")
+    if wide.shape[1] < 2 or len(wide) == 0:
+        return None
+    counts = wide.notna().sum()
+    ref = int(sorted(counts.index, key=lambda r: (-counts[r], r))[0])
+    offsets, spreads, notes, samples = {}, [], [], 0
+    for r in ranks:
+        if r == ref:
+            offsets[r] = 0
+            continue
+        if r not in wide.columns:
+            offsets[r] = 0
+            continue
+        d = (wide[r] - wide[ref]).dropna().to_numpy(dtype=np.float64)
+        if len(d) == 0:
+            offsets[r] = 0
+            notes.append(f"rank {r} shares no synchronizing event with rank {ref}: its clock is assumed aligned")
+            continue
+        med = float(np.median(d))
+        offsets[r] = -int(round(med))
+        spreads.append(float(np.median(np.abs(d - med))))
+        samples = max(samples, len(d))
+    return ClockAlignment(offsets, int(round(max(spreads, default=0.0))), "", samples, notes)
+
+
+def estimate_clock(events: pd.DataFrame, meta: Mapping[str, Any], collective_instances: pd.DataFrame,
+                   ranks: list[int]) -> ClockAlignment:
+    """Pick the best available source (see the module docstring)."""
+    given = {int(k): int(v) for k, v in (meta.get("clock_offsets_ns") or {}).items()}
+    capture = meta.get("capture") or {}
+    source = capture.get("clock_offsets_source") or meta.get("clock_offsets_source")
+    if given and source == "measured":
+        return ClockAlignment({r: given.get(r, 0) for r in ranks}, int(capture.get("clock_uncertainty_ns", 0) or 0),
+                              "measured by the capture")
+    markers = events[(events["kind"] == "marker") & events["name"].astype(str).str.contains(BARRIER_MARKER, regex=False)]
+    if markers["rank"].nunique() >= 2:
+        m = markers.sort_values(["rank", "start_ns"]).copy()
+        m["instance"] = m.groupby("rank").cumcount()
+        est = offsets_from_simultaneous_ends(m[["instance", "rank", "end_ns"]], ranks)
+        if est is not None:
+            est.method = f"barrier markers ({est.samples})"
+            return est
+    if len(collective_instances) and collective_instances["rank"].nunique() >= 2:
+        inst = collective_instances.assign(
+            instance=collective_instances["repetition"].astype(str) + "/" + collective_instances["collective_id"].astype(str))
+        est = offsets_from_simultaneous_ends(inst.rename(columns={"done_ns": "end_ns"})[["instance", "rank", "end_ns"]], ranks)
+        if est is not None:
+            est.method = f"collective end times ({est.samples} collectives)"
+            return est
+    if given:
+        return ClockAlignment({r: given.get(r, 0) for r in ranks}, 0, "meta (not marked measured)",
+                              notes=["clock offsets come from the bundle's meta without a measurement mark; skew_wait is only as good as they are"])
+    notes = [] if len(ranks) < 2 else ["no clock offsets and no collectives or barrier markers to estimate them: the ranks' clocks are assumed equal"]
+    return ClockAlignment({r: 0 for r in ranks}, 0, "none", notes=notes)

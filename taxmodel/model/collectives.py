@@ -1,0 +1,68 @@
+"""Matching collectives across ranks: the same collective is the same ``collective_id``
+(``'<process group>:<sequence>'``) within a repetition.
+
+A collective's time on a rank is the wait until the last member arrived (skew_wait) plus the
+transfer; both need every member's instance, so a collective missing on some member is an
+error (or, leniently, a reason to skip its iteration). A process group's members are the ranks
+that run any collective of that group; a rank that never takes part in a group is not expected
+in it, which is how several process groups coexist.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class CollectiveMatch:
+    """``instances``: one row per (repetition, collective_id, rank) with ``arrival_ns`` (first
+    kernel start), ``done_ns`` (last kernel end), ``iteration``; rank-local clock.
+    ``incomplete``: one row per collective missing on some member: repetition, collective_id,
+    iteration, missing (comma-separated ranks)."""
+
+    instances: pd.DataFrame
+    incomplete: pd.DataFrame
+
+    def complete(self) -> pd.DataFrame:
+        if self.incomplete.empty:
+            return self.instances
+        bad = self.incomplete.set_index(["repetition", "collective_id"]).index
+        idx = self.instances.set_index(["repetition", "collective_id"]).index
+        return self.instances[~idx.isin(bad)]
+
+
+def match_collectives(gpu: pd.DataFrame) -> CollectiveMatch:
+    """Group the GPU rows that carry a collective_id into per-rank instances and find the
+    collectives that some member of their process group never ran."""
+    rows = gpu[gpu["collective_id"].astype(str) != ""]
+    if rows.empty:
+        empty = pd.DataFrame({"repetition": pd.Series([], dtype="int64"), "collective_id": pd.Series([], dtype=object),
+                              "rank": pd.Series([], dtype="int64"), "arrival_ns": pd.Series([], dtype="int64"),
+                              "done_ns": pd.Series([], dtype="int64"), "iteration": pd.Series([], dtype="int64")})
+        return CollectiveMatch(empty, pd.DataFrame(columns=["repetition", "collective_id", "iteration", "missing"]))
+    inst = (rows.groupby(["repetition", "collective_id", "rank"], sort=True)
+            .agg(arrival_ns=("start_ns", "min"), done_ns=("end_ns", "max"), iteration=("iteration", "max"))
+            .reset_index())
+    inst["group"] = inst["collective_id"].astype(str).str.rsplit(":", n=1).str[0]
+    members = inst.groupby("group")["rank"].agg(lambda s: frozenset(int(r) for r in s))
+    have = inst.groupby(["repetition", "collective_id"]).agg(
+        ranks=("rank", lambda s: frozenset(int(r) for r in s)), group=("group", "first"), iteration=("iteration", "max"))
+    expected = have["group"].map(members)
+    short = have[have["ranks"].map(len).to_numpy() < expected.map(len).to_numpy()]
+    incomplete = pd.DataFrame({
+        "repetition": short.index.get_level_values(0).astype("int64"),
+        "collective_id": short.index.get_level_values(1),
+        "iteration": short["iteration"].astype("int64").to_numpy(),
+        "missing": [",".join(str(r) for r in sorted(members[g] - rk)) for g, rk in zip(short["group"], short["ranks"])],
+    })
+    return CollectiveMatch(inst.drop(columns="group"), incomplete)
+
+
+def last_arrivals(instances: pd.DataFrame, offsets_ns: dict[int, int]) -> pd.DataFrame:
+    """Per (repetition, collective_id): the aligned time at which the last member arrived."""
+    off = instances["rank"].map(offsets_ns).fillna(0).astype("int64").to_numpy()
+    aligned = instances.assign(arrival_aligned=instances["arrival_ns"].to_numpy(np.int64) + off)
+    return aligned.groupby(["repetition", "collective_id"], as_index=False)["arrival_aligned"].max().rename(
+        columns={"arrival_aligned": "last_arrival_ns"})

@@ -1,0 +1,165 @@
+"""Hardware numbers the ledger and the predictor divide by: peak FLOP/s, HBM and link bandwidth.
+
+Presets come from vendor datasheets (``source="datasheet"``) and ship as JSON under
+``taxmodel/data/hardware/``; ``taxmodel calibrate`` writes the same JSON format with measured
+numbers (``source="calibrated"``). A datasheet peak is an upper bound that real kernels rarely
+reach, so a ledger computed with it shows a smaller ``useful`` share than a calibrated one; the
+ledger says which source it used.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from taxmodel.errors import InputError
+
+SOURCES = ("datasheet", "calibrated")
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """One GPU model's throughput and latency numbers (SI units: FLOP/s, bytes/s, seconds).
+
+    ``link_bytes_per_s`` is the bandwidth with which one GPU can receive from its peers (one
+    direction), the denominator of a workload's declared ``link_bytes``.
+    """
+
+    name: str
+    vendor: str
+    source: str
+    peak_flops: Mapping[str, float]
+    hbm_bytes_per_s: float
+    link_bytes_per_s: float
+    link_latency_s: float = 0.0
+    launch_latency_s: float = 0.0
+    kernel_gap_s: float = 0.0
+    host_launch_s: float = 0.0
+    flag_roundtrip_s: float = 0.0
+    num_sms: int = 0
+    aliases: tuple[str, ...] = ()
+    notes: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise InputError(f"hardware '{self.name}': field 'source' is {self.source!r}; expected one of {SOURCES}")
+        for key in ("hbm_bytes_per_s", "link_bytes_per_s"):
+            if not float(getattr(self, key)) > 0:
+                raise InputError(f"hardware '{self.name}': field '{key}' must be a positive number")
+        if not self.peak_flops or any(not float(v) > 0 for v in self.peak_flops.values()):
+            raise InputError(f"hardware '{self.name}': field 'peak_flops' must map dtypes to positive FLOP/s")
+
+    def flops_per_s(self, dtype: str) -> float:
+        """Peak FLOP/s for ``dtype``; raise InputError listing the known dtypes otherwise."""
+        key = _DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+        if key not in self.peak_flops:
+            raise InputError(
+                f"hardware '{self.name}' has no peak FLOP/s for dtype '{dtype}'; known: {', '.join(sorted(self.peak_flops))}. "
+                "Add it to the hardware JSON (see `taxmodel calibrate`) or declare the cost in another dtype."
+            )
+        return float(self.peak_flops[key])
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["peak_flops"] = dict(self.peak_flops)
+        d["aliases"] = list(self.aliases)
+        d["extra"] = dict(self.extra)
+        return d
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any], where: str = "hardware") -> "HardwareSpec":
+        known = {f for f in HardwareSpec.__dataclass_fields__}
+        missing = [k for k in ("name", "vendor", "source", "peak_flops", "hbm_bytes_per_s", "link_bytes_per_s") if k not in d]
+        if missing:
+            raise InputError(f"{where}: field '{missing[0]}' is missing (see taxmodel/data/hardware/*.json for the format)")
+        values = {k: v for k, v in d.items() if k in known}
+        values["extra"] = {**dict(d.get("extra", {})), **{k: v for k, v in d.items() if k not in known}}
+        values["peak_flops"] = {str(k).lower(): float(v) for k, v in dict(d["peak_flops"]).items()}
+        values["aliases"] = tuple(str(a) for a in d.get("aliases", ()))
+        try:
+            return HardwareSpec(**values)
+        except TypeError as exc:
+            raise InputError(f"{where}: {exc}") from exc
+
+
+_DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
+                  "float8": "fp8", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8"}
+
+
+def presets() -> dict[str, HardwareSpec]:
+    """The datasheet presets shipped with taxmodel, by name."""
+    out = {}
+    folder = resources.files("taxmodel") / "data" / "hardware"
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".json"):
+            spec = HardwareSpec.from_dict(json.loads(entry.read_text()), where=f"preset {entry.name}")
+            out[spec.name] = spec
+    return out
+
+
+def load_hardware(path: str | os.PathLike) -> HardwareSpec:
+    """Read a hardware JSON file (a preset's format; `taxmodel calibrate` writes it)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise InputError(f"{path}: no such hardware file") from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return HardwareSpec.from_dict(data, where=str(path))
+
+
+def save_hardware(spec: HardwareSpec, path: str | os.PathLike) -> Path:
+    """Write ``spec`` as JSON atomically (temp file + rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", name.lower()).strip()
+
+
+def find_preset(name: str) -> HardwareSpec | None:
+    """The preset whose name or alias matches ``name`` (case and punctuation ignored), or whose
+    alias occurs in it (so 'NVIDIA H200 141GB HBM3e' finds 'H200 SXM'); None when none does."""
+    want = _norm(name)
+    specs = presets()
+    for spec in specs.values():
+        if want in {_norm(spec.name), *(_norm(a) for a in spec.aliases)}:
+            return spec
+    # Longest alias first, so that 'h200' is not matched by a shorter 'h20'-style alias.
+    candidates = sorted(((len(_norm(a)), spec) for spec in specs.values() for a in (spec.name, *spec.aliases)
+                         if re.search(rf"\b{re.escape(_norm(a))}\b", want)), key=lambda t: -t[0])
+    return candidates[0][1] if candidates else None
+
+
+def resolve_hardware(meta: Mapping[str, Any] | None, name_or_path: str | os.PathLike | None = None) -> HardwareSpec:
+    """The spec to analyze a bundle with: an explicit ``name_or_path`` (a preset name or a JSON
+    file) wins; else the bundle's ``meta["hardware"]["name"]``. Raise InputError saying how to
+    choose one when neither names a known GPU."""
+    if name_or_path is not None:
+        text = str(name_or_path)
+        if text.endswith(".json") or Path(text).is_file():
+            return load_hardware(text)
+        spec = find_preset(text)
+        if spec is None:
+            raise InputError(f"unknown hardware '{text}'; presets: {', '.join(presets())}; or pass a JSON file written by `taxmodel calibrate`")
+        return spec
+    hw = (meta or {}).get("hardware") or {}
+    name = hw.get("name") if isinstance(hw, Mapping) else str(hw)
+    if name:
+        spec = find_preset(str(name))
+        if spec is not None:
+            return spec
+        raise InputError(f"the bundle's hardware '{name}' is not a known preset ({', '.join(presets())}); pass --hardware NAME or --hardware FILE.json")
+    raise InputError(f"the bundle does not say which GPU it ran on; pass --hardware with one of {', '.join(presets())} or a JSON file")

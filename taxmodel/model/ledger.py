@@ -1,0 +1,579 @@
+"""The tax ledger: measured time split exactly into useful work, compute inefficiency, the three
+taxes and what is left unattributed (definitions: docs/ledger.md).
+
+For every (repetition, iteration) the window is global: from the earliest GPU activity of that
+iteration on any rank to the latest end on any rank, on the aligned clock. For every rank the
+window is cut into elementary segments by what runs on the rank's GPU (any stream):
+
+  local compute (compute/fused/copy kernels; comm under them is overlapped)   -> shares: flag_wait,
+      useful (roofline floor), locality_tax, compute_inefficiency
+  communication only, before the collective's last member arrived            -> skew_wait
+  communication only, afterwards                                             -> useful (link floor
+      above the compute floor), exposed_comm
+  only 'other' GPU activity                                                  -> unattributed
+  idle before the rank's first / after its last activity in the window       -> barrier_idle
+  idle between activities: by the launch call of the kernel that ends the gap and host syncs
+      -> barrier_idle (sync pending), host_starved, launch_latency, kernel_gap (or unattributed
+      when the kernel has no launch record)
+
+Everything is computed with vectorized interval arithmetic (``intervals.py``); the only Python
+loops run over ranks, declared intermediates and sub-categories.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.errors import AnalysisError, InputError
+from taxmodel.model import intervals as iv
+from taxmodel.model.categories import CATEGORY_ORDER, LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
+from taxmodel.model.clock import ClockAlignment, estimate_clock
+from taxmodel.model.collectives import last_arrivals, match_collectives
+from taxmodel.model.hardware import HardwareSpec, resolve_hardware
+from taxmodel.trace import schema
+from taxmodel.trace.bundle import Bundle
+
+LOCAL_ROLES = ("compute", "fused", "copy")
+WORK_ROLES = ("compute", "fused")
+CLS_LOCAL, CLS_COMM, CLS_OTHER, CLS_SKEW = 0, 1, 2, 3
+SEG_LOCAL, SEG_SKEW, SEG_TRANSFER, SEG_OTHER, SEG_IDLE = 0, 1, 2, 3, 4
+NO_LAUNCH = iv.INT64_MAX - 1  # start key of a GPU activity whose launch call is unknown
+SUB = {s: i for i, s in enumerate(SUBCATEGORY_ORDER)}
+LOCAL_LABELS = ("flag_wait", "useful", "locality_tax", "compute_inefficiency")
+TRANSFER_LABELS = ("useful", "exposed_comm")
+
+
+@dataclass
+class Ledger:
+    """Measured time of one bundle split into the ledger's parts (see module docstring)."""
+
+    parts: pd.DataFrame
+    windows: pd.DataFrame
+    intervals: pd.DataFrame
+    clock: ClockAlignment
+    caveats: list[str]
+    skipped: list[str]
+    meta: dict
+    label: str
+    hardware: HardwareSpec | None = None
+    ranks: list[int] = field(default_factory=list)
+
+    def summary(self) -> pd.DataFrame:
+        """One row per sub-category: mean ns over repetitions, iterations and ranks, and % of
+        the mean window; the rows sum to the mean window."""
+        n = max(len(self.windows) * max(len(self.ranks), 1), 1)
+        total = self.parts.groupby("subcategory")["ns"].sum()
+        mean = np.array([float(total.get(s, 0)) / n for s in SUBCATEGORY_ORDER])
+        mean_window = float(self.windows["window_ns"].mean()) if len(self.windows) else 0.0
+        return pd.DataFrame({
+            "category": [PARENT[s] for s in SUBCATEGORY_ORDER],
+            "subcategory": list(SUBCATEGORY_ORDER),
+            "mean_ns": mean,
+            "pct": mean / mean_window * 100.0 if mean_window else np.zeros(len(mean)),
+        })
+
+    def category_summary(self) -> pd.DataFrame:
+        """Like ``summary`` but one row per category."""
+        s = self.summary().groupby("category", sort=False)[["mean_ns", "pct"]].sum()
+        return s.reindex(list(CATEGORY_ORDER)).reset_index()
+
+    def per_iteration(self) -> pd.DataFrame:
+        """One row per (repetition, iteration): window_ns and each category's mean over ranks."""
+        nr = max(len(self.ranks), 1)
+        wide = (self.parts.groupby(["repetition", "iteration", "category"])["ns"].sum() / nr).unstack("category")
+        wide = wide.reindex(columns=list(CATEGORY_ORDER)).fillna(0.0).reset_index()
+        wide.columns.name = None
+        return self.windows[["repetition", "iteration", "window_ns"]].merge(wide, on=["repetition", "iteration"], how="left")
+
+    def per_rank(self) -> pd.DataFrame:
+        """Mean ns per (rank, sub-category) over repetitions and iterations (wide)."""
+        n = max(len(self.windows), 1)
+        wide = (self.parts.groupby(["rank", "subcategory"])["ns"].sum() / n).unstack("subcategory")
+        return wide.reindex(columns=list(SUBCATEGORY_ORDER)).fillna(0.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready document (what `taxmodel analyze --json` prints)."""
+        return {
+            "label": self.label,
+            "workload": self.meta.get("workload"), "variant": self.meta.get("variant"), "shape": self.meta.get("shape"),
+            "world_size": self.meta.get("world_size"), "ranks": self.ranks,
+            "hardware": None if self.hardware is None else {"name": self.hardware.name, "source": self.hardware.source},
+            "clock": self.clock.to_dict(),
+            "mean_window_ns": float(self.windows["window_ns"].mean()) if len(self.windows) else 0.0,
+            "summary": self.summary().to_dict(orient="records"),
+            "per_iteration": self.per_iteration().to_dict(orient="records"),
+            "caveats": list(self.caveats), "skipped": list(self.skipped),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+
+def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient: bool = False) -> Ledger:
+    """Split the bundle's measured time into the ledger's parts; see docs/ledger.md.
+
+    Raises AnalysisError for data that cannot be analyzed as is (iterations that do not match
+    across ranks, collectives missing on some member, clocks that cannot be aligned); with
+    ``lenient`` the affected iterations are skipped and listed in ``Ledger.skipped``.
+    """
+    ev = bundle.events
+    meta = dict(bundle.meta)
+    caveats: list[str] = []
+    skipped: list[str] = []
+    ranks = _ranks(bundle)
+    nr = len(ranks)
+    rank_pos = pd.Series(np.arange(nr), index=ranks)
+    cost = meta.get("cost")
+    hw = hardware
+    if hw is None:
+        try:
+            hw = resolve_hardware(meta)
+        except InputError:
+            if cost:
+                raise
+            hw = None
+
+    gpu = ev[ev["kind"].isin(schema.GPU_KINDS)]
+    skip = _check_iterations(gpu, lenient, skipped)
+    match = match_collectives(gpu)
+    for row in match.incomplete.itertuples(index=False):
+        msg = (f"collective {row.collective_id} (repetition {row.repetition}, iteration {row.iteration}) never ran "
+               f"on rank(s) {row.missing}")
+        if not lenient:
+            raise AnalysisError(f"{msg}: every member of a process group must run each of its collectives. The trace "
+                                "may be cut short on that rank; re-capture, or pass --lenient to skip that iteration.")
+        skipped.append(f"{msg}: iteration skipped")
+        skip.add((int(row.repetition), int(row.iteration)))
+
+    clock = estimate_clock(ev, meta, match.complete(), ranks)
+    caveats.extend(clock.notes)
+    offsets = clock.offsets_ns
+
+    def aligned(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        off = df["rank"].map(offsets).fillna(0).to_numpy(np.int64)
+        return df["start_ns"].to_numpy(np.int64) + off, df["end_ns"].to_numpy(np.int64) + off
+
+    g_start, g_end = aligned(gpu)
+    g_rank = gpu["rank"].to_numpy(np.int64)
+    g_rep = gpu["repetition"].to_numpy(np.int64)
+    g_it = gpu["iteration"].to_numpy(np.int64)
+    g_role = gpu["role"].to_numpy(object)
+
+    # --- windows ------------------------------------------------------------------------------
+    in_iter = g_it >= 0
+    if skip:
+        key = pd.MultiIndex.from_arrays([g_rep, g_it])
+        in_iter &= ~key.isin(list(skip))
+    wdf = (pd.DataFrame({"repetition": g_rep[in_iter], "iteration": g_it[in_iter], "s": g_start[in_iter], "e": g_end[in_iter]})
+           .groupby(["repetition", "iteration"], as_index=False).agg(start_ns=("s", "min"), end_ns=("e", "max")))
+    if wdf.empty:
+        raise AnalysisError("no GPU activity inside any iteration: the bundle has no iteration markers that contain "
+                            "kernels (check the importer's --iteration-pattern, or profile with iteration markers)")
+    wdf = wdf.sort_values(["start_ns", "repetition", "iteration"], kind="stable").reset_index(drop=True)
+    wdf["window_ns"] = wdf["end_ns"] - wdf["start_ns"]
+    ws, we = wdf["start_ns"].to_numpy(np.int64), wdf["end_ns"].to_numpy(np.int64)
+    nw = len(wdf)
+    _check_clock(clock, wdf, lenient, caveats, skipped)
+    if nw > 1 and (ws[1:] < np.maximum.accumulate(we)[:-1]).any():
+        n_over = int((ws[1:] < np.maximum.accumulate(we)[:-1]).sum())
+        caveats.append(f"{n_over} iteration window(s) overlap the previous one (a rank started the next iteration "
+                       "before another finished); the overlapping time is counted in both windows")
+    win_of = pd.Series(np.arange(nw), index=pd.MultiIndex.from_frame(wdf[["repetition", "iteration"]]))
+
+    # --- GPU activity clipped to windows ------------------------------------------------------
+    ai, wi = iv.expand_to_windows(g_start, g_end, ws, we)
+    c_start = np.maximum(g_start[ai], ws[wi])
+    c_end = np.minimum(g_end[ai], we[wi])
+    c_group = wi * nr + rank_pos.reindex(g_rank[ai]).to_numpy(np.int64)
+    role = g_role[ai]
+    cls = np.where(np.isin(role, LOCAL_ROLES), CLS_LOCAL, np.where(role == "comm", CLS_COMM, CLS_OTHER)).astype(np.int64)
+    launch_end = _launch_ends(ev, gpu, offsets)
+    key = np.where(c_start == g_start[ai], launch_end[ai], iv.INT64_MAX)
+
+    # skew intervals: from a collective kernel's start until its collective's last arrival
+    cid = gpu["collective_id"].to_numpy(object)
+    is_coll = (cid[ai] != "") & (cls == CLS_COMM)
+    complete = match.complete()
+    if len(complete) and is_coll.any():
+        last = last_arrivals(complete, offsets)
+        lk = pd.MultiIndex.from_frame(last[["repetition", "collective_id"]])
+        pos = lk.get_indexer(pd.MultiIndex.from_arrays([g_rep[ai][is_coll], cid[ai][is_coll]]))
+        la = np.where(pos >= 0, last["last_arrival_ns"].to_numpy(np.int64)[np.maximum(pos, 0)], iv.INT64_MAX * 0 - 1)
+        sk_s = c_start[is_coll]
+        sk_e = np.minimum(np.minimum(la, g_end[ai][is_coll]), c_end[is_coll])
+        sk_s = np.maximum(sk_s, g_start[ai][is_coll])
+        ok = sk_e > sk_s
+        sk_group, sk_s, sk_e = c_group[is_coll][ok], sk_s[ok], sk_e[ok]
+    else:
+        sk_group = sk_s = sk_e = np.zeros(0, np.int64)
+
+    ngroups = nw * nr
+    bgroup = np.arange(ngroups, dtype=np.int64)
+    seg = iv.sweep(
+        np.concatenate([c_group, sk_group]), np.concatenate([c_start, sk_s]), np.concatenate([c_end, sk_e]),
+        np.concatenate([cls, np.full(len(sk_group), CLS_SKEW, np.int64)]), 4,
+        np.concatenate([key, np.full(len(sk_group), iv.INT64_MAX, np.int64)]),
+        bgroup, ws[bgroup // nr], we[bgroup // nr])
+    counts = seg["counts"]
+    lab = np.select([counts[:, CLS_LOCAL] > 0, (counts[:, CLS_COMM] > 0) & (counts[:, CLS_SKEW] > 0),
+                     counts[:, CLS_COMM] > 0, counts[:, CLS_OTHER] > 0], [SEG_LOCAL, SEG_SKEW, SEG_TRANSFER, SEG_OTHER], SEG_IDLE)
+    sg, ss, se = seg["group"], seg["start"], seg["end"]
+    slen = se - ss
+
+    pieces = []  # (group, sub index, start, end) arrays of sweep-based sub-parts
+    pieces.append((sg[lab == SEG_SKEW], SUB["skew_wait"], ss[lab == SEG_SKEW], se[lab == SEG_SKEW]))
+    pieces.append((sg[lab == SEG_OTHER], SUB["unattributed"], ss[lab == SEG_OTHER], se[lab == SEG_OTHER]))
+    unknown_gaps = _idle_pieces(seg, lab, ev, offsets, ranks, nr, pieces)
+    # --- shares of local busy time and of exposed transfer time ----------------------------------
+    local_len = np.bincount(sg[lab == SEG_LOCAL], weights=slen[lab == SEG_LOCAL], minlength=ngroups)
+    transfer_len = np.bincount(sg[lab == SEG_TRANSFER], weights=slen[lab == SEG_TRANSFER], minlength=ngroups)
+    local_len = np.round(local_len).astype(np.int64)
+    transfer_len = np.round(transfer_len).astype(np.int64)
+
+    t_compute, t_link_excess = _floors(cost, hw)
+    link_float = np.minimum(t_link_excess, transfer_len.astype(np.float64))
+    link_int = iv.largest_remainder(np.stack([link_float, transfer_len - link_float], axis=1), transfer_len)[:, 0]
+
+    shares = _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_excess, link_float, win_of, rank_pos,
+                            nr, skip, caveats, hw.hbm_bytes_per_s if hw is not None else 0.0)
+    is_local = cls == CLS_LOCAL
+    lai, lgrp = ai[is_local], c_group[is_local]
+    clip = (c_end - c_start)[is_local].astype(np.float64)
+    wgt = clip / (g_end - g_start)[lai].astype(np.float64)
+    # Shares of kernels clipped to the window, each capped by the local busy time still free:
+    # where local kernels run concurrently their summed shares may exceed the busy time.
+    room = local_len.astype(np.float64)
+    vals = []
+    for k in ("flag_wait", "useful", "locality_tax"):
+        v = np.minimum(np.bincount(lgrp, weights=shares[k][lai] * wgt, minlength=ngroups), room)
+        vals.append(v)
+        room = np.maximum(room - v, 0.0)
+    local_int = iv.largest_remainder(np.column_stack(vals + [room]), local_len)
+
+    # --- parts ------------------------------------------------------------------------------------
+    table = np.zeros((ngroups, len(SUBCATEGORY_ORDER)), np.int64)
+    for grp, sub, s0, s1 in pieces:
+        table[:, sub] += np.bincount(grp, weights=(s1 - s0), minlength=ngroups).round().astype(np.int64)
+    for j, name in enumerate(LOCAL_LABELS):
+        table[:, SUB[name]] += local_int[:, j]
+    table[:, SUB["useful"]] += link_int
+    table[:, SUB["exposed_comm"]] += transfer_len - link_int
+    window_ns = (we - ws)[bgroup // nr]
+    bad = table.sum(axis=1) != window_ns
+    if bad.any():  # an internal error, never the user's: say where
+        g = int(np.flatnonzero(bad)[0])
+        raise AssertionError(f"ledger parts do not sum to the window for window {g // nr}, rank {ranks[g % nr]}: "
+                             f"{table[g].tolist()} vs {window_ns[g]}")
+
+    wrep = wdf["repetition"].to_numpy(np.int64)[bgroup // nr]
+    wit = wdf["iteration"].to_numpy(np.int64)[bgroup // nr]
+    wrank = np.asarray(ranks, np.int64)[bgroup % nr]
+    nsub = len(SUBCATEGORY_ORDER)
+    parts = pd.DataFrame({
+        "repetition": np.repeat(wrep, nsub), "iteration": np.repeat(wit, nsub), "rank": np.repeat(wrank, nsub),
+        "category": np.tile(np.array([PARENT[s] for s in SUBCATEGORY_ORDER], dtype=object), ngroups),
+        "subcategory": np.tile(np.array(SUBCATEGORY_ORDER, dtype=object), ngroups),
+        "ns": table.ravel(),
+    }, columns=list(LEDGER_COLUMNS))
+    parts = parts.sort_values(["repetition", "iteration", "rank"], kind="stable").reset_index(drop=True)
+
+    intervals = _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, wrank)
+    windows = wdf.sort_values(["repetition", "iteration"]).reset_index(drop=True)
+
+    _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw)
+    return Ledger(parts=parts, windows=windows, intervals=intervals, clock=clock, caveats=caveats, skipped=skipped,
+                  meta=meta, label=bundle.label, hardware=hw, ranks=ranks)
+
+
+# --- steps ----------------------------------------------------------------------------------------
+
+def _ranks(bundle: Bundle) -> list[int]:
+    """Ranks to account for: those in meta (a rank may have recorded no GPU activity) and in events."""
+    declared = {int(r) for r in (bundle.meta.get("ranks") or [])}
+    present = {int(r) for r in bundle.events["rank"].unique()}
+    if not declared:
+        ws = bundle.meta.get("world_size")
+        declared = set(range(int(ws))) if ws else set()
+    return sorted(declared | present)
+
+
+def _check_iterations(gpu: pd.DataFrame, lenient: bool, skipped: list[str]) -> set[tuple[int, int]]:
+    """Every rank that ran GPU work in iterations must have the same (repetition, iteration) set."""
+    rows = gpu.loc[gpu["iteration"] >= 0, ["rank", "repetition", "iteration"]].drop_duplicates()
+    if rows.empty:
+        return set()
+    active = sorted(int(r) for r in rows["rank"].unique())
+    per = rows.groupby(["repetition", "iteration"])["rank"].agg(lambda s: frozenset(int(r) for r in s))
+    short = per[per.map(len) < len(active)]
+    skip = set()
+    for (rep, it), have in short.items():
+        missing = ",".join(str(r) for r in active if r not in have)
+        msg = f"iteration {it} (repetition {rep}) has GPU activity on rank(s) {','.join(map(str, sorted(have)))} but not on rank(s) {missing}"
+        if not lenient:
+            raise AnalysisError(f"{msg}: the ranks' iterations do not match. Check every rank's iteration markers "
+                                "(ProfilerStep# or --iteration-pattern), or pass --lenient to skip such iterations.")
+        skipped.append(f"{msg}: iteration skipped")
+        skip.add((int(rep), int(it)))
+    return skip
+
+
+def _check_clock(clock: ClockAlignment, wdf: pd.DataFrame, lenient: bool, caveats: list[str], skipped: list[str]) -> None:
+    """Alignment is trusted only while its uncertainty stays below the median window."""
+    median_window = float(wdf["window_ns"].median())
+    if clock.uncertainty_ns > median_window:
+        msg = (f"clock alignment across ranks is uncertain by {clock.uncertainty_ns / 1e3:.1f} us ({clock.method}), "
+               f"more than the median iteration window ({median_window / 1e3:.1f} us)")
+        if not lenient:
+            raise AnalysisError(f"{msg}: skew between ranks cannot be measured. Capture with a clock barrier marker or "
+                                "measured clock offsets, or pass --lenient to analyze anyway.")
+        skipped.append(f"{msg}: analyzed anyway; skew_wait and barrier_idle are not reliable")
+
+
+def _launch_ends(ev: pd.DataFrame, gpu: pd.DataFrame, offsets: dict[int, int]) -> np.ndarray:
+    """Aligned end of the host launch call that enqueued each GPU row (linked by correlation on
+    the same rank; for a CUDA/HIP graph that is the graph launch); NO_LAUNCH when unknown."""
+    launches = ev[(ev["kind"] == "launch") & (ev["correlation"] >= 0)]
+    out = np.full(len(gpu), NO_LAUNCH, np.int64)
+    if launches.empty:
+        return out
+    off = launches["rank"].map(offsets).fillna(0).to_numpy(np.int64)
+    lk = (pd.DataFrame({"rank": launches["rank"].to_numpy(np.int64), "correlation": launches["correlation"].to_numpy(np.int64),
+                        "end": launches["end_ns"].to_numpy(np.int64) + off})
+          .groupby(["rank", "correlation"])["end"].min())
+    pos = lk.index.get_indexer(pd.MultiIndex.from_arrays([gpu["rank"].to_numpy(np.int64), gpu["correlation"].to_numpy(np.int64)]))
+    has = pos >= 0
+    out[has] = lk.to_numpy(np.int64)[pos[has]]
+    return out
+
+
+def _idle_pieces(seg: dict, lab: np.ndarray, ev: pd.DataFrame, offsets: dict[int, int], ranks: list[int], nr: int,
+                 pieces: list) -> tuple[int, int]:
+    """Split idle segments into barrier_idle / host_starved / launch_latency / kernel_gap /
+    unattributed pieces (appended to ``pieces``); return (count, ns) of gaps with no launch."""
+    sg, ss, se, nxt = seg["group"], seg["start"], seg["end"], seg["next_key"]
+    busy = lab != SEG_IDLE
+    ng = int(sg.max()) + 1 if len(sg) else 0
+    first_busy = np.full(ng, iv.INT64_MAX, np.int64)
+    last_busy = np.full(ng, np.iinfo(np.int64).min, np.int64)
+    bg = sg[busy]
+    if len(bg):
+        u, first_idx = np.unique(bg, return_index=True)
+        first_busy[u] = ss[busy][first_idx]
+        last_idx = np.r_[first_idx[1:], len(bg)] - 1
+        last_busy[u] = se[busy][last_idx]
+    idle = ~busy
+    edge = idle & ((se <= first_busy[sg]) | (ss >= last_busy[sg]))
+    pieces.append((sg[edge], SUB["barrier_idle"], ss[edge], se[edge]))
+    inner = idle & ~edge
+    g, a, b, L = sg[inner], ss[inner], se[inner], nxt[inner]
+    unknown = L >= NO_LAUNCH
+    cap = np.where(unknown, b, np.clip(L, a, b))
+    # host syncs: the gap is barrier_idle until the last sync that returned inside it
+    s = a.copy()
+    syncs = ev[ev["kind"] == "sync"]
+    if len(syncs) and len(g):
+        rank_of = np.asarray(ranks, np.int64)[g % nr]
+        for r in np.unique(rank_of):  # a loop over ranks, not events
+            ends = np.sort(syncs.loc[syncs["rank"] == r, "end_ns"].to_numpy(np.int64) + int(offsets.get(int(r), 0)))
+            if not len(ends):
+                continue
+            m = rank_of == r
+            j = np.searchsorted(ends, cap[m], side="right") - 1
+            e = np.where(j >= 0, ends[np.maximum(j, 0)], np.iinfo(np.int64).min)
+            s[m] = np.where(e > a[m], e, a[m])
+    pieces.append((g, SUB["barrier_idle"], a, s))
+    queued = ~unknown & (L <= a)
+    starved = ~unknown & ~queued
+    pieces.append((g[unknown], SUB["unattributed"], s[unknown], b[unknown]))
+    pieces.append((g[queued], SUB["kernel_gap"], a[queued], b[queued]))
+    pieces.append((g[starved], SUB["host_starved"], s[starved], cap[starved]))
+    pieces.append((g[starved], SUB["launch_latency"], cap[starved], b[starved]))
+    return int(unknown.sum()), int((b - s)[unknown].sum())
+
+
+def _floors(cost: dict | None, hw: HardwareSpec | None) -> tuple[float, float]:
+    """(T_compute, T_link_excess) in ns per rank and iteration: the roofline floor of the local
+    work, and how much the link floor exceeds it (the part of communication that no overlap can
+    hide)."""
+    if not cost or hw is None:
+        return 0.0, 0.0
+    t_compute = max(float(cost.get("flops", 0)) / hw.flops_per_s(cost.get("dtype", "bf16")),
+                    float(cost.get("hbm_bytes", 0)) / hw.hbm_bytes_per_s) * 1e9
+    t_link = float(cost.get("link_bytes", 0)) / hw.link_bytes_per_s * 1e9
+    return t_compute, max(0.0, t_link - t_compute)
+
+
+def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_excess, link_float, win_of, rank_pos, nr,
+                   skip, caveats, hbm_bytes_per_s) -> dict[str, np.ndarray]:
+    """Per GPU row, the ns of its duration that are flag_wait, useful and locality_tax (0 for
+    rows that are not local kernels). Order: measured flag_wait first, then the compute floor in
+    proportion to the remaining time, then the link floor left over from exposed transfers
+    (fused kernels), then each declared intermediate on its producer and consumer kernels."""
+    n = len(gpu)
+    d = (g_end - g_start).astype(np.float64)
+    role = gpu["role"].to_numpy(object)
+    local = np.isin(role, LOCAL_ROLES)
+    flag = _flag_wait(gpu, g_start, g_end, ev, offsets, role)
+    flag = np.minimum(flag, d)
+    useful = np.zeros(n)
+    loc = np.zeros(n)
+    rep = gpu["repetition"].to_numpy(np.int64)
+    it = gpu["iteration"].to_numpy(np.int64)
+    rk = gpu["rank"].to_numpy(np.int64)
+    costed = local & (it >= 0)
+    if skip:
+        costed &= ~pd.MultiIndex.from_arrays([rep, it]).isin(list(skip))
+    if not cost or not hbm_bytes_per_s or not costed.any():
+        return {"flag_wait": flag, "useful": useful, "locality_tax": loc}
+    # group id per (rank, repetition, iteration) of the costed rows
+    keys = pd.DataFrame({"rank": rk, "rep": rep, "it": it})
+    gid = np.full(n, -1, np.int64)
+    gid[costed] = keys[costed].groupby(["rank", "rep", "it"], sort=False).ngroup().to_numpy(np.int64)
+    ng = int(gid.max()) + 1
+    work = costed & np.isin(role, WORK_ROLES)
+    avail = np.where(work, d - flag, 0.0)
+    total = np.bincount(gid[costed], weights=avail[costed], minlength=ng)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(total > 0, np.minimum(1.0, t_compute / np.where(total > 0, total, 1.0)), 0.0)
+    useful[costed] = f[gid[costed]] * avail[costed]
+    # the link floor beyond the compute floor that exposed transfers did not take: fused kernels
+    fused = costed & (role == "fused")
+    if t_link_excess > 0 and fused.any():
+        widx = win_of.reindex(pd.MultiIndex.from_arrays([rep[fused], it[fused]])).to_numpy()
+        grp = widx.astype(np.int64) * nr + rank_pos.reindex(rk[fused]).to_numpy(np.int64)
+        rest = np.maximum(t_link_excess - link_float[grp], 0.0)
+        head = np.where(fused, d - flag - useful, 0.0)
+        hsum = np.bincount(gid[fused], weights=head[fused], minlength=ng)
+        restg = np.zeros(ng)
+        restg[gid[fused]] = rest
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g = np.where(hsum > 0, np.minimum(1.0, restg / np.where(hsum > 0, hsum, 1.0)), 0.0)
+        useful[fused] += g[gid[fused]] * head[fused]
+    names = gpu["name"].astype(str)
+    for inter in cost.get("intermediates") or []:
+        sel = costed & (_matches(names, role, inter.get("producer", "")) | _matches(names, role, inter.get("consumer", "")))
+        if not sel.any():
+            caveats.append(f"declared intermediate '{inter.get('name')}' matches no kernel (producer "
+                           f"{inter.get('producer')!r}, consumer {inter.get('consumer')!r}): no locality_tax for it")
+            continue
+        t_loc = 2.0 * float(inter.get("bytes", 0)) / hbm_bytes_per_s * 1e9
+        head = np.where(sel, np.maximum(d - flag - useful - loc, 0.0), 0.0)
+        hsum = np.bincount(gid[sel], weights=head[sel], minlength=ng)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g = np.where(hsum > 0, np.minimum(1.0, t_loc / np.where(hsum > 0, hsum, 1.0)), 0.0)
+        loc[sel] += g[gid[sel]] * head[sel]
+    return {"flag_wait": flag, "useful": useful, "locality_tax": loc}
+
+
+def _matches(names: pd.Series, role: np.ndarray, pattern: str) -> np.ndarray:
+    """Rows whose kernel name matches the regex ``pattern``, or whose role is X for 'role:X'."""
+    if not pattern:
+        return np.zeros(len(names), bool)
+    if pattern.startswith("role:"):
+        return role == pattern[5:]
+    uniq = pd.unique(names)
+    rx = re.compile(pattern)
+    hit = {u: bool(rx.search(u)) for u in uniq}  # a loop over distinct names, not events
+    return names.map(hit).to_numpy(bool)
+
+
+def _flag_wait(gpu, g_start, g_end, ev, offsets, role) -> np.ndarray:
+    """Per GPU row: mean flag_wait time per CTA from in-kernel records inside it (fused kernels
+    only): the sum of its flag_wait record durations divided by its number of recorded CTAs."""
+    out = np.zeros(len(gpu))
+    rec = ev[ev["kind"] == "record"]
+    fused = np.flatnonzero(role == "fused")
+    if rec.empty or not len(fused):
+        return out
+    r_off = rec["rank"].map(offsets).fillna(0).to_numpy(np.int64)
+    r_s = rec["start_ns"].to_numpy(np.int64) + r_off
+    r_e = rec["end_ns"].to_numpy(np.int64) + r_off
+    r_rank = rec["rank"].to_numpy(np.int64)
+    r_cta = rec["cta"].to_numpy(np.int64)
+    r_flag = (rec["phase"].astype(str) == "flag_wait").to_numpy()
+    f_rank = gpu["rank"].to_numpy(np.int64)[fused]
+    owner = np.full(len(rec), -1, np.int64)
+    for r in np.unique(f_rank):  # a loop over ranks
+        kk = fused[f_rank == r]
+        kk = kk[np.argsort(g_start[kk], kind="stable")]
+        m = np.flatnonzero(r_rank == r)
+        j = np.searchsorted(g_start[kk], r_s[m], side="right") - 1
+        ok = (j >= 0) & (r_s[m] < g_end[kk[np.maximum(j, 0)]])
+        owner[m[ok]] = kk[j[ok]]
+    has = owner >= 0
+    if not has.any():
+        return out
+    wait = np.where(r_flag, np.minimum(r_e, g_end[np.maximum(owner, 0)]) - r_s, 0).astype(np.float64)
+    wsum = np.bincount(owner[has], weights=wait[has], minlength=len(gpu))
+    pairs = pd.DataFrame({"k": owner[has], "c": r_cta[has]}).drop_duplicates()
+    ncta = np.bincount(pairs["k"].to_numpy(np.int64), minlength=len(gpu))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(ncta > 0, wsum / np.where(ncta > 0, ncta, 1), 0.0)
+    return out
+
+
+def _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, wrank) -> pd.DataFrame:
+    """Where each sub-part lies: measured pieces as they are; shares of busy time (useful,
+    locality, flag_wait, compute_inefficiency, the link floor) laid out one after another along
+    the rank's local (resp. transfer) segments, in that order."""
+    groups, subs, starts, ends = [], [], [], []
+    for grp, sub, s0, s1 in pieces:
+        keep = s1 > s0
+        groups.append(grp[keep]); subs.append(np.full(int(keep.sum()), sub, np.int64))
+        starts.append(s0[keep]); ends.append(s1[keep])
+    sg, ss, se = seg["group"], seg["start"], seg["end"]
+    for seg_kind, amounts, labels in ((SEG_LOCAL, local_int, LOCAL_LABELS),
+                                      (SEG_TRANSFER, np.column_stack([link_int, transfer_len - link_int]), TRANSFER_LABELS)):
+        m = lab == seg_kind
+        if not m.any():
+            continue
+        have = np.unique(sg[m])
+        out = iv.apportion(sg[m], ss[m], se[m], amounts[have], have)
+        keep = out["end"] > out["start"]
+        groups.append(out["group"][keep])
+        subs.append(np.array([SUB[l] for l in labels], np.int64)[out["label"][keep]])
+        starts.append(out["start"][keep]); ends.append(out["end"][keep])
+    g = np.concatenate(groups) if groups else np.zeros(0, np.int64)
+    sub = np.concatenate(subs) if subs else np.zeros(0, np.int64)
+    s0 = np.concatenate(starts) if starts else np.zeros(0, np.int64)
+    s1 = np.concatenate(ends) if ends else np.zeros(0, np.int64)
+    g, sub, s0, s1 = iv.merge_adjacent(g.astype(np.int64), sub, s0.astype(np.int64), s1.astype(np.int64))
+    names = np.array(SUBCATEGORY_ORDER, dtype=object)
+    df = pd.DataFrame({"repetition": wrep[g], "iteration": wit[g], "rank": wrank[g], "subcategory": names[sub],
+                       "start_ns": s0, "end_ns": s1})
+    return df.sort_values(["repetition", "iteration", "rank", "start_ns"], kind="stable").reset_index(drop=True)
+
+
+def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw) -> None:
+    if hw is not None and hw.source == "datasheet":
+        caveats.append(f"hardware: {hw.name} datasheet peaks; 'useful' is measured against numbers real kernels rarely "
+                       "reach (run `taxmodel calibrate` and pass --hardware FILE for measured ones)")
+    if not cost:
+        caveats.append("the bundle declares no cost (meta 'cost'): useful and locality_tax are 0 and all compute time "
+                       "counts as compute_inefficiency")
+    elif hw is None:
+        caveats.append("no hardware spec: useful and locality_tax are 0")
+    fused_rows = gpu["role"] == "fused"
+    if fused_rows.any() and not (ev["kind"] == "record").any():
+        caveats.append("fused kernels ran without in-kernel trace records: waits on flags inside them are not visible "
+                       "(flag_wait is 0) and count as compute time")
+    active = set(int(r) for r in gpu["rank"].unique())
+    for r in ranks:
+        if r not in active:
+            caveats.append(f"rank {r} has no GPU activity: its whole window is barrier_idle")
+    if unknown_gaps[0]:
+        caveats.append(f"{unknown_gaps[0]} idle gap(s) ({unknown_gaps[1] / 1e3:.1f} us in all) end at kernels with no "
+                       "recorded launch call; they are unattributed (trace host runtime calls to classify them)")
+    if clock.uncertainty_ns > 0:
+        skew = parts[parts["subcategory"] == "skew_wait"].groupby("rank")["ns"].mean()
+        for r, v in skew.items():
+            if 0 < v < clock.uncertainty_ns:
+                caveats.append(f"skew_wait on rank {r} ({v / 1e3:.1f} us) is below the clock uncertainty "
+                               f"({clock.uncertainty_ns / 1e3:.1f} us)")
+    outside = int((g_it < 0).sum())
+    if outside:
+        caveats.append(f"{outside} GPU activities lie outside any iteration; where they overlap a window they count "
+                       "as busy time without declared cost")

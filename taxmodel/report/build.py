@@ -1,0 +1,79 @@
+"""From bundle paths to a written report or trace: what ``taxmodel report`` and
+``taxmodel export-trace`` do, kept here so the CLI only handles arguments."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from taxmodel.errors import InputError
+from taxmodel.report.compare import LedgerLike
+from taxmodel.report.document import build_document
+from taxmodel.report.html import render_html
+from taxmodel.report.markdown import render_markdown
+from taxmodel.report.perfetto import write_chrome_trace
+from taxmodel.trace.bundle import Bundle, find_bundles, load_bundle
+
+FORMATS = ("html", "md")
+
+
+def expand_bundle_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Bundles named on the command line; a directory that is not a bundle stands for every bundle below it."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = find_bundles(p)
+            if not found:
+                raise InputError(f"{p}: no bundles found below this directory (a bundle has meta.json and events.parquet)")
+            out.extend(found)
+        else:
+            out.append(p)  # an archive, or a missing path that load_bundle reports clearly
+    return list(dict.fromkeys(out))
+
+
+def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = None,
+               lenient: bool = False) -> list[tuple[Bundle, LedgerLike]]:
+    """Load every bundle and compute its ledger."""
+    from taxmodel.model.hardware import resolve_hardware
+    from taxmodel.model.ledger import compute_ledger
+
+    cases = []
+    for path in expand_bundle_paths(paths):
+        bundle = load_bundle(path)
+        hw = resolve_hardware(bundle.meta, hardware) if hardware else None
+        cases.append((bundle, compute_ledger(bundle, hw, lenient=lenient)))
+    if not cases:
+        raise InputError("no bundles given; name bundle directories, archives, or directories that contain them")
+    return cases
+
+
+def report_format(output: Path, fmt: str | None) -> str:
+    """``--format`` wins; otherwise ``.md``/``.markdown`` outputs are Markdown and everything else HTML."""
+    if fmt:
+        if fmt not in FORMATS:
+            raise InputError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+        return fmt
+    return "md" if output.suffix.lower() in (".md", ".markdown") else "html"
+
+
+def write_report(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.PathLike, fmt: str | None = None) -> Path:
+    """Write the report (HTML, or Markdown with PNGs beside it) atomically; return its path."""
+    output = Path(output)
+    fmt = report_format(output, fmt)
+    doc = build_document(cases)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    text = render_html(doc) if fmt == "html" else render_markdown(doc, output)
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, output)
+    return output
+
+
+def export_trace(path: str | os.PathLike, output: str | os.PathLike, *, hardware: str | None = None,
+                 lenient: bool = False) -> Path:
+    """One bundle's events plus its ledger's tax tracks as a Chrome/Perfetto JSON trace."""
+    cases = load_cases([path], hardware=hardware, lenient=lenient)
+    if len(cases) != 1:
+        raise InputError(f"{path}: holds {len(cases)} bundles; export-trace takes exactly one (name it directly)")
+    bundle, ledger = cases[0]
+    return write_chrome_trace(bundle, ledger, output)

@@ -1,0 +1,227 @@
+"""The report's content as a small document model, assembled once and rendered by ``html`` and
+``markdown`` (so the two formats can never disagree about what a report says).
+
+A document is a title and a flat list of blocks (headings, paragraphs, bullet lists, tables of
+pre-formatted strings, matplotlib figures). ``build_document`` decides what goes in it from
+(bundle, ledger) pairs: headline, per-size comparisons, timelines, sweeps, per-CTA views, the
+caveats the ledgers raised, and the runs' metadata.
+"""
+from __future__ import annotations
+
+import io
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Sequence, Union
+
+import pandas as pd
+from matplotlib.figure import Figure as MplFigure
+
+from taxmodel import __version__
+from taxmodel.report import compare, figures, headline
+from taxmodel.report.compare import LedgerLike
+from taxmodel.trace.bundle import Bundle
+
+MAX_TIMELINE_VARIANTS = 4  # more stacked panels than this stop being readable
+
+
+@dataclass
+class Heading:
+    text: str
+    level: int = 2
+
+
+@dataclass
+class Paragraph:
+    text: str
+    emphasis: bool = False  # the headline: rendered prominently
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Table:
+    columns: list[str]
+    rows: list[list[str]]
+    numeric: list[bool]  # right-align these columns
+    caption: str = ""
+    total_last: bool = False  # the last row is a total: rendered in bold
+
+
+@dataclass
+class Figure:
+    figure: MplFigure
+    name: str  # file-name stem, unique within the document
+    caption: str
+    alt: str
+
+
+Block = Union[Heading, Paragraph, Bullets, Table, Figure]
+
+
+@dataclass
+class Document:
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+
+    def add(self, *blocks: Block) -> None:
+        self.blocks.extend(blocks)
+
+    @property
+    def figures(self) -> list[Figure]:
+        return [b for b in self.blocks if isinstance(b, Figure)]
+
+
+def format_number(value: object) -> str:
+    """Cell text: floats with 2 decimals (10 ns resolution for us), everything else as str; NaN as an empty cell."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        text = f"{value:,.2f}"
+        return "0.00" if text == "-0.00" else text
+    return str(value)
+
+
+def table_from_frame(frame: pd.DataFrame, caption: str = "", total_last: bool = False) -> Table:
+    numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
+    rows = [[format_number(v) for v in row] for row in frame.itertuples(index=False, name=None)]
+    return Table([str(c) for c in frame.columns], rows, numeric, caption, total_last)
+
+
+def figure_png(fig: MplFigure, dpi: int = 130) -> bytes:
+    """PNG bytes of a figure (white background, so it reads on dark-themed pages too)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    return buf.getvalue()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "figure"
+
+
+# --- assembly ------------------------------------------------------------------------------------
+
+def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "taxmodel report") -> Document:
+    """Everything a reader needs, in reading order: headline first, evidence after, caveats and
+    provenance last."""
+    ledgers = [led for _, led in cases]
+    bundle_of = {id(led): b for b, led in cases}
+    doc = Document(title)
+    names: set[str] = set()
+
+    def fig_block(fig: MplFigure, name: str, caption: str, alt: str) -> Figure:
+        stem, i = _slug(name), 2
+        unique = stem
+        while unique in names:
+            unique, i = f"{stem}-{i}", i + 1
+        names.add(unique)
+        return Figure(fig, unique, caption, alt)
+
+    created = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    doc.add(Paragraph(f"{len(cases)} bundle(s); generated {created} by taxmodel {__version__}. "
+                      "Times are means per iteration over repetitions, iterations and ranks."))
+    doc.add(Heading("Headline"))
+    doc.add(*[Paragraph(s, emphasis=True) for s in headline.headlines(ledgers)])
+
+    by_shape = compare.group_by_shape(ledgers)
+    workloads = sorted({w for w, _ in by_shape})
+    for workload in workloads:
+        groups = [(shape, g) for (w, shape), g in by_shape.items() if w == workload]
+        doc.add(Heading(f"{workload}: ledger per variant"))
+        wl_ledgers = [led for _, g in groups for led in g]
+        doc.add(fig_block(figures.ledger_bars(wl_ledgers), f"{workload}-ledger",
+                          "Mean ledger per variant and size: bar height is the iteration latency, "
+                          "the black line the useful (roofline) floor.",
+                          f"Stacked bars of the ledger of {workload} per variant"))
+        for shape, group in groups:
+            label = compare.shape_label(dict(shape))
+            doc.add(Heading(f"{workload} at {label}", level=3))
+            doc.add(table_from_frame(headline.comparison_table(group),
+                                     caption=f"Mean us per iteration and rank; the difference columns are variant minus "
+                                             f"{compare.REFERENCE_VARIANT} (negative: the variant spends less).",
+                                     total_last=True))
+            shown = group[:MAX_TIMELINE_VARIANTS]
+            doc.add(fig_block(figures.iteration_timeline([(bundle_of[id(led)], led) for led in shown]),
+                              f"{workload}-{label}-timeline",
+                              "One typical (median) iteration per variant on the aligned clock: kernels per stream, "
+                              "and under each rank the ledger's intervals.",
+                              f"Per-rank timeline of one iteration of {workload} at {label}"))
+        by_variant = compare.group_by_variant(wl_ledgers)
+        if any(len(g) > 1 for g in by_variant.values()):
+            doc.add(Heading(f"{workload}: sweep over problem size"))
+            doc.add(fig_block(figures.sweep(wl_ledgers, workload=workload), f"{workload}-sweep",
+                              f"Latency, speedup over {compare.REFERENCE_VARIANT} and each tax against problem size.",
+                              f"Sweep of {workload} over problem size"))
+
+    with_records = [(b, led) for b, led in cases if figures.has_cta_records(b)]
+    if with_records:
+        doc.add(Heading("Inside fused kernels"))
+        for b, led in with_records:
+            doc.add(fig_block(figures.cta_timeline(b), f"{led.label}-cta",
+                              "Per-CTA phases of one fused kernel (flag waits in the flag-wait colour), with the total "
+                              "wait and work per CTA.", f"Per-CTA view of {led.label}"))
+
+    doc.add(Heading("Ledgers"))
+    for led in ledgers:
+        doc.add(table_from_frame(headline.ledger_table(led), caption=led.label, total_last=True))
+
+    doc.add(Heading("Caveats"))
+    doc.add(Bullets(caveats(ledgers) or ["None raised."]))
+    doc.add(Heading("Runs"))
+    doc.add(table_from_frame(metadata_table(cases)))
+    return doc
+
+
+def caveats(ledgers: Sequence[LedgerLike]) -> list[str]:
+    """What the reader must know before trusting the numbers: the ledgers' own caveats and
+    skipped parts, clock alignment uncertainty, unattributed time, datasheet (uncalibrated) hardware."""
+    out: list[str] = []
+    for led in ledgers:
+        lab = led.label
+        out.extend(f"{lab}: {c}" for c in led.caveats)
+        out.extend(f"{lab}: skipped (--lenient): {s}" for s in led.skipped)
+        clock = getattr(led, "clock", None)
+        unc = getattr(clock, "uncertainty_ns", None)
+        if unc:
+            out.append(f"{lab}: clocks aligned by {getattr(clock, 'method', 'unknown method')}, "
+                       f"uncertainty {unc / 1000:.1f} us; parts smaller than that are not resolved")
+        window = compare.mean_window_ns(led)
+        unattributed = compare.category_means_ns(led)["unattributed"]
+        if window and unattributed > 0:
+            out.append(f"{lab}: {unattributed / 1000:.1f} us per iteration ({100 * unattributed / window:.1f}%) is unattributed")
+        hw = _hardware(led)
+        if hw.get("source") == "datasheet" and not any("datasheet" in c for c in led.caveats):
+            out.append(f"{lab}: the useful floor uses datasheet peaks for {hw.get('name') or 'unknown hardware'}; "
+                       "run `taxmodel calibrate` for measured ones")
+    return list(dict.fromkeys(out))  # the ledger may already say some of these
+
+
+def _hardware(led: LedgerLike) -> dict:
+    hw = getattr(led, "hardware", None)
+    if hw is not None and hasattr(hw, "source"):
+        return {"name": getattr(hw, "name", None), "source": hw.source}
+    return dict((led.meta or {}).get("hardware") or {})
+
+
+def metadata_table(cases: Sequence[tuple[Bundle, LedgerLike]]) -> pd.DataFrame:
+    rows = []
+    for bundle, led in cases:
+        meta = led.meta or bundle.meta or {}
+        hw = meta.get("hardware") or {}
+        sw = meta.get("software") or {}
+        rows.append({
+            "bundle": led.label,
+            "device": str(hw.get("name") or "unknown"),
+            "ranks": str(meta.get("world_size") or bundle.world_size),
+            "source": str(meta.get("source") or ""),
+            "versions": ", ".join(f"{k} {v}" for k, v in sorted(sw.items())) or "unknown",
+            "date": str(meta.get("created") or "unknown"),
+            "repetitions": str(meta.get("repetitions") or 1),
+            "iterations": str(len(led.windows)),
+            "path": bundle.path.name if bundle.path else "(in memory)",
+        })
+    return pd.DataFrame(rows)

@@ -1,0 +1,90 @@
+"""What `taxmodel analyze` prints: per bundle the mean ledger (every category and sub-part in us
+and % of the iteration window), how the clocks were aligned and which hardware numbers were
+used, the caveats and what was skipped; then, for bundles of the same workload and shape, the
+variants side by side with ``bsp`` as reference and the headline of what each one saves.
+
+Tables come from ``taxmodel.report.headline`` so that the terminal, HTML and Markdown reports
+show the same numbers.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import pandas as pd
+
+from taxmodel.model.categories import SUBCATEGORY_ORDER
+from taxmodel.report import compare, headline
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:,.1f}"
+    return str(v)
+
+
+def _text_table(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    cells = [[_fmt(v) for v in row] for row in df.itertuples(index=False)]
+    widths = [max(len(str(c)), *(len(r[i]) for r in cells)) if cells else len(str(c)) for i, c in enumerate(cols)]
+    numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in cols]
+
+    def line(vals):
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
+
+    out = [line([str(c) for c in cols]), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in cells)
+    return "\n".join(out)
+
+
+def render_ledger(ledger, per_rank: bool = False) -> str:
+    """One bundle: header, the mean ledger table, clock and hardware, caveats, skipped."""
+    w = ledger.windows
+    n_iter = len(w)
+    head = (f"== {ledger.label}: {n_iter} iteration window(s) x {len(ledger.ranks)} rank(s); "
+            f"mean window {compare.mean_window_ns(ledger) / 1e3:,.1f} us "
+            f"(min {w['window_ns'].min() / 1e3:,.1f}, max {w['window_ns'].max() / 1e3:,.1f})")
+    lines = [head, _text_table(headline.ledger_table(ledger))]
+    if per_rank:
+        pr = (ledger.per_rank() / 1e3).reset_index()
+        pr = pr.rename(columns={s: s for s in SUBCATEGORY_ORDER})
+        lines += ["", "per rank (mean us per iteration):", _text_table(pr)]
+    hw = ledger.hardware
+    hw_text = "none" if hw is None else f"{hw.name} ({hw.source})"
+    c = ledger.clock
+    lines.append("")
+    lines.append(f"hardware: {hw_text}; clock alignment: {c.method}, uncertainty {c.uncertainty_ns / 1e3:.1f} us")
+    if ledger.caveats:
+        lines.append("caveats:")
+        lines.extend(f"  - {x}" for x in ledger.caveats)
+    if ledger.skipped:
+        lines.append("skipped:")
+        lines.extend(f"  - {x}" for x in ledger.skipped)
+    return "\n".join(lines)
+
+
+def render_analysis(ledgers: Sequence, per_rank: bool = False) -> str:
+    """Every ledger, then side-by-side comparisons of variants at the same (workload, shape)."""
+    blocks = [render_ledger(led, per_rank) for led in ledgers]
+    for (workload, shape), group in compare.group_by_shape(ledgers).items():
+        if len(group) < 2:
+            continue
+        ident = compare.identity(group[0])
+        ref = compare.reference_of(group)
+        title = f"== {ident.workload} at {ident.shape_label}: variants side by side (us per iteration"
+        title += f", reference {compare.REFERENCE_VARIANT})" if ref is not None else "; no bsp bundle to compare against)"
+        blocks.append(title + "\n" + _text_table(headline.comparison_table(group)))
+    sentences = headline.headlines(ledgers)
+    if sentences:
+        blocks.append("\n".join(f"* {s}" for s in sentences))
+    return "\n\n".join(blocks) + "\n"
+
+
+def analysis_document(ledgers: Sequence) -> dict[str, Any]:
+    """The machine-readable form of `taxmodel analyze --json`."""
+    comps = []
+    for c in headline.comparisons(ledgers):
+        comps.append({"workload": c.workload, "shape": c.shape, "reference": c.reference, "candidate": c.candidate,
+                      "reference_ns": c.reference_ns, "candidate_ns": c.candidate_ns, "saved_ns": c.saved_ns,
+                      "saved_pct": c.saved_pct, "category_saved_ns": c.category_saved_ns})
+    return {"ledgers": [led.to_dict() for led in ledgers], "comparisons": comps, "headlines": headline.headlines(ledgers)}

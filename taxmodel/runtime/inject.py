@@ -1,0 +1,130 @@
+"""Injected taxes: known extra costs added to a real run, so the ledger can be checked against them.
+
+``taxmodel profile --inject`` takes any of
+
+- ``sleep_rank=R:US``: rank R is late by US microseconds at the start of every iteration (a
+  GPU busy-wait enqueued before its first kernel; on CPU the host sleeps). The other ranks
+  should show about that much more skew wait at the first collective or flag.
+- ``extra_launches=K``: K empty kernels launched between consecutive kernels of an iteration
+  (before every kernel but the first): more launch tax.
+- ``extra_copy=1``: one extra device copy of every declared intermediate before its consumer
+  kernel first runs in an iteration: more data-locality tax (the copy reads and writes the
+  intermediate's bytes once more).
+
+Injection points are ``RankContext.kernel`` (workloads wrap every launch in it) and the
+harness's start of an iteration. What was injected is recorded in ``meta["capture"]["inject"]``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from taxmodel.errors import InputError
+from taxmodel.runtime.timing import gpu_sleep
+
+INJECTED_KERNEL_PREFIX = "taxmodel_inject_"
+INJECTED_ROLES: dict[str, str] = {
+    r"spin_kernel": "other",  # torch.cuda._sleep's kernel (sleep and empty launches on GPU)
+    INJECTED_KERNEL_PREFIX + "copy": "copy",
+    INJECTED_KERNEL_PREFIX: "other",
+}
+"""Roles of the kernels the harness adds; checked before the variant's own roles."""
+
+
+@dataclass(frozen=True)
+class Injection:
+    sleep_rank: int | None = None
+    sleep_us: float = 0.0
+    extra_launches: int = 0
+    extra_copy: bool = False
+
+    @classmethod
+    def parse(cls, items: Iterable[str]) -> "Injection":
+        """Parse ``--inject`` values (each ``KEY=VALUE``; several may be comma-separated)."""
+        values: dict[str, Any] = {}
+        for item in items:
+            for part in filter(None, (p.strip() for p in str(item).split(","))):
+                key, sep, value = part.partition("=")
+                key = key.strip().replace("-", "_")
+                try:
+                    if not sep:
+                        raise ValueError
+                    if key == "sleep_rank":
+                        rank, _, us = value.partition(":")
+                        values["sleep_rank"], values["sleep_us"] = int(rank), float(us)
+                        if values["sleep_rank"] < 0 or values["sleep_us"] <= 0:
+                            raise ValueError
+                    elif key == "extra_launches":
+                        values["extra_launches"] = int(value)
+                        if values["extra_launches"] < 0:
+                            raise ValueError
+                    elif key == "extra_copy":
+                        values["extra_copy"] = value.strip().lower() in ("1", "true", "yes", "on")
+                    else:
+                        raise InputError(f"--inject: unknown tax '{key}'; use sleep_rank=R:US, extra_launches=K or extra_copy=1")
+                except ValueError:
+                    raise InputError(f"--inject: cannot read '{part}'; use sleep_rank=R:US (US > 0), extra_launches=K or extra_copy=1") from None
+        return cls(**values)
+
+    @property
+    def active(self) -> bool:
+        return self.sleep_rank is not None or self.extra_launches > 0 or self.extra_copy
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Injector:
+    """Applies an Injection on one rank. The harness calls ``start_iteration``; ``RankContext.kernel``
+    calls ``before_kernel`` for every kernel the variant launches."""
+
+    def __init__(self, injection: Injection, ctx: Any, intermediates: Sequence[Any] = ()) -> None:
+        self.injection = injection
+        self.ctx = ctx
+        self._kernels_this_iteration = 0
+        self._copied: set[str] = set()
+        self._copies = []
+        if injection.extra_copy:
+            for inter in intermediates:
+                n = max(int(inter.bytes), 1)
+                src = torch.ones(n, dtype=torch.uint8, device=ctx.device)
+                self._copies.append((inter.name, re.compile(inter.consumer), src, torch.empty_like(src)))
+        self.notes: list[str] = []
+        if injection.extra_copy and not self._copies:
+            self.notes.append("extra_copy: this variant declares no intermediate, nothing was copied")
+
+    def _emulated(self, name: str):
+        return torch.profiler.record_function(f"kernel::{INJECTED_KERNEL_PREFIX}{name}")
+
+    def start_iteration(self) -> None:
+        self._kernels_this_iteration = 0
+        self._copied.clear()
+        inj = self.injection
+        if inj.sleep_rank is not None and inj.sleep_rank == self.ctx.rank:
+            if self.ctx.is_cuda:
+                gpu_sleep(inj.sleep_us, self.ctx.device)
+            else:
+                with self._emulated("sleep"):
+                    gpu_sleep(inj.sleep_us, self.ctx.device)
+
+    def before_kernel(self, name: str) -> None:
+        inj = self.injection
+        if inj.extra_launches and self._kernels_this_iteration > 0:
+            for _ in range(inj.extra_launches):
+                if self.ctx.is_cuda:
+                    torch.cuda._sleep(0)
+                else:
+                    with self._emulated("empty"):
+                        pass
+        for inter_name, consumer, src, dst in self._copies:
+            if inter_name not in self._copied and consumer.search(name):
+                self._copied.add(inter_name)
+                if self.ctx.is_cuda:
+                    dst.copy_(src)
+                else:
+                    with self._emulated("copy"):
+                        dst.copy_(src)
+        self._kernels_this_iteration += 1

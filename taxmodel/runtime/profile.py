@@ -1,0 +1,149 @@
+"""``taxmodel profile``: check the request here, then run it on N local ranks.
+
+Everything that can be wrong with the request (unknown workload, variant, preset, shape key,
+tracer, injection; more ranks than GPUs) is reported here, before any rank starts, as an
+InputError. The run itself is ``launcher.launch_workers`` over ``worker.py``; its failures come
+back as RunError naming the rank and phase.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from taxmodel.errors import InputError
+from taxmodel.runtime import launcher
+from taxmodel.runtime.inject import Injection
+from taxmodel.runtime.worker import DEFAULT_SPEC, _import_workload_modules, resolve_device, shape_tag
+
+
+@dataclass
+class ProfileRequest:
+    workload: str
+    variants: list[str] | None = None
+    preset: str | None = None
+    shape: dict[str, int] = field(default_factory=dict)
+    world_size: int | None = None
+    iterations: int = 5
+    warmup: int = 2
+    repeat: int = 1
+    inject: list[str] = field(default_factory=list)
+    tracer: str = "torch"
+    out: str = "runs"
+    device: str = "auto"
+    timeout_s: float = 600.0
+    spin_timeout_s: float = 60.0
+    heap_bytes: int | None = None
+    workload_modules: list[str] = field(default_factory=list)
+    keep_raw: bool = True
+    progress: bool = True
+
+
+@dataclass
+class ProfileOutcome:
+    bundles: list[Path]
+    skipped: dict[str, str]
+    shape: dict[str, int]
+    world_size: int
+    device: str
+    wall_s: float
+
+
+def default_world_size(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return max(torch.cuda.device_count(), 1)
+    return 2
+
+
+def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
+    """Validate ``req`` and return (worker spec, world size, device kind)."""
+    from taxmodel.runtime.workload import get_workload
+    from taxmodel.trace.capture import get_tracer
+
+    device = resolve_device(req.device)
+    world = int(req.world_size or default_world_size(device))
+    if world < 1:
+        raise InputError("--world-size must be at least 1")
+    if device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < world:
+            raise InputError(f"--world-size {world} needs {world} GPUs on this host, {torch.cuda.device_count()} visible; "
+                             "use fewer ranks, or torchrun across nodes (see `python -m taxmodel.runtime.worker -h`)")
+    for name, value in (("iterations", req.iterations), ("repeat", req.repeat)):
+        if value < 1:
+            raise InputError(f"--{name} must be at least 1")
+    if req.warmup < 0:
+        raise InputError("--warmup must be 0 or more")
+    if req.timeout_s <= 0:
+        raise InputError("--timeout must be positive")
+    modules = [str(Path(m).resolve()) if m.endswith(".py") else m for m in req.workload_modules]
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # kernel modules imported below see it
+    _import_workload_modules(modules)
+    workload = get_workload(req.workload)
+    preset = req.preset or (workload.cpu_preset if device == "cpu" else workload.default_preset)
+    shape = workload.shape(preset, **req.shape)
+    unknown_keys = sorted(set(req.shape) - set(workload.presets[preset]))
+    if unknown_keys:
+        raise InputError(f"{workload.name}: unknown shape key(s) {', '.join(unknown_keys)}; "
+                         f"the shape has {', '.join(workload.presets[preset])}")
+    variants = workload.variants()
+    unknown = [v for v in (req.variants or []) if v not in variants]
+    if unknown:
+        raise InputError(f"{workload.name}: unknown variant(s) {', '.join(unknown)}; choose from {', '.join(variants)}")
+    inj = Injection.parse(req.inject)
+    if inj.sleep_rank is not None and inj.sleep_rank >= world:
+        raise InputError(f"--inject sleep_rank={inj.sleep_rank}: there are only {world} ranks")
+    get_tracer(req.tracer)
+    spec = dict(DEFAULT_SPEC)
+    spec.update({
+        "workload": workload.name, "workload_modules": modules, "variants": req.variants, "preset": preset,
+        "shape": shape, "iterations": req.iterations, "warmup": req.warmup, "repeat": req.repeat,
+        "inject": list(req.inject), "tracer": req.tracer, "out": str(Path(req.out).resolve()), "device": device,
+        "timeout_s": req.timeout_s, "spin_timeout_s": req.spin_timeout_s, "heap_bytes": req.heap_bytes,
+        "keep_raw": req.keep_raw, "progress": req.progress,
+    })
+    return spec, world, device
+
+
+def profile(req: ProfileRequest, *, quiet: bool = False) -> ProfileOutcome:
+    """Run the request on local ranks; return the bundles written (one per variant)."""
+    spec, world, device = build_spec(req)
+    result = launcher.launch_workers(spec, world, timeout_s=req.timeout_s + 30.0, device=device, quiet=quiet)
+    info = result.result
+    return ProfileOutcome(bundles=[Path(p) for p in info.get("bundles", [])], skipped=dict(info.get("skipped", {})),
+                          shape=dict(info.get("shape", spec["shape"])), world_size=world, device=device,
+                          wall_s=result.wall_s)
+
+
+def bundle_path(out: str | os.PathLike, workload: str, variant: str, shape: dict[str, int]) -> Path:
+    """Where ``profile`` writes the bundle of one variant."""
+    return Path(out) / workload / f"{variant}-{shape_tag(shape)}"
+
+
+def describe_workloads(workload_modules: list[str] | None = None) -> str:
+    """A plain-text listing of every registered workload: presets (shapes) and variants."""
+    from taxmodel.runtime.workload import all_workloads
+
+    _import_workload_modules(list(workload_modules or []))
+    lines: list[str] = []
+    for name, cls in sorted(all_workloads().items()):
+        wl = cls()
+        lines.append(f"{name}: {wl.description}".rstrip(": "))
+        for preset, shape in wl.presets.items():
+            marks = [m for m, p in (("default", wl.default_preset), ("cpu", wl.cpu_preset)) if p == preset]
+            tag = f" ({', '.join(marks)})" if marks else ""
+            lines.append(f"  preset {preset}{tag}: " + " ".join(f"{k}={v}" for k, v in shape.items()))
+        try:
+            variants = wl.variants()
+        except Exception as exc:  # noqa: BLE001 - a broken workload must not hide the others
+            lines.append(f"  variants: cannot be listed ({type(exc).__name__}: {exc})")
+            continue
+        for vname, v in variants.items():
+            kind = "fine-grained" if v.fine_grained else "bulk-synchronous"
+            lines.append(f"  variant {vname} [{kind}{', symmetric heap' if v.needs_heap else ''}]: {v.description}".rstrip(": "))
+    return "\n".join(lines) if lines else "no workloads registered"

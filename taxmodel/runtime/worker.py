@@ -1,0 +1,581 @@
+"""One rank of ``taxmodel profile``: the per-rank entry point started by torch.distributed.run.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 4 -m taxmodel.runtime.worker --spec spec.json
+    torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
+        -m taxmodel.runtime.worker --workload ag_gemm --preset small -o runs/
+
+For every variant, on every rank: set up inputs, warm up (compiles every kernel before any
+rank waits on another), check the output against the workload's reference, then record
+``iterations`` barrier-separated iterations per repetition with the tracer. Rank 0 gathers every
+rank's raw traces through torch.distributed (no shared filesystem assumed), imports them and
+writes one bundle per variant atomically.
+
+Failures: an exception on any rank is reported as ``rank R failed in phase P``; a watchdog ends
+a rank that outlives the run's timeout, so a hung kernel or collective becomes an error, never
+a hung machine. Exit code 3 (RunError) in both cases.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Mapping
+
+from taxmodel.errors import InputError, RunError, TaxmodelError
+from taxmodel.runtime.heap import disable_multicast
+from taxmodel.runtime.launcher import RESULT_FILE, STATUS_DIR_ENV, write_status
+
+PHASES = ("init", "setup", "compile", "check", "capture", "gather", "write", "done")
+
+DEFAULT_SPEC: dict[str, Any] = {
+    "workload": None,
+    "workload_modules": [],
+    "variants": None,  # None: every variant available here
+    "preset": None,
+    "shape": {},
+    "iterations": 5,
+    "warmup": 2,
+    "repeat": 1,
+    "inject": [],
+    "tracer": "torch",
+    "out": "runs",
+    "device": "auto",
+    "timeout_s": 600.0,
+    "spin_timeout_s": 60.0,
+    "heap_bytes": None,
+    "keep_raw": True,
+    "progress": True,
+}
+
+
+class RankState:
+    """What this rank is doing, read by the watchdog thread and written to the status file."""
+
+    def __init__(self, rank: int, status_dir: str | None) -> None:
+        self.rank = rank
+        self.status_dir = status_dir
+        self.phase = "init"
+        self.variant: str | None = None
+        self.waiting = False
+        self.lock = threading.Lock()
+
+    def enter(self, phase: str, variant: str | None = None) -> None:
+        with self.lock:
+            self.phase, self.variant, self.waiting = phase, variant if variant is not None else self.variant, False
+        write_status(self.status_dir, self.rank, phase=self.phase, variant=self.variant, waiting=False)
+
+    def where(self) -> str:
+        w = f"phase '{self.phase}'"
+        return w + (f" of variant '{self.variant}'" if self.variant else "")
+
+
+def _start_watchdog(state: RankState, timeout_s: float) -> None:
+    """End this process if the run outlives ``timeout_s`` (a hung kernel or collective)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+            if state.phase == "done":
+                return
+        msg = f"rank {state.rank}: no end after {timeout_s:g} s in {state.where()}" + (" (waiting for other ranks)" if state.waiting else "")
+        write_status(state.status_dir, state.rank, phase=state.phase, variant=state.variant, waiting=state.waiting,
+                     timed_out=True, error=msg)
+        print(f"taxmodel: error: {msg}", file=sys.stderr, flush=True)
+        os._exit(RunError.exit_code)
+
+    threading.Thread(target=watch, name="taxmodel-watchdog", daemon=True).start()
+
+
+def _import_workload_modules(modules: list[str]) -> None:
+    import importlib
+    import importlib.util
+
+    for mod in modules:
+        if mod.endswith(".py") and Path(mod).exists():
+            name = f"taxmodel_user_workload_{Path(mod).stem}"
+            spec = importlib.util.spec_from_file_location(name, mod)
+            if spec is None or spec.loader is None:
+                raise InputError(f"{mod}: cannot be imported as a workload module")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            try:
+                importlib.import_module(mod)
+            except ImportError as exc:
+                raise InputError(f"--workload-module {mod}: cannot import it ({exc}); give a module name on sys.path or a .py file") from exc
+
+
+def _init_distributed(device_kind: str, timeout_s: float):
+    """Join the process group torchrun set up (NCCL on GPUs, gloo on CPU); returns (rank, world, local_rank, device)."""
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_kind == "cuda":
+        if not torch.cuda.is_available():
+            raise RunError(f"rank {rank}: --device cuda but no GPU is visible to this process")
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    if "MASTER_ADDR" not in os.environ:  # run by hand as a single process
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    # Collectives time out after the watchdog, so that the watchdog names the phase first.
+    kwargs: dict[str, Any] = {"backend": backend, "timeout": _dt.timedelta(seconds=timeout_s + 60)}
+    if backend == "nccl":
+        kwargs["device_id"] = device
+    dist.init_process_group(**kwargs)
+    return dist.get_rank(), dist.get_world_size(), local_rank, device, backend
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cuda", "cpu"):
+        raise InputError(f"--device {device}: choose auto, cuda or cpu")
+    return device
+
+
+# --- what one variant does on one rank ---------------------------------------------------------
+
+
+def check_output(out: Any, ref: Any, rtol: float, atol: float) -> str | None:
+    """None if ``out`` matches ``ref`` within tolerance, else a one-line description of the mismatch."""
+    import torch
+
+    if isinstance(out, (list, tuple)):
+        for i, (o, r) in enumerate(zip(out, ref)):
+            msg = check_output(o, r, rtol, atol)
+            if msg:
+                return f"output {i}: {msg}"
+        return None
+    o = torch.as_tensor(out).detach().to("cpu", torch.float64)
+    r = torch.as_tensor(ref).detach().to("cpu", torch.float64)
+    if o.shape != r.shape:
+        return f"shape {tuple(o.shape)} differs from the reference's {tuple(r.shape)}"
+    err = (o - r).abs()
+    bad = ~(err <= atol + rtol * r.abs())  # NaN counts as bad
+    if not bool(bad.any()):
+        return None
+    idx = int(torch.nonzero(bad.flatten())[0])
+    worst = float(torch.nan_to_num(err, nan=float("inf")).max())
+    return (f"{int(bad.sum())} of {bad.numel()} elements outside rtol={rtol:g}, atol={atol:g} "
+            f"(max abs error {worst:.3g}; first at flat index {idx}: got {float(o.flatten()[idx]):.6g}, "
+            f"expected {float(r.flatten()[idx]):.6g})")
+
+
+def shape_tag(shape: Mapping[str, int]) -> str:
+    return "x".join(f"{k}{v}" for k, v in shape.items()) or "default"
+
+
+def _versions() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    import torch
+
+    import taxmodel
+
+    def version(dist_name: str) -> str | None:
+        try:
+            return md.version(dist_name)
+        except md.PackageNotFoundError:
+            return None
+
+    sw: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "taxmodel": taxmodel.__version__,
+                          "triton": version("triton") or version("pytorch-triton") or version("pytorch-triton-rocm"),
+                          "iris": version("tokenspeed-iris"), "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None)}
+    try:
+        if torch.cuda.is_available() and not getattr(torch.version, "hip", None):
+            sw["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:  # noqa: BLE001 - an optional detail
+        pass
+    return {k: v for k, v in sw.items() if v is not None}
+
+
+def _hardware(device: Any, world: int) -> dict[str, Any]:
+    import torch
+
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return {"name": p.name, "vendor": "amd" if getattr(torch.version, "hip", None) else "nvidia",
+                "num_sms": int(p.multi_processor_count), "memory_bytes": int(p.total_memory),
+                "gpus_per_rank": 1, "world_size": world}
+    mem = None
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {"name": f"CPU ({platform.processor() or platform.machine()}), emulated GPUs", "vendor": "cpu",
+            "num_sms": os.cpu_count(), "memory_bytes": mem, "emulated": True}
+
+
+def measure_clock_offsets(rank: int, world: int, device: Any, group: Any = None, rounds: int = 8) -> dict[str, Any]:
+    """Offsets (ns to add to each rank's times to match rank 0's clock) from ping-pongs with
+    rank 0, keeping the round trip of least delay; on one host every rank shares one clock."""
+    import torch
+    import torch.distributed as dist
+
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname(), group=group)
+    if len(set(hosts)) == 1:
+        return {"offsets_ns": {str(r): 0 for r in range(world)}, "uncertainty_ns": 0, "method": "same-host", "hosts": hosts}
+    offsets, uncertainty = {"0": 0}, 0
+    buf = torch.zeros(1, dtype=torch.int64, device=device)
+    for peer in range(1, world):
+        if rank not in (0, peer):
+            dist.barrier(group=group)
+            continue
+        best: tuple[int, int] | None = None
+        for _ in range(rounds):
+            if rank == 0:
+                t0 = time.time_ns()
+                dist.send(buf, peer, group=group)
+                dist.recv(buf, peer, group=group)
+                t1 = time.time_ns()
+                rtt, offset = t1 - t0, (t0 + t1) // 2 - int(buf.item())
+                if best is None or rtt < best[0]:
+                    best = (rtt, offset)
+            else:
+                dist.recv(buf, 0, group=group)
+                buf.fill_(time.time_ns())
+                dist.send(buf, 0, group=group)
+        if rank == 0 and best is not None:
+            offsets[str(peer)] = best[1]
+            uncertainty = max(uncertainty, best[0] // 2)
+        dist.barrier(group=group)
+    result = [{"offsets_ns": offsets, "uncertainty_ns": uncertainty}]
+    dist.broadcast_object_list(result, src=0, group=group)
+    return {**result[0], "method": "ping-pong (min round trip)", "hosts": hosts}
+
+
+class Progress:
+    """Phase progress on rank 0 (tqdm on stderr); silent elsewhere."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="phase", file=sys.stderr, dynamic_ncols=True, leave=True)
+
+    def phase(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(text)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def write(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
+    """Profile every requested variant on this rank; rank 0 returns what it wrote."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import record_function
+
+    from taxmodel.runtime.context import RankContext
+    from taxmodel.runtime.heap import make_heap
+    from taxmodel.runtime.inject import INJECTED_ROLES, Injection, Injector
+    from taxmodel.runtime.workload import get_workload
+    from taxmodel.trace.bundle import write_bundle
+    from taxmodel.trace.capture import finish_events, get_tracer, iter_trace_files
+
+    spec = {**DEFAULT_SPEC, **spec}
+    device_kind = resolve_device(spec["device"])
+    rank, world, local_rank, device, backend = _init_distributed(device_kind, float(spec["timeout_s"]))
+    state.rank = rank
+    _import_workload_modules(list(spec["workload_modules"]))
+    workload = get_workload(spec["workload"])
+    preset = spec["preset"] or (workload.cpu_preset if device_kind == "cpu" else workload.default_preset)
+    shape = workload.shape(preset, **dict(spec["shape"]))
+    injection = Injection.parse(spec["inject"])
+    tracer_cls = get_tracer(spec["tracer"])
+    ctx = RankContext(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
+                      group=None, heap=None, interpret=device_kind == "cpu", spin_timeout_s=float(spec["spin_timeout_s"]))
+
+    variants = workload.variants()
+    wanted = list(spec["variants"] or variants)
+    unknown = [v for v in wanted if v not in variants]
+    if unknown:
+        raise InputError(f"{workload.name}: unknown variant(s) {', '.join(unknown)}; choose from {', '.join(variants)}")
+    state.enter("setup")
+    reasons: list[Any] = [None] * world
+    mine = {v: variants[v].available(ctx) for v in wanted}
+    dist.all_gather_object(reasons, mine)
+    skipped = {v: next(f"rank {r}: {rs[v]}" for r, rs in enumerate(reasons) if rs[v]) for v in wanted
+               if any(rs[v] for rs in reasons)}
+    chosen = [v for v in wanted if v not in skipped]
+    if any(variants[v].needs_heap for v in chosen):
+        heap_bytes = int(spec["heap_bytes"] or (4 << 30 if device_kind == "cuda" else 256 << 20))
+        ctx.heap = make_heap(ctx, heap_bytes)
+    clock = measure_clock_offsets(rank, world, device)
+    progress = Progress(bool(spec["progress"]) and rank == 0, total=len(chosen) * 4)
+    for v, why in skipped.items():
+        progress.write(f"skipped {workload.name}/{v}: {why}")
+
+    written: list[str] = []
+    for vname in chosen:
+        variant = variants[vname]
+        cost = workload.cost(shape, world, vname)
+        state.enter("setup", vname)
+        progress.phase(f"{vname}: setup")
+        if ctx.heap is not None:
+            ctx.barrier()
+            ctx.heap.reset()
+        ctx.injector = None
+        st = workload.setup(ctx, shape, variant)
+        injector = Injector(injection, ctx, cost.intermediates) if injection.active else None
+
+        def one_iteration() -> None:
+            if injector is not None:
+                injector.start_iteration()
+            variant.run(st)
+            ctx.synchronize()
+
+        state.enter("compile", vname)
+        progress.phase(f"{vname}: compile")
+        ctx.injector = injector
+        for _ in range(max(int(spec["warmup"]), 1)):
+            _barrier(ctx, state)
+            one_iteration()
+        _barrier(ctx, state)
+        progress.advance()
+
+        state.enter("check", vname)
+        progress.phase(f"{vname}: check")
+        rtol, atol = workload.tolerance(shape)
+        ref = workload.reference(ctx, shape, st)
+        problem = check_output(workload.output(st), ref, rtol, atol)
+        problems: list[Any] = [None] * world
+        dist.all_gather_object(problems, problem)
+        bad = {r: p for r, p in enumerate(problems) if p}
+        if bad:
+            detail = "; ".join(f"rank {r}: {p}" for r, p in bad.items())
+            raise RunError(f"{workload.name}/{vname} gives wrong results ({detail}); the variant has a bug, or its tolerance is too tight")
+        progress.advance()
+
+        state.enter("capture", vname)
+        progress.phase(f"{vname}: capture")
+        raw: list[bytes] = []
+        for _rep in range(int(spec["repeat"])):
+            _barrier(ctx, state)
+            tracer = tracer_cls(device)
+            with tracer:
+                for it in range(int(spec["iterations"])):
+                    _barrier(ctx, state)
+                    with record_function(f"ProfilerStep#{it}"):
+                        one_iteration()
+            raw.append(tracer.export())
+        ctx.injector = None
+        progress.advance()
+
+        state.enter("gather", vname)
+        progress.phase(f"{vname}: gather")
+        gathered: list[Any] | None = [None] * world if rank == 0 else None
+        state.waiting = True
+        dist.gather_object(raw, gathered, dst=0)
+        state.waiting = False
+
+        if rank == 0:
+            state.enter("write", vname)
+            progress.phase(f"{vname}: write")
+            path = _write_variant_bundle(
+                spec=spec, workload=workload, vname=vname, variant=variant, shape=shape, preset=preset, world=world,
+                device=device, cost=cost, clock=clock, injection=injection, injector=injector, tracer_cls=tracer_cls,
+                gathered=gathered, roles={**INJECTED_ROLES, **dict(variant.roles)},
+                finish_events=finish_events, iter_trace_files=iter_trace_files, write_bundle=write_bundle)
+            written.append(str(path))
+            progress.write(f"wrote {path}")
+        progress.advance()
+        _barrier(ctx, state)
+        del st
+    progress.close()
+    if ctx.heap is not None:
+        ctx.heap.close()
+    return {"bundles": written, "skipped": skipped, "workload": workload.name, "shape": shape, "world_size": world}
+
+
+def _barrier(ctx: Any, state: RankState) -> None:
+    state.waiting = True
+    ctx.barrier()
+    state.waiting = False
+
+
+def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, world, device, cost, clock, injection,
+                          injector, tracer_cls, gathered, roles, finish_events, iter_trace_files, write_bundle) -> Path:
+    import tempfile
+
+    emulated = device.type != "cuda"
+    out = Path(spec["out"]) / workload.name / f"{vname}-{shape_tag(shape)}"
+    with tempfile.TemporaryDirectory(prefix="taxmodel-traces-") as tmp:
+        per_rep, imported_meta, raw_files = [], {}, []
+        for paths in iter_trace_files(Path(tmp), gathered, tracer_cls.file_suffix):
+            events, imported_meta = tracer_cls.read(paths)
+            per_rep.append(events)
+            raw_files.extend(paths)
+        events = finish_events(per_rep, roles, emulated=emulated)
+        hardware = {**(imported_meta.get("hardware") or {}), **_hardware(device, world)}
+        software = {**(imported_meta.get("software") or {}), **_versions()}
+        notes = list(imported_meta.get("notes") or []) + (injector.notes if injector is not None else [])
+        if emulated:
+            notes.append("CPU capture: kernel rows are the host ranges of kernels run synchronously in Triton's "
+                          "interpreter or torch on CPU, collectives are gloo's; times say nothing about GPUs")
+        meta = {
+            "source": "capture",
+            "workload": workload.name,
+            "variant": vname,
+            "description": variant.description,
+            "fine_grained": bool(variant.fine_grained),
+            "shape": dict(shape),
+            "preset": preset,
+            "dtype": cost.dtype,
+            "world_size": world,
+            "ranks": list(range(world)),
+            "hardware": hardware,
+            "software": software,
+            "clock_offsets_ns": clock["offsets_ns"],
+            "clock": {k: v for k, v in clock.items() if k != "offsets_ns"},
+            "capture": {
+                "tracer": spec["tracer"],
+                "warmup": int(spec["warmup"]),
+                "iterations": int(spec["iterations"]),
+                "repetition": int(spec["repeat"]),
+                "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                "emulated_gpu": emulated,
+                "device": device.type,
+                "inject": injection.to_dict() if injection.active else None,
+                "roles": dict(roles),
+                "iteration_pattern": r"^ProfilerStep#(\d+)$",
+            },
+            "repetitions": int(spec["repeat"]),
+            "cost": cost.to_dict(),
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "notes": notes,
+        }
+        return write_bundle(out, events, meta, raw_files=raw_files if spec["keep_raw"] else ())
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def _parse_args(argv: list[str] | None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m taxmodel.runtime.worker",
+                                description="One rank of `taxmodel profile` (start it with torchrun).")
+    p.add_argument("--spec", help="JSON file with the run's settings (written by `taxmodel profile`)")
+    p.add_argument("--workload")
+    p.add_argument("--workload-module", action="append", default=[])
+    p.add_argument("--variants", help="comma-separated")
+    p.add_argument("--preset")
+    p.add_argument("--shape", action="append", default=[], help="K=V, repeatable")
+    p.add_argument("--iterations", type=int)
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--repeat", type=int)
+    p.add_argument("--inject", action="append", default=[])
+    p.add_argument("--tracer")
+    p.add_argument("--device")
+    p.add_argument("--timeout", type=float, dest="timeout_s")
+    p.add_argument("-o", "--out")
+    a = p.parse_args(argv)
+    spec: dict[str, Any] = dict(DEFAULT_SPEC)
+    if a.spec:
+        spec.update(json.loads(Path(a.spec).read_text()))
+    for key in ("workload", "preset", "iterations", "warmup", "repeat", "tracer", "device", "timeout_s", "out"):
+        if getattr(a, key) is not None:
+            spec[key] = getattr(a, key)
+    if a.workload_module:
+        spec["workload_modules"] = list(spec["workload_modules"]) + a.workload_module
+    if a.variants:
+        spec["variants"] = [v for v in a.variants.split(",") if v]
+    if a.shape:
+        spec["shape"] = {**spec["shape"], **parse_shape(a.shape)}
+    if a.inject:
+        spec["inject"] = list(spec["inject"]) + a.inject
+    if not spec["workload"]:
+        p.error("give --spec or --workload")
+    return spec
+
+
+def parse_shape(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        for part in filter(None, (s.strip() for s in item.split(","))):
+            k, sep, v = part.partition("=")
+            try:
+                if not sep:
+                    raise ValueError
+                out[k.strip()] = int(v)
+            except ValueError:
+                raise InputError(f"--shape {part!r}: expected NAME=INTEGER, e.g. --shape M=4096") from None
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    disable_multicast()
+    spec = _parse_args(argv)
+    if resolve_device(spec["device"]) == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
+    state = RankState(int(os.environ.get("RANK", "0")), os.environ.get(STATUS_DIR_ENV))
+    state.enter("init")
+    _start_watchdog(state, float(spec["timeout_s"]))
+    try:
+        result = run_rank(spec, state)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes one line naming rank and phase
+        if isinstance(exc, TaxmodelError):
+            msg, code = str(exc), exc.exit_code
+        elif isinstance(exc, KeyboardInterrupt):
+            msg, code = "interrupted", 130
+        else:
+            traceback.print_exc()
+            msg, code = f"{type(exc).__name__}: {exc}", RunError.exit_code
+        write_status(state.status_dir, state.rank, phase=state.phase, variant=state.variant, waiting=state.waiting,
+                     error=msg, exit_code=code)
+        print(f"taxmodel: error: rank {state.rank} failed in {state.where()}: {msg}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(code)  # peers may be stuck in a collective: do not wait for a clean teardown
+    if state.rank == 0 and state.status_dir:
+        tmp = Path(state.status_dir) / f".{RESULT_FILE}.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, Path(state.status_dir) / RESULT_FILE)
+    state.enter("done")
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""Trace formats in: detect the format by content, read with its importer, check what every
+format must satisfy, and write a bundle.
+
+Each importer module (listed in ``IMPORTER_MODULES``; adding a format is one line there) exposes
+
+    FORMAT: str                                    # "kineto", "nsys", ...
+    sniff(path: Path, head: bytes) -> bool         # by content; head = first 64 KiB, gunzipped
+    read(paths: list[Path], *, iteration_pattern: str | None = None) -> (events, meta)
+
+``read`` returns events in any column order (``schema.normalize_events`` is applied here) and
+partial meta. To let the checks below name the offending *file*, meta should carry
+``inputs``: one entry per file, ``{"file": name, "ranks": [rank, ...], "world_size": int | None}``
+(extra keys are kept). Without it the checks still run and name ranks instead of files.
+
+The cross-file checks live here, not in the importers, so that every format gets them:
+no GPU events, ranks missing or duplicated, mixed world sizes, GPU durations that are not
+positive, host durations that are negative, and timestamps going backwards (see
+``check_stream_order``). Helpers every importer shares for iterations (``compile_iteration_pattern``,
+``iteration_numbers``, ``assign_iterations``) live here too.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import re
+import zlib
+from pathlib import Path
+from types import ModuleType
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.errors import InputError
+from taxmodel.trace import schema
+
+IMPORTER_MODULES: list[str] = [
+    "taxmodel.trace.kineto",
+    "taxmodel.trace.nsys",
+    "taxmodel.trace.rocpd",
+    "taxmodel.trace.rocprof",
+    "taxmodel.trace.rocprof_csv",
+]
+"""Importer modules, in the order ``detect_format`` asks them; the first whose ``sniff`` says yes wins."""
+
+HEAD_BYTES = 64 * 1024
+
+
+# --- formats -----------------------------------------------------------------------------------
+
+
+def importer_modules() -> list[ModuleType]:
+    """The importer modules that can be imported here (a module whose import fails is skipped,
+    so that one broken optional format never takes the others down)."""
+    mods = []
+    for name in IMPORTER_MODULES:
+        try:
+            mods.append(importlib.import_module(name))
+        except ImportError:
+            continue
+    return mods
+
+
+def available_formats() -> list[str]:
+    return [m.FORMAT for m in importer_modules()]
+
+
+def importer_for(fmt: str) -> ModuleType:
+    for mod in importer_modules():
+        if mod.FORMAT == fmt:
+            return mod
+    raise InputError(f"unknown trace format {fmt!r}; known formats: {', '.join(available_formats())}")
+
+
+def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
+    """The first ``n`` bytes of a file, gunzipped when it is gzip; never fails on truncation."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(n)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    out = b""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        with open(path, "rb") as f:
+            while len(out) < n and not d.eof:
+                chunk = f.read(HEAD_BYTES)
+                if not chunk:
+                    break
+                out += d.decompress(chunk, n - len(out))
+                while d.unconsumed_tail and len(out) < n:
+                    out += d.decompress(d.unconsumed_tail, n - len(out))
+    except zlib.error:
+        pass  # damaged gzip: sniff what was readable; read() reports the damage
+    return out[:n]
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of one trace file, decided by its content (never by its name)."""
+    path = Path(path)
+    _check_file(path)
+    head = read_head(path)
+    if not head.strip():
+        raise InputError(f"{path}: the file is empty; export the trace again")
+    for mod in importer_modules():
+        if mod.sniff(path, head):
+            return mod.FORMAT
+    raise InputError(f"{path}: format not recognized (known: {', '.join(available_formats())}); "
+                     "check the file, or name the format with --format")
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    if not path.is_file():
+        raise InputError(f"{path}: not a file (pass trace files, e.g. rank*.json.gz)")
+
+
+# --- import ------------------------------------------------------------------------------------
+
+
+def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_pattern: str | None = None,
+                  *, allow_missing_ranks: bool = False) -> tuple[pd.DataFrame, dict, str]:
+    """Read trace files (one or many ranks) into normalized events, meta and the format used.
+
+    Raises InputError naming the file and problem for anything the checks reject. With
+    ``allow_missing_ranks`` a subset of a run's ranks (e.g. only rank 0 was profiled) is
+    accepted and noted in meta instead of rejected.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise InputError("no trace files given")
+    for p in paths:
+        _check_file(p)
+    if iteration_pattern is not None:
+        compile_iteration_pattern(iteration_pattern)
+    if fmt == "auto":
+        found = {p: detect_format(p) for p in paths}
+        kinds = sorted(set(found.values()))
+        if len(kinds) > 1:
+            example = ", ".join(f"{p.name} is {f}" for p, f in list(found.items())[:4])
+            raise InputError(f"traces of different formats given together ({example}); import one run's traces at a time")
+        fmt = kinds[0]
+    mod = importer_for(fmt)
+    events, meta = mod.read(paths, iteration_pattern=iteration_pattern)
+    meta = dict(meta)
+    meta.setdefault("source", fmt)
+    meta["notes"] = list(meta.get("notes") or [])
+    if "created" not in meta or meta.get("created") is None:
+        meta["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    events = schema.normalize_events(events)
+    check_ranks(events, meta, allow_missing=allow_missing_ranks)
+    check_events(events, meta)
+    meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
+    return events, meta, fmt
+
+
+def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "auto",
+                  iteration_pattern: str | None = None, *, keep_raw: bool = True,
+                  allow_missing_ranks: bool = False):
+    """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format)."""
+    from taxmodel.trace.bundle import Bundle, write_bundle
+
+    paths = [Path(p) for p in paths]
+    events, meta, fmt = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks)
+    raw = []
+    if keep_raw:
+        names = [p.name for p in paths]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            raise InputError(f"two traces are named {dup!r}; rename one, or import with --no-keep-raw")
+        raw = paths
+    out = write_bundle(output, events, meta, raw_files=raw)
+    from taxmodel.trace.bundle import load_bundle
+
+    bundle = load_bundle(out)
+    return bundle, fmt
+
+
+# --- cross-file checks -------------------------------------------------------------------------
+
+
+def _rank_files(meta: dict) -> dict[int, str]:
+    files = {}
+    for inp in meta.get("inputs") or []:
+        for r in inp.get("ranks") or []:
+            files.setdefault(int(r), str(inp.get("file", "")))
+    return files
+
+
+def _where(rank: int, files: dict[int, str]) -> str:
+    return files.get(rank) or f"rank {rank}"
+
+
+def check_ranks(events: pd.DataFrame, meta: dict, *, allow_missing: bool = False) -> None:
+    """Ranks duplicated across files, mixed world sizes, ranks missing or out of range."""
+    inputs = meta.get("inputs") or []
+    seen: dict[int, str] = {}
+    for inp in inputs:
+        for r in inp.get("ranks") or []:
+            if int(r) in seen:
+                raise InputError(f"{inp.get('file')}: rank {r} is duplicated (also in {seen[int(r)]}); "
+                                 "give each rank's trace once")
+            seen[int(r)] = str(inp.get("file"))
+    worlds = {}
+    for inp in inputs:
+        if inp.get("world_size") is not None:
+            worlds.setdefault(int(inp["world_size"]), str(inp.get("file")))
+    if len(worlds) > 1:
+        desc = ", ".join(f"{f} says {w}" for w, f in sorted(worlds.items()))
+        raise InputError(f"traces from runs of different world sizes ({desc}); import one run's traces together")
+    world = next(iter(worlds), None) or meta.get("world_size")
+    ranks = sorted(seen) if seen else sorted(int(r) for r in events["rank"].unique())
+    if not world:
+        world = len(ranks)
+    world = int(world)
+    meta["world_size"] = world
+    files = _rank_files(meta)
+    out_of_range = [r for r in ranks if r < 0 or r >= world]
+    if out_of_range:
+        r = out_of_range[0]
+        raise InputError(f"{_where(r, files)}: rank {r} is outside world size {world}")
+    missing = sorted(set(range(world)) - set(ranks))
+    if missing:
+        msg = (f"ranks {_fmt_ranks(missing)} of world size {world} are missing (got {_fmt_ranks(ranks)})")
+        if not allow_missing:
+            raise InputError(f"{msg}; pass every rank's trace, or --allow-missing-ranks to import a subset")
+        meta.setdefault("notes", []).append(f"import: {msg}; imported as a subset")
+
+
+def _fmt_ranks(ranks: Iterable[int]) -> str:
+    return "{" + ", ".join(str(r) for r in ranks) + "}"
+
+
+def check_events(events: pd.DataFrame, meta: dict) -> None:
+    """No GPU events (per file), bad durations, timestamps going backwards."""
+    files = _rank_files(meta)
+    gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy()
+    with_gpu = set(events.loc[gpu, "rank"].unique().tolist())
+    for r in sorted(set(files) | set(events["rank"].unique().tolist())):
+        if int(r) not in with_gpu:
+            raise InputError(f"{_where(int(r), files)}: no GPU events (kernels, memcpy, memset) in the trace; "
+                             "profile with GPU activities on (torch.profiler ProfilerActivity.CUDA) on a GPU run")
+    if not gpu.any():
+        raise InputError("no GPU events (kernels, memcpy, memset) in the traces; profile a GPU run with GPU activities on")
+    dur = events["end_ns"].to_numpy() - events["start_ns"].to_numpy()
+    bad = (gpu & (dur <= 0)) | (dur < 0)
+    if bad.any():
+        row = events.iloc[int(np.flatnonzero(bad)[0])]
+        raise InputError(f"{_where(int(row['rank']), files)}: {row['kind']} {row['name']!r} at {row['start_ns']} ns has "
+                         f"a {'zero' if row['end_ns'] == row['start_ns'] else 'negative'} duration "
+                         f"({int(row['end_ns'] - row['start_ns'])} ns); the trace is damaged")
+    check_stream_order(events, files)
+
+
+def check_stream_order(events: pd.DataFrame, files: dict[int, str] | None = None) -> None:
+    """Reject timestamps going backwards on a GPU stream.
+
+    Definition: a GPU stream executes work in the order it was enqueued, and correlation ids
+    grow in enqueue order. So among the GPU rows of one (rank, device, stream) that have a
+    correlation id, taken in correlation order (ties -- e.g. the kernels of one graph launch --
+    by start), no row may *start* before the previous row started. A violation means a
+    corrupted trace or a broken clock, and every duration derived from it would be wrong.
+    Overlap (a row starting before the previous one ended) is allowed: programmatic dependent
+    launch lets kernels of one stream overlap legitimately. Rows without a correlation id are
+    not checked.
+    """
+    gpu = events[events["kind"].isin(schema.GPU_KINDS) & (events["correlation"] >= 0)]
+    if len(gpu) < 2:
+        return
+    keys = [gpu[c].to_numpy() for c in ("start_ns", "correlation", "stream", "device", "rank")]
+    order = np.lexsort(keys)
+    g = {c: gpu[c].to_numpy()[order] for c in ("rank", "device", "stream", "correlation", "start_ns")}
+    same = (g["rank"][1:] == g["rank"][:-1]) & (g["device"][1:] == g["device"][:-1]) & (g["stream"][1:] == g["stream"][:-1])
+    back = same & (g["start_ns"][1:] < g["start_ns"][:-1])
+    if back.any():
+        i = int(np.flatnonzero(back)[0]) + 1
+        rank = int(g["rank"][i])
+        raise InputError(
+            f"{_where(rank, files or {})}: timestamps go backwards on device {g['device'][i]} stream {g['stream'][i]}: "
+            f"the GPU activity with correlation {g['correlation'][i]} starts at {g['start_ns'][i]} ns, before the one "
+            f"enqueued earlier (correlation {g['correlation'][i - 1]}) started at {g['start_ns'][i - 1]} ns; "
+            "the trace is damaged or its clock jumped")
+
+
+# --- iterations (shared by importers) ------------------------------------------------------------
+
+
+def compile_iteration_pattern(pattern: str) -> re.Pattern:
+    """A regex whose first group captures the iteration number; InputError if it cannot."""
+    try:
+        compiled = re.compile(pattern)
+    except re.error as exc:
+        raise InputError(f"--iteration-pattern {pattern!r} is not a valid regular expression ({exc})") from exc
+    if compiled.groups < 1:
+        raise InputError(f"--iteration-pattern {pattern!r} needs one group capturing the iteration number, e.g. 'step(\\d+)'")
+    return compiled
+
+
+def iteration_numbers(names: pd.Series, pattern: re.Pattern) -> np.ndarray:
+    """Iteration number of each name matching ``pattern`` (its first group), else -1."""
+    codes, uniques = pd.factorize(pd.Series(names, dtype=object).fillna(""))
+    found = np.full(len(uniques), -1, dtype=np.int64)
+    for i, name in enumerate(uniques):  # once per distinct name: a trace repeats few
+        m = pattern.search(str(name))
+        text = m.group(1) if m else None
+        if text is not None and text.strip().isdigit() and len(text.strip()) < 10:
+            found[i] = int(text)
+    return found[codes] if len(codes) else np.zeros(0, dtype=np.int64)
+
+
+def _containing(ranges: pd.DataFrame, rank: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """For each point (rank, t): the iteration of the range on that rank with start <= t < end
+    (the latest-starting such range, i.e. the innermost when ranges nest), else -1."""
+    out = np.full(len(t), -1, dtype=np.int64)
+    if len(ranges) == 0 or len(t) == 0:
+        return out
+    for r, grp in ranges.groupby("rank", sort=False):
+        grp = grp.sort_values("start_ns", kind="stable")
+        starts, ends = grp["start_ns"].to_numpy(), grp["end_ns"].to_numpy()
+        its = grp["iteration"].to_numpy()
+        sel = np.flatnonzero(rank == r)
+        if len(sel) == 0:
+            continue
+        pos = np.searchsorted(starts, t[sel], side="right") - 1
+        ok = pos >= 0
+        ok[ok] = t[sel][ok] < ends[pos[ok]]
+        out[sel[ok]] = its[pos[ok]]
+    return out
+
+
+def assign_iterations(events: pd.DataFrame, host_ranges: pd.DataFrame,
+                      gpu_ranges: pd.DataFrame | None = None) -> np.ndarray:
+    """The iteration of every row (-1 outside any).
+
+    ``events`` needs rank, kind, start_ns, correlation; the ranges need rank, start_ns, end_ns,
+    iteration. Host rows belong to the host range containing their start. A GPU row belongs
+    to the iteration of the launch call that enqueued it (same rank and correlation) -- the
+    host range is what the user's step loop delimits -- and, when its launch was not recorded
+    (e.g. enqueued before profiling started), to the GPU-side range containing its start.
+    """
+    rank = events["rank"].to_numpy()
+    start = events["start_ns"].to_numpy()
+    gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy()
+    it = np.full(len(events), -1, dtype=np.int64)
+    it[~gpu] = _containing(host_ranges, rank[~gpu], start[~gpu])
+    launches = pd.DataFrame({"rank": rank, "correlation": events["correlation"].to_numpy(), "it": it})
+    launches = launches[(events["kind"] == "launch").to_numpy() & (launches["correlation"] >= 0).to_numpy()]
+    launches = launches.drop_duplicates(["rank", "correlation"])
+    gpu_rows = pd.DataFrame({"rank": rank[gpu], "correlation": events["correlation"].to_numpy()[gpu]})
+    linked = gpu_rows.merge(launches, on=["rank", "correlation"], how="left")["it"].fillna(-1).to_numpy(dtype=np.int64)
+    if gpu_ranges is not None and len(gpu_ranges):
+        unlinked = linked < 0
+        idx = np.flatnonzero(gpu)[unlinked]
+        linked[unlinked] = _containing(gpu_ranges, rank[idx], start[idx])
+    it[gpu] = linked
+    return it

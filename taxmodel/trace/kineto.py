@@ -1,0 +1,503 @@
+"""Import torch.profiler (Kineto) Chrome-trace JSON, one file per rank.
+
+Why a hand-written reader rather than a generic Chrome-trace loader: Kineto writes ``ts``/``dur``
+in microseconds with nanosecond decimals (``4440859589094.303``). Reading those as binary
+floats loses digits (a 1e12 us timestamp has ~1e-4 us float resolution, and sums of rounded
+values drift), so fractions are kept as decimal text by the parser and converted exactly to
+integer nanoseconds (``_to_ns``); the per-event work after the parse is vectorized pandas.
+
+What becomes a row (everything else -- cpu_op, python_function, flows, metadata -- is dropped):
+
+- ``kernel`` / ``gpu_memcpy`` / ``gpu_memset`` -> kind kernel / memcpy / memset. Role: comm for
+  NCCL/RCCL kernels (name or collective metadata), copy for memcpy/memset (comm for peer
+  ``PtoP`` copies, which move data between GPUs), compute for other kernels.
+- ``cuda_runtime`` / ``cuda_driver`` (and ``hip_*``) calls that enqueued GPU work (their
+  ``correlation`` matches a GPU row, or the name is a launch/copy/graph-launch call) -> launch;
+  calls that block the host on the GPU (``*Synchronize``) -> sync.
+- ``user_annotation`` ranges (``record_function``; ``ProfilerStep#N``) -> marker. Old PyTorch
+  versions filed ProfilerStep under ``cpu_op``; those are markers too.
+
+Iterations come from the markers matching the iteration pattern (default ``ProfilerStep#N``),
+see ``importers.assign_iterations``. Collectives carry ``collective_op`` (normalized),
+``collective_id`` ``"<process group>:<sequence>"`` (the ``Seq`` argument where PyTorch records
+it, else the order of that process group's collective kernels on the rank -- which matches
+across ranks only if every rank's trace covers the same collectives) and ``bytes``
+(the larger of the input and output message, in bytes).
+"""
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import re
+import zlib
+from collections import Counter
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.errors import InputError
+from taxmodel.trace import importers
+
+FORMAT = "kineto"
+
+DEFAULT_ITERATION_PATTERN = r"^ProfilerStep#(\d+)$"
+
+_GPU_KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+_RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
+_HOST_RANGE_CATS = frozenset({"user_annotation"})
+_GPU_RANGE_CATS = frozenset({"gpu_user_annotation"})
+
+_LAUNCH_CALL = re.compile(r"(?i)(?:launch\w*kernel|graphlaunch|memcpy|memset)")
+_SYNC_CALL = re.compile(r"(?i)synchronize")
+_GRAPH_LAUNCH = re.compile(r"(?i)graphlaunch")
+_COMM_KERNEL = re.compile(r"(?i)(?:nccl|rccl)")
+_PEER_COPY = re.compile(r"(?i)\bPtoP\b")
+
+# Markers a sniffer can rely on in the first 64 KiB of a Kineto trace; a bare Chrome trace from
+# another tool (rocprof's JSON, a browser trace) has none of them.
+_SNIFF_MARKERS = (
+    b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"', b'"cpu_op"',
+    b'"user_annotation"', b'"cuda_runtime"', b'"cuda_driver"', b'"ac2g"', b'"python_function"',
+    b'"PyTorch Profiler', b'"gpu_user_annotation"',
+)
+
+# Bytes per element for the dtype names PyTorch writes into NCCL metadata (c10 ScalarType names).
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
+    "byte": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+}
+
+# Collective names as c10d records them ("_allgather_base", "allgather_into_tensor_coalesced",
+# "reduce_scatter_tensor", "all_to_all", ...) or as NCCL kernels are named ("AllGather").
+_COLLECTIVE_OPS = (
+    ("reducescatter", "reduce_scatter"), ("allgather", "allgather"), ("allreduce", "allreduce"),
+    ("alltoall", "alltoall"), ("broadcast", "broadcast"), ("sendrecv", "sendrecv"),
+    ("send", "send"), ("recv", "recv"), ("barrier", "barrier"), ("gather", "gather"),
+    ("scatter", "scatter"), ("reduce", "reduce"), ("bcast", "broadcast"),
+)
+_NCCL_KERNEL_OP = re.compile(r"(?i)nccl\w*?Kernel_([A-Za-z]+)")
+
+
+def normalize_collective(name: str) -> str:
+    """Map a c10d collective name or NCCL kernel op to one spelling (allgather, reduce_scatter...)."""
+    key = re.sub(r"[^a-z]", "", str(name).lower())
+    for token in ("base", "coalesced", "intotensor", "tensor"):
+        key = key.replace(token, "")
+    for needle, op in _COLLECTIVE_OPS:
+        if needle in key:
+            return op
+    return key
+
+
+# --- exact JSON --------------------------------------------------------------------------------
+
+
+def load_json(path: Path) -> Any:
+    """Parse a plain or gzipped JSON file; InputError names the file and the problem.
+
+    Numbers with a fraction are kept as their decimal text (``parse_float=str``) so that times
+    can be converted exactly (``_to_ns``); the cyclic garbage collector is paused while the
+    parser builds millions of small objects (it would otherwise rescan them over and over,
+    doubling the parse time of large traces).
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InputError(f"{path}: damaged or truncated gzip file ({exc}); copy or export the trace again") from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not a text JSON file (byte {exc.start} is not UTF-8); is it a trace?") from exc
+    del data
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(text, parse_float=str, parse_constant=lambda _: None)
+    except json.JSONDecodeError as exc:
+        hint = "the file looks truncated" if exc.pos >= len(text.rstrip()) else "the file is not valid JSON"
+        raise InputError(f"{path}: {hint} ({exc.msg} at line {exc.lineno} column {exc.colno}); export the trace again") from exc
+    except (RecursionError, ValueError) as exc:
+        raise InputError(f"{path}: cannot be parsed as JSON ({type(exc).__name__}: {exc})") from exc
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _to_ns(value: Any) -> int | None:
+    """A time in microseconds (an int, or the decimal text of a fraction) as exact integer ns,
+    or None when it is not a usable number."""
+    t = type(value)
+    if t is str:
+        whole, _, frac = value.partition(".")
+        v = None
+        if len(frac) <= 3:
+            try:  # the common case "123.456": the digits without the dot are the ns
+                v = int(whole + frac.ljust(3, "0"))
+            except ValueError:
+                pass
+        if v is None:  # sub-ns digits or an exponent: exact via Decimal, round half even
+            try:
+                v = round(Decimal(value) * 1000)
+            except (InvalidOperation, ValueError, OverflowError):
+                return None
+    elif t is int:
+        v = value * 1000
+    elif t is float and np.isfinite(value):
+        v = round(Decimal(repr(value)) * 1000)
+    else:
+        return None
+    return v if -(2**62) < v < 2**62 else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    """An integer argument (correlation, stream, bytes...), tolerating strings of digits."""
+    t = type(value)
+    if t is int:
+        return value if -(2**62) < value < 2**62 else None
+    if t is str:
+        s = value.strip()
+        if s.lstrip("-").isdigit() and len(s) < 19:
+            return int(s)
+        m = re.search(r"\d+", s)  # e.g. a tid written as "stream 7"
+        return int(m.group()) if m and len(m.group()) < 19 else None
+    return None
+
+
+# --- sniffing ----------------------------------------------------------------------------------
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """A Kineto trace: a JSON object or array with ``traceEvents`` and Kineto's own markers."""
+    stripped = head.lstrip()
+    if not stripped[:1] in (b"{", b"["):
+        return False
+    if b'"traceEvents"' not in head and not stripped.startswith(b"["):
+        return False
+    return any(m in head for m in _SNIFF_MARKERS)
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Read one Kineto trace per rank into events and partial meta (see the module docstring).
+
+    Ranks come from ``distributedInfo.rank``. When no file records one, ranks are given in the
+    order the files were passed (noted in ``meta['notes']``); when only some do, that is an
+    error, since guessing would silently mislabel ranks.
+    """
+    pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
+    docs = [(Path(p), _trace_document(Path(p))) for p in paths]
+    ranks = [_dist_info(doc).get("rank") for _, doc in docs]
+    ranks = [_int_or_none(r) for r in ranks]
+    notes: list[str] = []
+    known = [r is not None for r in ranks]
+    if not any(known):
+        ranks = list(range(len(docs)))
+        rank_source = "file order"
+        if len(docs) > 1:
+            order = ", ".join(f"{p.name}={r}" for (p, _), r in zip(docs, ranks))
+            notes.append(f"kineto: traces record no rank (no distributedInfo); ranks assigned in the order given: {order}")
+    elif not all(known):
+        missing = next(p for (p, _), k in zip(docs, known) if not k)
+        raise InputError(f"{missing}: the trace records no rank (distributedInfo.rank) while the others do; "
+                         "import traces of one distributed run together")
+    else:
+        rank_source = "distributedInfo"
+
+    frames, inputs = [], []
+    hardware: list[dict] = []
+    software: dict[str, Any] = {}
+    for (path, doc), rank in zip(docs, ranks):
+        frame, ranges_host, ranges_gpu, info = _read_one(path, doc, rank, pattern)
+        frame["iteration"] = importers.assign_iterations(frame, ranges_host, ranges_gpu)
+        own = frame["_own_iteration"].to_numpy()
+        frame.loc[own >= 0, "iteration"] = own[own >= 0]
+        frames.append(frame.drop(columns="_own_iteration"))
+        world = _int_or_none(_dist_info(doc).get("world_size"))
+        inputs.append({"file": path.name, "ranks": [rank], "world_size": world, "rank_source": rank_source,
+                       "iterations": int(ranges_host["iteration"].nunique()) if len(ranges_host) else 0})
+        if info["hardware"]:
+            hardware.append(info["hardware"])
+        for k, v in info["software"].items():
+            software.setdefault(k, v)
+        if len(ranges_host) == 0 and len(ranges_gpu) == 0:
+            notes.append(f"kineto: {path.name}: no iteration markers match {pattern.pattern!r}; its rows have iteration -1 "
+                         "(pass --iteration-pattern to use your own record_function ranges)")
+
+    events = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    worlds = {i["world_size"] for i in inputs if i["world_size"] is not None}
+    meta = {
+        "source": FORMAT,
+        "world_size": worlds.pop() if len(worlds) == 1 else (None if worlds else len(docs)),
+        "ranks": sorted(set(ranks)),
+        "hardware": _merge_hardware(hardware),
+        "software": software,
+        "capture": {"tracer": "torch.profiler (kineto)", "iteration_pattern": pattern.pattern},
+        "inputs": inputs,
+        "notes": notes,
+    }
+    return events, meta
+
+
+def _trace_document(path: Path) -> dict:
+    doc = load_json(path)
+    if isinstance(doc, list):  # Chrome's "JSON array format": just the events
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise InputError(f"{path}: no 'traceEvents' list; is this a torch.profiler (Chrome trace) JSON file?")
+    return doc
+
+
+def _dist_info(doc: dict) -> dict:
+    info = doc.get("distributedInfo")
+    return info if isinstance(info, dict) else {}
+
+
+def _category(e: dict) -> str:
+    cat = e.get("cat")
+    return cat.lower() if type(cat) is str else ""
+
+
+def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+    """Rows of one rank's trace, its host and GPU iteration ranges, and its hardware/software."""
+    wanted = _GPU_KIND.keys() | _RUNTIME_CATS | _HOST_RANGE_CATS | _GPU_RANGE_CATS
+    rel = []
+    for e in doc["traceEvents"]:
+        if type(e) is dict and e.get("ph") == "X":
+            cat = _category(e)
+            if cat in wanted or (cat == "cpu_op" and type(e.get("name")) is str and pattern.search(e["name"])):
+                rel.append(e)
+    cats = pd.Series([_category(e) for e in rel], dtype=object)
+    names = pd.Series([e.get("name") if type(e.get("name")) is str else "" for e in rel], dtype=object)
+    start = [_to_ns(e.get("ts")) for e in rel]
+    dur = [_to_ns(e.get("dur")) for e in rel]
+    bad = [i for i, (s, d) in enumerate(zip(start, dur)) if s is None or d is None]
+    if bad:
+        e = rel[bad[0]]
+        field = "ts" if start[bad[0]] is None else "dur"
+        raise InputError(f"{path}: {cats[bad[0]] or 'event'} {names[bad[0]]!r} has no usable '{field}' "
+                         f"({e.get(field)!r}); the trace is damaged, export it again")
+    start_ns = np.asarray(start, dtype=np.int64)
+    end_ns = start_ns + np.asarray(dur, dtype=np.int64)
+    args = [e.get("args") if type(e.get("args")) is dict else {} for e in rel]
+
+    gpu_kind = cats.map(_GPU_KIND)
+    is_gpu = gpu_kind.notna().to_numpy()
+    gpu_idx = np.flatnonzero(is_gpu)
+    gpu_args = [args[i] for i in gpu_idx]
+    correlation = _arg_ints(args, "correlation")
+    is_runtime = cats.isin(_RUNTIME_CATS).to_numpy()
+    is_host_range = cats.isin(_HOST_RANGE_CATS | {"cpu_op"}).to_numpy()
+    is_gpu_range = cats.isin(_GPU_RANGE_CATS).to_numpy()
+
+    kind = np.full(len(rel), "", dtype=object)
+    kind[is_gpu] = gpu_kind.to_numpy()[is_gpu]
+    gpu_corr = np.unique(correlation[is_gpu & (correlation >= 0)])
+    linked = np.isin(correlation, gpu_corr) & (correlation >= 0)
+    is_launch = is_runtime & (linked | _name_matches(names, _LAUNCH_CALL))
+    is_sync = is_runtime & ~is_launch & _name_matches(names, _SYNC_CALL)
+    kind[is_launch] = "launch"
+    kind[is_sync] = "sync"
+    kind[is_host_range] = "marker"
+    keep = kind != ""
+
+    tid = np.array([-1 if (v := _int_or_none(e.get("tid"))) is None else v for e in rel], dtype=np.int64)
+    device = np.full(len(rel), -1, dtype=np.int64)
+    stream = tid.copy()
+    if len(gpu_idx):
+        pid = np.array([-1 if (v := _int_or_none(rel[i].get("pid"))) is None else v for i in gpu_idx], dtype=np.int64)
+        dev_arg, stream_arg = _arg_ints(gpu_args, "device"), _arg_ints(gpu_args, "stream")
+        device[gpu_idx] = np.where(dev_arg >= 0, dev_arg, pid)
+        stream[gpu_idx] = np.where(stream_arg >= 0, stream_arg, tid[gpu_idx])
+
+    frame = pd.DataFrame({
+        "rank": np.full(len(rel), rank, dtype=np.int64), "device": device, "stream": stream,
+        "kind": kind, "role": "other", "name": names.to_numpy(), "start_ns": start_ns, "end_ns": end_ns,
+        "correlation": correlation, "collective_id": "", "collective_op": "",
+        "graph_id": -1, "grid": "", "block": "", "bytes": -1,
+    })
+    if len(gpu_idx):
+        _fill_gpu_details(frame, gpu_idx, gpu_args)
+        _fill_graph_ids(frame, gpu_idx, is_launch, gpu_args)
+
+    # Iteration ranges: host markers and GPU-side annotations whose name matches the pattern.
+    number = importers.iteration_numbers(names, pattern)
+    host = is_host_range & (number >= 0)
+    gpu_range = is_gpu_range & (number >= 0)
+    host_ranges = frame.loc[host, ["rank", "start_ns", "end_ns"]].assign(iteration=number[host])
+    gpu_ranges = frame.loc[gpu_range, ["rank", "start_ns", "end_ns"]].assign(iteration=number[gpu_range])
+    frame["_own_iteration"] = np.where(is_host_range, number, -1)
+
+    _fill_collectives(frame, gpu_idx, gpu_args)
+    frame = frame[keep].reset_index(drop=True)
+    info = {"hardware": _hardware(doc, frame), "software": _software(doc)}
+    return frame, host_ranges, gpu_ranges, info
+
+
+def _arg_ints(args: list[dict], key: str) -> np.ndarray:
+    return np.array([-1 if (v := _int_or_none(a.get(key))) is None else v for a in args], dtype=np.int64)
+
+
+def _name_matches(names: pd.Series, regex: re.Pattern) -> np.ndarray:
+    """``regex.search`` on every name, evaluated once per distinct name (a trace repeats few)."""
+    codes, uniques = pd.factorize(names)
+    hits = np.array([bool(regex.search(u)) for u in uniques], dtype=bool)
+    return hits[codes] if len(codes) else np.zeros(0, dtype=bool)
+
+
+def _fill_gpu_details(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[dict]) -> None:
+    """Role, grid, block and bytes of the GPU rows (positions ``gpu_idx``)."""
+    kind = frame["kind"].to_numpy()[gpu_idx]
+    names = frame["name"].iloc[gpu_idx]
+    has_collective = np.array([type(a.get("Collective name")) is str for a in gpu_args], dtype=bool)
+    comm_name = _name_matches(names, _COMM_KERNEL)
+    peer = _name_matches(names, _PEER_COPY)
+    role = np.full(len(gpu_idx), "compute", dtype=object)
+    role[(kind == "kernel") & (comm_name | has_collective)] = "comm"
+    role[kind != "kernel"] = "copy"
+    role[(kind == "memcpy") & peer] = "comm"
+    cols = frame.columns
+    frame.iloc[gpu_idx, cols.get_loc("role")] = role
+    cache: dict = {}
+    frame.iloc[gpu_idx, cols.get_loc("grid")] = [_dims(a.get("grid"), cache) for a in gpu_args]
+    frame.iloc[gpu_idx, cols.get_loc("block")] = [_dims(a.get("block"), cache) for a in gpu_args]
+    frame.iloc[gpu_idx, cols.get_loc("bytes")] = _arg_ints(gpu_args, "bytes")
+    frame.iloc[gpu_idx, cols.get_loc("graph_id")] = _arg_ints(gpu_args, "graph id")
+
+
+def _dims(value: Any, cache: dict) -> str:
+    """Grid/block dims ``[x, y, z]`` as ``"x,y,z"``; cached since a trace repeats few shapes."""
+    if type(value) is not list:
+        return ""
+    try:
+        key = tuple(value)
+        text = cache.get(key)
+    except TypeError:  # unhashable members: not dims
+        return ""
+    if text is None:
+        text = ",".join(str(v) for v in value) if value and all(type(v) is int for v in value) else ""
+        cache[key] = text
+    return text
+
+
+def _fill_graph_ids(frame: pd.DataFrame, gpu_idx: np.ndarray, is_launch: np.ndarray, gpu_args: list[dict]) -> None:
+    """``graph id`` comes from the kernel's args; a graph kernel without one (only ``graph node
+    id``, or launched by ``cudaGraphLaunch``) gets its graph launch's correlation id instead, which
+    still groups the kernels of one graph launch together."""
+    corr = frame["correlation"].to_numpy()
+    graph_launch = is_launch & _name_matches(frame["name"], _GRAPH_LAUNCH)
+    has_node = np.array([a.get("graph node id") is not None for a in gpu_args], dtype=bool)
+    gpu_corr = corr[gpu_idx]
+    from_graph = has_node | np.isin(gpu_corr, corr[graph_launch])
+    graph_id = frame["graph_id"].to_numpy()[gpu_idx]
+    fill = from_graph & (graph_id < 0) & (gpu_corr >= 0)
+    frame.iloc[gpu_idx[fill], frame.columns.get_loc("graph_id")] = gpu_corr[fill]
+
+
+def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[dict]) -> None:
+    """collective_op, collective_id and message bytes of communication kernels."""
+    sel = (frame["kind"].to_numpy()[gpu_idx] == "kernel") & (frame["role"].to_numpy()[gpu_idx] == "comm")
+    idx = gpu_idx[sel]
+    if len(idx) == 0:
+        return
+    sub = [a for a, s in zip(gpu_args, sel) if s]
+    coll_name = [a.get("Collective name") if type(a.get("Collective name")) is str else "" for a in sub]
+    ops = []
+    for cname, kname in zip(coll_name, frame["name"].to_numpy()[idx]):
+        if cname:
+            ops.append(normalize_collective(cname))
+        else:
+            m = _NCCL_KERNEL_OP.search(kname)
+            ops.append(normalize_collective(m.group(1)) if m else "")
+    pg = [str(a.get("Process Group Name")) if a.get("Process Group Name") is not None else "default" for a in sub]
+    seq = _arg_ints(sub, "Seq")
+    nelems = np.maximum(_arg_ints(sub, "In msg nelems"), _arg_ints(sub, "Out msg nelems"))
+    width = np.array([_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 0) for a in sub], dtype=np.int64)
+
+    coll = pd.DataFrame({"pg": pg, "seq": seq, "start": frame["start_ns"].to_numpy()[idx], "pos": np.arange(len(idx))})
+    coll = coll.sort_values(["start", "pos"], kind="stable")
+    # A process group whose kernels all carry PyTorch's sequence number uses it; otherwise the
+    # order of its collective kernels on this rank (see the module docstring).
+    order = coll.groupby("pg", sort=False).cumcount()
+    all_seq = coll.groupby("pg", sort=False)["seq"].transform("min") >= 0
+    coll["n"] = np.where(all_seq, coll["seq"], order)
+    coll = coll.sort_values("pos")
+    cols = frame.columns
+    frame.iloc[idx, cols.get_loc("collective_op")] = ops
+    frame.iloc[idx, cols.get_loc("collective_id")] = (coll["pg"] + ":" + coll["n"].astype(str)).to_numpy()
+    msg_bytes = np.where((nelems > 0) & (width > 0), nelems * width, frame["bytes"].to_numpy()[idx])
+    frame.iloc[idx, cols.get_loc("bytes")] = msg_bytes
+
+
+def _hardware(doc: dict, frame: pd.DataFrame) -> dict:
+    """The rank's GPU from ``deviceProperties``: the device most of its GPU rows ran on."""
+    props = [p for p in doc.get("deviceProperties") or [] if isinstance(p, dict)] if isinstance(doc.get("deviceProperties"), list) else []
+    if not props:
+        return {}
+    devices = frame.loc[frame["device"] >= 0, "device"]
+    used = int(devices.mode().iloc[0]) if len(devices) else None
+    prop = next((p for p in props if _int_or_none(p.get("id")) == used), props[0])
+    name = str(prop.get("name", ""))
+    hw = {"name": name, "vendor": _vendor(name, doc), "devices_per_host": len(props)}
+    for key, src in (("num_sms", "numSms"), ("memory_bytes", "totalGlobalMem"), ("warp_size", "warpSize")):
+        v = _int_or_none(prop.get(src))
+        if v is not None:
+            hw[key] = v
+    major, minor = _int_or_none(prop.get("computeMajor")), _int_or_none(prop.get("computeMinor"))
+    if major is not None:
+        hw["compute_capability"] = f"{major}.{minor or 0}"
+    if isinstance(prop.get("gcnArchName"), str):
+        hw["arch"] = prop["gcnArchName"]
+    return hw
+
+
+def _vendor(name: str, doc: dict) -> str:
+    low = name.lower()
+    if "nvidia" in low or "cuda_runtime_version" in doc:
+        return "nvidia"
+    if any(t in low for t in ("amd", "instinct", "radeon", "mi300", "mi250")) or "hip_runtime_version" in doc:
+        return "amd"
+    return ""
+
+
+def _software(doc: dict) -> dict:
+    sw: dict[str, Any] = {}
+    for key in ("cuda_runtime_version", "cuda_driver_version"):
+        v = _int_or_none(doc.get(key))
+        if v is not None and v > 0:
+            sw[key.replace("_version", "")] = f"{v // 1000}.{(v % 1000) // 10}"
+    v = _int_or_none(doc.get("cupti_version"))
+    if v is not None:
+        sw["cupti"] = str(v)
+    nccl = _dist_info(doc).get("nccl_version")
+    if isinstance(nccl, str) and nccl:
+        sw["nccl"] = nccl
+    backend = _dist_info(doc).get("backend")
+    if isinstance(backend, str) and backend:
+        sw["distributed_backend"] = backend
+    return sw
+
+
+def _merge_hardware(per_rank: list[dict]) -> dict:
+    """One hardware description; ranks on different GPU models are listed, not hidden."""
+    if not per_rank:
+        return {}
+    names = Counter(h.get("name", "") for h in per_rank)
+    merged = dict(per_rank[0])
+    if len(names) > 1:
+        merged["name"] = " + ".join(sorted(n for n in names if n))
+        merged["mixed"] = True
+    return merged

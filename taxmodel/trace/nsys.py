@@ -1,0 +1,254 @@
+"""Import Nsight Systems traces from their SQLite export (``nsys export --type sqlite``).
+
+What is read (NVIDIA's "SQLite Export Schema Reference"; tables are created lazily and the
+columns differ between nsys versions, so every table is checked with PRAGMA table_info):
+
+- ``CUPTI_ACTIVITY_KIND_KERNEL`` / ``_MEMCPY`` / ``_MEMSET``: GPU rows (ns integers relative
+  to the session start). Kernel names come from ``StringIds`` via ``demangledName`` (else
+  ``shortName``, else ``mangledName``); ``graphId`` where present.
+- ``CUPTI_ACTIVITY_KIND_RUNTIME`` and ``_DRIVER``: host calls, linked to GPU rows by
+  ``correlationId`` (Triton launches through the driver API, cuBLAS/torch through the runtime).
+- ``NVTX_EVENTS``: push/pop and start/end ranges whose text matches the iteration pattern
+  become iteration markers.
+- ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` (when present) is added to every time, so that
+  files of several ranks share one time base (each file's own times start at its session).
+- ``MPI_RANKS`` (when nsys traced MPI) gives each process its rank.
+
+Processes: ``globalPid``/``globalTid`` encode the pid in bits 24-47. Ranks: see
+:func:`taxmodel.trace.vendor_common.assign_ranks` -- MPI ranks when every process has one,
+else the order of (file given, GPU index, pid); processes that ran no GPU work (a launcher)
+are left out. Collectives: NCCL kernels get role ``comm``, the op from the kernel name and
+``collective_id`` '<op>:<n>' from the per-(rank, op) order (nsys does not record the process
+group).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.errors import InputError
+from taxmodel.trace import vendor_common as vc
+
+FORMAT = "nsys"
+
+KERNEL, MEMCPY, MEMSET = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"
+RUNTIME, DRIVER = "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER"
+NVTX = "NVTX_EVENTS"
+GPU_TABLES = (KERNEL, MEMCPY, MEMSET)
+_GPU_COLUMNS = ("start", "end", "deviceId", "streamId", "correlationId")
+_HOST_COLUMNS = ("start", "end", "globalTid", "correlationId", "nameId")
+_NAME_COLUMNS = ("demangledName", "shortName", "mangledName")
+_NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
+
+# CUPTI enums (CUpti_ActivityMemcpyKind, CUpti_ActivityMemoryKind), named as Kineto names them.
+_MEMCPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP")
+_MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static")
+_PTOP = 10
+_PID_SHIFT, _ID_MASK = 24, 0xFFFFFF
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """An nsys export is a SQLite file with CUPTI activity or NVTX tables."""
+    names = vc.sqlite_object_names(Path(path), head)
+    return any(n.startswith("CUPTI_ACTIVITY_KIND_") for n in names) or {"StringIds", NVTX} <= names
+
+
+def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """Events and partial meta from one or more nsys SQLite exports (one per rank, or one
+    holding several processes)."""
+    vc.compile_iteration_pattern(iteration_pattern)
+    per_file = []
+    for index, path in enumerate(paths):
+        with vc.sqlite_connection(Path(path)) as conn:
+            per_file.append(_read_file(vc.SqliteSchema(conn, Path(path), "nsys"), index) | {"file": str(path)})
+
+    events, ranks, how = vc.assemble(per_file, iteration_pattern)
+    first = per_file[0]
+    meta = {
+        "source": "nsys",
+        "world_size": len(ranks),
+        "ranks": ranks,
+        "inputs": vc.inputs_meta(per_file),
+        "hardware": first["hardware"],
+        "software": first["software"],
+        "capture": {"tracer": "nsys", "time_base": "session start + utcEpochNs" if first["utc"] else "session start",
+                    "rank_assignment": how},
+        "notes": [f"nsys: {how}"] + [n for f in per_file for n in f["notes"]],
+    }
+    return events, meta
+
+
+def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
+    present = [t for t in GPU_TABLES if s.has(t)]
+    if not present:
+        raise InputError(
+            f"{s.path}: nsys export has none of the GPU activity tables {', '.join(GPU_TABLES)}; "
+            "capture with `nsys profile --trace=cuda,nvtx` and export with `nsys export --type sqlite`")
+    notes: list[str] = []
+    utc = _session_start(s)
+    gpu = vc.concat([_read_gpu_table(s, t, utc) for t in present])
+    for t in GPU_TABLES:
+        if t not in present:
+            notes.append(f"{s.path.name}: no {t} table (no such activity was traced)")
+    calls = [_read_calls(s, t, utc) for t in (RUNTIME, DRIVER) if s.has(t)]
+    calls_df = vc.concat(calls) if calls else vc.empty_host_rows()
+    if calls_df.empty:
+        notes.append(f"{s.path.name}: no CUDA API calls ({RUNTIME}/{DRIVER} missing or empty); "
+                     "launch rows and launch taxes are unavailable (trace with --trace=cuda)")
+    ranges = _read_ranges(s, utc)
+    if not all("globalPid" in s.columns(t) for t in present):
+        # Old exports without globalPid: the whole file is one process.
+        notes.append(f"{s.path.name}: no globalPid column; the file is read as one process")
+        for df in (gpu, calls_df, ranges):
+            df["pid"] = 0
+
+    processes = vc.process_table(gpu, file_index, _mpi_ranks(s))
+    return {"file_index": file_index, "gpu": gpu, "calls": calls_df, "ranges": ranges, "processes": processes,
+            "hardware": _hardware(s), "software": _software(s), "notes": notes, "utc": utc}
+
+
+def _col(s: vc.SqliteSchema, table: str, col: str, default: str, alias: str = "t") -> str:
+    return f'{alias}."{col}"' if col in s.columns(table) else default
+
+
+def _session_start(s: vc.SqliteSchema) -> int:
+    t = "TARGET_INFO_SESSION_START_TIME"
+    if s.has(t) and "utcEpochNs" in s.columns(t):
+        row = s.conn.execute(f'SELECT "utcEpochNs" FROM "{t}" LIMIT 1').fetchone()
+        if row and row[0] is not None:
+            return int(row[0])
+    return 0
+
+
+def _pid_expr(s: vc.SqliteSchema, table: str) -> str:
+    if "globalPid" in s.columns(table):
+        return f'((t."globalPid" >> {_PID_SHIFT}) & {_ID_MASK})'
+    return "0"
+
+
+def _read_gpu_table(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
+    s.require_columns(table, _GPU_COLUMNS, hint="; re-export with a newer `nsys export --type sqlite`")
+    select = [
+        f'{_pid_expr(s, table)} AS pid', 't."deviceId" AS device', 't."streamId" AS stream',
+        f't."start" + {utc} AS start_ns', f't."end" + {utc} AS end_ns', 't."correlationId" AS correlation',
+    ]
+    joins = ""
+    if table == KERNEL:
+        name_cols = [c for c in _NAME_COLUMNS if c in s.columns(table)]
+        if not name_cols:
+            raise InputError(f"{s.path}: nsys table '{table}' has no kernel-name column (expected one of {', '.join(_NAME_COLUMNS)})")
+        s.require_columns("StringIds", ("id", "value"), hint="; the export is incomplete")
+        for i, c in enumerate(name_cols):
+            joins += f' LEFT JOIN "StringIds" s{i} ON s{i}."id" = t."{c}"'
+        select.append("COALESCE(" + ", ".join(f"s{i}.\"value\"" for i in range(len(name_cols))) + ", '') AS name")
+        for axis in "XYZ":
+            select.append(f"{_col(s, table, 'grid' + axis, '0')} AS grid_{axis.lower()}")
+            select.append(f"{_col(s, table, 'block' + axis, '0')} AS block_{axis.lower()}")
+        select.append(f"{_col(s, table, 'graphId', '0')} AS graph_id")
+    elif table == MEMCPY:
+        select += [f"{_col(s, table, 'bytes', '-1')} AS bytes", f"{_col(s, table, 'copyKind', '0')} AS copy_kind",
+                   f"{_col(s, table, 'srcKind', '0')} AS src_kind", f"{_col(s, table, 'dstKind', '0')} AS dst_kind",
+                   f"{_col(s, table, 'srcDeviceId', '-1')} AS src_device", f"{_col(s, table, 'dstDeviceId', '-1')} AS dst_device",
+                   f"{_col(s, table, 'graphId', '0')} AS graph_id"]
+    else:
+        select += [f"{_col(s, table, 'bytes', '-1')} AS bytes", f"{_col(s, table, 'memKind', '0')} AS mem_kind",
+                   f"{_col(s, table, 'graphId', '0')} AS graph_id"]
+    df = s.query(f'SELECT {", ".join(select)} FROM "{table}" t{joins}')
+    df = df.astype({"pid": "int64", "device": "int64", "stream": "int64", "start_ns": "int64", "end_ns": "int64",
+                    "correlation": "int64", "graph_id": "int64"})
+    df["graph_id"] = df["graph_id"].where(df["graph_id"] > 0, -1)
+    if table == KERNEL:
+        df["kind"] = "kernel"
+        df["role"], df["collective_op"] = vc.classify_kernels(df["name"])
+        df["grid"] = vc.dims(df["grid_x"], df["grid_y"], df["grid_z"])
+        df["block"] = vc.dims(df["block_x"], df["block_y"], df["block_z"])
+        df = df.drop(columns=[f"{a}_{x}" for a in ("grid", "block") for x in "xyz"])
+    elif table == MEMCPY:
+        df["kind"] = "memcpy"
+        df["name"] = ("Memcpy " + _label(df["copy_kind"], _MEMCPY_KINDS) + " (" + _label(df["src_kind"], _MEMORY_KINDS)
+                      + " -> " + _label(df["dst_kind"], _MEMORY_KINDS) + ")")
+        df["role"] = vc.gpu_memcpy_role(df["src_device"].astype("int64"), df["dst_device"].astype("int64"),
+                                        df["copy_kind"].astype("int64") == _PTOP)
+        df = df.drop(columns=["copy_kind", "src_kind", "dst_kind", "src_device", "dst_device"])
+    else:
+        df["kind"] = "memset"
+        df["name"] = "Memset (" + _label(df["mem_kind"], _MEMORY_KINDS) + ")"
+        df["role"] = "copy"
+        df = df.drop(columns=["mem_kind"])
+    return df
+
+
+def _label(codes: pd.Series, labels: tuple[str, ...]) -> pd.Series:
+    codes = codes.astype("int64")
+    return codes.map(dict(enumerate(labels))).fillna("Unknown")
+
+
+def _read_calls(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
+    s.require_columns(table, _HOST_COLUMNS)
+    df = s.query(
+        f'SELECT ((t."globalTid" >> {_PID_SHIFT}) & {_ID_MASK}) AS pid, (t."globalTid" & {_ID_MASK}) AS stream, '
+        f'COALESCE(n."value", \'\') AS name, t."start" + {utc} AS start_ns, t."end" + {utc} AS end_ns, '
+        f't."correlationId" AS correlation FROM "{table}" t LEFT JOIN "StringIds" n ON n."id" = t."nameId"')
+    df["name"] = vc.strip_api_version(df["name"])
+    df["device"] = -1
+    df["role"] = "other"
+    return df
+
+
+def _read_ranges(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
+    """NVTX ranges (not instantaneous marks) with their text."""
+    empty = vc.empty_host_rows().drop(columns=["correlation"])
+    if not s.has(NVTX):
+        return empty
+    s.require_columns(NVTX, ("start", "end", "globalTid"))
+    cols = s.columns(NVTX)
+    text = ["t.\"text\""] if "text" in cols else []
+    join = ""
+    if "textId" in cols and s.has("StringIds"):
+        text.append("n.\"value\"")
+        join = ' LEFT JOIN "StringIds" n ON n."id" = t."textId"'
+    if not text:
+        return empty
+    where = 't."end" IS NOT NULL AND t."end" >= t."start"'
+    if "eventType" in cols:
+        where += f' AND t."eventType" IN ({", ".join(map(str, _NVTX_RANGE_TYPES))})'
+    df = s.query(
+        f'SELECT ((t."globalTid" >> {_PID_SHIFT}) & {_ID_MASK}) AS pid, (t."globalTid" & {_ID_MASK}) AS stream, '
+        f'COALESCE({", ".join(text)}, \'\') AS name, t."start" + {utc} AS start_ns, t."end" + {utc} AS end_ns '
+        f'FROM "{NVTX}" t{join} WHERE {where}')
+    return df.astype({"pid": "int64", "stream": "int64", "start_ns": "int64", "end_ns": "int64"})
+
+
+def _mpi_ranks(s: vc.SqliteSchema) -> dict[int, int]:
+    if not (s.has("MPI_RANKS") and {"globalTid", "rank"} <= s.columns("MPI_RANKS")):
+        return {}
+    rows = s.conn.execute(f'SELECT (("globalTid" >> {_PID_SHIFT}) & {_ID_MASK}), "rank" FROM "MPI_RANKS"').fetchall()
+    return {int(p): int(r) for p, r in rows}
+
+
+def _hardware(s: vc.SqliteSchema) -> dict:
+    t = "TARGET_INFO_GPU"
+    if not s.has(t):
+        return {"vendor": "nvidia"}
+    cols = s.columns(t)
+    wanted = {"name": "name", "smCount": "num_sms", "totalMemory": "memory_bytes"}
+    present = {c: k for c, k in wanted.items() if c in cols}
+    if not present:
+        return {"vendor": "nvidia"}
+    row = s.conn.execute(f'SELECT {", ".join(chr(34) + c + chr(34) for c in present)} FROM "{t}" LIMIT 1').fetchone()
+    hw = {"vendor": "nvidia"}
+    if row:
+        hw.update({k: v for k, v in zip(present.values(), row) if v is not None})
+    return hw
+
+
+def _software(s: vc.SqliteSchema) -> dict:
+    sw = {}
+    for t in ("META_DATA_EXPORT", "META_DATA_CAPTURE"):
+        if s.has(t) and {"name", "value"} <= s.columns(t):
+            for name, value in s.conn.execute(f'SELECT "name", "value" FROM "{t}"'):
+                if name in ("EXPORT_SCHEMA_VERSION", "EXPORT_PROGRAM_VERSION", "CAPTURE_PROGRAM_VERSION", "NSYS_VERSION"):
+                    sw[f"nsys_{str(name).lower()}"] = value
+    return sw

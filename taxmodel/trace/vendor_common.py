@@ -1,0 +1,400 @@
+"""What the vendor-profiler importers (nsys, rocprofv3 JSON/CSV, rocpd) share.
+
+Every vendor tool records the same things under different names: GPU activities with a
+correlation id, the host API calls that enqueued them, and user ranges (NVTX / ROCTx). This
+module turns those into the one event schema the same way for every tool, so that a ledger
+never depends on which profiler produced its events:
+
+- host calls: a call whose correlation id matches GPU work is a ``launch``; a call that waits
+  on the GPU (``*Synchronize``) is a ``sync``; every other call is dropped;
+- iterations: user ranges whose text matches the iteration pattern become ``marker`` rows; a
+  launch belongs to the marker range containing its start, a GPU row to the iteration of its
+  launch (via correlation), else to the marker range containing its own start;
+- collectives: NCCL/RCCL kernels get role ``comm``, ``collective_op`` from the kernel name and
+  ``collective_id`` '<op>:<n>' from their order per (rank, op) (the tools do not record the
+  process group; documented in docs of each importer);
+- ranks: which process is which rank (see :func:`assign_ranks`).
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import re
+import shutil
+import sqlite3
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.errors import InputError
+
+DEFAULT_ITERATION_PATTERN = r"(?:ProfilerStep#|\b[Ii]ter(?:ation)?[\s_#:=-]*)(\d+)"
+"""Matches torch.profiler's ``ProfilerStep#N`` and user ranges such as ``iter 3``,
+``iteration_3``, ``Iteration#3``; the one group is the iteration number."""
+
+GZIP_MAGIC = b"\x1f\x8b"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+_SYNC_CALL = re.compile(r"Synchronize", re.IGNORECASE)
+_API_VERSION_SUFFIX = re.compile(r"_v\d+$")
+_COLLECTIVE_KERNEL = re.compile(r"(?:nccl|rccl|msccl)(?:Dev)?Kernel(?:Debug)?_([A-Za-z]+)", re.IGNORECASE)
+_COMM_KERNEL = re.compile(r"(?:nccl|rccl|msccl)\w*Kernel", re.IGNORECASE)
+_COLLECTIVE_OPS = {
+    "allgather": "allgather",
+    "allreduce": "allreduce",
+    "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "sendrecv": "sendrecv",
+    "send": "send",
+    "recv": "recv",
+    "alltoall": "alltoall",
+    "alltoallv": "alltoall",
+    "gather": "gather",
+    "scatter": "scatter",
+}
+UNKNOWN_COLLECTIVE = "collective"
+"""Stand-in op for a communication kernel whose name does not say which collective it runs
+(e.g. RCCL's ``ncclDevKernel_Generic``); its collectives are numbered under this key."""
+
+
+# --- files ---------------------------------------------------------------------------------
+
+def read_head(path: Path, nbytes: int = 65536) -> bytes:
+    """First ``nbytes`` of a file, gunzipped when the file is gzip-compressed."""
+    with open(path, "rb") as fh:
+        raw = fh.read(nbytes)
+    if raw.startswith(GZIP_MAGIC):
+        try:
+            with gzip.open(path, "rb") as fh:
+                return fh.read(nbytes)
+        except (OSError, EOFError):
+            return b""
+    return raw
+
+
+def open_text(path: Path):
+    """Open a (possibly gzipped) text file for reading."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    if magic == GZIP_MAGIC:
+        return gzip.open(path, "rt", encoding="utf-8", newline="")
+    return open(path, "r", encoding="utf-8", newline="")
+
+
+@contextlib.contextmanager
+def sqlite_connection(path: Path) -> Iterator[sqlite3.Connection]:
+    """A read-only connection to a SQLite file (a gzipped one is unpacked to a temp file)."""
+    path = Path(path)
+    tmpdir = None
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(len(SQLITE_MAGIC))
+        if magic.startswith(GZIP_MAGIC):
+            tmpdir = tempfile.mkdtemp(prefix="taxmodel-sqlite-")
+            target = Path(tmpdir) / path.name.removesuffix(".gz")
+            with gzip.open(path, "rb") as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            path, magic = target, SQLITE_MAGIC
+        if magic != SQLITE_MAGIC:
+            raise InputError(f"{path}: not a SQLite database (the file does not start with the SQLite header)")
+        conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        try:
+            yield conn
+        finally:
+            conn.close()
+    finally:
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def sqlite_object_names(path: Path, head: bytes) -> set[str]:
+    """Names of the tables and views of a SQLite file, for format sniffing.
+
+    Opens the file when it can; for a file it cannot open (gzipped, damaged) falls back to the
+    names visible in the schema text of ``head``.
+    """
+    if not head.startswith(SQLITE_MAGIC):
+        return set()
+    try:
+        with sqlite_connection(path) as conn:
+            return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
+    except (sqlite3.Error, InputError, OSError):
+        text = head.decode("latin-1")
+        return set(re.findall(r"CREATE\s+(?:TABLE|VIEW)\s+(?:IF\s+NOT\s+EXISTS\s+)?[\"`\[]?(\w+)", text, re.IGNORECASE))
+
+
+class SqliteSchema:
+    """What a SQLite export holds: its tables/views and their columns (via PRAGMA table_info),
+    so that importers read what is there and name what is missing."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path, tool: str):
+        self.conn, self.path, self.tool = conn, Path(path), tool
+        self.names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
+        self._columns: dict[str, set[str]] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.names
+
+    def columns(self, name: str) -> set[str]:
+        if name not in self._columns:
+            self._columns[name] = {r[1] for r in self.conn.execute(f'PRAGMA table_info("{name}")')} if self.has(name) else set()
+        return self._columns[name]
+
+    def require_columns(self, name: str, needed: tuple[str, ...], hint: str = "") -> None:
+        """Raise InputError naming the table and every needed column it lacks."""
+        if not self.has(name):
+            raise InputError(f"{self.path}: {self.tool} table '{name}' is missing{hint}")
+        missing = [c for c in needed if c not in self.columns(name)]
+        if missing:
+            raise InputError(
+                f"{self.path}: {self.tool} table '{name}' lacks column(s) {', '.join(repr(c) for c in missing)}"
+                f" (columns present: {', '.join(sorted(self.columns(name)))}){hint}"
+            )
+
+    def first_column(self, name: str, candidates: tuple[str, ...]) -> str | None:
+        cols = self.columns(name)
+        return next((c for c in candidates if c in cols), None)
+
+    def query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
+        try:
+            return pd.read_sql_query(sql, self.conn, params=params)
+        except (sqlite3.Error, pd.errors.DatabaseError) as exc:
+            raise InputError(f"{self.path}: cannot read the {self.tool} database ({exc})") from exc
+
+
+# --- names and roles -----------------------------------------------------------------------
+
+def strip_api_version(names: pd.Series) -> pd.Series:
+    """``cudaLaunchKernel_v7000`` -> ``cudaLaunchKernel`` (nsys keeps the API version suffix;
+    Kineto and rocprof do not)."""
+    return names.astype(str).str.replace(_API_VERSION_SUFFIX, "", regex=True)
+
+
+def classify_kernels(names: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """(role, collective_op) for kernel names: NCCL/RCCL kernels are ``comm`` with the op read
+    from the name (``ncclDevKernel_AllGather_RING_LL`` -> ``allgather``; a generic kernel gets
+    ``UNKNOWN_COLLECTIVE``); everything else is ``compute`` with no op."""
+    names = names.astype(str)
+    is_comm = names.str.contains(_COMM_KERNEL, regex=True)
+    token = names.str.extract(_COLLECTIVE_KERNEL, expand=False).fillna("").str.lower()
+    op = token.map(_COLLECTIVE_OPS).fillna(UNKNOWN_COLLECTIVE)
+    op = op.where(is_comm, "")
+    role = pd.Series(np.where(is_comm, "comm", "compute"), index=names.index)
+    return role, op
+
+
+def number_collectives(events: pd.DataFrame) -> pd.Series:
+    """'<op>:<n>' for every row with a collective_op: n counts that op's kernels per rank in
+    start order, so the n-th all-gather of every rank gets the same id."""
+    out = pd.Series("", index=events.index, dtype=object)
+    has_op = events["collective_op"].astype(str) != ""
+    if not has_op.any():
+        return out
+    sub = events.loc[has_op, ["rank", "collective_op", "start_ns", "end_ns"]].sort_values(
+        ["rank", "collective_op", "start_ns", "end_ns"], kind="stable")
+    seq = sub.groupby(["rank", "collective_op"], sort=False).cumcount()
+    out.loc[sub.index] = sub["collective_op"].astype(str) + ":" + seq.astype(str)
+    return out
+
+
+def gpu_memcpy_role(src_device: pd.Series, dst_device: pd.Series, is_peer: pd.Series) -> pd.Series:
+    """A copy between two different GPUs moves data between ranks (``comm``); any other copy
+    is local (``copy``)."""
+    peer = is_peer | ((src_device >= 0) & (dst_device >= 0) & (src_device != dst_device))
+    return pd.Series(np.where(peer, "comm", "copy"), index=src_device.index)
+
+
+def host_calls(calls: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
+    """Keep the host API calls that matter: ``launch`` when their (rank, correlation) enqueued
+    GPU work in ``gpu``, ``sync`` when their name says they wait on the GPU; drop the rest.
+    ``calls`` needs rank, name, correlation; the result has a ``kind`` column."""
+    if calls.empty:
+        return calls.assign(kind=pd.Series([], dtype=object))
+    gpu_keys = pd.MultiIndex.from_frame(gpu[["rank", "correlation"]].astype("int64")).unique()
+    keys = pd.MultiIndex.from_frame(calls[["rank", "correlation"]].astype("int64"))
+    launches = keys.isin(gpu_keys) & (calls["correlation"].to_numpy() >= 0)
+    syncs = calls["name"].astype(str).str.contains(_SYNC_CALL, regex=True).to_numpy()
+    kind = np.where(launches, "launch", np.where(syncs, "sync", ""))
+    out = calls.assign(kind=kind)
+    out = out[out["kind"] != ""]
+    # A call recorded twice (runtime and driver layer with one correlation) launches once.
+    dup = out["kind"].eq("launch") & out.duplicated(["rank", "correlation", "kind"], keep="first")
+    return out[~dup]
+
+
+# --- iterations ----------------------------------------------------------------------------
+
+def compile_iteration_pattern(pattern: str | None) -> re.Pattern:
+    """The iteration regex (its first group is the iteration number); the vendor default
+    when ``pattern`` is None."""
+    from taxmodel.trace import importers
+
+    return importers.compile_iteration_pattern(DEFAULT_ITERATION_PATTERN if pattern is None else pattern)
+
+
+def iteration_markers(ranges: pd.DataFrame, pattern: str | None) -> pd.DataFrame:
+    """Marker rows for the user ranges whose text matches the iteration pattern.
+
+    ``ranges`` has rank, stream (thread), name, start_ns, end_ns; the result adds kind,
+    role, device and iteration. A range whose matched group is not a number is not a marker.
+    """
+    from taxmodel.trace import importers
+
+    number = importers.iteration_numbers(ranges["name"], compile_iteration_pattern(pattern))
+    out = ranges[number >= 0].copy()
+    out["iteration"] = number[number >= 0]
+    out["kind"] = "marker"
+    out["role"] = "other"
+    out["device"] = -1
+    return out
+
+
+def assign_iterations(events: pd.DataFrame) -> pd.Series:
+    """Iteration of every row from its ``marker`` rows (markers keep theirs), by the shared
+    rule of :func:`taxmodel.trace.importers.assign_iterations`: host rows by the marker range
+    containing their start, GPU rows by their launch (rank, correlation), else -- vendor tools
+    record no GPU-side ranges -- by the marker range containing their own start."""
+    from taxmodel.trace import importers
+
+    is_marker = (events["kind"] == "marker").to_numpy()
+    markers = events.loc[is_marker, ["rank", "start_ns", "end_ns", "iteration"]]
+    it = importers.assign_iterations(events, markers, gpu_ranges=markers)
+    it[is_marker] = events.loc[is_marker, "iteration"].to_numpy(dtype="int64")
+    return pd.Series(it, index=events.index, dtype="int64")
+
+
+# --- ranks ---------------------------------------------------------------------------------
+
+RANK_ENV_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+"""Environment variables that carry the global rank, in order of preference."""
+
+
+def assign_ranks(processes: pd.DataFrame) -> tuple[dict[tuple[int, int], int], str]:
+    """Global rank of each traced process.
+
+    ``processes`` has one row per process that ran GPU work: file_index (position of its file
+    in the list given to the importer), pid, first_device (lowest GPU index it used) and
+    declared_rank (from the trace's own content -- MPI_RANKS, a RANK environment variable --
+    or -1). When every process declares a distinct rank those are used; otherwise ranks are
+    numbered in order of (file, GPU index, pid): one file per rank gives the files' order,
+    one file holding several processes gives the GPU order (rank r on GPU r in a local run).
+    Returns ({(file_index, pid): rank}, a sentence saying which rule was used).
+    """
+    if processes.empty:
+        return {}, "no process ran GPU work"
+    declared = processes["declared_rank"].astype("int64")
+    if (declared >= 0).all() and declared.is_unique:
+        mapping = {(int(f), int(p)): int(r) for f, p, r in zip(processes["file_index"], processes["pid"], declared)}
+        return mapping, "ranks read from the trace (MPI rank / RANK environment variable)"
+    ordered = processes.sort_values(["file_index", "first_device", "pid"], kind="stable")
+    mapping = {(int(f), int(p)): i for i, (f, p) in enumerate(zip(ordered["file_index"], ordered["pid"]))}
+    how = "ranks numbered by order of (file given, GPU index, process id): " + ", ".join(
+        f"rank {i} = pid {p} on GPU {d} (file {f})"
+        for i, (f, p, d) in enumerate(zip(ordered["file_index"], ordered["pid"], ordered["first_device"])))
+    return mapping, how
+
+
+def rank_from_environment(env: dict | None) -> int:
+    """The global rank named by a process environment, or -1."""
+    if not env:
+        return -1
+    for var in RANK_ENV_VARS:
+        value = env.get(var)
+        if value is not None and str(value).strip().lstrip("-").isdigit():
+            return int(value)
+    return -1
+
+
+def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate, ignoring empty frames (so that their all-NA columns do not set dtypes)."""
+    full = [f for f in frames if len(f)]
+    if not full:
+        return frames[0].iloc[0:0].copy() if frames else pd.DataFrame()
+    return pd.concat(full, ignore_index=True) if len(full) > 1 else full[0].reset_index(drop=True)
+
+
+_EVENT_DEFAULTS = {"iteration": -1, "collective_op": "", "correlation": -1}
+
+
+def finish_events(frames: list[pd.DataFrame], *, collective_from_kernels: bool = True) -> pd.DataFrame:
+    """Concatenate per-kind frames, assign iterations and number collectives."""
+    events = concat(frames)
+    if events.empty and not len(events.columns):
+        events = pd.DataFrame({c: pd.Series([], dtype="int64") for c in ("rank", "device", "stream", "start_ns", "end_ns")})
+        events["kind"] = pd.Series([], dtype=object)
+    for col, default in _EVENT_DEFAULTS.items():
+        if col not in events:
+            events[col] = default
+        elif events[col].isna().any():
+            events[col] = events[col].astype(object).where(events[col].notna(), default)
+        if isinstance(default, int):
+            events[col] = events[col].astype("int64")
+    events["iteration"] = assign_iterations(events)
+    if collective_from_kernels:
+        events["collective_id"] = number_collectives(events)
+    return events.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+
+
+def assemble(per_file: list[dict], iteration_pattern: str | None) -> tuple[pd.DataFrame, list[int], str]:
+    """Events of several files of one tool, each given as a dict with ``file_index``, ``file``
+    (its path, for messages), ``gpu`` (GPU rows), ``calls`` (host API calls), ``ranges`` (user
+    ranges) -- all keyed by ``pid`` -- and ``processes`` (see :func:`assign_ranks`). Returns
+    (events, ranks, how ranks were assigned); each dict gets ``ranks`` (its files' ranks)."""
+    processes = concat([f["processes"] for f in per_file])
+    rank_of, how = assign_ranks(processes)
+    for f in per_file:
+        f["ranks"] = sorted(r for (i, _), r in rank_of.items() if i == f["file_index"])
+    gpu, calls, ranges = (concat([_with_rank(f[key], f["file_index"], rank_of) for f in per_file])
+                          for key in ("gpu", "calls", "ranges"))
+    launches = host_calls(calls, gpu)
+    markers = iteration_markers(ranges, iteration_pattern)
+    events = finish_events([gpu, launches, markers])
+    return events, sorted(set(rank_of.values())), how
+
+
+def _with_rank(df: pd.DataFrame, file_index: int, rank_of: dict[tuple[int, int], int]) -> pd.DataFrame:
+    """Replace the process id by the global rank; rows of processes without a rank are dropped."""
+    pid_rank = {pid: rank for (f, pid), rank in rank_of.items() if f == file_index}
+    rank = df["pid"].astype("int64").map(pid_rank)
+    return df.assign(rank=rank)[rank.notna()].astype({"rank": "int64"}).drop(columns=["pid"])
+
+
+def inputs_meta(per_file: list[dict]) -> list[dict]:
+    """meta['inputs']: which file held which ranks (the dispatcher's cross-file checks use it)."""
+    return [{"file": str(f.get("file", f["file_index"])), "ranks": f.get("ranks", [])} for f in per_file]
+
+
+def empty_host_rows() -> pd.DataFrame:
+    """A zero-row frame of host calls / ranges (pid, stream, name, start_ns, end_ns, correlation)."""
+    return pd.DataFrame({"pid": pd.Series([], dtype="int64"), "stream": pd.Series([], dtype="int64"),
+                         "name": pd.Series([], dtype=object), "start_ns": pd.Series([], dtype="int64"),
+                         "end_ns": pd.Series([], dtype="int64"), "correlation": pd.Series([], dtype="int64")})
+
+
+def process_table(gpu: pd.DataFrame, file_index: int, declared: dict[int, int] | None = None) -> pd.DataFrame:
+    """One row per process that ran GPU work in ``gpu`` (pid, device columns)."""
+    first_device = gpu.groupby("pid")["device"].min()
+    declared = declared or {}
+    return pd.DataFrame({
+        "file_index": file_index,
+        "pid": first_device.index.to_numpy(dtype="int64"),
+        "first_device": first_device.to_numpy(dtype="int64"),
+        "declared_rank": [declared.get(int(p), -1) for p in first_device.index],
+    })
+
+
+def dims(x: pd.Series, y: pd.Series, z: pd.Series) -> pd.Series:
+    """'x,y,z' strings from three integer columns."""
+    return x.astype("int64").astype(str) + "," + y.astype("int64").astype(str) + "," + z.astype("int64").astype(str)
+
+
+def blocks_from_work_items(grid: pd.Series, workgroup: pd.Series) -> pd.Series:
+    """AMD tools report the grid in work-items (HSA semantics); the schema wants blocks.
+    A partial last workgroup still counts as a block (ceil division)."""
+    g = grid.astype("int64")
+    w = workgroup.astype("int64").clip(lower=1)
+    return (g + w - 1) // w

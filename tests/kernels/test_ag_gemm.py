@@ -1,0 +1,98 @@
+"""All-Gather + GEMM: every CPU variant against an fp32 reference, on thread ranks (interpreter)."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taxmodel.errors import InputError
+from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.ag_gemm import gemm_tiles
+from taxmodel.kernels.ag_gemm.workload import AgGemm, shape_dims
+from taxmodel.runtime.context import RankContext, run_in_threads
+from taxmodel.runtime.workload import get_workload
+
+interpreted = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",
+                                 reason="kernels were imported without TRITON_INTERPRET=1")
+
+
+def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2) -> list[float]:
+    wl = get_workload("ag_gemm")
+
+    def body(ctx: RankContext) -> list[float]:
+        v = wl.variants()[variant]
+        state = wl.setup(ctx, shape, v)
+        ref = wl.reference(ctx, shape, state)
+        errs = []
+        for _ in range(iterations):
+            state.poison()
+            v.run(state)
+            check_errors(state.err, variant, ctx)
+            out = wl.output(state)
+            assert not torch.isnan(out).any(), "a tile was never written"
+            errs.append(float((out.float() - ref).abs().max()))
+            ctx.barrier()
+        return errs
+
+    return [e for errs in run_in_threads(world, body, heap_bytes=1 << 20, timeout_s=300) for e in errs]
+
+
+def test_registered_and_presets() -> None:
+    wl = get_workload("ag_gemm")
+    assert isinstance(wl, AgGemm)
+    assert set(wl.variants()) == {"bsp", "pull", "push", "torch_fused"}
+    assert wl.shape("tiny") == {"M": 96, "N": 40, "K": 40, "tp": 0}
+    for m in (1024, 4096, 8192, 16384):
+        assert wl.shape(f"m{m}") == {"M": m, "N": 8192, "K": 8192, "tp": 0}
+        assert wl.shape(f"m{m}_n4096")["K"] == 4096
+    assert shape_dims(wl.shape("m8192_tp"), 4) == (8192, 2048, 2048, 8192)
+    with pytest.raises(InputError, match="multiple of the world size"):
+        shape_dims({"M": 10, "N": 8, "K": 8}, 4)
+
+
+def test_cost_declares_flops_bytes_and_intermediates() -> None:
+    wl = get_workload("ag_gemm")
+    shape = {"M": 8192, "N": 8192, "K": 8192, "tp": 0}
+    bsp = wl.cost(shape, 4, "bsp")
+    assert bsp.flops == 2 * 8192 ** 3
+    assert bsp.link_bytes == 3 * 2048 * 8192 * 2
+    assert bsp.hbm_bytes == (2048 * 8192 + 8192 * 8192 + 8192 * 8192) * 2
+    assert [(i.name, i.bytes) for i in bsp.intermediates] == [("gathered_A", 8192 * 8192 * 2)]
+    assert wl.cost(shape, 4, "pull").intermediates == ()
+    assert wl.cost(shape, 4, "push").intermediates[0].bytes == 3 * 2048 * 8192 * 2
+    tp = wl.cost({**shape, "tp": 1}, 4, "bsp")
+    assert tp.flops == 2 * 8192 * 2048 * 8192
+    assert wl.cost(shape, 1, "push").link_bytes == 0
+
+
+def test_torch_fused_says_why_it_is_unavailable_on_cpu() -> None:
+    ctx = RankContext(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"), backend="threads")
+    assert "CUDA" in get_workload("ag_gemm").variants()["torch_fused"].available(ctx)
+
+
+@interpreted
+@pytest.mark.parametrize("variant,world", [("bsp", 1), ("bsp", 3), ("pull", 1), ("pull", 2), ("push", 1), ("push", 2)])
+def test_variant_matches_reference(variant: str, world: int) -> None:
+    errs = run_and_check(world, variant, {**AgGemm.presets["tiny"], "seed": world})
+    assert max(errs) < 1e-4
+
+
+@interpreted
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,world", [("pull", 3), ("push", 3), ("pull", 4), ("push", 4)])
+def test_variant_matches_reference_more_ranks(variant: str, world: int) -> None:
+    errs = run_and_check(world, variant, {**AgGemm.presets["tiny_tp"], "seed": 10 + world}, iterations=1)
+    assert max(errs) < 1e-4
+
+
+@interpreted
+@settings(max_examples=3, deadline=None)
+@given(m_loc=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 40), seed=st.integers(0, 1000))
+def test_push_odd_shapes(m_loc: int, n: int, k: int, seed: int) -> None:
+    errs = run_and_check(2, "push", {"M": 2 * m_loc, "N": n, "K": k, "tp": 0, "seed": seed}, iterations=1)
+    assert max(errs) < 1e-4

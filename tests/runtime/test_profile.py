@@ -1,0 +1,70 @@
+"""`taxmodel profile` end to end on CPU ranks (torch.distributed.run + gloo + Triton's interpreter)
+with a toy workload registered by this test's module file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import taxmodel
+from taxmodel.runtime.profile import ProfileRequest, bundle_path, profile
+
+TOY = str(Path(__file__).with_name("toy_workload.py"))
+pytestmark = pytest.mark.slow
+
+
+def _request(tmp_path, **kw):
+    base = dict(workload="toy", workload_modules=[TOY], device="cpu", iterations=3, warmup=1, out=str(tmp_path),
+                timeout_s=90, progress=False)
+    base.update(kw)
+    return ProfileRequest(**base)
+
+
+def test_one_rank(tmp_path):
+    out = profile(_request(tmp_path, world_size=1, variants=["bsp"]), quiet=True)
+    shape = {"N": 8, "fail_rank": -1, "hang_rank": -1, "wrong_rank": -1}
+    assert out.bundles == [bundle_path(tmp_path, "toy", "bsp", shape)]
+    b = taxmodel.load(out.bundles[0])
+    k = b.events[b.events["kind"] == "kernel"]
+    inside = k[k["iteration"] >= 0]
+    assert sorted(inside["iteration"].unique()) == [0, 1, 2]
+    assert inside[inside["stream"] == 0]["name"].tolist() == ["scale", "sum"] * 3
+    assert set(inside[inside["stream"] == 0]["role"]) == {"compute"}
+    assert inside[inside["stream"] == 1]["collective_op"].tolist() == ["allgather"] * 3
+    m = b.meta
+    assert (m["workload"], m["variant"], m["world_size"], m["ranks"]) == ("toy", "bsp", 1, [0])
+    assert m["capture"]["emulated_gpu"] is True and m["capture"]["iterations"] == 3 and m["capture"]["inject"] is None
+    assert m["cost"]["flops"] == 16 and m["cost"]["intermediates"][0]["name"] == "gathered"
+    assert {"torch", "triton", "python", "taxmodel"} <= set(m["software"])
+    assert m["clock_offsets_ns"] == {"0": 0}
+    assert (out.bundles[0] / "raw" / "rank0.rep0.json.gz").exists()
+
+
+def test_two_ranks_all_variants_with_injection(tmp_path):
+    out = profile(_request(tmp_path, world_size=2, repeat=2,
+                           inject=["sleep_rank=1:20000", "extra_launches=2", "extra_copy=1"]), quiet=True)
+    assert out.skipped == {"never": "rank 0: needs hardware nobody has"}
+    assert sorted(p.name.split("-")[0] for p in out.bundles) == ["bsp", "ring"]
+    bsp = taxmodel.load(next(p for p in out.bundles if p.name.startswith("bsp")))
+    ev = bsp.events
+    assert bsp.meta["capture"]["inject"] == {"sleep_rank": 1, "sleep_us": 20000.0, "extra_launches": 2, "extra_copy": True}
+    assert sorted(ev["rank"].unique()) == [0, 1] and sorted(ev["repetition"].unique()) == [0, 1]
+    k = ev[(ev["kind"] == "kernel") & (ev["iteration"] >= 0)]
+    per_iter = k.groupby(["repetition", "iteration", "rank"])
+    assert len(per_iter) == 2 * 3 * 2
+    sleep = k[k["name"] == "taxmodel_inject_sleep"]
+    assert sorted(sleep["rank"].unique()) == [1] and len(sleep) == 6 and set(sleep["role"]) == {"other"}
+    assert (sleep["end_ns"] - sleep["start_ns"]).min() >= 20_000_000
+    # Two empty launches before each kernel but the first ("sum" follows "scale"): 2 per iteration.
+    empties = k[k["name"] == "taxmodel_inject_empty"].groupby(["repetition", "iteration", "rank"]).size()
+    assert set(empties.tolist()) == {2}
+    copies = k[k["name"] == "taxmodel_inject_copy"]
+    assert len(copies) == 12 and set(copies["role"]) == {"copy"}
+    # Collectives match across ranks by id.
+    coll = k[k["collective_op"] == "allgather"]
+    assert (coll.groupby(["repetition", "collective_id"])["rank"].nunique() == 2).all()
+
+    ring = taxmodel.load(next(p for p in out.bundles if p.name.startswith("ring")))
+    assert ring.meta["fine_grained"] is True
+    fused = ring.events[ring.events["name"] == "ring_push"]
+    assert set(fused["role"]) == {"fused"} and len(fused) == 2 * 2 * 3

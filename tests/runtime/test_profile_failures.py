@@ -1,0 +1,58 @@
+"""A rank that raises, hangs or computes wrong results ends the run with one RunError naming it,
+within a bounded time, and never touches an existing bundle."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from taxmodel.errors import RunError
+from taxmodel.runtime.launcher import diagnose
+from taxmodel.runtime.profile import ProfileRequest, bundle_path, profile
+
+TOY = str(Path(__file__).with_name("toy_workload.py"))
+
+
+def _request(tmp_path, **shape):
+    return ProfileRequest(workload="toy", workload_modules=[TOY], device="cpu", world_size=2, iterations=2, warmup=1,
+                          out=str(tmp_path), timeout_s=25, variants=["bsp"], progress=False, shape=shape)
+
+
+@pytest.mark.slow
+def test_crashing_rank_is_named_and_old_bundle_kept(tmp_path):
+    shape = {"N": 8, "fail_rank": 1, "hang_rank": -1, "wrong_rank": -1}
+    old = bundle_path(tmp_path, "toy", "bsp", shape)
+    old.mkdir(parents=True)
+    (old / "meta.json").write_text("{\"old\": true}")
+    with pytest.raises(RunError, match=r"rank 1 failed in phase 'compile' of variant 'bsp': ValueError: toy failure on rank 1"):
+        profile(_request(tmp_path, fail_rank=1), quiet=True)
+    assert (old / "meta.json").read_text() == "{\"old\": true}"
+    assert sorted(p.name for p in old.iterdir()) == ["meta.json"]
+
+
+@pytest.mark.slow
+def test_hanging_rank_times_out(tmp_path):
+    req = _request(tmp_path, hang_rank=1)
+    req.timeout_s = 12
+    t0 = time.monotonic()
+    with pytest.raises(RunError, match=r"timed out after .*rank 1 hung in phase 'compile' of variant 'bsp'.*rank\(s\) 0 were waiting"):
+        profile(req, quiet=True)
+    assert time.monotonic() - t0 < 12 + 40  # watchdog + launcher start-up, far below the launcher's own limit
+
+
+@pytest.mark.slow
+def test_wrong_result_is_a_run_error(tmp_path):
+    with pytest.raises(RunError, match=r"toy/bsp gives wrong results \(rank 0: 8 of 8 elements outside"):
+        profile(_request(tmp_path, wrong_rank=0), quiet=True)
+    assert not any(tmp_path.rglob("meta.json"))
+
+
+def test_diagnose_messages():
+    st = {0: {"phase": "capture", "variant": "v", "waiting": True, "time": 2.0},
+          1: {"phase": "capture", "variant": "v", "waiting": False, "time": 1.0}}
+    assert diagnose(st, 2, timed_out=True, timeout_s=5) .startswith(
+        "run timed out after 5 s: rank 1 hung in phase 'capture' of variant 'v' (rank(s) 0 were waiting for it)")
+    st_err = {0: {"phase": "check", "error": "later", "time": 3.0}, 1: {"phase": "check", "error": "first", "time": 1.0}}
+    assert diagnose(st_err, 2, timed_out=False, returncode=3) == "rank 1 failed in phase 'check': first (rank(s) 0 failed too)"
+    assert diagnose({0: {"phase": "done"}}, 2, timed_out=False, returncode=1).startswith("rank(s) 1 never reported")
