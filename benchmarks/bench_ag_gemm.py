@@ -194,7 +194,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
                 rows.append(dict(size=preset, variant=f"{vname}@tune", ms=ms, config=label, correct=ok, max_abs_err=err))
             if not ok:
                 log(f"  {preset:14s} {vname:22s} WRONG (max abs err {err:.3g}) {label}")
-            del st
+            st = None  # free before the next config allocates
         if best is not None:
             record(vname, best[0], best[1], True, best[2])
         else:
@@ -226,7 +226,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
         out = torch.empty(st.m, st.k, dtype=st.dtype, device=ctx.device)
         ms = time_batches(ctx, lambda: dist.all_gather_into_tensor(out, st.a_local, group=ctx.group), iters, reps, warmup)
         record("floor:all_gather", ms)
-    del st
+    st = None
     return rows
 
 

@@ -42,6 +42,65 @@ def cli() -> None:
 
 # --- trace: import, show -------------------------------------------------------------------
 
+@cli.command("import")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle directory to write (replaced atomically).")
+@click.option("--format", "fmt", default="auto", show_default=True, metavar="FORMAT",
+              help="auto (decide by content), or a format name such as kineto; a wrong name lists the known ones.")
+@click.option("--iteration-pattern", default=None, metavar="REGEX",
+              help="Marker names that delimit iterations, one group capturing the number (default for kineto: ProfilerStep#N).")
+@click.option("--keep-raw/--no-keep-raw", default=True, show_default=True, help="Copy the original traces into the bundle's raw/.")
+@click.option("--allow-missing-ranks", is_flag=True, help="Accept traces of only some ranks of the run (e.g. only rank 0 was profiled).")
+def import_cmd(traces, output, fmt, iteration_pattern, keep_raw, allow_missing_ranks) -> None:
+    """Import torch.profiler (and other) traces, one file per rank, into a profile bundle."""
+    from taxmodel.trace import importers, summary
+
+    if fmt == "auto":  # every file is checked again inside the import; this is for the message
+        click.echo(f"format: {importers.detect_format(traces[0])} (detected from the content of {traces[0]})")
+    else:
+        click.echo(f"format: {fmt} (as given)")
+    bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, keep_raw=keep_raw,
+                                          allow_missing_ranks=allow_missing_ranks)
+    click.echo(f"wrote {output}")
+    click.echo(summary.describe(bundle, fmt))
+
+
+@cli.command("show")
+@click.argument("bundle", type=click.Path(exists=True))
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--top", default=10, show_default=True, help="How many of the longest-running kernels to list.")
+def show_cmd(bundle, as_json, top) -> None:
+    """Summarize a bundle: ranks, iterations, kernels by role and rank, top kernels, metadata."""
+    import json
+
+    from taxmodel.trace import summary
+    from taxmodel.trace.bundle import load_bundle
+
+    b = load_bundle(bundle)
+    if as_json:
+        click.echo(json.dumps(summary.to_json(b, top), indent=2, default=str))
+        return
+    o = summary.overview(b)
+    iters = o["iterations"]
+    click.echo(f"{b.label}: {len(o['ranks'])} of {o['world_size']} ranks, {o['repetitions']} repetition(s), "
+               f"{len(iters)} iteration(s){f' ({iters[0]}..{iters[-1]})' if iters else ''}, "
+               f"{o['kernels']} kernels, {o['collectives']} collectives\n")
+    click.echo(summary.meta_table(b).to_string(index=False, header=False) + "\n")
+    roles = summary.role_table(b)
+    click.echo("GPU time by rank and role (us):")
+    click.echo(_us_columns(roles, ["total_ns", "mean_ns"]).to_string(index=False) + "\n")
+    click.echo(f"Top {top} GPU activities by total time over all ranks (us):")
+    click.echo(_us_columns(summary.top_kernels(b, top), ["total_ns", "mean_ns"])
+               .to_string(index=False, formatters={"pct": "{:.1f}".format, "name": lambda s: s[:70]}))
+
+
+def _us_columns(df, columns):
+    """Times in ns shown as us with 3 decimals (exact: the ns digits), renamed *_us."""
+    out = df.copy()
+    for c in columns:
+        out[c] = out[c].map(lambda ns: f"{ns / 1000:.3f}")
+    return out.rename(columns={c: c.replace("_ns", "_us") for c in columns})
+
 # --- runtime: profile, workloads -----------------------------------------------------------
 
 @cli.command("profile")
@@ -117,6 +176,94 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
         click.echo(json.dumps(analysis_document(ledgers), indent=2, default=float))
     else:
         click.echo(render_analysis(ledgers, per_rank=per_rank), nl=False)
+
+
+@cli.command("calibrate")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True), help="Hardware JSON file to write.")
+@click.option("-n", "--world-size", type=int, default=None, help="GPUs to measure collectives and peer access over (default: every GPU here).")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
+def calibrate_cmd(output, world_size, timeout_s) -> None:
+    """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches) into a hardware file."""
+    from taxmodel.runtime.calibrate import run_calibration
+
+    spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s)
+    click.echo(f"wrote {output}: {spec.name} ({spec.source}); use it with --hardware {output}")
+
+
+def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
+    from taxmodel.runtime.worker import parse_shape
+
+    return parse_shape(list(values))
+
+
+@cli.command("predict")
+@click.argument("workload")
+@click.option("--variant", "variants_", default=None, help="Comma-separated variants (default: every modeled one).")
+@click.option("-n", "--world-size", type=int, default=4, show_default=True, help="GPUs (what-if sizes welcome: 8, 16, 72...).")
+@click.option("--hardware", default="h200", show_default=True, metavar="NAME|FILE",
+              help="Preset (h100, h200, mi300x, b200; a calibrated file for it wins when one ships) or a calibrate JSON.")
+@click.option("--shape", "shape", multiple=True, metavar="K=V[,K=V]", help="Shape values, e.g. --shape M=8192,N=8192,K=8192.")
+@click.option("--preset", default=None, help="The workload's shape preset (default: its default preset).")
+@click.option("--sweep", "sweep_", default=None, metavar="KEY=LO:HI[:STEP]", help="Predict a curve over one shape key.")
+@click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, help="With --sweep: write a figure (PNG/SVG/PDF).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_, plot, as_json) -> None:
+    """Predicted ledger (latency and each tax) of WORKLOAD from shapes and hardware, with its assumptions."""
+    import json
+
+    from taxmodel.model import analytic
+    from taxmodel.model.analytic.report import plot_sweep, render_prediction, render_sweep
+    from taxmodel.runtime.workload import get_workload
+
+    wl = get_workload(workload)
+    shp = wl.shape(preset, **_shape_option(shape))
+    hw, note = analytic.resolve_model_hardware(hardware)
+    names = [v for v in variants_.split(",") if v] if variants_ else list(analytic.variants(workload))
+    if sweep_:
+        key, values = analytic.parse_range(sweep_)
+        tables = {v: analytic.sweep(workload, v, shp, world_size, hw, key, values) for v in names}
+        if as_json:
+            click.echo(json.dumps({"hardware": note, "sweep": {v: t.to_dict(orient="records") for v, t in tables.items()}}, indent=2))
+        else:
+            click.echo(note)
+            click.echo(render_sweep(tables, key), nl=False)
+        if plot:
+            click.echo(f"wrote {plot_sweep(tables, key, plot, title=f'{workload}, {world_size} x {hw.name}')}")
+        return
+    preds = [analytic.predict(workload, v, shp, world_size, hw) for v in names]
+    preds[0].assumptions.insert(0, note)
+    if as_json:
+        click.echo(json.dumps([p.to_dict() for p in preds], indent=2, default=float))
+    else:
+        click.echo(render_prediction(preds), nl=False)
+
+
+@cli.command("validate")
+@click.argument("profiles_dir", default="profiles", type=click.Path(file_okay=False))
+@click.option("--markdown", type=click.Path(dir_okay=False, writable=True), default=None, help="Also write the table as Markdown.")
+@click.option("--update-docs", is_flag=True, help="Rewrite the table in docs/model.md (between its validation markers).")
+@click.option("--docs", "docs_file", default="docs/model.md", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--no-fit", is_flag=True, help="Use the documented defaults; fit nothing from the bundles.")
+def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit) -> None:
+    """Compare the model's predictions with every measured bundle under PROFILES_DIR.
+
+    Exit 0 when every comparison is within target (latency 15%, each tax 25% or 20 us), 1 otherwise.
+    """
+    from pathlib import Path
+
+    from taxmodel.model import validate as val
+
+    v = val.validate(profiles_dir, fit=not no_fit)
+    text = val.markdown_table(v)
+    click.echo(text, nl=False)
+    for s in v.skipped:
+        click.echo(f"skipped {s}", err=True)
+    if markdown:
+        Path(markdown).write_text(text)
+        click.echo(f"wrote {markdown}")
+    if update_docs:
+        click.echo(f"updated {val.update_docs(docs_file, v)}")
+    sys.exit(0 if v.passed or v.table.empty else 1)
 
 
 # --- report: report, export-trace ----------------------------------------------------------

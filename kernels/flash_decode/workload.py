@@ -196,7 +196,9 @@ class FlashDecode(Workload):
         mean_len = sum(lens) // max(1, world_size)
         elt = 2
         packed = packed_size(b * hq, d) * 4
-        dev = device if device is not None else "cuda"  # the cost of a GPU run unless told otherwise
+        if device is None:  # a process without a GPU runs the CPU (interpreter) configuration
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dev = device
         cfg = split_config(shape, dev)
         splits = plan_splits(b, hkv, mean_len, _num_sms(dev), cfg).num_splits
         partials = b * hq * splits * (d + 1) * 4

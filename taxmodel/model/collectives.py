@@ -46,16 +46,21 @@ def match_collectives(gpu: pd.DataFrame) -> CollectiveMatch:
             .agg(arrival_ns=("start_ns", "min"), done_ns=("end_ns", "max"), iteration=("iteration", "max"))
             .reset_index())
     inst["group"] = inst["collective_id"].astype(str).str.rsplit(":", n=1).str[0]
-    members = inst.groupby("group")["rank"].agg(lambda s: frozenset(int(r) for r in s))
-    have = inst.groupby(["repetition", "collective_id"]).agg(
-        ranks=("rank", lambda s: frozenset(int(r) for r in s)), group=("group", "first"), iteration=("iteration", "max"))
-    expected = have["group"].map(members)
-    short = have[have["ranks"].map(len).to_numpy() < expected.map(len).to_numpy()]
+    n_members = inst.groupby("group")["rank"].nunique()
+    per = inst.groupby(["repetition", "collective_id"]).agg(n=("rank", "size"), group=("group", "first"),
+                                                            iteration=("iteration", "max"))
+    short = per[per["n"].to_numpy() < per["group"].map(n_members).to_numpy()]
+    missing = []
+    if len(short):  # only the incomplete collectives get their member sets compared
+        members = inst.groupby("group")["rank"].agg(lambda s: frozenset(int(r) for r in s))
+        have = inst.set_index(["repetition", "collective_id"]).loc[short.index].groupby(level=[0, 1])["rank"].agg(
+            lambda s: frozenset(int(r) for r in s))
+        missing = [",".join(str(r) for r in sorted(members[g] - have[k])) for k, g in zip(short.index, short["group"])]
     incomplete = pd.DataFrame({
         "repetition": short.index.get_level_values(0).astype("int64"),
         "collective_id": short.index.get_level_values(1),
         "iteration": short["iteration"].astype("int64").to_numpy(),
-        "missing": [",".join(str(r) for r in sorted(members[g] - rk)) for g, rk in zip(short["group"], short["ranks"])],
+        "missing": missing,
     })
     return CollectiveMatch(inst.drop(columns="group"), incomplete)
 

@@ -16,6 +16,18 @@ import numpy as np
 INT64_MAX = np.iinfo(np.int64).max
 
 
+def order_by_group_then_time(group: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Stable order by (group, t): one argsort of a combined int64 key when it fits (the
+    common case), else a two-key lexsort."""
+    if len(t) == 0:
+        return np.zeros(0, np.int64)
+    t0 = int(t.min())
+    span = int(t.max()) - t0 + 1
+    if int(group.max()) < (2**62) // span and int(group.min()) >= 0:
+        return np.argsort(group.astype(np.int64) * span + (t - t0), kind="stable")
+    return np.lexsort((t, group))
+
+
 def expand_to_windows(start: np.ndarray, end: np.ndarray, wstart: np.ndarray, wend: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Indices (activity, window) of every pair whose half-open ranges overlap.
 
@@ -58,10 +70,14 @@ def sweep(group: np.ndarray, start: np.ndarray, end: np.ndarray, cls: np.ndarray
     idx = np.arange(n)
     delta[idx, cls] = 1
     delta[n + idx, cls] = -1
-    order = np.lexsort((key, t, g))
+    order = order_by_group_then_time(g, t)
     g, t, key, delta = g[order], t[order], key[order], delta[order]
     counts = np.cumsum(delta, axis=0)
     same = g[:-1] == g[1:]
+    # the smallest key among the points that share (group, t): every point of a run gets it
+    run_start = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (t[1:] != t[:-1])])
+    run_min = np.minimum.reduceat(key, run_start)
+    key = np.repeat(run_min, np.diff(np.r_[run_start, len(t)]))
     seg = np.flatnonzero(same & (t[1:] > t[:-1]))
     return {"group": g[seg], "start": t[seg], "end": t[seg + 1], "counts": counts[seg], "next_key": key[seg + 1]}
 
@@ -117,7 +133,8 @@ def apportion(group: np.ndarray, start: np.ndarray, end: np.ndarray, amounts: np
     k = amounts.shape[1]
     cuts_local = np.cumsum(amounts, axis=1)[:, :-1]  # k-1 cut positions inside each group
     cuts = (cuts_local + gpos[row][:, None]).ravel()
-    bounds = np.unique(np.concatenate([axis_start, axis_end, cuts]))
+    bounds = np.sort(np.concatenate([axis_start, axis_end, cuts]), kind="stable")
+    bounds = bounds[np.r_[True, bounds[1:] != bounds[:-1]]]
     p0, p1 = bounds[:-1], bounds[1:]
     seg = np.searchsorted(axis_start, p0, side="right") - 1
     inside = p1 <= axis_end[seg]
@@ -139,13 +156,14 @@ def apportion(group: np.ndarray, start: np.ndarray, end: np.ndarray, amounts: np
     return {"group": group[seg], "start": t0, "end": t0 + (p1 - p0), "label": label}
 
 
-def merge_adjacent(group: np.ndarray, label: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Join pieces of the same (group, label) that touch end to start."""
+def merge_adjacent(order_key: np.ndarray, label: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Sort pieces by (order_key, start) and join those of the same (order_key, label) that touch
+    end to start. Pieces of one key must not overlap (they partition a rank's window)."""
     if len(start) == 0:
-        return group, label, start, end
-    order = np.lexsort((start, label, group))
-    group, label, start, end = group[order], label[order], start[order], end[order]
-    new = np.r_[True, (group[1:] != group[:-1]) | (label[1:] != label[:-1]) | (start[1:] != end[:-1])]
+        return order_key, label, start, end
+    order = order_by_group_then_time(order_key, start)
+    key, label, start, end = order_key[order], label[order], start[order], end[order]
+    new = np.r_[True, (key[1:] != key[:-1]) | (label[1:] != label[:-1]) | (start[1:] != end[:-1])]
     idx = np.flatnonzero(new)
     last = np.r_[idx[1:], len(start)] - 1
-    return group[idx], label[idx], start[idx], end[last]
+    return key[idx], label[idx], start[idx], end[last]

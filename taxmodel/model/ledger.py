@@ -160,7 +160,7 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     g_rank = gpu["rank"].to_numpy(np.int64)
     g_rep = gpu["repetition"].to_numpy(np.int64)
     g_it = gpu["iteration"].to_numpy(np.int64)
-    g_role = gpu["role"].to_numpy(object)
+    g_cls = _role_class(gpu["role"])
 
     # --- windows ------------------------------------------------------------------------------
     in_iter = g_it >= 0
@@ -188,14 +188,16 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     c_start = np.maximum(g_start[ai], ws[wi])
     c_end = np.minimum(g_end[ai], we[wi])
     c_group = wi * nr + rank_pos.reindex(g_rank[ai]).to_numpy(np.int64)
-    role = g_role[ai]
-    cls = np.where(np.isin(role, LOCAL_ROLES), CLS_LOCAL, np.where(role == "comm", CLS_COMM, CLS_OTHER)).astype(np.int64)
+    cls = g_cls[ai]
     launch_end = _launch_ends(ev, gpu, offsets)
     key = np.where(c_start == g_start[ai], launch_end[ai], iv.INT64_MAX)
 
     # skew intervals: from a collective kernel's start until its collective's last arrival
     cid = gpu["collective_id"].to_numpy(object)
-    is_coll = (cid[ai] != "") & (cls == CLS_COMM)
+    has_cid = np.zeros(len(gpu), bool)
+    cand = g_cls == CLS_COMM
+    has_cid[cand] = gpu["collective_id"].to_numpy(object)[cand] != ""
+    is_coll = has_cid[ai]
     complete = match.complete()
     if len(complete) and is_coll.any():
         last = last_arrivals(complete, offsets)
@@ -290,6 +292,14 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
 
 # --- steps ----------------------------------------------------------------------------------------
 
+def _role_class(role: pd.Series) -> np.ndarray:
+    """Sweep class of each GPU row from its role, comparing the few distinct roles only."""
+    codes, uniq = pd.factorize(role)
+    table = np.array([CLS_LOCAL if u in LOCAL_ROLES else CLS_COMM if u == "comm" else CLS_OTHER for u in uniq] or [CLS_OTHER],
+                     np.int64)
+    return table[codes]
+
+
 def _ranks(bundle: Bundle) -> list[int]:
     """Ranks to account for: those in meta (a rank may have recorded no GPU activity) and in events."""
     declared = {int(r) for r in (bundle.meta.get("ranks") or [])}
@@ -306,8 +316,11 @@ def _check_iterations(gpu: pd.DataFrame, lenient: bool, skipped: list[str]) -> s
     if rows.empty:
         return set()
     active = sorted(int(r) for r in rows["rank"].unique())
-    per = rows.groupby(["repetition", "iteration"])["rank"].agg(lambda s: frozenset(int(r) for r in s))
-    short = per[per.map(len) < len(active)]
+    size = rows.groupby(["repetition", "iteration"]).size()
+    short_keys = size.index[size.to_numpy() < len(active)]
+    # only the (few) short iterations get their rank sets listed
+    sel = rows.set_index(["repetition", "iteration"]).loc[list(short_keys)] if len(short_keys) else rows.iloc[:0]
+    short = sel.groupby(level=[0, 1])["rank"].agg(lambda s: frozenset(int(r) for r in s)) if len(sel) else pd.Series(dtype=object)
     skip = set()
     for (rep, it), have in short.items():
         missing = ",".join(str(r) for r in active if r not in have)
@@ -340,19 +353,27 @@ def _launch_ends(ev: pd.DataFrame, gpu: pd.DataFrame, offsets: dict[int, int]) -
     if launches.empty:
         return out
     off = launches["rank"].map(offsets).fillna(0).to_numpy(np.int64)
-    lk = (pd.DataFrame({"rank": launches["rank"].to_numpy(np.int64), "correlation": launches["correlation"].to_numpy(np.int64),
-                        "end": launches["end_ns"].to_numpy(np.int64) + off})
-          .groupby(["rank", "correlation"])["end"].min())
-    pos = lk.index.get_indexer(pd.MultiIndex.from_arrays([gpu["rank"].to_numpy(np.int64), gpu["correlation"].to_numpy(np.int64)]))
-    has = pos >= 0
-    out[has] = lk.to_numpy(np.int64)[pos[has]]
+    # one int64 key per (rank, correlation); the earliest launch end wins for duplicates
+    shift = np.int64(40)
+    lkey = (launches["rank"].to_numpy(np.int64) << shift) + launches["correlation"].to_numpy(np.int64)
+    lend = launches["end_ns"].to_numpy(np.int64) + off
+    order = np.lexsort((lend, lkey))
+    lkey, lend = lkey[order], lend[order]
+    first = np.r_[True, lkey[1:] != lkey[:-1]]
+    lkey, lend = lkey[first], lend[first]
+    gcorr = gpu["correlation"].to_numpy(np.int64)
+    gkey = (gpu["rank"].to_numpy(np.int64) << shift) + gcorr
+    pos = np.minimum(np.searchsorted(lkey, gkey), len(lkey) - 1)
+    has = (lkey[pos] == gkey) & (gcorr >= 0)
+    out[has] = lend[pos[has]]
     return out
 
 
 def _idle_pieces(seg: dict, lab: np.ndarray, ev: pd.DataFrame, offsets: dict[int, int], ranks: list[int], nr: int,
                  pieces: list) -> tuple[int, int]:
     """Split idle segments into barrier_idle / host_starved / launch_latency / kernel_gap /
-    unattributed pieces (appended to ``pieces``); return (count, ns) of gaps with no launch."""
+    unattributed pieces (appended to ``pieces``)
+    return (count, ns) of gaps with no launch."""
     sg, ss, se, nxt = seg["group"], seg["start"], seg["end"], seg["next_key"]
     busy = lab != SEG_IDLE
     ng = int(sg.max()) + 1 if len(sg) else 0
@@ -360,7 +381,8 @@ def _idle_pieces(seg: dict, lab: np.ndarray, ev: pd.DataFrame, offsets: dict[int
     last_busy = np.full(ng, np.iinfo(np.int64).min, np.int64)
     bg = sg[busy]
     if len(bg):
-        u, first_idx = np.unique(bg, return_index=True)
+        first_idx = np.flatnonzero(np.r_[True, bg[1:] != bg[:-1]])  # segments are sorted by group
+        u = bg[first_idx]
         first_busy[u] = ss[busy][first_idx]
         last_idx = np.r_[first_idx[1:], len(bg)] - 1
         last_busy[u] = se[busy][last_idx]
@@ -522,8 +544,10 @@ def _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, w
     groups, subs, starts, ends = [], [], [], []
     for grp, sub, s0, s1 in pieces:
         keep = s1 > s0
-        groups.append(grp[keep]); subs.append(np.full(int(keep.sum()), sub, np.int64))
-        starts.append(s0[keep]); ends.append(s1[keep])
+        groups.append(grp[keep])
+        subs.append(np.full(int(keep.sum()), sub, np.int64))
+        starts.append(s0[keep])
+        ends.append(s1[keep])
     sg, ss, se = seg["group"], seg["start"], seg["end"]
     for seg_kind, amounts, labels in ((SEG_LOCAL, local_int, LOCAL_LABELS),
                                       (SEG_TRANSFER, np.column_stack([link_int, transfer_len - link_int]), TRANSFER_LABELS)):
@@ -534,17 +558,22 @@ def _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, w
         out = iv.apportion(sg[m], ss[m], se[m], amounts[have], have)
         keep = out["end"] > out["start"]
         groups.append(out["group"][keep])
-        subs.append(np.array([SUB[l] for l in labels], np.int64)[out["label"][keep]])
-        starts.append(out["start"][keep]); ends.append(out["end"][keep])
+        subs.append(np.array([SUB[name] for name in labels], np.int64)[out["label"][keep]])
+        starts.append(out["start"][keep])
+        ends.append(out["end"][keep])
     g = np.concatenate(groups) if groups else np.zeros(0, np.int64)
     sub = np.concatenate(subs) if subs else np.zeros(0, np.int64)
     s0 = np.concatenate(starts) if starts else np.zeros(0, np.int64)
     s1 = np.concatenate(ends) if ends else np.zeros(0, np.int64)
-    g, sub, s0, s1 = iv.merge_adjacent(g.astype(np.int64), sub, s0.astype(np.int64), s1.astype(np.int64))
+    # position of each group in (repetition, iteration, rank) order, so one sort orders the output
+    gorder = np.lexsort((wrank, wit, wrep))
+    gkey = np.empty_like(gorder)
+    gkey[gorder] = np.arange(len(gorder))
+    key, sub, s0, s1 = iv.merge_adjacent(gkey[g.astype(np.int64)], sub, s0.astype(np.int64), s1.astype(np.int64))
+    g = gorder[key]
     names = np.array(SUBCATEGORY_ORDER, dtype=object)
-    df = pd.DataFrame({"repetition": wrep[g], "iteration": wit[g], "rank": wrank[g], "subcategory": names[sub],
-                       "start_ns": s0, "end_ns": s1})
-    return df.sort_values(["repetition", "iteration", "rank", "start_ns"], kind="stable").reset_index(drop=True)
+    return pd.DataFrame({"repetition": wrep[g], "iteration": wit[g], "rank": wrank[g], "subcategory": names[sub],
+                         "start_ns": s0, "end_ns": s1})
 
 
 def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw) -> None:

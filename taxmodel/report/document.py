@@ -13,12 +13,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Sequence, Union
+from typing import Callable, Sequence, Union
 
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
 from taxmodel import __version__
+from taxmodel.errors import AnalysisError
 from taxmodel.report import compare, figures, headline
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.bundle import Bundle
@@ -113,7 +114,12 @@ def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "
     doc = Document(title)
     names: set[str] = set()
 
-    def fig_block(fig: MplFigure, name: str, caption: str, alt: str) -> Figure:
+    def fig_block(draw: Callable[[], MplFigure], name: str, caption: str, alt: str) -> Block:
+        """The figure, or a sentence saying why it could not be drawn (the rest of the report stands)."""
+        try:
+            fig = draw()
+        except AnalysisError as exc:
+            return Paragraph(f"Figure not drawn ({alt}): {exc}")
         stem, i = _slug(name), 2
         unique = stem
         while unique in names:
@@ -133,19 +139,21 @@ def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "
         groups = [(shape, g) for (w, shape), g in by_shape.items() if w == workload]
         doc.add(Heading(f"{workload}: ledger per variant"))
         wl_ledgers = [led for _, g in groups for led in g]
-        doc.add(fig_block(figures.ledger_bars(wl_ledgers), f"{workload}-ledger",
+        doc.add(fig_block(lambda: figures.ledger_bars(wl_ledgers), f"{workload}-ledger",
                           "Mean ledger per variant and size: bar height is the iteration latency, "
                           "the black line the useful (roofline) floor.",
                           f"Stacked bars of the ledger of {workload} per variant"))
         for shape, group in groups:
             label = compare.shape_label(dict(shape))
             doc.add(Heading(f"{workload} at {label}", level=3))
-            doc.add(table_from_frame(headline.comparison_table(group),
-                                     caption=f"Mean us per iteration and rank; the difference columns are variant minus "
-                                             f"{compare.REFERENCE_VARIANT} (negative: the variant spends less).",
-                                     total_last=True))
+            table = headline.comparison_table(group)
+            caption = "Mean us per iteration and rank."
+            if any("−" in str(c) for c in table.columns):
+                caption += (f" The difference columns are variant minus {compare.REFERENCE_VARIANT} "
+                            "(negative: the variant spends less).")
+            doc.add(table_from_frame(table, caption=caption, total_last=True))
             shown = group[:MAX_TIMELINE_VARIANTS]
-            doc.add(fig_block(figures.iteration_timeline([(bundle_of[id(led)], led) for led in shown]),
+            doc.add(fig_block(lambda: figures.iteration_timeline([(bundle_of[id(led)], led) for led in shown]),
                               f"{workload}-{label}-timeline",
                               "One typical (median) iteration per variant on the aligned clock: kernels per stream, "
                               "and under each rank the ledger's intervals.",
@@ -153,7 +161,7 @@ def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "
         by_variant = compare.group_by_variant(wl_ledgers)
         if any(len(g) > 1 for g in by_variant.values()):
             doc.add(Heading(f"{workload}: sweep over problem size"))
-            doc.add(fig_block(figures.sweep(wl_ledgers, workload=workload), f"{workload}-sweep",
+            doc.add(fig_block(lambda: figures.sweep(wl_ledgers, workload=workload), f"{workload}-sweep",
                               f"Latency, speedup over {compare.REFERENCE_VARIANT} and each tax against problem size.",
                               f"Sweep of {workload} over problem size"))
 
@@ -161,13 +169,14 @@ def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "
     if with_records:
         doc.add(Heading("Inside fused kernels"))
         for b, led in with_records:
-            doc.add(fig_block(figures.cta_timeline(b), f"{led.label}-cta",
+            doc.add(fig_block(lambda: figures.cta_timeline(b), f"{led.label}-cta",
                               "Per-CTA phases of one fused kernel (flag waits in the flag-wait colour), with the total "
                               "wait and work per CTA.", f"Per-CTA view of {led.label}"))
 
     doc.add(Heading("Ledgers"))
     for led in ledgers:
-        doc.add(table_from_frame(headline.ledger_table(led), caption=led.label, total_last=True))
+        doc.add(Heading(led.label, level=3))
+        doc.add(table_from_frame(headline.ledger_table(led), total_last=True))
 
     doc.add(Heading("Caveats"))
     doc.add(Bullets(caveats(ledgers) or ["None raised."]))

@@ -216,14 +216,16 @@ def iteration_timeline(cases: Sequence[tuple[Bundle, LedgerLike]], *, iteration:
 
 
 def _label_wide_kernels(ax, kernels: pd.DataFrame, y: float, w0: int, w1: int) -> None:
-    """Name the kernels wide enough to hold a label (a reader should not need the trace to know them)."""
-    wide = kernels[(kernels["end_ns"] - kernels["start_ns"]) >= 0.12 * (w1 - w0)]
-    for name, s, e in zip(wide["name"], wide["start_ns"], wide["end_ns"]):
-        width_chars = int(0.9 * (e - s) / (w1 - w0) * 110)  # ~110 characters across the axis at 8 pt
-        text = str(name) if len(str(name)) <= width_chars else str(name)[: max(width_chars - 1, 3)] + "…"
-        ax.text((max(s, w0) + min(e, w1)) / 2 / NS_PER_US - w0 / NS_PER_US, y, text, ha="center", va="center",
-                fontsize=7, zorder=6, clip_on=True,
-                bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1.0})
+    """Name the kernels whose visible part (inside the window) is wide enough to hold a label,
+    so a reader does not need the trace to know them; longer names are cut with an ellipsis."""
+    s = np.maximum(kernels["start_ns"].to_numpy(), w0)
+    e = np.minimum(kernels["end_ns"].to_numpy(), w1)
+    wide = (e - s) >= 0.12 * (w1 - w0)
+    for name, a, b in zip(kernels["name"].to_numpy()[wide], s[wide], e[wide]):
+        fits = int(0.85 * (b - a) / (w1 - w0) * 110)  # ~110 characters of 7 pt text across the axis
+        text = str(name) if len(str(name)) <= fits else str(name)[: max(fits - 1, 3)] + "…"
+        ax.text((a + b) / 2 / NS_PER_US - w0 / NS_PER_US, y, text, ha="center", va="center", fontsize=7, zorder=6,
+                clip_on=True, bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1.0})
 
 
 # --- 3. sweeps across problem sizes -------------------------------------------------------------

@@ -11,9 +11,11 @@ start), so every value is an exact nanosecond: relative times stay far below 2**
 shortest float text of ``k/1000`` is exactly the decimal ``k/1000``. No ``displayTimeUnit`` is
 written (some readers take it as the unit of ``ts``).
 
-Slices on one track must nest or be disjoint in this format; events that partially overlap
-others on their track (rare: e.g. nested user ranges) move to an extra "(overlapping)" track
-instead of being silently mangled by the viewer.
+Slices on one track must nest or be disjoint in this format; events that overlap others on
+their track move to an extra "[overlap lane N]" track instead of being mangled by the viewer.
+This happens for nested user ranges, and on ledger tracks because iteration windows are global:
+when ranks drift, one rank's idle tail of iteration i and the start of iteration i+1 cover the
+same time, and both iterations' ledgers count it.
 """
 from __future__ import annotations
 
@@ -126,7 +128,7 @@ def chrome_trace(bundle: Bundle, ledger: LedgerLike) -> dict[str, Any]:
         out.append({"ph": "M", "name": "process_name", "pid": rank_pid(r), "tid": 0, "args": {"name": f"rank {r}"}})
         out.append({"ph": "M", "name": "process_sort_index", "pid": rank_pid(r), "tid": 0, "args": {"sort_index": r}})
     for row in tracks.itertuples(index=False):
-        name = row.track_name + (f" (overlapping {row.lane})" if row.lane else "")
+        name = row.track_name + (f" [overlap lane {row.lane}]" if row.lane else "")
         pid = rank_pid(row.rank)
         out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": int(row.tid), "args": {"name": name}})
         out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": int(row.tid),

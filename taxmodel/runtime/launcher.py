@@ -82,7 +82,7 @@ def diagnose(statuses: Mapping[int, Mapping[str, Any]], world_size: int, *, time
         w = f"phase '{s.get('phase', '?')}'"
         if s.get("variant"):
             w += f" of variant '{s['variant']}'"
-        return w
+        return w + (s.get("at") or "")
 
     missing = [r for r in range(world_size) if r not in statuses]
     errors = {r: s for r, s in statuses.items() if s.get("error") and not s.get("timed_out")}
@@ -95,7 +95,8 @@ def diagnose(statuses: Mapping[int, Mapping[str, Any]], world_size: int, *, time
         return f"rank {r} failed in {where(s)}: {s['error']}{tail}"
     unfinished = {r: s for r, s in statuses.items() if s.get("phase") != "done"}
     if timed_out or any(s.get("timed_out") for s in statuses.values()):
-        limit = f" after {timeout_s:g} s" if timeout_s else ""
+        limits = [s["timeout_s"] for s in statuses.values() if s.get("timed_out") and s.get("timeout_s")]
+        limit = f" after {min(limits):g} s" if limits else (f" after {timeout_s:g} s" if timeout_s else "")
         busy = sorted(r for r, s in unfinished.items() if not s.get("waiting"))
         waiting = sorted(r for r, s in unfinished.items() if s.get("waiting"))
         if busy:

@@ -8,6 +8,7 @@ back as RunError naming the rank and phase.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,7 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
 def profile(req: ProfileRequest, *, quiet: bool = False) -> ProfileOutcome:
     """Run the request on local ranks; return the bundles written (one per variant)."""
     spec, world, device = build_spec(req)
+    spec["deadline_unix"] = time.time() + req.timeout_s
     result = launcher.launch_workers(spec, world, timeout_s=req.timeout_s + 30.0, device=device, quiet=quiet)
     info = result.result
     return ProfileOutcome(bundles=[Path(p) for p in info.get("bundles", [])], skipped=dict(info.get("skipped", {})),

@@ -53,6 +53,7 @@ DEFAULT_SPEC: dict[str, Any] = {
     "heap_bytes": None,
     "keep_raw": True,
     "progress": True,
+    "deadline_unix": None,  # set by the local launcher: every rank's watchdog fires at this time
 }
 
 
@@ -77,22 +78,49 @@ class RankState:
         return w + (f" of variant '{self.variant}'" if self.variant else "")
 
 
-def _start_watchdog(state: RankState, timeout_s: float) -> None:
-    """End this process if the run outlives ``timeout_s`` (a hung kernel or collective)."""
+WATCHDOG_GRACE_S = 1.5
+"""After recording its timeout, a rank lingers this long so that its peers record theirs too."""
+
+
+def _start_watchdog(state: RankState, timeout_s: float, deadline_unix: float | None = None) -> None:
+    """End this process if the run outlives ``timeout_s`` (a hung kernel or collective), after
+    recording where the main thread was stuck. ``deadline_unix`` (set by the local launcher)
+    makes every rank on the host give up at the same moment, so each records its own state."""
+    main_id = threading.main_thread().ident
+    remaining = timeout_s if deadline_unix is None else min(timeout_s, deadline_unix - time.time())
 
     def watch() -> None:
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + max(remaining, 0.0)
         while time.monotonic() < deadline:
             time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
             if state.phase == "done":
                 return
-        msg = f"rank {state.rank}: no end after {timeout_s:g} s in {state.where()}" + (" (waiting for other ranks)" if state.waiting else "")
-        write_status(state.status_dir, state.rank, phase=state.phase, variant=state.variant, waiting=state.waiting,
-                     timed_out=True, error=msg)
+        frame = sys._current_frames().get(main_id)
+        in_collective, at = _stuck_where(frame)
+        waiting = state.waiting or in_collective
+        msg = f"rank {state.rank}: no end after {timeout_s:g} s in {state.where()}{at}" + (" (waiting for other ranks)" if waiting else "")
+        write_status(state.status_dir, state.rank, phase=state.phase, variant=state.variant, waiting=waiting,
+                     timed_out=True, timeout_s=timeout_s, at=at, error=msg)
         print(f"taxmodel: error: {msg}", file=sys.stderr, flush=True)
+        time.sleep(WATCHDOG_GRACE_S)
         os._exit(RunError.exit_code)
 
     threading.Thread(target=watch, name="taxmodel-watchdog", daemon=True).start()
+
+
+def _stuck_where(frame: Any) -> tuple[bool, str]:
+    """(inside a torch.distributed call?, " at file:line (function)" of the innermost frame
+    outside torch and taxmodel's runtime) for the stack ending in ``frame``."""
+    in_collective, at = False, ""
+    while frame is not None:
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/torch/distributed/" in path:
+            in_collective = True
+        if (not at and "/torch/" not in path and "/taxmodel/runtime/" not in path and "/threading.py" not in path
+                and not path.startswith("<")):
+            at = f" at {Path(path).name}:{frame.f_lineno} ({frame.f_code.co_name})"
+        frame = frame.f_back
+    return in_collective, at
 
 
 def _import_workload_modules(modules: list[str]) -> None:
@@ -549,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
     state = RankState(int(os.environ.get("RANK", "0")), os.environ.get(STATUS_DIR_ENV))
     state.enter("init")
-    _start_watchdog(state, float(spec["timeout_s"]))
+    _start_watchdog(state, float(spec["timeout_s"]), spec.get("deadline_unix"))
     try:
         result = run_rank(spec, state)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line naming rank and phase

@@ -26,7 +26,7 @@ import re
 import zlib
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -151,8 +151,9 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
     if "created" not in meta or meta.get("created") is None:
         meta["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     events = schema.normalize_events(events)
-    check_ranks(events, meta, allow_missing=allow_missing_ranks)
-    check_events(events, meta)
+    shown = {p.name: str(p) for p in paths}  # name files in messages as the user gave them
+    check_ranks(events, meta, allow_missing=allow_missing_ranks, shown=shown)
+    check_events(events, meta, shown=shown)
     meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
     return events, meta, fmt
 
@@ -182,11 +183,14 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
 # --- cross-file checks -------------------------------------------------------------------------
 
 
-def _rank_files(meta: dict) -> dict[int, str]:
+def _rank_files(meta: dict, shown: dict[str, str] | None = None) -> dict[int, str]:
+    """rank -> the file it came from (as the user gave it, when ``shown`` maps names to paths)."""
     files = {}
+    shown = shown or {}
     for inp in meta.get("inputs") or []:
+        name = str(inp.get("file", ""))
         for r in inp.get("ranks") or []:
-            files.setdefault(int(r), str(inp.get("file", "")))
+            files.setdefault(int(r), shown.get(name, name))
     return files
 
 
@@ -194,20 +198,27 @@ def _where(rank: int, files: dict[int, str]) -> str:
     return files.get(rank) or f"rank {rank}"
 
 
-def check_ranks(events: pd.DataFrame, meta: dict, *, allow_missing: bool = False) -> None:
-    """Ranks duplicated across files, mixed world sizes, ranks missing or out of range."""
+def check_ranks(events: pd.DataFrame, meta: dict, *, allow_missing: bool = False,
+                shown: dict[str, str] | None = None) -> None:
+    """Ranks duplicated across files, mixed world sizes, ranks missing or out of range.
+    Sets ``meta['world_size']`` (from the traces, else the number of ranks)."""
     inputs = meta.get("inputs") or []
+    shown = shown or {}
+
+    def name(inp: dict) -> str:
+        return shown.get(str(inp.get("file")), str(inp.get("file")))
+
     seen: dict[int, str] = {}
     for inp in inputs:
         for r in inp.get("ranks") or []:
             if int(r) in seen:
-                raise InputError(f"{inp.get('file')}: rank {r} is duplicated (also in {seen[int(r)]}); "
+                raise InputError(f"{name(inp)}: rank {r} is duplicated (also in {seen[int(r)]}); "
                                  "give each rank's trace once")
-            seen[int(r)] = str(inp.get("file"))
+            seen[int(r)] = name(inp)
     worlds = {}
     for inp in inputs:
         if inp.get("world_size") is not None:
-            worlds.setdefault(int(inp["world_size"]), str(inp.get("file")))
+            worlds.setdefault(int(inp["world_size"]), name(inp))
     if len(worlds) > 1:
         desc = ", ".join(f"{f} says {w}" for w, f in sorted(worlds.items()))
         raise InputError(f"traces from runs of different world sizes ({desc}); import one run's traces together")
@@ -216,27 +227,42 @@ def check_ranks(events: pd.DataFrame, meta: dict, *, allow_missing: bool = False
     if not world:
         world = len(ranks)
     world = int(world)
+    if world <= 0:
+        raise InputError(f"{next(iter(worlds.values()), 'traces')}: world size {world} is not positive; the trace is damaged")
     meta["world_size"] = world
-    files = _rank_files(meta)
+    files = _rank_files(meta, shown)
     out_of_range = [r for r in ranks if r < 0 or r >= world]
     if out_of_range:
         r = out_of_range[0]
         raise InputError(f"{_where(r, files)}: rank {r} is outside world size {world}")
-    missing = sorted(set(range(world)) - set(ranks))
+    missing = _missing_ranks(ranks, world)
     if missing:
-        msg = (f"ranks {_fmt_ranks(missing)} of world size {world} are missing (got {_fmt_ranks(ranks)})")
+        given = sorted(set(files.values())) or sorted(shown.values())
+        where = given[0] + (f" (+{len(given) - 1} more)" if len(given) > 1 else "") if given else "traces"
+        msg = f"{where}: ranks {_fmt_ranks(missing)} of world size {world} are missing (got {_fmt_ranks(ranks)})"
         if not allow_missing:
             raise InputError(f"{msg}; pass every rank's trace, or --allow-missing-ranks to import a subset")
         meta.setdefault("notes", []).append(f"import: {msg}; imported as a subset")
 
 
-def _fmt_ranks(ranks: Iterable[int]) -> str:
-    return "{" + ", ".join(str(r) for r in ranks) + "}"
+def _missing_ranks(ranks: list[int], world: int, limit: int = 16) -> list[int]:
+    """The first ``limit`` ranks of ``range(world)`` not in ``ranks`` (never builds range(world))."""
+    have, out, r = set(ranks), [], 0
+    while r < world and len(out) < limit:
+        if r not in have:
+            out.append(r)
+        r += 1
+    return out
 
 
-def check_events(events: pd.DataFrame, meta: dict) -> None:
+def _fmt_ranks(ranks: Sequence[int], limit: int = 15) -> str:
+    shown = ", ".join(str(r) for r in list(ranks)[:limit])
+    return "{" + shown + (", ..." if len(ranks) > limit else "") + "}"
+
+
+def check_events(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] | None = None) -> None:
     """No GPU events (per file), bad durations, timestamps going backwards."""
-    files = _rank_files(meta)
+    files = _rank_files(meta, shown)
     gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy()
     with_gpu = set(events.loc[gpu, "rank"].unique().tolist())
     for r in sorted(set(files) | set(events["rank"].unique().tolist())):

@@ -45,6 +45,7 @@ from taxmodel.trace import importers
 FORMAT = "kineto"
 
 DEFAULT_ITERATION_PATTERN = r"^ProfilerStep#(\d+)$"
+MAX_RANKS = 1 << 20  # a rank or world size beyond this is a damaged trace, not a cluster
 
 _GPU_KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
@@ -149,9 +150,12 @@ def _to_ns(value: Any) -> int | None:
                 pass
         if v is None:  # sub-ns digits or an exponent: exact via Decimal, round half even
             try:
-                v = round(Decimal(value) * 1000)
-            except (InvalidOperation, ValueError, OverflowError):
+                d = Decimal(value)
+            except InvalidOperation:
                 return None
+            if not d.is_finite() or d.adjusted() > 18:  # beyond int64 ns (and never expand 1e999999)
+                return None
+            v = round(d * 1000)
     elif t is int:
         v = value * 1000
     elif t is float and np.isfinite(value):
@@ -202,6 +206,9 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     docs = [(Path(p), _trace_document(Path(p))) for p in paths]
     ranks = [_dist_info(doc).get("rank") for _, doc in docs]
     ranks = [_int_or_none(r) for r in ranks]
+    for (path, _), r in zip(docs, ranks):
+        if r is not None and not 0 <= r < MAX_RANKS:
+            raise InputError(f"{path}: distributedInfo.rank is {r}, not a valid rank; the trace is damaged")
     notes: list[str] = []
     known = [r is not None for r in ranks]
     if not any(known):
@@ -227,6 +234,8 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
         frame.loc[own >= 0, "iteration"] = own[own >= 0]
         frames.append(frame.drop(columns="_own_iteration"))
         world = _int_or_none(_dist_info(doc).get("world_size"))
+        if world is not None and not 0 < world <= MAX_RANKS:
+            raise InputError(f"{path}: distributedInfo.world_size is {world}, not a valid world size; the trace is damaged")
         inputs.append({"file": path.name, "ranks": [rank], "world_size": world, "rank_source": rank_source,
                        "iterations": int(ranges_host["iteration"].nunique()) if len(ranges_host) else 0})
         if info["hardware"]:
@@ -281,7 +290,7 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
             if cat in wanted or (cat == "cpu_op" and type(e.get("name")) is str and pattern.search(e["name"])):
                 rel.append(e)
     cats = pd.Series([_category(e) for e in rel], dtype=object)
-    names = pd.Series([e.get("name") if type(e.get("name")) is str else "" for e in rel], dtype=object)
+    names = _clean_names([e.get("name") if type(e.get("name")) is str else "" for e in rel])
     start = [_to_ns(e.get("ts")) for e in rel]
     dur = [_to_ns(e.get("dur")) for e in rel]
     bad = [i for i, (s, d) in enumerate(zip(start, dur)) if s is None or d is None]
@@ -320,7 +329,8 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     if len(gpu_idx):
         pid = np.array([-1 if (v := _int_or_none(rel[i].get("pid"))) is None else v for i in gpu_idx], dtype=np.int64)
         dev_arg, stream_arg = _arg_ints(gpu_args, "device"), _arg_ints(gpu_args, "stream")
-        device[gpu_idx] = np.where(dev_arg >= 0, dev_arg, pid)
+        dev = np.where(dev_arg >= 0, dev_arg, pid)
+        device[gpu_idx] = np.where((dev >= 0) & (dev < 2**31), dev, -1)
         stream[gpu_idx] = np.where(stream_arg >= 0, stream_arg, tid[gpu_idx])
 
     frame = pd.DataFrame({
@@ -345,6 +355,14 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     frame = frame[keep].reset_index(drop=True)
     info = {"hardware": _hardware(doc, frame), "software": _software(doc)}
     return frame, host_ranges, gpu_ranges, info
+
+
+def _clean_names(names: list[str]) -> pd.Series:
+    """Names as an object Series; lone UTF-16 surrogates (legal in JSON escapes, not storable in
+    parquet) become U+FFFD. Checked once per distinct name."""
+    codes, uniques = pd.factorize(pd.Series(names, dtype=object))
+    clean = np.array([u.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for u in uniques], dtype=object)
+    return pd.Series(clean[codes] if len(codes) else np.array([], dtype=object), dtype=object)
 
 
 def _arg_ints(args: list[dict], key: str) -> np.ndarray:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError

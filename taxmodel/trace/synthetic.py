@@ -462,3 +462,54 @@ def _classify_gap(acc: dict, a: int, b: int, launch_end: int | None, syncs: list
     else:
         acc["host_starved"] += cap - s
         acc["launch_latency"] += b - cap
+
+
+def large_synthetic_bundle(*, world_size: int = 4, kernels: int = 1_000_000, kernels_per_iteration: int = 8,
+                           seed: int = 0) -> Bundle:
+    """A big bundle built with numpy only (no expected ledger): ``kernels`` GPU kernels in all,
+    each with its launch call, for benchmarks. Per rank and iteration: one all-gather (ranks
+    arrive up to 5 us apart, finish together) then compute kernels with random gaps, some of
+    them host-starved."""
+    rng = np.random.default_rng(seed)
+    k = kernels_per_iteration
+    n_iter = max(kernels // (world_size * k), 1)
+    r = np.repeat(np.arange(world_size), n_iter * k)
+    it = np.tile(np.repeat(np.arange(n_iter), k), world_size)
+    j = np.tile(np.arange(k), world_size * n_iter)
+    period = 20_000 * k
+    dur = rng.integers(1_000, 15_000, len(r))
+    slot = it.astype(np.int64) * period + j.astype(np.int64) * 17_000
+    arrive = rng.integers(0, 5_000, (world_size, n_iter))
+    start = T_BASE_NS + slot + rng.integers(0, 2_000, len(r))
+    comm = j == 0
+    start[comm] = T_BASE_NS + it[comm].astype(np.int64) * period + arrive[r[comm], it[comm]]
+    dur[comm] = (5_000 + 15_000) - arrive[r[comm], it[comm]]  # all finish at +20 us
+    end = start + dur
+    corr = np.arange(1, len(r) + 1)
+    starved = rng.random(len(r)) < 0.2
+    launch_end = np.where(starved, start - 2_000, start - 30_000)
+    n = len(r)
+    kern = pd.DataFrame({
+        "rank": r, "device": r, "stream": 7, "kind": "kernel", "role": np.where(comm, "comm", "compute"),
+        "name": np.where(comm, COLLECTIVE, np.where(j % 2 == 1, GEMM, EPILOGUE)), "start_ns": start, "end_ns": end,
+        "correlation": corr, "repetition": 0, "iteration": it,
+        "collective_id": np.where(comm, pd.Series(it).astype(str).radd("0:").to_numpy(), ""),
+        "collective_op": np.where(comm, "allgather", ""), "graph_id": -1, "grid": "", "block": "", "bytes": -1,
+        "flops": -1, "cta": -1, "phase": ""})
+    launch = pd.DataFrame({
+        "rank": r, "device": -1, "stream": 1, "kind": "launch", "role": "other", "name": "cudaLaunchKernel",
+        "start_ns": launch_end - 3_000, "end_ns": launch_end, "correlation": corr, "repetition": 0, "iteration": it,
+        "collective_id": "", "collective_op": "", "graph_id": -1, "grid": "", "block": "", "bytes": -1, "flops": -1,
+        "cta": -1, "phase": ""})
+    events = pd.concat([kern, launch], ignore_index=True)
+    for c in schema.COLUMNS:
+        if c.dtype != "string":
+            events[c.name] = events[c.name].astype(c.dtype)
+    events = events.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    cost = {"flops": int(0.4 * period * 1e-9 * 989.4e12), "hbm_bytes": 0, "link_bytes": 0, "dtype": "bf16",
+            "intermediates": [{"name": "partial", "bytes": 24_000_000, "producer": "gemm", "consumer": "epilogue"}]}
+    meta = make_meta(source="synthetic", workload="synthetic_large", variant="bsp", world_size=world_size,
+                     ranks=list(range(world_size)), hardware={"name": "H200 SXM"}, cost=cost,
+                     clock_offsets_ns={str(i): 0 for i in range(world_size)}, capture={"clock_offsets_source": "measured"},
+                     notes=[f"{n} kernels, {n_iter} iterations"])
+    return Bundle(events=events, meta=meta)

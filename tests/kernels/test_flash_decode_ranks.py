@@ -1,155 +1,27 @@
-"""Flash decode across ranks: CPU processes (gloo + SharedMemoryHeap), kernels in Triton's interpreter.
-
-Ranks are processes, not threads: Triton's interpreter keeps the program index and its patches
-of ``triton.language`` in process-global state, so two thread-ranks running multi-program
-kernels at once corrupt each other. Each world size is spawned once and runs a list of
-scenarios; every rank reports its results and the tests check them here.
-"""
+"""Flash decode on four CPU ranks (processes, Triton's interpreter): both variants against the fp32
+reference over the gathered KV, with fresh inputs and a NaN-poisoned output at every step."""
 from __future__ import annotations
 
 import os
-import random
-import time
-import traceback
-from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-HEAP_BYTES = 1 << 20
-JOIN_TIMEOUT_S = 150
-
-
-def _scenario(ctx, name: str, variant: str, shape_over: dict, steps: int, seeds: list[int]) -> dict:
-    from taxmodel.runtime.workload import get_workload
-
-    wl = get_workload("flash_decode")
-    v = wl.variants()[variant]
-    shape = wl.shape("tiny", **shape_over)
-    state = wl.setup(ctx, shape, v)
-    errors = []
-    for step in range(steps):
-        state.reseed(seeds[step])
-        state.poison()
-        ctx.barrier()  # fresh inputs everywhere before anyone pushes (the test's doing, not the protocol's)
-        v.run(state)
-        got = wl.output(state).float()
-        want = wl.reference(ctx, shape, state)
-        errors.append(dict(nan=bool(torch.isnan(got).any()), max_err=float((got - want).abs().max()),
-                           max_ref=float(want.abs().max()), close=bool(torch.allclose(got, want, rtol=2e-2, atol=2e-2))))
-    extra = {}
-    if variant == "fused":
-        extra = dict(epoch=int(state.impl.epoch.item()), flags=state.impl.flags.clone(),
-                     counters=state.impl.counters.clone(), splits=state.args.plan.num_splits)
-    ctx.barrier()
-    return dict(name=name, steps=errors, kv_lens=state.kv_lens, **extra)
-
-
-def _timeout_scenario(ctx) -> dict:
-    """Rank 1 never launches its step: rank 0's combiners must give up and report rank 1's flag."""
-    from taxmodel.errors import RunError
-    from taxmodel.runtime.workload import get_workload
-
-    wl = get_workload("flash_decode")
-    v = wl.variants()["fused"]
-    shape = wl.shape("tiny")
-    ctx.spin_timeout_s = 0.5
-    state = wl.setup(ctx, shape, v)
-    message = ""
-    started = time.monotonic()
-    if ctx.rank == 0:
-        v.run(state)
-        try:
-            wl.output(state)
-        except RunError as exc:
-            message = str(exc)
-    elapsed = time.monotonic() - started
-    ctx.barrier()
-    return dict(name="timeout", message=message, elapsed=elapsed)
-
-
-def _rank_main(rank: int, world: int, init_file: str, plan: list, out_dir: str) -> None:
-    os.environ["TRITON_INTERPRET"] = "1"
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-
-    from taxmodel.runtime.context import RankContext
-    from taxmodel.runtime.heap import SharedMemoryHeap
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    heap = SharedMemoryHeap(rank, world, HEAP_BYTES)
-    ctx = RankContext(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"), backend="gloo",
-                      group=None, heap=heap, interpret=True, spin_timeout_s=60.0)
-    results = []
-    try:
-        for item in plan:
-            heap.reset()
-            if item[0] == "timeout":
-                results.append(_timeout_scenario(ctx))
-            else:
-                results.append(_scenario(ctx, *item))
-    except Exception:  # reported by the test with the rank's traceback
-        results.append(dict(name="crash", traceback=traceback.format_exc()))
-    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
-
-
-def _spawn(world: int, plan: list, tmp_path: Path) -> list[list[dict]]:
-    pc = mp.start_processes(_rank_main, args=(world, str(tmp_path / "init"), plan, str(tmp_path)), nprocs=world,
-                            join=False, start_method="spawn")
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    while not pc.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in pc.processes:
-                p.kill()
-            pytest.fail(f"ranks still running after {JOIN_TIMEOUT_S} s")
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
-    for r, res in enumerate(results):
-        for item in res:
-            assert item["name"] != "crash", f"rank {r} crashed:\n{item['traceback']}"
-    return results
-
-
-def _seeds(n: int) -> list[int]:
-    return [random.randrange(2**31 - 1) for _ in range(n)]
-
-
-def _assert_matches(results: list[list[dict]], name: str) -> dict:
-    found = None
-    for r, res in enumerate(results):
-        (item,) = [i for i in res if i["name"] == name]
-        for step, e in enumerate(item["steps"]):
-            assert not e["nan"], f"{name}: rank {r} step {step} left NaN in the output"
-            assert e["close"], f"{name}: rank {r} step {step} error {e['max_err']:.3g} (output scale {e['max_ref']:.3g})"
-            assert e["max_ref"] > 0.05  # the reference is not trivially ~0
-        found = found or item
-    return found
-
+from test_flash_decode_harness import _assert_matches, _seeds, _spawn
 
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fd4")
     ragged = dict(batch=1, kv_len=37, kv_len_step=-9, empty_rank=2)  # 37, 28, 0, 10 keys
     plan = [
-        ("uniform-bsp", "bsp", {}, 2, _seeds(2)),
+        ("uniform-bsp", "bsp", {}, 1, _seeds(1)),
         ("uniform-fused", "fused", {}, 3, _seeds(3)),
         ("ragged-bsp", "bsp", ragged, 1, _seeds(1)),
         ("ragged-fused", "fused", ragged, 2, _seeds(2)),
     ]
     return _spawn(4, plan, tmp)
-
-
-@pytest.fixture(scope="module")
-def small_worlds(tmp_path_factory):
-    """World 3 (odd GQA group, fp16, batch 1) and world 2 (a rank that never runs)."""
-    odd = dict(batch=1, q_heads=6, kv_heads=2, kv_len=33, fp16=1)  # G = 3 query heads per KV head
-    three = _spawn(3, [("odd-bsp", "bsp", odd, 1, _seeds(1)), ("odd-fused", "fused", odd, 2, _seeds(2))],
-                   tmp_path_factory.mktemp("fd3"))
-    two = _spawn(2, [("timeout",)], tmp_path_factory.mktemp("fd2"))
-    return three, two
 
 
 @pytest.mark.slow
@@ -172,19 +44,3 @@ def test_fused_flags_hold_the_epoch_and_counters_reset(four_ranks):
 def test_ragged_shards_include_an_empty_rank(four_ranks):
     (item,) = [i for i in four_ranks[0] if i["name"] == "ragged-fused"]
     assert item["kv_lens"] == [37, 28, 0, 10]
-
-
-@pytest.mark.slow
-def test_three_ranks_odd_group_fp16(small_worlds):
-    three, _ = small_worlds
-    _assert_matches(three, "odd-bsp")
-    _assert_matches(three, "odd-fused")
-
-
-@pytest.mark.slow
-def test_a_missing_peer_becomes_a_run_error_not_a_hang(small_worlds):
-    _, two = small_worlds
-    (item,) = two[0]
-    assert "rank 0: kernel flash_decode_fused gave up waiting on flag" in item["message"]
-    assert "from rank 1" in item["message"]
-    assert item["elapsed"] < 30

@@ -11,8 +11,10 @@ from taxmodel.model import intervals as iv
 @given(seed=st.integers(0, 10**6), n=st.integers(0, 40), w=st.integers(1, 8))
 def test_expand_to_windows_matches_brute_force(seed, n, w):
     rng = np.random.default_rng(seed)
-    s = rng.integers(0, 1000, n); e = s + rng.integers(1, 200, n)
-    ws = np.sort(rng.integers(0, 1000, w)); we = ws + rng.integers(1, 400, w)
+    s = rng.integers(0, 1000, n)
+    e = s + rng.integers(1, 200, n)
+    ws = np.sort(rng.integers(0, 1000, w))
+    we = ws + rng.integers(1, 400, w)
     a, b = iv.expand_to_windows(s, e, ws, we)
     got = set(zip(a.tolist(), b.tolist()))
     want = {(i, j) for i in range(n) for j in range(w) if s[i] < we[j] and ws[j] < e[i]}
@@ -32,7 +34,9 @@ def test_largest_remainder_exact_total(seed, rows, k):
 
 
 def test_apportion_lays_out_in_order():
-    group = np.array([0, 0, 1]); start = np.array([0, 10, 100]); end = np.array([5, 20, 104])
+    group = np.array([0, 0, 1])
+    start = np.array([0, 10, 100])
+    end = np.array([5, 20, 104])
     out = iv.apportion(group, start, end, np.array([[3, 9, 3], [0, 4, 0]]), np.array([0, 1]))
     pieces = sorted(zip(out["group"].tolist(), out["start"].tolist(), out["end"].tolist(), out["label"].tolist()))
     assert pieces == [(0, 0, 3, 0), (0, 3, 5, 1), (0, 10, 17, 1), (0, 17, 20, 2), (1, 100, 104, 1)]

@@ -34,18 +34,11 @@ def test_crashing_rank_is_named_and_old_bundle_kept(tmp_path):
 @pytest.mark.slow
 def test_hanging_rank_times_out(tmp_path):
     req = _request(tmp_path, hang_rank=1)
-    req.timeout_s = 12
+    req.timeout_s = 30  # the whole run, start-up included (slow on a loaded 2-core CI machine)
     t0 = time.monotonic()
-    with pytest.raises(RunError, match=r"timed out after .*rank 1 hung in phase 'compile' of variant 'bsp'.*rank\(s\) 0 were waiting"):
+    with pytest.raises(RunError, match=r"timed out after 30 s: rank 1 hung in phase 'compile' of variant 'bsp' at toy_workload.py:\d+ \(_maybe_misbehave\) \(rank\(s\) 0 were waiting"):
         profile(req, quiet=True)
-    assert time.monotonic() - t0 < 12 + 40  # watchdog + launcher start-up, far below the launcher's own limit
-
-
-@pytest.mark.slow
-def test_wrong_result_is_a_run_error(tmp_path):
-    with pytest.raises(RunError, match=r"toy/bsp gives wrong results \(rank 0: 8 of 8 elements outside"):
-        profile(_request(tmp_path, wrong_rank=0), quiet=True)
-    assert not any(tmp_path.rglob("meta.json"))
+    assert time.monotonic() - t0 < 30 + 15  # watchdog + launcher start-up, far below the launcher's own limit
 
 
 def test_diagnose_messages():

@@ -1,0 +1,380 @@
+"""Flash Decode benchmark: BSP vs fused, correctness at every size, then timings side by side.
+
+GPU (4 ranks, about 4 minutes):
+    OUT=out/bench_flash_decode torchrun --nproc-per-node 4 benchmarks/bench_flash_decode.py
+CPU smoke test (2 ranks, Triton interpreter, tiny shape, no timing worth reading):
+    TRITON_INTERPRET=1 torchrun --nproc-per-node 2 benchmarks/bench_flash_decode.py --cpu
+
+Per size (the workload's presets: KV per rank 1K..256K at batch 1 and 16, 32 query heads with 8:1
+GQA, plus one 96-head preset):
+1. Tuning: the split-KV kernel plus its local combine (the compute both variants share) is timed
+   alone for a few tile configs and wave sizes; rank 0's fastest is used by both variants.
+2. Correctness: each variant runs once with its output poisoned (NaN) and is compared with the fp32
+   reference over the whole gathered KV; after the timed graph replays, fresh inputs, poison, one
+   more replay and another check (this catches stale partials across steps).
+3. Timing, the same way for both variants: (a) CUDA graphs, which is what a decode loop uses:
+   ``--iters`` steps captured in one graph, replayed; (b) eager launches, CUDA events around
+   ``--iters`` back-to-back steps. A time is per step, the maximum over ranks (the slowest rank
+   sets the pace), median over ``--reps`` replays.
+4. Floors: HBM bandwidth measured here by a large device-to-device copy (bytes read + written over
+   time); the floor of a size is this rank's KV bytes over that bandwidth. Short KV fits in L2
+   (60 MB) and is re-read from there on back-to-back steps, so the floor does not bind there.
+
+Results: results.json and results.md under ``$OUT`` (or ``--out``); rank 0 prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ensure_taxmodel_kernels() -> None:
+    """``taxmodel.kernels`` is the ``kernels/`` folder once installed; alias it when run from a bare
+    checkout (e.g. a GPU machine where the package is not pip-installed)."""
+    try:
+        import taxmodel.kernels  # noqa: F401
+        return
+    except ModuleNotFoundError:
+        pass
+    import importlib.util
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    spec = importlib.util.spec_from_file_location("taxmodel.kernels", ROOT / "kernels" / "__init__.py",
+                                                  submodule_search_locations=[str(ROOT / "kernels")])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["taxmodel.kernels"] = module
+    spec.loader.exec_module(module)
+
+
+GPU_SIZES = ["b1-kv1k", "b1-kv4k", "b1-kv16k", "b1-kv64k", "b1-kv256k",
+             "b16-kv1k", "b16-kv4k", "b16-kv16k", "b16-kv64k", "b16-kv256k", "h96-b4-kv64k"]
+CPU_SIZES = ["tiny"]
+
+#: Tile configs tried per size (block_n, num_warps, num_stages) x programs per SM assumed by the plan.
+GPU_TILES = [(64, 4, 3), (64, 4, 4), (128, 8, 3)]
+GPU_WAVES = [1, 2, 4]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", action="store_true", help="CPU smoke test (gloo, Triton interpreter, tiny shape)")
+    p.add_argument("--sizes", default=None, help="comma-separated presets (default: the whole sweep)")
+    p.add_argument("--iters", type=int, default=None, help="steps per timed graph / eager batch")
+    p.add_argument("--reps", type=int, default=None, help="timed replays (median reported)")
+    p.add_argument("--no-tune", action="store_true", help="default tile config only")
+    p.add_argument("--no-eager", action="store_true", help="skip the eager-launch timings")
+    p.add_argument("--spin-timeout", type=float, default=30.0)
+    p.add_argument("--out", default=os.environ.get("OUT", "out/bench_flash_decode"))
+    return p.parse_args(argv)
+
+
+# --- setup -------------------------------------------------------------------------------------
+
+
+def init(args: argparse.Namespace):
+    from taxmodel.runtime.context import RankContext
+    from taxmodel.runtime.heap import disable_multicast, make_heap
+
+    disable_multicast()
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if args.cpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        device, backend = torch.device("cpu"), "gloo"
+    else:
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    kw = {"device_id": device} if backend == "nccl" else {}
+    dist.init_process_group(backend, rank=rank, world_size=world, **kw)
+    ctx = RankContext(rank=rank, world_size=world, local_rank=local, device=device, backend=backend,
+                      group=dist.group.WORLD, heap=None, interpret=args.cpu, spin_timeout_s=args.spin_timeout)
+    ctx.heap = make_heap(ctx, 64 << 20)
+    return ctx
+
+
+def all_max(value: float, ctx: Any) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def broadcast_int(value: int, ctx: Any) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=ctx.device)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+
+class Timer:
+    """Per-step times of ``step`` (ms), max over ranks, one value per rep."""
+
+    def __init__(self, ctx: Any, iters: int, reps: int) -> None:
+        self.ctx, self.iters, self.reps = ctx, iters, reps
+        self.cuda = ctx.is_cuda
+
+    def _elapsed(self, run: Callable[[], None]) -> float:
+        if not self.cuda:
+            t0 = time.perf_counter()
+            run()
+            return (time.perf_counter() - t0) * 1e3
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def _reps(self, run: Callable[[], None]) -> list[float]:
+        out = []
+        for _ in range(self.reps):
+            self.ctx.barrier()
+            ms = self._elapsed(run) / self.iters
+            out.append(all_max(ms, self.ctx))
+        return out
+
+    def eager(self, step: Callable[[], None]) -> list[float]:
+        def run() -> None:
+            for _ in range(self.iters):
+                step()
+
+        run()  # warm-up batch
+        return self._reps(run)
+
+    def graph(self, step: Callable[[], None]) -> tuple[list[float], Callable[[], None]]:
+        """Capture ``iters`` steps in one CUDA graph; returns (times, replay one graph)."""
+        if not self.cuda:
+            return self.eager(step), step
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up on the capture stream (NCCL, allocator)
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.ctx.barrier()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(self.iters):
+                step()
+        graph.replay()  # warm-up replay
+        return self._reps(graph.replay), graph.replay
+
+
+def copy_bandwidth(ctx: Any, nbytes: int = 4 << 30) -> float:
+    """HBM bandwidth (bytes/s) of a device-to-device copy: every byte read once and written once."""
+    if not ctx.is_cuda:
+        return float("nan")
+    src = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (statistics.median(times) * 1e-3)
+
+
+# --- one size ----------------------------------------------------------------------------------
+
+
+def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple[dict, list[dict]]:
+    """Fastest (tile, wave) for split-KV + local combine alone; rank 0's choice for every rank."""
+    from taxmodel.kernels.flash_decode import combine as cb
+    from taxmodel.kernels.flash_decode import split_kv as sk
+    from taxmodel.kernels.flash_decode.reference import make_kv_shard, make_query
+    from taxmodel.kernels.flash_decode.workload import _num_sms, kv_lengths, split_config
+
+    base = split_config(shape, ctx.device)
+    if args.cpu or args.no_tune:
+        cands = [base]
+    else:
+        cands = [sk.SplitConfig(block_n=n, num_warps=w, num_stages=s, ctas_per_sm=c)
+                 for (n, w, s) in GPU_TILES for c in GPU_WAVES]
+    b, hq, hkv, d = (shape[k] for k in ("batch", "q_heads", "kv_heads", "head_dim"))
+    n = kv_lengths(shape, ctx.world_size)[ctx.rank]
+    dtype = torch.float16 if shape.get("fp16", 0) else torch.bfloat16
+    q = make_query(shape["seed"], b, hq, d, dtype, ctx.device)
+    k, v = make_kv_shard(shape["seed"], ctx.rank, b, hkv, n, d, dtype, ctx.device)
+    rows = []
+    for cfg in cands:
+        plan = sk.plan_splits(b, hkv, n, _num_sms(ctx.device), cfg)
+        a = sk.SplitKVArgs(q, k, v, n, plan, cfg)
+        po, pl = sk.partial_buffers(a)
+        send = torch.empty(cb.packed_size(b * hq, d), dtype=torch.float32, device=ctx.device)
+
+        def step() -> None:
+            sk.launch_split_kv(a, po, pl)
+            cb.launch_combine_local(a, po, pl, send)
+
+        times, _ = timer.graph(step)
+        rows.append(dict(config=cfg.label(), splits=plan.num_splits, ms=statistics.median(times)))
+    best = broadcast_int(min(range(len(rows)), key=lambda i: rows[i]["ms"]), ctx)
+    cfg = cands[best]
+    chosen = dict(block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, ctas_per_sm=cfg.ctas_per_sm)
+    del q, k, v
+    return chosen, rows
+
+
+def check(wl: Any, ctx: Any, shape: dict, state: Any, ref: torch.Tensor) -> float:
+    """Max abs error of this rank's output (after the run that just ended); raises if wrong on any rank."""
+    got = wl.output(state).float()  # the fused variant also checks its error buffer here
+    rtol, atol = wl.tolerance(shape)
+    bad = torch.isnan(got).any().item() or not torch.allclose(got, ref, rtol=rtol, atol=atol)
+    err = float((got - ref).abs().max()) if not torch.isnan(got).any() else float("inf")
+    worst = all_max(1.0 if bad else 0.0, ctx)
+    if worst:
+        raise SystemExit(f"rank {ctx.rank}: {state.variant} wrong at {shape} (max error {err:.3g}); see ranks' output")
+    return err
+
+
+def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, log: Callable[[str], None]) -> dict:
+    from taxmodel.kernels.flash_decode.reference import reference_output
+    from taxmodel.kernels.flash_decode.workload import FlashDecode, kv_lengths
+
+    wl = FlashDecode()
+    seed_a, seed_b = (broadcast_int(random.randrange(2**31 - 1), ctx) for _ in range(2))
+    shape = wl.shape(preset, seed=seed_a)
+    timer = Timer(ctx, args.iters, args.reps)
+    t0 = time.monotonic()
+    tuned, tune_rows = tune(ctx, shape, timer, args)
+    shape.update(tuned)
+    lens = kv_lengths(shape, ctx.world_size)
+    dtype = torch.float16 if shape.get("fp16", 0) else torch.bfloat16
+    row: dict[str, Any] = dict(size=preset, shape=dict(shape), tuned=tuned, tuning=tune_rows)
+    refs: dict[int, torch.Tensor] = {}
+    for vname, variant in wl.variants().items():
+        ctx.barrier()
+        ctx.heap.reset()
+        state = wl.setup(ctx, shape, variant)
+        step = lambda: variant.run(state)  # noqa: E731
+        # Correctness, eager, seed A.
+        if seed_a not in refs:
+            refs[seed_a] = reference_output(seed_a, state.q, lens, shape["kv_heads"])
+        state.poison()
+        ctx.barrier()
+        step()
+        row[f"{vname}_err"] = check(wl, ctx, shape, state, refs[seed_a])
+        # Timing.
+        if not args.no_eager:
+            row[f"{vname}_eager_ms"] = statistics.median(timer.eager(step))
+        times, replay = timer.graph(step)
+        row[f"{vname}_graph_ms"] = statistics.median(times)
+        row[f"{vname}_graph_reps_ms"] = times
+        # Correctness after graph replays, fresh inputs (seed B).
+        state.reseed(seed_b)
+        if seed_b not in refs:
+            refs[seed_b] = reference_output(seed_b, state.q, lens, shape["kv_heads"])
+        state.poison()
+        ctx.barrier()
+        replay()
+        row[f"{vname}_err_graph"] = check(wl, ctx, shape, state, refs[seed_b])
+        row[f"{vname}_splits"] = state.args.plan.num_splits
+        del state, replay, step
+        ctx.barrier()
+        if ctx.is_cuda:
+            torch.cuda.empty_cache()
+    b, hkv, d = shape["batch"], shape["kv_heads"], shape["head_dim"]
+    kv_bytes = 2 * b * hkv * lens[ctx.rank] * d * dtype.itemsize
+    row["kv_bytes_per_rank"] = kv_bytes
+    row["floor_ms"] = kv_bytes / hbm_bw * 1e3 if hbm_bw == hbm_bw else float("nan")
+    row["split_only_ms"] = min(r["ms"] for r in tune_rows)
+    for v in ("bsp", "fused"):
+        row[f"{v}_bw_tbs"] = kv_bytes / (row[f"{v}_graph_ms"] * 1e-3) / 1e12
+        row[f"{v}_pct_floor"] = 100.0 * row["floor_ms"] / row[f"{v}_graph_ms"]
+    row["speedup_graph"] = row["bsp_graph_ms"] / row["fused_graph_ms"]
+    if not args.no_eager:
+        row["speedup_eager"] = row["bsp_eager_ms"] / row["fused_eager_ms"]
+    row["seconds"] = time.monotonic() - t0
+    log(f"{preset}: bsp {row['bsp_graph_ms'] * 1e3:.1f} us, fused {row['fused_graph_ms'] * 1e3:.1f} us "
+        f"(graph), x{row['speedup_graph']:.2f}, fused {row['fused_pct_floor']:.0f}% of floor, "
+        f"tile {tuned}, {row['seconds']:.1f} s")
+    return row
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    head = ("| size | KV/rank (MB) | floor (us) | split+combine alone (us) | bsp graph (us) | fused graph (us) | "
+            "speedup graph | fused % floor | fused TB/s | bsp eager (us) | fused eager (us) | speedup eager | tile |")
+    lines = [f"# Flash decode, {meta['world_size']} ranks, {meta['device']}", "",
+             f"HBM copy bandwidth {meta['hbm_tbs']:.2f} TB/s (device-to-device copy, read + write). "
+             f"Graph: {meta['iters']} steps per CUDA graph, eager: {meta['iters']} back-to-back launches; "
+             f"per-step time, max over ranks, median of {meta['reps']}.", "", head,
+             "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        eager = (f"{r['bsp_eager_ms'] * 1e3:.1f} | {r['fused_eager_ms'] * 1e3:.1f} | {r['speedup_eager']:.2f}"
+                 if "bsp_eager_ms" in r else "- | - | -")
+        t = r["tuned"]
+        lines.append(
+            f"| {r['size']} | {r['kv_bytes_per_rank'] / 1e6:.1f} | {r['floor_ms'] * 1e3:.1f} | "
+            f"{r['split_only_ms'] * 1e3:.1f} | {r['bsp_graph_ms'] * 1e3:.1f} | {r['fused_graph_ms'] * 1e3:.1f} | "
+            f"{r['speedup_graph']:.2f} | {r['fused_pct_floor']:.0f}% | {r['fused_bw_tbs']:.2f} | {eager} | "
+            f"n{t['block_n']} w{t['num_warps']} s{t['num_stages']} c{t['ctas_per_sm']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.cpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    _ensure_taxmodel_kernels()
+    args.iters = args.iters or (2 if args.cpu else 20)
+    args.reps = args.reps or (2 if args.cpu else 7)
+    ctx = init(args)
+    log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
+    random.seed(int.from_bytes(os.urandom(8), "little"))
+    sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
+    started = time.monotonic()
+    hbm_bw = copy_bandwidth(ctx)
+    log(f"HBM copy bandwidth: {hbm_bw / 1e12:.2f} TB/s")
+    rows = [bench_size(ctx, preset, args, hbm_bw, log) for preset in sizes]
+    meta = dict(world_size=ctx.world_size, device=torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu",
+                hbm_bytes_per_s=hbm_bw, hbm_tbs=hbm_bw / 1e12, iters=args.iters, reps=args.reps,
+                timing="CUDA graphs (primary) and CUDA events around eager launches; per step, max over ranks, median",
+                torch=torch.__version__, seconds=time.monotonic() - started)
+    try:
+        import triton
+
+        meta["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if ctx.rank == 0:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
+        table = markdown(rows, meta)
+        (out / "results.md").write_text(table)
+        print(table, flush=True)
+        print(f"wrote {out / 'results.json'} and {out / 'results.md'} in {meta['seconds']:.0f} s", flush=True)
+    ctx.barrier()
+    ctx.heap.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

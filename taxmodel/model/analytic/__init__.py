@@ -1,0 +1,166 @@
+"""Analytic model: predicted ledgers from shapes and hardware (formulas: docs/model.md).
+
+    predict("ag_gemm", "pull", {"M": 8192, "N": 8192, "K": 8192}, world_size=8, hardware="h200")
+        -> Prediction (summary() in the columns of Ledger.summary())
+
+One module per workload (``ag_gemm.py``, ``flash_decode.py``) turns a shape into each rank's
+kernel plans; ``common.py`` places them on a timeline and splits it with the measured ledger.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from taxmodel.errors import InputError
+from taxmodel.model.hardware import HardwareSpec, find_preset, load_hardware, presets
+
+from . import ag_gemm, flash_decode
+from .common import CollectiveModel, ModelParams, Prediction, predicted_ledger, standard_assumptions, topology
+
+MODELS = {"ag_gemm": ag_gemm, "flash_decode": flash_decode}
+
+
+def variants(workload: str) -> tuple[str, ...]:
+    return _module(workload).VARIANTS
+
+
+def _module(workload: str):
+    if workload not in MODELS:
+        raise InputError(f"no analytic model for workload '{workload}'; modeled: {', '.join(MODELS)}")
+    return MODELS[workload]
+
+
+# --- hardware: prefer a calibrated file over a datasheet preset -----------------------------------
+
+def calibrated_files(extra_dirs: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
+    """Calibrated hardware files that ship with taxmodel (``taxmodel/data/hardware/*calibrated*.json``)
+    or lie in ``extra_dirs`` (e.g. ``profiles/``)."""
+    from importlib import resources
+
+    out: list[Path] = []
+    folder = resources.files("taxmodel") / "data" / "hardware"
+    for entry in folder.iterdir():
+        if entry.name.endswith(".json") and "calibrated" in entry.name:
+            out.append(Path(str(entry)))
+    for d in extra_dirs:
+        p = Path(d)
+        if p.is_dir():
+            out.extend(sorted(q for q in p.glob("**/*calibrated*.json")))
+    return sorted(set(out))
+
+
+def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, Any] | None = None,
+                           search: tuple[str | os.PathLike, ...] = ()) -> tuple[HardwareSpec, str]:
+    """The spec to predict with and a sentence saying which one was used and why.
+
+    A JSON path is used as is. A name (or the bundle meta's hardware name) is matched against the
+    presets; when a calibrated file for the same GPU ships (or lies under ``search``), it wins
+    over the datasheet preset."""
+    if name_or_path is not None and (str(name_or_path).endswith(".json") or Path(str(name_or_path)).is_file()):
+        spec = load_hardware(name_or_path)
+        return spec, f"hardware: {spec.name} from {name_or_path} ({spec.source})"
+    name = str(name_or_path) if name_or_path is not None else None
+    if name is None:
+        hw = (meta or {}).get("hardware") or {}
+        name = hw.get("name") if isinstance(hw, Mapping) else str(hw)
+    if not name:
+        raise InputError(f"no hardware given; pass --hardware with one of {', '.join(presets())} or a JSON file")
+    preset = find_preset(name)
+    for path in calibrated_files(search):
+        try:
+            spec = load_hardware(path)
+        except InputError:
+            continue
+        if spec.source != "calibrated":
+            continue
+        if _same_name(spec, name) or (preset is not None and any(_same_name(spec, a) for a in (preset.name, *preset.aliases))):
+            return spec, f"hardware: {spec.name}, calibrated ({path.name}) in preference to the datasheet preset"
+    if preset is None:
+        raise InputError(f"unknown hardware '{name}'; presets: {', '.join(presets())}; or pass a JSON file written by "
+                         "`taxmodel calibrate`")
+    return preset, f"hardware: {preset.name} datasheet preset (no calibrated file for it; run `taxmodel calibrate`)"
+
+
+def _same_name(spec: HardwareSpec, name: str) -> bool:
+    norm = lambda s: "".join(ch for ch in s.lower() if ch.isalnum())  # noqa: E731
+    return norm(name) in {norm(spec.name), *(norm(a) for a in spec.aliases)}
+
+
+# --- prediction ------------------------------------------------------------------------------------
+
+def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int, hardware: HardwareSpec | str,
+            params: ModelParams | None = None, cost: Mapping[str, Any] | None = None) -> Prediction:
+    """Predicted ledger of one iteration of ``workload``/``variant`` on ``world_size`` GPUs.
+
+    ``cost``: the declared cost to measure "useful" against (default: the workload's own, as
+    a real bundle would carry it)."""
+    mod = _module(workload)
+    hw_note = None
+    if isinstance(hardware, str):
+        hardware, hw_note = resolve_model_hardware(hardware)
+    params = params or ModelParams.from_hardware(hardware)
+    topo = topology(hardware, int(world_size), params)
+    coll = CollectiveModel.from_hardware(hardware, topo, params)
+    shape = {k: int(v) for k, v in dict(shape).items()}
+    plans, details, notes = mod.plans(variant, shape, int(world_size), hardware, params, coll)
+    cost = dict(cost) if cost else mod.cost(shape, int(world_size), variant)
+    ledger, _ = predicted_ledger(plans, cost, hardware, params, workload=workload, variant=variant, shape=shape)
+    assumptions = ([hw_note] if hw_note else []) + standard_assumptions(hardware, topo, params) + notes
+    if coll.curves:
+        assumptions.append(f"collectives: calibrated curve at {coll.curve_world} ranks"
+                           + ("" if coll.curve_world == world_size else ", alpha-beta fitted to it for this world size"))
+    else:
+        a, b = coll.alpha_beta("allgather")
+        assumptions.append(f"collectives: ring alpha-beta, alpha {a * 1e6:.1f} us per step, beta {b / 1e9:.0f} GB/s, plus "
+                           f"{params.collective_base_s * 1e6:.0f} us per call (no calibrated curve)")
+    return Prediction(workload, variant, shape, int(world_size), hardware, params, ledger, assumptions, details)
+
+
+def sweep(workload: str, variant: str, shape: Mapping[str, int], world_size: int, hardware: HardwareSpec | str,
+          key: str, values: list[int], params: ModelParams | None = None) -> pd.DataFrame:
+    """Predictions over ``values`` of one shape key: one row per value with the predicted window
+    and every category (mean ns per rank-iteration)."""
+    from taxmodel.model.categories import CATEGORY_ORDER
+
+    if isinstance(hardware, str):
+        hardware, _ = resolve_model_hardware(hardware)
+    rows = []
+    for v in values:
+        p = predict(workload, variant, {**dict(shape), key: int(v)}, world_size, hardware, params)
+        t = p.taxes_ns()
+        rows.append({key: int(v), "window_ns": t["window"], **{cat: t.get(cat, 0.0) for cat in CATEGORY_ORDER}})
+    return pd.DataFrame(rows)
+
+
+def parse_range(text: str) -> tuple[str, list[int]]:
+    """'M=1024:16384' -> ('M', [1024, 2048, 4096, 8192, 16384]) (powers of two between the ends);
+    'M=1024:16384:1024' -> arithmetic steps; 'M=1,2,3' -> a list."""
+    if "=" not in text:
+        raise InputError(f"--sweep '{text}': expected KEY=LO:HI, KEY=LO:HI:STEP or KEY=V1,V2,...")
+    key, spec = text.split("=", 1)
+    try:
+        if ":" in spec:
+            parts = [int(float(x)) for x in spec.split(":")]
+            lo, hi = parts[0], parts[1]
+            if lo <= 0 or hi < lo:
+                raise ValueError
+            if len(parts) == 3:
+                vals = list(range(lo, hi + 1, parts[2]))
+            else:
+                vals, v = [], lo
+                while v <= hi:
+                    vals.append(v)
+                    v *= 2
+                if vals[-1] != hi:
+                    vals.append(hi)
+        else:
+            vals = [int(float(x)) for x in spec.split(",") if x]
+    except ValueError as exc:
+        raise InputError(f"--sweep '{text}': values must be positive integers, LO <= HI") from exc
+    return key.strip(), vals
+
+
+__all__ = ["ModelParams", "Prediction", "predict", "sweep", "parse_range", "resolve_model_hardware", "variants", "MODELS"]

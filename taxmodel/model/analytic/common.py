@@ -1,0 +1,533 @@
+"""Shared building blocks of the analytic model (formulas and assumptions: docs/model.md).
+
+The model predicts a *timeline*, not the taxes directly: for every rank it places each kernel of
+one iteration (host launch calls, GPU start and end, collectives that wait for their last member,
+fused kernels that wait on their peers' flags) from shapes and hardware numbers. The timeline is
+then written as bundle events and split by the very ledger that splits measured bundles
+(``taxmodel.model.ledger.compute_ledger``), so a predicted ``skew_wait`` or ``locality_tax``
+means exactly what a measured one means, and the parts sum to the predicted window by the
+ledger's own invariant.
+
+Building blocks here: model parameters (documented defaults, calibrated values when the hardware
+file has them), the topology assumption, GEMM time (roofline with tile/wave quantization, vendor
+vs Triton efficiency), collective time (calibrated curve, else ring/tree alpha-beta), HBM time,
+launch pipeline (host cost per launch, launch latency, GPU kernel gap), the spread of the ranks'
+start times after a host barrier, the fill/drain of a fine-grained pipeline, and the timeline
+simulator itself.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.errors import InputError
+from taxmodel.model.hardware import HardwareSpec
+
+# --- parameters ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """Numbers the model needs beyond a datasheet. Each has a documented default (docs/model.md);
+    ``from_hardware`` takes the calibrated value where the hardware file has one, and ``sources``
+    says for every field where its value came from."""
+
+    #: Triton tile GEMM rate / vendor (cuBLAS, hipBLASLt) rate on the same shape. Default from
+    #: DEVICE_NOTES (plain Triton 0.84 at 8192^3 .. 0.97 at 1024 rows); fit from bundles with
+    #: ``fit_params`` (validate.py) on a documented subset.
+    triton_gemm_efficiency: float = 0.90
+    #: Vendor GEMM rate as a fraction of a *datasheet* peak (cuBLAS reached ~0.8 of the H200's
+    #: 989 TFLOP/s, DEVICE_NOTES); 1.0 for calibrated peaks, which are measured cuBLAS rates.
+    vendor_fraction_of_datasheet: float = 0.80
+    #: Vendor GEMM tile (nvjet 256x128 in the H200 traces) and the Triton kernels' tile (GPU_CONFIG).
+    vendor_tile: tuple[int, int] = (256, 128)
+    triton_tile: tuple[int, int] = (128, 256)
+    #: Fixed time every kernel pays (ramp-up, tail, prologue): a few microseconds.
+    kernel_overhead_s: float = 2e-6
+    #: Memory-bound Triton kernels stream at this fraction of the HBM copy bandwidth.
+    triton_stream_efficiency: float = 0.80
+    #: Host time of one Triton launch and of one torch op / NCCL call (DEVICE_NOTES: 15 us, 10 us).
+    host_launch_triton_s: float = 15e-6
+    host_launch_torch_s: float = 10e-6
+    #: GPU idle between a launch call's end and the kernel's start on an idle GPU; GPU-side gap
+    #: between back-to-back queued kernels (both as the profiler sees them).
+    launch_latency_s: float = 4e-6
+    kernel_gap_s: float = 1.1e-6
+    #: Scale of the ranks' release times after a host barrier (exponential order statistics).
+    barrier_skew_s: float = 5e-6
+    #: Fixed cost of one NCCL/RCCL collective beyond alpha-beta (kernel setup, protocol handshake).
+    collective_base_s: float = 8e-6
+    #: Flag round trip between two GPUs (release-set on one, acquire-wait on the other, and back).
+    flag_roundtrip_s: float = 2e-6
+    #: Bandwidth with which one GPU's SMs load from its peers' memory while every rank does the
+    #: same (Triton ``iris.load`` through the symmetric heap), and the latency of one such load.
+    peer_load_bytes_per_s: float = 0.0  # 0: use the link bandwidth
+    peer_load_latency_s: float = 1.5e-6
+    #: Store bandwidth to peers with all SMs, and per SM (the push kernel runs on a few SMs).
+    peer_store_bytes_per_s: float = 0.0  # 0: use the link bandwidth
+    peer_store_bytes_per_s_per_sm: float = 25e9
+    #: GPUs that one NVLink/xGMI domain connects all-to-all (NVL72 switch; MI300X 8 fully connected).
+    domain_size: int = 72
+    #: Beyond one domain: bandwidth and latency per GPU of the scale-out network (400 Gb/s NIC per GPU).
+    internode_bytes_per_s: float = 50e9
+    internode_latency_s: float = 10e-6
+    #: Whether fused kernels write in-kernel trace records (then their waits are flag_wait; without
+    #: records the ledger cannot see them and counts them as compute time).
+    instrumented: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def from_hardware(hw: HardwareSpec, **overrides: Any) -> "ModelParams":
+        """Defaults, replaced by what ``hw`` (a preset or a calibrated file) measured."""
+        base = ModelParams()
+        values: dict[str, Any] = {}
+        src: dict[str, str] = {f: "default" for f in _PARAM_FIELDS}
+        direct = {"host_launch_triton_s": hw.host_launch_s, "launch_latency_s": hw.launch_latency_s,
+                  "kernel_gap_s": hw.kernel_gap_s, "flag_roundtrip_s": hw.flag_roundtrip_s}
+        for name, val in direct.items():
+            if val and float(val) > 0:
+                values[name] = float(val)
+                src[name] = f"hardware ({hw.source})"
+        extra = dict(hw.extra or {})
+        for name in _PARAM_FIELDS:
+            if name in extra and extra[name] is not None and name not in ("sources",):
+                values[name] = type(getattr(base, name))(extra[name]) if not isinstance(getattr(base, name), tuple) \
+                    else tuple(extra[name])
+                src[name] = f"hardware extra ({hw.source})"
+        if hw.vendor == "amd":
+            values.setdefault("domain_size", 8)
+            src["domain_size"] = "MI300X: 8 GPUs fully connected by xGMI"
+        for name, val in overrides.items():
+            if val is not None:
+                values[name] = val
+                src[name] = "given"
+        return replace(base, **values, sources=src)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sources"] = dict(self.sources)
+        return d
+
+
+_PARAM_FIELDS = [f for f in ModelParams.__dataclass_fields__ if f != "sources"]
+
+
+# --- topology -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How ``world`` GPUs are connected, as the model assumes it (stated in every prediction)."""
+
+    world: int
+    domain_size: int
+    link_bytes_per_s: float  # per GPU, receive, for collectives
+    latency_s: float
+    description: str
+
+    @property
+    def single_domain(self) -> bool:
+        return self.world <= self.domain_size
+
+
+def topology(hw: HardwareSpec, world: int, params: ModelParams) -> Topology:
+    if world < 1:
+        raise InputError(f"world size must be at least 1, got {world}")
+    dom = params.domain_size
+    fabric = "xGMI, fully connected" if hw.vendor == "amd" else "NVLink through an all-to-all switch (NVL72-style)"
+    if world <= dom:
+        desc = f"{world} GPU(s) in one {fabric} domain (up to {dom}); every pair at {hw.link_bytes_per_s / 1e9:.0f} GB/s per direction"
+        return Topology(world, dom, hw.link_bytes_per_s, max(hw.link_latency_s, 0.0), desc)
+    desc = (f"{world} GPUs = {math.ceil(world / dom)} domains of {dom} ({fabric}); collectives bottlenecked by the "
+            f"scale-out network at {params.internode_bytes_per_s / 1e9:.0f} GB/s per GPU, "
+            f"{params.internode_latency_s * 1e6:.0f} us latency (an assumption, not a measurement)")
+    return Topology(world, dom, min(hw.link_bytes_per_s, params.internode_bytes_per_s),
+                    max(hw.link_latency_s, params.internode_latency_s), desc)
+
+
+# --- compute and memory ---------------------------------------------------------------------------
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-int(a) // int(b))
+
+
+def wave_inflation(m: int, n: int, tile: tuple[int, int], slots: int) -> float:
+    """Tile and wave quantization: time of whole waves of whole tiles over the ideal time (>= 1).
+
+    ``ceil(M/TM) * ceil(N/TN)`` tiles run in waves of ``slots`` (one tile per SM at a time); the
+    last wave and the edge tiles are paid in full."""
+    tiles = cdiv(m, tile[0]) * cdiv(n, tile[1])
+    waves = cdiv(tiles, max(1, slots))
+    return waves * max(1, slots) * tile[0] * tile[1] / float(max(1, m) * max(1, n))
+
+
+#: The shape a calibrated GEMM rate was measured on (calibrate.gemm_rate): its rate already
+#: includes that shape's quantization, which is divided out before applying another shape's.
+CALIBRATION_GEMM = (8192, 8192, 8192)
+
+
+def gemm_time(m: int, n: int, k: int, dtype: str, hw: HardwareSpec, params: ModelParams, *, kind: str = "vendor",
+              sms: int | None = None, elt: int = 2) -> float:
+    """Seconds for one GEMM [m,k] x [k,n]: max(compute with wave quantization, HBM traffic) plus
+    the fixed kernel overhead. ``kind`` "triton" applies the Triton efficiency factor; ``sms``
+    (fewer than the GPU has) scales the rate down and changes the wave size."""
+    if min(m, n, k) <= 0:
+        return 0.0
+    num_sms = hw.num_sms or 132
+    use = num_sms if sms is None else max(1, min(int(sms), num_sms))
+    rate = hw.flops_per_s(dtype)
+    tile = params.vendor_tile
+    if hw.source == "datasheet":
+        rate *= params.vendor_fraction_of_datasheet
+        ref = 1.0
+    else:
+        ref = wave_inflation(CALIBRATION_GEMM[0], CALIBRATION_GEMM[1], params.vendor_tile, num_sms)
+    if kind == "triton":
+        rate *= params.triton_gemm_efficiency
+        tile = params.triton_tile
+    elif kind != "vendor":
+        raise ValueError(f"gemm kind {kind!r}")
+    rate *= use / num_sms
+    t_compute = 2.0 * m * n * k / rate * wave_inflation(m, n, tile, use) / ref
+    t_memory = (m * k + k * n + m * n) * elt / hw.hbm_bytes_per_s
+    return max(t_compute, t_memory) + params.kernel_overhead_s
+
+
+def stream_time(nbytes: float, hw: HardwareSpec, params: ModelParams, *, triton: bool = True) -> float:
+    """A memory-bound kernel moving ``nbytes`` through HBM (reads + writes), plus the overhead."""
+    eff = params.triton_stream_efficiency if triton else 1.0
+    return float(nbytes) / (hw.hbm_bytes_per_s * eff) + params.kernel_overhead_s
+
+
+def hbm_round_trip(nbytes: float, hw: HardwareSpec) -> float:
+    """An intermediate written once and read once at HBM bandwidth (the locality tax's unit)."""
+    return 2.0 * float(nbytes) / hw.hbm_bytes_per_s
+
+
+# --- collectives ----------------------------------------------------------------------------------
+
+_OP_ALIASES = {"all_gather": "allgather", "allgather": "allgather", "all_reduce": "allreduce", "allreduce": "allreduce",
+               "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter"}
+
+
+@dataclass(frozen=True)
+class CollectiveModel:
+    """Collective time: ring (and tree for all-reduce) alpha-beta, or the calibrated curve.
+
+    ``curves``: op -> sorted (bytes per rank, seconds) measured at ``curve_world`` ranks. At that
+    world size the curve is interpolated in log-log space; elsewhere alpha and beta are fitted to
+    it (least squares on the ring formula) and the formula is evaluated at the new world size."""
+
+    topo: Topology
+    base_s: float
+    curves: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    curve_world: int = 0
+
+    @staticmethod
+    def from_hardware(hw: HardwareSpec, topo: Topology, params: ModelParams) -> "CollectiveModel":
+        raw = (hw.extra or {}).get("collectives") or {}
+        world = int(raw.get("world_size", 0) or 0)
+        curves = {}
+        for op, pts in raw.items():
+            if op == "world_size" or not isinstance(pts, list):
+                continue
+            key = _OP_ALIASES.get(op, op)
+            good = sorted((float(b), float(s)) for b, s in pts if float(b) > 0 and float(s) > 0)
+            if len(good) >= 2:
+                curves[key] = tuple(good)
+        if not topo.single_domain:  # a curve measured inside one domain says nothing about the network
+            curves, world = {}, 0
+        return CollectiveModel(topo, params.collective_base_s, curves, world)
+
+    def _steps(self, op: str, world: int) -> float:
+        """Bytes received per byte-per-rank (ring): all_gather / reduce_scatter W-1, all_reduce 2(W-1)."""
+        return (2.0 if op == "allreduce" else 1.0) * (world - 1)
+
+    def alpha_beta(self, op: str) -> tuple[float, float]:
+        """(alpha seconds per step, beta bytes/s) for ``op``: fitted to the curve when there is one."""
+        op = _OP_ALIASES.get(op, op)
+        pts = self.curves.get(op) or self.curves.get("allgather")
+        if pts and self.curve_world > 1:
+            steps = self._steps(op if op in self.curves else "allgather", self.curve_world)
+            x = np.array([b * steps for b, _ in pts])
+            y = np.array([s for _, s in pts])
+            a = np.vstack([np.full_like(x, steps), x]).T
+            (alpha, inv_beta), *_ = np.linalg.lstsq(a, y, rcond=None)
+            alpha = max(float(alpha), 0.0)
+            inv_beta = float(inv_beta) if inv_beta > 0 else 1.0 / self.topo.link_bytes_per_s
+            return alpha, 1.0 / inv_beta
+        return self.topo.latency_s, self.topo.link_bytes_per_s
+
+    def time(self, op: str, bytes_per_rank: float, world: int | None = None) -> float:
+        """Seconds of one collective on ``world`` ranks, ``bytes_per_rank`` being each rank's
+        contribution (all_gather input, reduce_scatter output, all_reduce buffer / W)."""
+        op = _OP_ALIASES.get(op, op)
+        world = self.topo.world if world is None else world
+        if world <= 1 or bytes_per_rank <= 0:
+            return 0.0
+        pts = self.curves.get(op)
+        if pts and world == self.curve_world and pts[0][0] <= bytes_per_rank <= pts[-1][0]:
+            xs = np.log([b for b, _ in pts])
+            ys = np.log([s for _, s in pts])
+            return float(np.exp(np.interp(math.log(bytes_per_rank), xs, ys)))
+        alpha, beta = self.alpha_beta(op)
+        steps = self._steps(op, world)
+        ring = alpha * steps + steps * bytes_per_rank / beta
+        base = 0.0 if pts else self.base_s
+        if op == "allreduce":  # a tree halves the latency term for small messages
+            tree = 2 * alpha * math.ceil(math.log2(world)) + 2 * bytes_per_rank * world / beta
+            ring = min(ring, tree)
+        return ring + base
+
+
+# --- ranks' start spread ---------------------------------------------------------------------------
+
+
+def start_offsets(world: int, scale_s: float) -> list[float]:
+    """Expected release times of ``world`` ranks after a host barrier, earliest first: the order
+    statistics of i.i.d. exponential delays of mean ``scale_s``,
+    E[X_(k)] = scale * sum_{i=0}^{k-1} 1/(W-i). Their spread, scale * H_{W-1}, grows with the
+    world size: one source of the bulk-synchronous tax that no kernel can remove."""
+    out, acc = [], 0.0
+    for k in range(world):
+        if k:
+            acc += scale_s / (world - k + 1)
+        out.append(acc)
+    return out
+
+
+# --- fine-grained pipeline -------------------------------------------------------------------------
+
+
+def pipeline_time(compute_s: float, chunks: int, transfer_s: float, first_latency_s: float,
+                  per_chunk_flag_s: float = 0.0, local_fraction: float = 0.0) -> float:
+    """Time of a producer/consumer tile pipeline: ``chunks`` pieces arrive one after another
+    (``transfer_s`` for all of them, after ``first_latency_s``), each followed by its flag, and
+    the consumer computes each piece after it arrives. A ``local_fraction`` of the compute needs
+    no transfer and runs first. Result: max(compute, fill + transfers + drain), where fill is the
+    first piece's latency and drain the compute of the last piece."""
+    if chunks <= 0 or transfer_s <= 0:
+        return compute_s
+    remote_compute = compute_s * (1.0 - local_fraction)
+    drain = remote_compute / chunks
+    arrive_all = first_latency_s + transfer_s + chunks * per_chunk_flag_s
+    return max(compute_s, compute_s * local_fraction + first_latency_s + drain, arrive_all + drain)
+
+
+# --- the timeline -----------------------------------------------------------------------------------
+
+ROLES = ("compute", "comm", "fused", "copy", "other")
+
+
+@dataclass
+class KernelPlan:
+    """One kernel of one iteration on one rank.
+
+    ``duration_s``: for a collective, the transfer after the last member arrived; for a fused
+    kernel with ``sync``, the local work before its wait (``post_s`` after it); else its length.
+    ``host_s``: host time spent before its launch call returns (Python, runtime). ``stream`` 0 is
+    the main stream; kernels on other streams run concurrently with it. ``sync_after_s``: for a
+    fused kernel with ``sync``, when (after its start) the work that peers wait for is done on
+    this rank (default ``duration_s``)."""
+
+    name: str
+    role: str
+    duration_s: float
+    host_s: float
+    stream: int = 0
+    collective: str = ""  # op name when this kernel is a collective of all ranks
+    sync: bool = False
+    post_s: float = 0.0
+    sync_after_s: float | None = None
+    flag_latency_s: float = 0.0
+
+
+@dataclass
+class PredictedTimeline:
+    """Per rank, the kernels as placed, plus host launch ends (seconds from the earliest release)."""
+
+    rows: list[dict]  # rank, name, role, stream, start, end, launch_end, collective_id, wait (flag wait inside)
+
+
+def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> PredictedTimeline:
+    """Place every rank's kernels of one iteration (``plans[r]``, the same sequence on every rank
+    up to durations).
+
+    Host: rank r is released from the barrier at ``start_offsets(W)[r]`` and returns from kernel
+    k's launch call ``host_s`` later than from kernel k-1's. GPU: a kernel starts at
+    max(its stream free + kernel gap, launch end + launch latency); a collective ends ``duration``
+    after its last member started; a synced fused kernel ends at
+    max(start + work, last peer's work done + flag latency) + post.
+    """
+    world = len(plans)
+    if world == 0:
+        return PredictedTimeline([])
+    n = len(plans[0])
+    if any(len(p) != n for p in plans):
+        raise ValueError("every rank must run the same number of kernels")
+    offs = start_offsets(world, params.barrier_skew_s)
+    host = list(offs)
+    free: list[dict[int, float]] = [{} for _ in range(world)]
+    rows: list[dict] = []
+    seq = 0
+    for k in range(n):
+        starts, launch_end = [], []
+        for r in range(world):
+            p = plans[r][k]
+            host[r] += p.host_s
+            launch_end.append(host[r])
+            f = free[r].get(p.stream)
+            s = host[r] + params.launch_latency_s
+            if f is not None:
+                s = max(s, f + params.kernel_gap_s)
+            starts.append(s)
+        coll_id = ""
+        if plans[0][k].collective:
+            coll_id = f"0:{seq}"
+            seq += 1
+        last = max(starts)
+        ready = max(st + (plans[r][k].sync_after_s if plans[r][k].sync_after_s is not None else plans[r][k].duration_s)
+                    for r, st in enumerate(starts))
+        for r in range(world):
+            p, s = plans[r][k], starts[r]
+            wait = 0.0
+            if p.collective:
+                e = last + p.duration_s
+            elif p.sync and world > 1:
+                own = s + p.duration_s
+                e0 = max(own, ready + p.flag_latency_s)
+                wait = e0 - own
+                e = e0 + p.post_s
+            else:
+                e = s + p.duration_s + p.post_s
+            e = max(e, s + 1e-9)
+            free[r][p.stream] = e
+            rows.append({"rank": r, "name": p.name, "role": p.role, "stream": p.stream, "start": s, "end": e,
+                         "launch_end": launch_end[r], "collective_id": coll_id, "collective_op": p.collective,
+                         "wait": wait, "host_s": p.host_s})
+    return PredictedTimeline(rows)
+
+
+def timeline_events(tl: PredictedTimeline, *, instrumented: bool = False, iterations: int = 1) -> pd.DataFrame:
+    """The timeline as bundle events (kernels, their launch calls, iteration markers and, when
+    ``instrumented``, one flag_wait record per waiting fused kernel), ``iterations`` times over
+    with a quiet gap in between, integer ns on one clock."""
+    from taxmodel.trace import schema
+
+    rows: list[dict] = []
+    base = 1_000_000_000
+    span = max((r["end"] for r in tl.rows), default=0.0) + 1e-3
+    corr = 0
+    for it in range(iterations):
+        t0 = base + int(round(it * span * 1e9))
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for row in tl.rows:
+            corr += 1
+            s = t0 + int(round(row["start"] * 1e9))
+            e = max(s + 1, t0 + int(round(row["end"] * 1e9)))
+            le = t0 + int(round(row["launch_end"] * 1e9))
+            r = int(row["rank"])
+            cid = f"{row['collective_id']}.{it}" if row["collective_id"] else ""
+            rows.append({"rank": r, "device": r, "stream": 7 + int(row["stream"]), "kind": "kernel", "role": row["role"],
+                         "name": row["name"], "start_ns": s, "end_ns": e, "correlation": corr, "iteration": it,
+                         "collective_id": cid, "collective_op": row["collective_op"]})
+            host = max(1, min(int(round(row["host_s"] * 1e9)), 3000))
+            rows.append({"rank": r, "stream": 1, "kind": "launch", "role": "other", "name": "cudaLaunchKernel",
+                         "start_ns": le - host, "end_ns": le, "correlation": corr, "iteration": it})
+            if instrumented and row["wait"] > 0 and row["role"] == "fused":
+                w = int(round(row["wait"] * 1e9))
+                rows.append({"rank": r, "device": r, "stream": 7, "kind": "record", "role": "fused", "name": row["name"],
+                             "start_ns": s + 1, "end_ns": min(e, s + 1 + w), "cta": 0, "phase": "flag_wait"})
+            first[r] = min(first.get(r, le), le - host - 1000)
+            last[r] = max(last.get(r, e), e)
+        for r in first:
+            rows.append({"rank": r, "stream": 1, "kind": "marker", "role": "other", "name": f"ProfilerStep#{it}",
+                         "start_ns": first[r], "end_ns": last[r] + 1000, "iteration": it})
+    return schema.normalize_events(pd.DataFrame(rows))
+
+
+# --- the prediction ------------------------------------------------------------------------------
+
+
+@dataclass
+class Prediction:
+    """A predicted ledger: the ledger of the predicted timeline, with what it assumed.
+
+    ``summary()`` has the columns of ``Ledger.summary()`` (category, subcategory, mean_ns, pct),
+    so reports and ``validate`` put predicted and measured side by side."""
+
+    workload: str
+    variant: str
+    shape: dict[str, int]
+    world_size: int
+    hardware: HardwareSpec
+    params: ModelParams
+    ledger: Any  # taxmodel.model.ledger.Ledger
+    assumptions: list[str]
+    details: dict[str, float]  # named component times (seconds), for the docs and debugging
+
+    @property
+    def window_ns(self) -> float:
+        return float(self.ledger.windows["window_ns"].mean())
+
+    def summary(self) -> pd.DataFrame:
+        return self.ledger.summary()
+
+    def category_summary(self) -> pd.DataFrame:
+        return self.ledger.category_summary()
+
+    def taxes_ns(self) -> dict[str, float]:
+        """Window, each category and each sub-category, mean ns per rank-iteration."""
+        s = self.summary()
+        out = {"window": self.window_ns}
+        out.update({c: float(v) for c, v in s.groupby("category", sort=False)["mean_ns"].sum().items()})
+        out.update({sc: float(v) for sc, v in zip(s["subcategory"], s["mean_ns"]) if sc not in out})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload, "variant": self.variant, "shape": dict(self.shape), "world_size": self.world_size,
+            "hardware": {"name": self.hardware.name, "source": self.hardware.source},
+            "predicted_window_ns": self.window_ns,
+            "summary": self.summary().to_dict(orient="records"),
+            "components_us": {k: v * 1e6 for k, v in self.details.items()},
+            "params": self.params.to_dict(),
+            "assumptions": list(self.assumptions),
+        }
+
+
+def predicted_ledger(plans: Sequence[Sequence[KernelPlan]], cost: Mapping[str, Any], hw: HardwareSpec,
+                     params: ModelParams, *, workload: str, variant: str, shape: Mapping[str, int]) -> Any:
+    """Simulate ``plans`` and split the timeline with the measured ledger's own code."""
+    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.trace.bundle import Bundle, make_meta
+
+    tl = simulate(plans, params)
+    events = timeline_events(tl, instrumented=params.instrumented)
+    world = len(plans)
+    meta = make_meta(source="model", workload=workload, variant=variant, shape=dict(shape), world_size=world,
+                     ranks=list(range(world)), hardware={"name": hw.name, "vendor": hw.vendor},
+                     clock_offsets_ns={str(r): 0 for r in range(world)},
+                     capture={"tracer": "analytic model", "clock_offsets_source": "measured"}, cost=dict(cost))
+    return compute_ledger(Bundle(events=events, meta=meta), hardware=hw), tl
+
+
+def standard_assumptions(hw: HardwareSpec, topo: Topology, params: ModelParams) -> list[str]:
+    out = [
+        f"hardware: {hw.name} ({hw.source}{'; datasheet peaks scaled by ' + format(params.vendor_fraction_of_datasheet, '.2f') + ' for vendor GEMMs' if hw.source == 'datasheet' else ''})",
+        f"topology: {topo.description}",
+        f"ranks leave the per-iteration host barrier spread like exponential delays of mean {params.barrier_skew_s * 1e6:.1f} us "
+        f"({params.sources.get('barrier_skew_s', 'default')})",
+        f"launch: {params.host_launch_triton_s * 1e6:.1f} us host per Triton launch, {params.host_launch_torch_s * 1e6:.1f} us per "
+        f"torch/NCCL call, {params.launch_latency_s * 1e6:.1f} us launch latency, {params.kernel_gap_s * 1e6:.1f} us between queued kernels",
+    ]
+    if not params.instrumented:
+        out.append("fused kernels without in-kernel trace records: their flag waits count as compute time (as the ledger "
+                   "measures them)")
+    return out

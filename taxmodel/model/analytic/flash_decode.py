@@ -1,0 +1,96 @@
+"""Flash Decode: the kernels of each variant, per rank (shards may be ragged).
+
+Rank r holds L_r keys of every sequence (B sequences, Hkv KV heads, head dim D, 2-byte K/V).
+Decode attention is memory-bound: the split-KV kernel streams 2*B*Hkv*L_r*D*2 bytes of K and V
+and writes its partials (B*Hq*S*(D+1) fp32, S splits from the workload's own planner), at the
+Triton streaming efficiency of the HBM bandwidth, plus the fixed kernel overhead.
+
+- bsp: split-KV -> local combine (partials in, one packed partial of B*Hq*(D+1) fp32 out) ->
+  NCCL all_gather of the packed partial (collective model; small messages are latency-bound) ->
+  global combine (W packed partials in, the output out). Four launches: at small sizes the
+  host's launch cost per kernel exceeds the kernels, and the launch tax dominates.
+- fused: one kernel; workers do the split and the local combine, the last worker per head group
+  stores the combined partial into every peer and release-sets its flag; combiners wait for
+  every rank's flag (the slowest rank's work + half a flag round trip), then combine (a synced
+  fused kernel in the timeline).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from taxmodel.errors import InputError
+from taxmodel.model.hardware import HardwareSpec
+
+from . import common as c
+
+VARIANTS = ("bsp", "fused")
+SPLIT, COMBINE_LOCAL, COMBINE_GLOBAL = "flash_decode_split_kv", "flash_decode_combine_local", "flash_decode_combine_global"
+NCCL_AG = "ncclDevKernel_AllGather_RING_LL"
+FUSED = "flash_decode_fused"
+
+
+def _dims(shape: Mapping[str, int]) -> tuple[int, int, int, int]:
+    try:
+        return tuple(int(shape[k]) for k in ("batch", "q_heads", "kv_heads", "head_dim"))  # type: ignore[return-value]
+    except KeyError as exc:
+        raise InputError(f"flash_decode shape needs batch, q_heads, kv_heads, head_dim and kv_len; missing {exc}") from exc
+
+
+def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: c.ModelParams,
+          coll: c.CollectiveModel) -> tuple[list[list[c.KernelPlan]], dict[str, float], list[str]]:
+    from taxmodel.kernels.flash_decode.split_kv import SplitConfig, plan_splits
+    from taxmodel.kernels.flash_decode.workload import kv_lengths, split_config
+
+    b, hq, hkv, d = _dims(shape)
+    lens = kv_lengths(shape, world)
+    cfg = split_config(shape, "cuda") if isinstance(shape, Mapping) else SplitConfig()
+    num_sms = hw.num_sms or 132
+    packed = b * hq * (d + 1) * 4
+    out_bytes = b * hq * d * 2
+    ht, hv = params.host_launch_triton_s, params.host_launch_torch_s
+    det: dict[str, float] = {}
+    per_rank = []
+    for L in lens:
+        splits = plan_splits(b, hkv, L, num_sms, cfg).num_splits
+        partials = b * hq * splits * (d + 1) * 4
+        kv = 2 * b * hkv * L * d * 2
+        per_rank.append((kv, partials))
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    notes = [f"K/V streamed at {params.triton_stream_efficiency:.2f} of the HBM bandwidth; splits from the workload's "
+             f"planner on {num_sms} SMs"]
+    if variant == "bsp":
+        ag = coll.time("allgather", packed, world) if world > 1 else 0.0
+        glob = c.stream_time(world * packed + out_bytes, hw, params)
+        out = []
+        for kv, partials in per_rank:
+            split = c.stream_time(kv + partials, hw, params)
+            local = c.stream_time(partials + packed, hw, params)
+            ks = [c.KernelPlan(SPLIT, "compute", split, ht), c.KernelPlan(COMBINE_LOCAL, "compute", local, ht)]
+            if world > 1:
+                ks.append(c.KernelPlan(NCCL_AG, "comm", ag, hv, collective="allgather"))
+            ks.append(c.KernelPlan(COMBINE_GLOBAL, "compute", glob, ht))
+            out.append(ks)
+        det.update({"split_kv": mean([p[0].duration_s for p in out]), "combine_local": mean([p[1].duration_s for p in out]),
+                    "all_gather": ag, "combine_global": glob})
+        return out, det, notes
+    if variant == "fused":
+        if world > 1 and not c.topology(hw, world, params).single_domain:
+            raise InputError(f"flash_decode/fused at {world} GPUs spans several NVLink/xGMI domains: out of the model's scope")
+        store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
+        push = (world - 1) * packed / store_bw + params.peer_load_latency_s if world > 1 else 0.0
+        flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
+        post = (world * packed + out_bytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency)
+        out = []
+        for kv, partials in per_rank:
+            work = c.stream_time(kv + 2 * partials + packed, hw, params) + push
+            out.append([c.KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag)])
+        det.update({"fused_work": mean([p[0].duration_s for p in out]), "push": push, "flag": flag, "combine": post})
+        notes.append("fused: combiners wait for the slowest rank's partials plus half a flag round trip")
+        return out, det, notes
+    raise InputError(f"flash_decode has no variant '{variant}'; choose one of {', '.join(VARIANTS)}")
+
+
+def cost(shape: Mapping[str, int], world: int, variant: str) -> dict[str, Any]:
+    from taxmodel.runtime.workload import get_workload
+
+    return get_workload("flash_decode").cost(dict(shape), world, variant).to_dict()

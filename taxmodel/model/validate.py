@@ -1,0 +1,264 @@
+"""Check the analytic model against real bundles: predicted vs measured latency and taxes.
+
+For every bundle under a directory (``profiles/`` by default) whose meta names a modeled workload,
+variant, shape and world size, the model predicts the ledger from the bundle's own declared cost
+and hardware (the calibrated spec when one ships, else the datasheet preset: the same spec for
+the measured ledger, so "useful" means the same on both sides), and the table lists the error per
+(workload, variant, shape, world size) and quantity. Targets (the issue's): latency within 15% for
+every case, each tax within 25% or 20 us.
+
+Fitting is honest: ``fit_params`` fits the one free parameter that bundles can tell (the Triton
+GEMM efficiency) on a documented subset (``IN_SAMPLE``: fine-grained AG+GEMM cases at the
+largest M of each (N, K, layout, world size) group); every row says whether it was in that
+subset. Nothing is tuned per case.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import pandas as pd
+
+from taxmodel.errors import InputError, TaxmodelError
+from taxmodel.model.analytic import MODELS, predict, resolve_model_hardware
+from taxmodel.model.analytic.common import ModelParams
+from taxmodel.model.categories import TAXES
+
+LATENCY_TOLERANCE = 0.15
+TAX_TOLERANCE = 0.25
+TAX_ABS_US = 20.0
+QUANTITIES = ("latency",) + TAXES
+MARK_START, MARK_END = "<!-- validation:start -->", "<!-- validation:end -->"
+FIT_VARIANTS = ("pull", "push")
+IN_SAMPLE_RULE = ("ag_gemm pull/push bundles at the largest M of their (N, K, tp, world size) group fit the Triton GEMM "
+                  "efficiency (median of the per-case values that make the predicted latency equal the measured one)")
+
+
+@dataclass
+class Case:
+    """One bundle to validate against: what the model needs from its meta, and its measured ledger."""
+
+    path: Path
+    workload: str
+    variant: str
+    shape: dict[str, int]
+    world_size: int
+    cost: dict[str, Any] | None
+    hardware: Any
+    hardware_note: str
+    measured: dict[str, float]  # window + categories + sub-categories, mean ns
+    instrumented: bool = False
+    in_sample: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.workload}/{self.variant} " + ",".join(f"{k}={v}" for k, v in self.shape.items()) + f" W={self.world_size}"
+
+
+@dataclass
+class Validation:
+    cases: list[Case]
+    table: pd.DataFrame  # one row per (case, quantity)
+    skipped: list[str]
+    fitted: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(len(self.table)) and bool(self.table["ok"].all())
+
+
+def _measured(ledger) -> dict[str, float]:
+    s = ledger.summary()
+    out = {"window": float(ledger.windows["window_ns"].mean()), "latency": float(ledger.windows["window_ns"].mean())}
+    out.update({c: float(v) for c, v in s.groupby("category", sort=False)["mean_ns"].sum().items()})
+    out.update({sc: float(v) for sc, v in zip(s["subcategory"], s["mean_ns"]) if sc not in out})
+    return out
+
+
+def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
+    """A Case for the bundle at ``path``, or the reason it cannot be validated."""
+    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.trace.bundle import load_bundle
+
+    bundle = load_bundle(path)
+    meta = bundle.meta
+    wl, var, shape = meta.get("workload"), meta.get("variant"), meta.get("shape") or {}
+    capture = meta.get("capture") or {}
+    if wl not in MODELS:
+        return f"{path}: workload {wl!r} has no analytic model"
+    if capture.get("emulated_gpu") or (meta.get("hardware") or {}).get("emulated"):
+        return f"{path}: CPU-emulated capture (times say nothing about GPUs)"
+    if capture.get("inject"):
+        return f"{path}: injected taxes ({capture.get('inject')}) are not part of the model"
+    if not shape:
+        return f"{path}: meta has no shape"
+    try:
+        hw, note = resolve_model_hardware(None, meta, search=search)
+    except InputError as exc:
+        return f"{path}: {exc}"
+    ledger = compute_ledger(bundle, hw, lenient=True)
+    records = bool((bundle.events["kind"] == "record").any())
+    return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
+                meta.get("cost"), hw, note, _measured(ledger), instrumented=records)
+
+
+def _intlike(v: Any) -> bool:
+    try:
+        int(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def find_cases(root: str | os.PathLike) -> tuple[list[Case], list[str]]:
+    from taxmodel.trace.bundle import find_bundles
+
+    root = Path(root)
+    if not root.exists():
+        raise InputError(f"{root}: no such directory; pass the directory that holds the profile bundles")
+    cases, skipped = [], []
+    for p in find_bundles(root):
+        try:
+            got = load_case(p, search=(root,))
+        except TaxmodelError as exc:
+            got = f"{p}: {exc}"
+        (skipped.append(got) if isinstance(got, str) else cases.append(got))
+    return cases, skipped
+
+
+# --- fitting ---------------------------------------------------------------------------------------
+
+def mark_in_sample(cases: list[Case]) -> None:
+    """Apply IN_SAMPLE_RULE: flag the fitting subset."""
+    groups: dict[tuple, list[Case]] = {}
+    for c in cases:
+        if c.workload == "ag_gemm" and c.variant in FIT_VARIANTS:
+            key = (c.variant, c.shape.get("N"), c.shape.get("K"), c.shape.get("tp", 0), c.world_size, c.hardware.name)
+            groups.setdefault(key, []).append(c)
+    for group in groups.values():
+        top = max(c.shape.get("M", 0) for c in group)
+        for c in group:
+            c.in_sample = c.shape.get("M", 0) == top
+
+
+def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:
+    return ModelParams.from_hardware(case.hardware, instrumented=case.instrumented, **dict(fitted))
+
+
+def _predict(case: Case, fitted: Mapping[str, float]):
+    return predict(case.workload, case.variant, case.shape, case.world_size, case.hardware,
+                   _params_for(case, fitted), cost=case.cost)
+
+
+def fit_params(cases: list[Case]) -> dict[str, float]:
+    """The Triton GEMM efficiency from the in-sample cases (bisection per case on the predicted
+    latency; the median of the per-case values). Empty when there is no in-sample case or no
+    case whose latency the efficiency explains (e.g. a link-bound pull)."""
+    values = []
+    for case in [c for c in cases if c.in_sample]:
+        target = case.measured["latency"]
+        f = lambda e: _predict(case, {"triton_gemm_efficiency": e}).window_ns - target  # noqa: E731
+        lo, hi = 0.3, 1.3
+        flo, fhi = f(lo), f(hi)
+        if flo < 0 or fhi > 0:  # the efficiency cannot explain this case's latency
+            continue
+        for _ in range(18):
+            mid = 0.5 * (lo + hi)
+            if f(mid) > 0:
+                lo = mid
+            else:
+                hi = mid
+        values.append(0.5 * (lo + hi))
+    if not values:
+        return {}
+    values.sort()
+    mid = len(values) // 2
+    med = values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+    return {"triton_gemm_efficiency": round(med, 3)}
+
+
+# --- the table -------------------------------------------------------------------------------------
+
+def compare(case: Case, fitted: Mapping[str, float]) -> list[dict[str, Any]]:
+    pred = _predict(case, fitted).taxes_ns()
+    pred["latency"] = pred["window"]
+    rows = []
+    for q in QUANTITIES:
+        m, p = case.measured.get(q, 0.0), pred.get(q, 0.0)
+        err_us = (p - m) / 1e3
+        rel = (p - m) / m if m > 0 else (0.0 if p == 0 else math.inf)
+        ok = abs(rel) <= LATENCY_TOLERANCE if q == "latency" else (abs(rel) <= TAX_TOLERANCE or abs(err_us) <= TAX_ABS_US)
+        rows.append({"workload": case.workload, "variant": case.variant,
+                     "shape": ",".join(f"{k}={v}" for k, v in case.shape.items()), "world_size": case.world_size,
+                     "hardware": f"{case.hardware.name} ({case.hardware.source})", "quantity": q,
+                     "measured_us": m / 1e3, "predicted_us": p / 1e3, "error_us": err_us, "error_pct": rel * 100.0,
+                     "ok": bool(ok), "sample": "in" if case.in_sample else "out", "bundle": case.path.name})
+    return rows
+
+
+def validate(root: str | os.PathLike = "profiles", *, fit: bool = True) -> Validation:
+    """Predict every modeled bundle under ``root`` and compare (see the module docstring)."""
+    cases, skipped = find_cases(root)
+    if fit:
+        mark_in_sample(cases)
+    fitted = fit_params(cases) if fit else {}
+    rows = [r for c in cases for r in compare(c, fitted)]
+    table = pd.DataFrame(rows, columns=["workload", "variant", "shape", "world_size", "hardware", "quantity",
+                                        "measured_us", "predicted_us", "error_us", "error_pct", "ok", "sample", "bundle"])
+    notes = [f"fitting subset: {IN_SAMPLE_RULE}"]
+    if fitted:
+        notes.append("fitted: " + ", ".join(f"{k} = {v}" for k, v in fitted.items()))
+    elif fit:
+        notes.append("fitted: nothing (no in-sample case whose latency the fitted parameter explains); defaults used")
+    return Validation(cases, table, skipped, fitted, notes)
+
+
+def markdown_table(v: Validation) -> str:
+    """The validation as Markdown (deterministic: what docs/model.md holds between the markers)."""
+    lines = []
+    if v.table.empty:
+        lines.append("No measured bundles to validate against yet.")
+    else:
+        lines.append("| workload/variant | shape | W | quantity | measured us | predicted us | error | within target | fit |")
+        lines.append("|---|---|---:|---|---:|---:|---:|---|---|")
+        for r in v.table.itertuples(index=False):
+            err = f"{r.error_pct:+.1f}%" if math.isfinite(r.error_pct) else "n/a"
+            lines.append(f"| {r.workload}/{r.variant} | {r.shape} | {r.world_size} | {r.quantity} | {r.measured_us:.1f} | "
+                         f"{r.predicted_us:.1f} | {err} ({r.error_us:+.1f} us) | {'yes' if r.ok else '**no**'} | "
+                         f"{'in-sample' if r.sample == 'in' else 'out-of-sample'} |")
+        n_ok = int(v.table["ok"].sum())
+        lines.append("")
+        lines.append(f"{n_ok} of {len(v.table)} comparisons within target (latency 15%; each tax 25% or 20 us).")
+    lines.append("")
+    lines.extend(f"- {n}" for n in v.notes)
+    hws = sorted({c.hardware_note for c in v.cases})
+    lines.extend(f"- {h}" for h in hws)
+    return "\n".join(lines) + "\n"
+
+
+def update_docs(doc: str | os.PathLike, v: Validation) -> Path:
+    """Replace the text between the validation markers of ``doc`` with the current table."""
+    doc = Path(doc)
+    text = doc.read_text()
+    pat = re.compile(re.escape(MARK_START) + r".*?" + re.escape(MARK_END), re.S)
+    if not pat.search(text):
+        raise InputError(f"{doc}: no '{MARK_START}' ... '{MARK_END}' markers to put the table between")
+    new = pat.sub(lambda _: f"{MARK_START}\n{markdown_table(v)}{MARK_END}", text)
+    tmp = doc.with_name(f".{doc.name}.tmp")
+    tmp.write_text(new)
+    os.replace(tmp, doc)
+    return doc
+
+
+def docs_table(doc: str | os.PathLike) -> str:
+    """The text between the markers of ``doc`` (what ``update_docs`` last wrote)."""
+    text = Path(doc).read_text()
+    m = re.search(re.escape(MARK_START) + r"\n(.*?)" + re.escape(MARK_END), text, re.S)
+    if not m:
+        raise InputError(f"{doc}: no validation markers")
+    return m.group(1)

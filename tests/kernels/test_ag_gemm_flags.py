@@ -1,0 +1,78 @@
+"""The push variant's flag protocol: every output tile computed exactly once per iteration, never
+before the flag of its A block holds this iteration's count, and a missing peer becomes a RunError."""
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+import torch
+
+from taxmodel.errors import RunError
+from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.ag_gemm import gemm_tiles
+from taxmodel.kernels.ag_gemm.push import flag_target, push_pieces
+from taxmodel.kernels.ag_gemm.workload import AgGemm
+from taxmodel.runtime.context import RankContext, run_in_threads
+from taxmodel.runtime.workload import get_workload
+
+pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",
+                                reason="kernels were imported without TRITON_INTERPRET=1")
+
+SHAPE = {**AgGemm.presets["tiny"], "M": 72, "seed": 5}  # M_loc 24 at 3 ranks: a partial block per slab
+
+
+def test_flag_targets_count_pieces_per_parity() -> None:
+    assert [flag_target(e, 3) for e in range(1, 6)] == [3, 3, 6, 6, 9]
+    assert push_pieces(40, 16) == 3
+
+
+def _protocol_run(world: int, delay_rank: int | None, delay_s: float, iterations: int):
+    wl = get_workload("ag_gemm")
+
+    def body(ctx: RankContext):
+        v = wl.variants()["push"]
+        state = wl.setup(ctx, SHAPE, v)
+        state.enable_debug_counters()
+        ref = wl.reference(ctx, SHAPE, state)
+        seen = []
+        for it in range(iterations):
+            state.poison()
+            state.seen.fill_(-1)
+            if ctx.rank == delay_rank:
+                time.sleep(delay_s)  # the peers' GEMMs reach this rank's blocks long before they arrive
+            v.run(state)
+            check_errors(state.err, "push", ctx)
+            torch.testing.assert_close(state.c.float(), ref, rtol=1e-4, atol=1e-4)
+            seen.append(state.seen.clone())
+            ctx.barrier()
+        chunk = min(state.cfg.push_chunk_k, 64)
+        return state.count.clone(), seen, push_pieces(state.k, chunk)
+
+    return run_in_threads(world, body, heap_bytes=1 << 20, timeout_s=300, spin_timeout_s=60)
+
+
+def test_each_tile_once_and_only_after_its_flag_with_a_late_peer() -> None:
+    iterations = 2
+    results = _protocol_run(3, delay_rank=1, delay_s=1.0, iterations=iterations)
+    for count, seen, pieces in results:
+        assert count.tolist() == [iterations] * count.numel()  # every tile once per iteration
+        for epoch, s in enumerate(seen, start=1):
+            # The flag each tile saw before reading A already counted all pieces of this epoch.
+            assert s.min().item() >= flag_target(epoch, pieces)
+
+
+def test_missing_peer_is_a_run_error_naming_rank_kernel_and_flag() -> None:
+    wl = get_workload("ag_gemm")
+
+    def body(ctx: RankContext) -> None:
+        v = wl.variants()["push"]
+        state = wl.setup(ctx, SHAPE, v)
+        if ctx.rank == 0:  # rank 1 never runs: its blocks never arrive
+            v.run(state)
+            check_errors(state.err, {0: "ag_gemm_kernel"}, ctx)
+
+    with pytest.raises(RunError, match=r"rank 0: kernel ag_gemm_kernel gave up waiting on flag \d+ from rank 1"):
+        run_in_threads(2, body, heap_bytes=1 << 20, timeout_s=120, spin_timeout_s=0.3)
