@@ -36,28 +36,55 @@ GPU_SIZES = ["m1024", "m4096", "m8192", "m16384", "m1024_n4096", "m8192_n4096", 
 CPU_SIZES = ["tiny", "tiny_tp"]
 
 
-def gpu_configs(preset: str) -> list[Any]:
-    """The small per-size tuning set (GEMM tiles x push programs)."""
+#: GEMM tile sets per tuning set (128x256x64, 8 warps was the best Triton GEMM on H200 so far).
+TILES = {
+    "s3": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8),
+    "s4": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8),
+    "s3st": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, tma_store=True),
+    "s4st": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, tma_store=True),
+}
+#: Transports per tuning set (see GemmConfig): copy engines with either flag signal, the Triton copy
+#: kernel co-resident with the GEMM or on reserved SMs, and the direct pull (reference only).
+TRANSPORTS = {
+    "ce-mem": dict(transport="ce", ce_signal="mem"),
+    "ce-kernel": dict(transport="ce", ce_signal="kernel"),
+    "sm32": dict(transport="sm", push_progs=32),
+    "sm16r": dict(transport="sm", push_progs=16, reserve_sms=True),
+    "direct": dict(transport="direct"),
+}
+TUNE_SETS = {
+    "quick": (["s3", "s4st"], ["ce-mem"]),
+    "explore": (["s3", "s4", "s3st", "s4st"], ["ce-mem", "ce-kernel", "sm32", "sm16r"]),
+}
+
+
+def gpu_configs(preset: str, tune_set: str = "quick") -> list[Any]:
+    """The per-size tuning set: GEMM tiles x transports (GEMM tiles alone for the floor)."""
     from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG
 
-    base = GPU_CONFIG
-    tiles = [
-        dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8),
-        dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8),
-        dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=8),
-    ]
-    out = []
-    for t in tiles:
-        for pp in (8, 24):
-            out.append(replace(base, **t, push_progs=pp))
-    return out
+    if ":" in tune_set:  # "tiles:transports", each comma-separated keys of TILES / TRANSPORTS
+        t, tr = tune_set.split(":")
+        tiles, transports = t.split(","), tr.split(",")
+    else:
+        tiles, transports = TUNE_SETS[tune_set]
+    return [replace(GPU_CONFIG, **TILES[t], **TRANSPORTS[tr]) for t in tiles for tr in transports]
+
+
+def configs_for(variant: str, configs: list[Any]) -> list[Any]:
+    """Push has no direct transport; the others besides pull/push need one config only."""
+    if variant == "push":
+        return [c for c in configs if c.transport != "direct"]
+    if variant == "pull":
+        return configs
+    return configs[:1]
 
 
 def gemm_only(configs: list[Any]) -> list[Any]:
-    """The configs that differ in GEMM parameters (push settings ignored)."""
+    """The configs that differ in GEMM parameters (transport settings ignored)."""
     seen, out = set(), []
     for c in configs:
-        key = (c.block_m, c.block_n, c.block_k, c.group_m, c.num_stages, c.num_warps, c.use_tma)
+        key = (c.block_m, c.block_n, c.block_k, c.group_m, c.num_stages, c.num_warps, c.use_tma, c.tma_store,
+               c.epi_split)
         if key not in seen:
             seen.add(key)
             out.append(c)
@@ -73,6 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="timed batches (median reported)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--no-tune", action="store_true", help="time the default config only")
+    p.add_argument("--tune-set", default="quick",
+                   help=f"tuning set: one of {sorted(TUNE_SETS)} or 'TILES:TRANSPORTS' (comma-separated keys of "
+                        f"{sorted(TILES)} and {sorted(TRANSPORTS)})")
     p.add_argument("--spin-timeout", type=float, default=30.0)
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_ag_gemm"))
     return p.parse_args(argv)
@@ -132,12 +162,19 @@ def time_batches(ctx: RankContext, fn: Callable[[], Any], iters: int, reps: int,
 
 def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: torch.Tensor) -> tuple[bool, float]:
     """Poison C, run once, check in-kernel errors and compare with the reference (on every rank)."""
+    from taxmodel.errors import RunError
     from taxmodel.kernels._sync import check_errors
 
     st.poison()
-    variant.run(st)
-    ctx.synchronize()
-    check_errors(st.err, variant.name, ctx)
+    try:  # every rank reaches the collectives below, even when its kernel gave up waiting
+        variant.run(st)
+        ctx.synchronize()
+        check_errors(st.err, variant.name, ctx)
+    except RunError as exc:
+        print(f"rank {ctx.rank}: {exc}", flush=True)
+        all_max(ctx, 1.0)
+        all_max(ctx, float("inf"))
+        return False, float("inf")
     out = wl.output(st).float()
     rtol, atol = wl.tolerance(shape)
     err = float((out - ref).abs().max().item()) if out.numel() else 0.0
@@ -158,7 +195,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     rows: list[dict] = []
     variants = wl.variants()
     tune = not args.cpu and not args.no_tune
-    configs = gpu_configs(preset) if tune else [gemm_tiles.default_config(ctx.device)]
+    configs = gpu_configs(preset, args.tune_set) if tune else [gemm_tiles.default_config(ctx.device)]
     ref = None
 
     def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None, note: str = "") -> None:
@@ -177,7 +214,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
             log(f"  {preset:14s} {vname:22s} unavailable: {why}")
             continue
         best = None
-        tuned = {"push": configs, "pull": gemm_only(configs)}.get(vname, configs[:1])
+        tuned = configs_for(vname, configs)
         for cfg in tuned:
             heap.reset()
             ctx.heap = heap
@@ -192,6 +229,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
                 best = (ms, label, err)
             if tune and vname in ("push", "pull"):
                 rows.append(dict(size=preset, variant=f"{vname}@tune", ms=ms, config=label, correct=ok, max_abs_err=err))
+                log(f"  {preset:14s} {vname + '@tune':22s} {ms:9.4f} ms  {label}")
             if not ok:
                 log(f"  {preset:14s} {vname:22s} WRONG (max abs err {err:.3g}) {label}")
             st = None  # free before the next config allocates
@@ -211,7 +249,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     best_triton = None
     for cfg in gemm_only(configs):
         descs = {}
-        if cfg.use_tma and gemm_tiles.tma_available():
+        if cfg.use_tma and gemm_tiles.tma_available():  # (cfg carries tma_store)
             descs = dict(a_desc=gemm_tiles.make_descriptor(gathered, [cfg.block_m, cfg.block_k]),
                          b_desc=gemm_tiles.make_descriptor(st.b, [cfg.block_k, cfg.block_n]))
 
@@ -219,6 +257,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
             gemm_tiles.launch_ag_gemm(gathered, st.b, st.c, mode=gemm_tiles.A_LOCAL, rank=ctx.rank, world=ctx.world_size,
                                       m_loc=st.m_loc, cfg=cfg, err=st.err, sync=st.sync, **descs)
         ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
+        log(f"  {preset:14s} {'gemm(triton)@tune':22s} {ms:9.4f} ms  {cfg.label()}")
         if best_triton is None or ms < best_triton[0]:
             best_triton = (ms, cfg.label())
     record("floor:gemm(triton)", best_triton[0], best_triton[1])

@@ -63,9 +63,10 @@ GPU_SIZES = ["b1-kv1k", "b1-kv4k", "b1-kv16k", "b1-kv64k", "b1-kv256k",
              "b16-kv1k", "b16-kv4k", "b16-kv16k", "b16-kv64k", "b16-kv256k", "h96-b4-kv64k"]
 CPU_SIZES = ["tiny"]
 
-#: Tile configs tried per size (block_n, num_warps, num_stages) x programs per SM assumed by the plan.
-GPU_TILES = [(64, 4, 3), (64, 4, 4), (128, 8, 3)]
-GPU_WAVES = [1, 2, 4]
+#: Configs tried per size: (block_n, num_warps, num_stages, programs per SM the split plan assumes).
+#: Shared memory per program on sm_90: 64/4/3 70 KB (3 fit per SM), 64/4/2 38 KB (5), 128/8/2 72 KB (3).
+GPU_CANDIDATES = [(64, 4, 3, 3), (64, 4, 3, 2), (64, 4, 3, 1), (64, 4, 2, 5), (64, 4, 2, 2),
+                  (128, 8, 2, 3), (128, 8, 2, 1)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -212,7 +213,7 @@ def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple
         cands = [base]
     else:
         cands = [sk.SplitConfig(block_n=n, num_warps=w, num_stages=s, ctas_per_sm=c)
-                 for (n, w, s) in GPU_TILES for c in GPU_WAVES]
+                 for (n, w, s, c) in GPU_CANDIDATES]
     b, hq, hkv, d = (shape[k] for k in ("batch", "q_heads", "kv_heads", "head_dim"))
     n = kv_lengths(shape, ctx.world_size)[ctx.rank]
     dtype = torch.float16 if shape.get("fp16", 0) else torch.bfloat16

@@ -39,14 +39,14 @@ def run_ledger(out: Path) -> dict:
     bundle = load_bundle(out / "bundle")
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     tracemalloc.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     led = compute_ledger(bundle)
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     kernels = int((bundle.events["kind"] == "kernel").sum())
-    return {"tool": "taxmodel compute_ledger", "kernels": kernels, "rows": len(bundle.events), "seconds": dt,
+    return {"tool": "taxmodel compute_ledger", "kernels": kernels, "rows": len(bundle.events), "seconds": dt, "cpu_seconds": cpu,
             "tracemalloc_peak_mb": peak / 2**20, "max_rss_mb": rss1 / 1024, "rss_before_mb": rss0 / 1024,
             "windows": len(led.windows), "intervals": len(led.intervals)}
 
@@ -92,6 +92,7 @@ def run_hta(out: Path) -> dict:
 
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     tracemalloc.start()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     analyzer = TraceAnalysis(trace_dir=str(out / "kineto"))
     t_parse = time.perf_counter() - t0
@@ -101,10 +102,13 @@ def run_hta(out: Path) -> dict:
     t2 = time.perf_counter()
     idle = analyzer.get_idle_time_breakdown(visualize=False)
     t_idle = time.perf_counter() - t2
+    cpu = time.process_time() - c0
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # HTA parses ranks in worker processes
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"tool": "HolisticTraceAnalysis", "parse_seconds": t_parse, "temporal_seconds": t_temporal,
+    return {"tool": "HolisticTraceAnalysis", "cpu_seconds": cpu,
+            "children_cpu_seconds": children.ru_utime + children.ru_stime, "children_max_rss_mb": children.ru_maxrss / 1024, "parse_seconds": t_parse, "temporal_seconds": t_temporal,
             "idle_seconds": t_idle, "seconds": t_parse + t_temporal + t_idle, "tracemalloc_peak_mb": peak / 2**20,
             "max_rss_mb": rss1 / 1024, "rss_before_mb": rss0 / 1024, "temporal_rows": len(temporal),
             "idle_rows": len(idle[0]) if isinstance(idle, tuple) else len(idle)}

@@ -12,12 +12,14 @@ concurrently running programs share A and B tiles in L2.
 
 How A reaches the tile (``A_MODE``, a constexpr):
 - ``A_LOCAL`` (0): every row is already in ``a_ptr`` (the gathered buffer): the GEMM alone (floor).
-- ``A_PULL`` (1): ``a_ptr`` is this rank's own shard on the symmetric heap ([M_loc, K]); rows of slab
-  ``src`` are loaded straight from rank ``src``'s heap with ``iris.load`` (no flags: the shard is
-  written before the launch, and a host barrier separates setup from the first run).
-- ``A_WAIT`` (2): ``a_ptr`` is the gathered buffer on the heap; before a tile of remote slab ``src``
-  and block ``j``, wait (acquire) until ``flags[src * blocks_per_rank + j] >= epoch`` (pushed by
-  ``src``); own rows are already in place.
+- ``A_PULL`` (1): ``a_ptr`` is the gathered buffer on the symmetric heap, each rank's own slab filled;
+  rows of slab ``src`` are loaded straight from rank ``src``'s buffer with ``iris.load`` (no flags:
+  the slab is written before the launch, and a host barrier separates setup from the first run).
+- ``A_WAIT`` (2): ``a_ptr`` is the gathered buffer; before a tile of remote slab ``src`` and block
+  ``j``, wait (acquire) until ``flags[src * blocks_per_rank + j] >= epoch`` (``epoch`` is the flag
+  value that means "this iteration's block is here": set by the peer that pushed it, or by this
+  rank's own staging copy in the pull variant); own rows are already in place. The flags live in
+  this rank's memory, so the wait polls local L2, never a link.
 
 The persistent grid is ``NUM_PROGS`` programs (at most the SM count), each looping over tiles with
 stride ``NUM_PROGS``, so a launch never needs more programs than fit at once (no program waits on
@@ -67,7 +69,7 @@ def _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD: tl.const
 
 @triton.jit
 def ag_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, a_desc, b_desc,
+    a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
     flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
     M_loc, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -75,7 +77,7 @@ def ag_gemm_kernel(
     WORLD: tl.constexpr, A_MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
-    SYNC_MODE: tl.constexpr, COUNT: tl.constexpr,
+    SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
@@ -112,10 +114,7 @@ def ag_gemm_kernel(
                 acc = tl.dot(a, b, acc)
         else:
             offs_k = tl.arange(0, BLOCK_K)
-            if A_MODE == 1:
-                a_rows = a_ptr + offs_r[:, None] * stride_am
-            else:
-                a_rows = a_ptr + (src * M_loc + offs_r)[:, None] * stride_am
+            a_rows = a_ptr + (src * M_loc + offs_r)[:, None] * stride_am
             b_cols = b_ptr + offs_n[None, :] * stride_bn
             for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
                 ks = kt * BLOCK_K + offs_k
@@ -129,9 +128,22 @@ def ag_gemm_kernel(
                 b = tl.load(b_cols + ks[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
                 acc = tl.dot(a, b, acc)
 
-        c_rows = src * M_loc + offs_r
-        c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        tl.store(c_ptrs, acc.to(out_dtype), mask=row_ok[:, None] & col_ok[None, :])
+        if TMA_STORE:
+            # Asynchronous TMA store (bounds clipped by the descriptor: only whole-slab row blocks
+            # may use it, see launch_ag_gemm), split in EPI_SPLIT column halves to halve the
+            # shared memory it needs beside the load pipeline.
+            row0_c = src * M_loc + j * BLOCK_M
+            if EPI_SPLIT == 2:
+                acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+                acc_lo, acc_hi = tl.split(acc3)
+                c_desc.store([row0_c, pid_n * BLOCK_N], acc_lo.to(out_dtype))
+                c_desc.store([row0_c, pid_n * BLOCK_N + BLOCK_N // 2], acc_hi.to(out_dtype))
+            else:
+                c_desc.store([row0_c, pid_n * BLOCK_N], acc.to(out_dtype))
+        else:
+            c_rows = src * M_loc + offs_r
+            c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+            tl.store(c_ptrs, acc.to(out_dtype), mask=row_ok[:, None] & col_ok[None, :])
 
         if COUNT:
             # Tiles are numbered in C order (global M-block, N-tile) so tests can index them.
@@ -144,11 +156,22 @@ def ag_gemm_kernel(
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Tile and launch parameters of the fused kernels (what the benchmark tunes).
+    """Tile, launch and transport parameters of the fused kernels (what the benchmark tunes).
 
-    ``num_progs`` 0 means "one program per SM, less the push programs" on a GPU. ``push_*`` only
-    matter to the push variant: programs of the push kernel, columns copied per step, columns per
-    work item (a flag piece), warps per push program.
+    ``num_progs`` 0 means "one program per SM" on a GPU. ``transport`` says how remote rows of A
+    reach this rank in the pull and push variants:
+
+    - ``"ce"``: copy engines (``copy_engine.py``): whole M-blocks copied by ``cuMemcpyAsync`` on one
+      side stream per peer, each followed by a flag write; no SM does any communication.
+    - ``"sm"``: a small Triton copy kernel (``push_progs`` programs, ``push_warps`` warps) moving
+      ``push_rows x push_block_k`` pieces with 16-byte vector loads/stores, one release-add per
+      ``push_chunk_k`` columns of a block; it shares the SMs with the persistent GEMM (it needs no
+      shared memory) unless ``reserve_sms`` leaves it ``push_progs`` SMs of its own.
+    - ``"direct"`` (pull only): the GEMM loads remote A tiles straight from the peers' heaps
+      (every remote tile crosses the link once per N-tile: the slow reference design).
+
+    ``ce_signal`` picks the flag write after a copy-engine block: "mem" (stream memory operation)
+    or "kernel" (one-program Triton kernel).
     """
 
     block_m: int = 128
@@ -159,15 +182,28 @@ class GemmConfig:
     num_warps: int = 8
     num_progs: int = 0
     use_tma: bool = True
-    push_progs: int = 16
+    tma_store: bool = False
+    epi_split: int = 2
+    transport: str = "ce"
+    ce_signal: str = "mem"
+    push_progs: int = 32
+    push_rows: int = 32
     push_block_k: int = 256
-    push_chunk_k: int = 1024
-    push_warps: int = 8
+    push_chunk_k: int = 2048
+    push_warps: int = 4
+    reserve_sms: bool = False
 
     def label(self) -> str:
         tma = "tma" if self.use_tma else "ptr"
-        return (f"{self.block_m}x{self.block_n}x{self.block_k}-s{self.num_stages}-w{self.num_warps}-g{self.group_m}"
-                f"-{tma}-push{self.push_progs}x{self.push_chunk_k}")
+        if self.use_tma and self.tma_store:
+            tma += f"-st{self.epi_split}"
+        gemm = f"{self.block_m}x{self.block_n}x{self.block_k}-s{self.num_stages}-w{self.num_warps}-g{self.group_m}-{tma}"
+        if self.transport == "ce":
+            return f"{gemm}-ce-{self.ce_signal}"
+        if self.transport == "sm":
+            res = "-reserved" if self.reserve_sms else ""
+            return f"{gemm}-sm{self.push_progs}x{self.push_rows}x{self.push_block_k}-c{self.push_chunk_k}{res}"
+        return f"{gemm}-{self.transport}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,7 +211,7 @@ class GemmConfig:
 
 #: Small tiles for Triton's interpreter (CPU): partial tiles appear at the tiny preset's shapes.
 CPU_CONFIG = GemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=4,
-                        num_progs=3, use_tma=False, push_progs=2, push_block_k=16, push_chunk_k=16,
+                        num_progs=3, use_tma=False, push_progs=2, push_rows=8, push_block_k=16, push_chunk_k=32,
                         push_warps=4)
 
 #: Defaults on a Hopper GPU (the benchmark tries a few others per size).
@@ -201,6 +237,20 @@ def make_descriptor(t: torch.Tensor, block: list[int]) -> Any:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor.from_tensor(t, block)
+
+
+_DESCRIPTORS: dict[tuple, Any] = {}
+
+
+def cached_descriptor(t: torch.Tensor, block: list[int]) -> Any:
+    """A tensor descriptor for ``t`` reused across launches (building one costs host time)."""
+    key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype, tuple(block))
+    d = _DESCRIPTORS.get(key)
+    if d is None:
+        if len(_DESCRIPTORS) > 64:
+            _DESCRIPTORS.clear()
+        d = _DESCRIPTORS[key] = make_descriptor(t, block)
+    return d
 
 
 def num_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, reserve: int = 0) -> int:
@@ -233,9 +283,12 @@ def launch_ag_gemm(
     num_tiles = world * bpr * n_tiles
     progs = num_programs(cfg, c.device, num_tiles, reserve_programs)
     use_tma = a_desc is not None and b_desc is not None
+    # A TMA store writes whole BLOCK_M rows: only when no block straddles two slabs.
+    tma_store = use_tma and cfg.tma_store and m_loc % cfg.block_m == 0
+    c_desc = cached_descriptor(c, [cfg.block_m, cfg.block_n // cfg.epi_split]) if tma_store else None
     dummy = err
     ag_gemm_kernel[(progs,)](
-        a, b, c, a_desc, b_desc,
+        a, b, c, a_desc, b_desc, c_desc,
         flags if flags is not None else dummy, heap_bases if heap_bases is not None else dummy, err,
         count if count is not None else dummy, seen if seen is not None else dummy,
         m_loc, n, k,
@@ -243,5 +296,6 @@ def launch_ag_gemm(
         rank, epoch, budget, kernel_id,
         WORLD=world, A_MODE=mode, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=use_tma,
-        SYNC_MODE=sync, COUNT=count is not None, num_warps=cfg.num_warps,
+        SYNC_MODE=sync, COUNT=count is not None, TMA_STORE=tma_store, EPI_SPLIT=cfg.epi_split if tma_store else 1,
+        num_warps=cfg.num_warps,
     )

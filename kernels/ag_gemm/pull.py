@@ -1,42 +1,105 @@
-"""Fine-grained pull: one persistent Triton GEMM that loads remote rows of A straight from the
-peers' symmetric heaps (``iris.load`` through ``heap_bases``), own rows first.
+"""Fine-grained pull: each rank fetches its peers' A rows itself, block by block, into its own
+gathered buffer, and one persistent Triton GEMM consumes each block as soon as it is staged, own
+rows first.
 
-No flags: every rank's shard is written during setup, and setup ends with a barrier, so a shard
-never changes while a peer reads it (a workload whose A changed every iteration would need a
-per-iteration ready flag, as the push variant has). The price: each A tile crosses the link once
-per N-tile that uses it (the peer's L2 serves repeats, the local L2 does not cache peer memory),
-so pull moves ``N / BLOCK_N`` times the all-gather's bytes; it is the simplest fine-grained form.
+Transports (``cfg.transport``):
+- ``"ce"`` (default): copy engines read every remote M-block exactly once (one side stream per
+  peer, one ``cuMemcpyAsync`` per block) and set a local flag to the epoch after each block; the
+  GEMM's waits poll local memory and no SM moves data.
+- ``"sm"``: ``push.copy_blocks_kernel`` in pull mode (16-byte vector Iris loads from the peer,
+  local stores, a local release-add per piece) on a side stream, beside the GEMM.
+- ``"direct"``: the GEMM loads remote tiles straight from the peers' heaps with ``iris.load``. Each
+  A tile then crosses the link once per N-tile that uses it (``N / BLOCK_N`` times the all-gather's
+  bytes: 32x at N=8192, BLOCK_N=256): the first version's design, kept as the reference for why
+  staging matters.
+
+Each rank's shard is its own slab of its gathered buffer, written during setup; setup ends with a
+barrier, so a slab never changes while a peer reads it (a workload whose A changed every iteration
+would need a per-iteration "shard ready" flag, as the push variant has). The gathered buffer is
+single: this iteration's staging copies wait for the previous iteration's GEMM (side streams wait
+on the main stream), and the flags hold epochs, so they never need a reset.
 """
 from __future__ import annotations
 
-from .gemm_tiles import A_PULL, launch_ag_gemm
+import contextlib
+
+import torch
+import triton
+
+from .copy_engine import CopyEngine
+from .gemm_tiles import A_PULL, A_WAIT, GemmConfig, launch_ag_gemm, make_descriptor, tma_available
+from .push import chunk_k, ce_transfer_blocks, launch_copy_blocks, push_pieces, side_streams
 from .workload import AgGemmState, AgGemmVariant, symmetric_heap
 
 KERNEL = "ag_gemm_kernel"
+STAGE_KERNEL = "copy_blocks_kernel"
+CE_PULL = "ce_get"
+
+
+def wait_target(cfg: GemmConfig, k: int, epoch: int) -> int:
+    """Flag value meaning "staged for ``epoch``": copy engines set the epoch; the kernel transport
+    adds one per piece every epoch (single buffer, so ``epoch x pieces``)."""
+    if cfg.transport == "ce":
+        return epoch
+    return epoch * push_pieces(k, chunk_k(cfg, k))
 
 
 def prepare(st: AgGemmState, nbytes: int) -> None:
     heap = symmetric_heap(st, nbytes)
-    shard = heap.empty((st.m_loc, st.k), st.dtype)
-    shard.copy_(st.a_local)
-    st.a_local = shard
+    bpr = triton.cdiv(st.m_loc, st.cfg.block_m)
+    st.gathered = heap.empty((st.m, st.k), st.dtype)
+    st.flags = heap.zeros((st.world * bpr,), torch.int32)
+    own = st.gathered[st.rank * st.m_loc:(st.rank + 1) * st.m_loc]
+    own.copy_(st.a_local)
+    st.a_local = own
     st.cache["heap_bases"] = heap.heap_bases
+    cfg = st.cfg
+    if cfg.transport == "ce":
+        st.cache["ce"] = CopyEngine(heap, st.c.device, cfg.ce_signal)
+    elif cfg.transport not in ("sm", "direct"):
+        raise ValueError(f"pull: unknown transport {cfg.transport!r} (use 'ce', 'sm' or 'direct')")
+    if cfg.transport != "direct" and cfg.use_tma and tma_available():
+        st.cache["a_desc"] = make_descriptor(st.gathered, [cfg.block_m, cfg.block_k])
+        st.cache["b_desc"] = make_descriptor(st.b, [cfg.block_k, cfg.block_n])
 
 
 def run(st: AgGemmState) -> None:
     st.epoch += 1
+    cfg, bases = st.cfg, st.cache["heap_bases"]
+    common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, cfg=cfg, err=st.err, sync=st.sync,
+                  heap_bases=bases, budget=st.budget, count=st.count, seen=st.seen)
+    if cfg.transport == "direct":
+        with st.ctx.kernel(KERNEL):
+            launch_ag_gemm(st.gathered, st.b, st.c, mode=A_PULL, epoch=st.epoch, **common)
+        return
+    ce = cfg.transport == "ce"
+    streams = side_streams(st, (st.world - 1) if ce else 1) if st.world > 1 else []
+    main = torch.cuda.current_stream(st.c.device) if streams else None
+    for s in streams:
+        s.wait_stream(main)  # the previous GEMM is done reading the buffer
+    if ce:
+        with st.ctx.kernel(CE_PULL):
+            ce_transfer_blocks(st, st.cache["ce"], st.gathered, st.flags, pull=True, value=st.epoch, streams=streams)
+    elif st.world > 1:
+        with (torch.cuda.stream(streams[0]) if streams else contextlib.nullcontext()), st.ctx.kernel(STAGE_KERNEL):
+            launch_copy_blocks(st.gathered, st.flags, bases, pull=True, m_loc=st.m_loc, rank=st.rank,
+                               world=st.world, cfg=cfg)
+    reserve = cfg.push_progs if (cfg.transport == "sm" and cfg.reserve_sms and st.world > 1) else 0
     with st.ctx.kernel(KERNEL):
-        launch_ag_gemm(st.a_local, st.b, st.c, mode=A_PULL, rank=st.rank, world=st.world, m_loc=st.m_loc,
-                       cfg=st.cfg, err=st.err, sync=st.sync, heap_bases=st.cache["heap_bases"], epoch=st.epoch,
-                       budget=st.budget, count=st.count, seen=st.seen)
+        launch_ag_gemm(st.gathered, st.b, st.c, mode=A_WAIT, flags=st.flags, epoch=wait_target(cfg, st.k, st.epoch),
+                       a_desc=st.cache.get("a_desc"), b_desc=st.cache.get("b_desc"), reserve_programs=reserve,
+                       **common)
+    for s in streams:
+        main.wait_stream(s)
 
 
 VARIANT = AgGemmVariant(
     name="pull",
     run=run,
-    roles={KERNEL: "fused"},
+    roles={CE_PULL: "comm", r"(?i)memcpy": "comm", STAGE_KERNEL: "comm", KERNEL: "fused"},
     needs_heap=True,
     fine_grained=True,
-    description="persistent Triton GEMM loading remote A tiles from peers' heaps (iris.load), own rows first",
+    description="each rank stages every remote A block once into its gathered buffer (copy engines or a Triton "
+                "pull kernel) with local epoch flags; persistent GEMM consumes each block when staged, own rows first",
     prepare=prepare,
 )

@@ -1,26 +1,33 @@
 """Fine-grained push: every rank pushes its own A rows into its peers' gathered buffers, block by
-block, each block followed by a release-set flag; the GEMM on each rank consumes a remote block as
-soon as its flag holds the current epoch.
+block, each block followed by a flag that holds the iteration (epoch); the GEMM on each rank
+consumes a remote block as soon as its flag says it arrived.
 
 Design decisions (why):
-- The push runs as its own small kernel (``push_progs`` programs) on a side stream, launched
-  before the GEMM; the GEMM's persistent grid leaves that many SMs free, so both kernels are
-  resident together on a GPU and the GEMM's waits can always be satisfied. Under Triton's
-  interpreter, launches run to completion one after another: the push kernel (which never waits)
-  finishes before this rank's GEMM starts, and the peers' pushes run in the peers' threads or
-  processes, so no program ever waits on a later program of its own launch.
+- Transports (``cfg.transport``). ``"ce"``: copy engines (``copy_engine.py``): one side stream per
+  peer, one ``cuMemcpyAsync`` per M-block into the peer's gathered buffer, then a stream flag write
+  on the peer (set to the epoch); no SM takes part in the communication, so the persistent GEMM
+  keeps every SM. ``"sm"``: ``copy_blocks_kernel`` below, a small Triton kernel on a side stream
+  with 16-byte vector stores (Iris ``store`` with a contiguity hint: without it the translated
+  pointers lose their alignment and every bf16 element became its own 2-byte NVLink write, the
+  cause of the first version's ~10 GB/s), one release-add per piece of a block; by default it
+  co-resides with the GEMM on the same SMs (it uses no shared memory and few registers).
 - Own rows are never copied: this rank's A shard *is* its slab of the gathered buffer (a view), so
   the GEMM starts on own tiles at once while the peers' blocks arrive.
 - The gathered buffer and the flags are double-buffered by epoch parity, and flags hold epochs
   (never reset). Race freedom: rank r's push of epoch e+2 into rank p's parity slot needs r to have
   finished its GEMM of epoch e+1, which needed p's push of e+1, which p enqueues only after its GEMM
-  of epoch e (the push stream waits on the main stream), so p is done reading that slot.
-- Blocks are pushed block-major over destinations (block 0 to every peer, then block 1, ...),
-  the order the GEMM schedules remote tiles in.
+  of epoch e (the push streams wait on the main stream), so p is done reading that slot.
+- Push order is staggered: the first block goes to every peer at once (one stream per peer for the
+  copy engines, work items interleaved over peers for the kernel), and each rank sends to
+  ``rank - 1`` first, the peer whose GEMM consumes this rank's blocks first (``_tile_coords``).
+- Under Triton's interpreter, launches run to completion one after another: the pushes (which never
+  wait) finish before this rank's GEMM starts, and the peers' pushes run in the peers' threads or
+  processes, so no program ever waits on a later program of its own launch.
 """
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 import triton
@@ -30,70 +37,153 @@ import iris
 
 from taxmodel.kernels._sync import signal_add
 
-from .gemm_tiles import A_WAIT, launch_ag_gemm, make_descriptor, tma_available
+from .copy_engine import CopyEngine
+from .gemm_tiles import A_WAIT, GemmConfig, launch_ag_gemm, make_descriptor, tma_available
 from .workload import AgGemmState, AgGemmVariant, symmetric_heap
 
-PUSH_KERNEL = "push_rows_kernel"
+PUSH_KERNEL = "copy_blocks_kernel"
+CE_PUSH = "ce_put"
 GEMM_KERNEL = "ag_gemm_kernel"
 
 
 @triton.jit
-def push_rows_kernel(
+def copy_blocks_kernel(
     gathered_ptr, flags_ptr, heap_bases,
-    M_loc, K, stride_m, stride_k, rank,
-    WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr,
-    NUM_PROGS: tl.constexpr,
+    M_loc, K, stride_m, rank,
+    WORLD: tl.constexpr, PULL: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, NUM_PROGS: tl.constexpr, EVEN: tl.constexpr,
 ):
-    """Copy this rank's slab of ``gathered`` (rows rank*M_loc ...) into the same rows of every peer's
-    gathered buffer. A work item is one piece (BLOCK_M rows x CHUNK_K columns) of one block for one
-    peer; after it, the peer's counter flag of that block gets +1 (release). Items run block-major,
-    then piece, then peer, so every peer receives block 0 first."""
+    """Move M-blocks of A between the ranks' gathered buffers (same rows on both sides).
+
+    Push (``PULL`` false): this rank's slab into every peer's buffer; the peer's counter flag of the
+    block gets +1 per piece. Pull: every peer's slab into this rank's buffer; this rank's counter
+    flag gets +1 per piece. A work item is one piece (``BLOCK_M`` rows x ``CHUNK_K`` columns) of one
+    block for one peer, moved ``ROWS x BLOCK_K`` elements at a time; items run block-major, then
+    piece, then peer, so every peer's first block moves first. ``EVEN`` (no partial block or
+    piece) drops the masks so that every access is a 16-byte vector.
+    """
     pid = tl.program_id(0)
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     pieces = tl.cdiv(K, CHUNK_K)
     items = blocks_per_rank * pieces * (WORLD - 1)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_r = tl.arange(0, ROWS)
     offs_k = tl.arange(0, BLOCK_K)
     for item in range(pid, items, NUM_PROGS):
-        peer_step = item % (WORLD - 1) + 1
+        step = item % (WORLD - 1) + 1
         piece = (item // (WORLD - 1)) % pieces
         j = item // ((WORLD - 1) * pieces)
-        dst = (rank + peer_step) % WORLD
-        rows = j * BLOCK_M + offs_m
-        row_ok = rows < M_loc
-        base = gathered_ptr + (rank * M_loc + rows)[:, None] * stride_m
-        for k0 in range(piece * CHUNK_K, piece * CHUNK_K + CHUNK_K, BLOCK_K):
-            ks = k0 + offs_k
-            ptrs = base + ks[None, :] * stride_k
-            iris.put(ptrs, ptrs, rank, dst, heap_bases, mask=row_ok[:, None] & (ks < K)[None, :])
-        signal_add(flags_ptr + rank * blocks_per_rank + j, 1, rank, dst, heap_bases)
+        if PULL:
+            peer = (rank + step) % WORLD
+            owner = peer
+        else:
+            peer = (rank + WORLD - step) % WORLD
+            owner = rank
+        for r0 in range(0, BLOCK_M, ROWS):
+            rows = j * BLOCK_M + r0 + offs_r
+            base = gathered_ptr + (owner * M_loc + rows)[:, None] * stride_m
+            for k0 in range(piece * CHUNK_K, piece * CHUNK_K + CHUNK_K, BLOCK_K):
+                ks = k0 + offs_k
+                ptrs = base + ks[None, :]
+                if EVEN:
+                    if PULL:
+                        v = iris.load(ptrs, rank, peer, heap_bases, hint=(1, 16))
+                        tl.store(ptrs, v)
+                    else:
+                        v = tl.load(ptrs)
+                        iris.store(ptrs, v, rank, peer, heap_bases, hint=(1, 16))
+                else:
+                    mask = (rows < M_loc)[:, None] & (ks < K)[None, :]
+                    if PULL:
+                        v = iris.load(ptrs, rank, peer, heap_bases, mask=mask)
+                        tl.store(ptrs, v, mask=mask)
+                    else:
+                        v = tl.load(ptrs, mask=mask)
+                        iris.store(ptrs, v, rank, peer, heap_bases, mask=mask)
+        # One release per piece (system scope), after every thread's stores of the piece.
+        if PULL:
+            signal_add(flags_ptr + owner * blocks_per_rank + j, 1, rank, rank, heap_bases)
+        else:
+            signal_add(flags_ptr + owner * blocks_per_rank + j, 1, rank, peer, heap_bases)
 
 
 def push_pieces(k: int, chunk_k: int) -> int:
-    """Pieces per block: the count a block's flag gains per epoch of its parity."""
+    """Pieces per block: what a block's counter flag gains per epoch (``sm`` transport)."""
     return triton.cdiv(k, chunk_k)
 
 
+def chunk_k(cfg: GemmConfig, k: int) -> int:
+    """Columns per piece of the ``sm`` transport (a power of two, at most K rounded up)."""
+    return min(cfg.push_chunk_k, triton.next_power_of_2(k))
+
+
 def flag_target(epoch: int, pieces: int) -> int:
-    """Counter value meaning "every piece of this block arrived for ``epoch``": flags of one parity
-    count the arrivals of all epochs of that parity so far ((epoch + 1) // 2 of them)."""
+    """Counter value meaning "every piece of this block arrived for ``epoch``" when flags are
+    double-buffered by parity: flags of one parity count the arrivals of all epochs of that parity
+    so far ((epoch + 1) // 2 of them)."""
     return (epoch + 1) // 2 * pieces
 
 
-def launch_push(gathered: torch.Tensor, flags: torch.Tensor, heap_bases: torch.Tensor, *, m_loc: int,
-                rank: int, world: int, block_m: int, block_k: int, chunk_k: int, num_progs: int,
-                num_warps: int) -> None:
-    """Enqueue the push kernel (nothing to do on one rank)."""
+def wait_target(cfg: GemmConfig, k: int, epoch: int) -> int:
+    """The flag value the push variant's GEMM waits for in ``epoch`` (copy engines set the epoch;
+    the kernel transport counts pieces)."""
+    if cfg.transport == "ce":
+        return epoch
+    return flag_target(epoch, push_pieces(k, chunk_k(cfg, k)))
+
+
+def launch_copy_blocks(gathered: torch.Tensor, flags: torch.Tensor, heap_bases: torch.Tensor, *, pull: bool,
+                       m_loc: int, rank: int, world: int, cfg: GemmConfig) -> None:
+    """Enqueue ``copy_blocks_kernel`` on the current stream (nothing to do on one rank)."""
     if world == 1:
         return
     k = gathered.shape[1]
-    items = triton.cdiv(m_loc, block_m) * push_pieces(k, chunk_k) * (world - 1)
-    progs = max(1, min(num_progs, items))
-    push_rows_kernel[(progs,)](
-        gathered, flags, heap_bases, m_loc, k, gathered.stride(0), gathered.stride(1), rank,
-        WORLD=world, BLOCK_M=block_m, BLOCK_K=min(block_k, chunk_k), CHUNK_K=chunk_k, NUM_PROGS=progs,
-        num_warps=num_warps,
+    ck = chunk_k(cfg, k)
+    bk = min(cfg.push_block_k, ck)
+    rows = min(cfg.push_rows, cfg.block_m)
+    items = triton.cdiv(m_loc, cfg.block_m) * push_pieces(k, ck) * (world - 1)
+    progs = max(1, min(cfg.push_progs, items))
+    even = (m_loc % cfg.block_m == 0 and k % ck == 0 and cfg.block_m % rows == 0 and gathered.stride(1) == 1)
+    copy_blocks_kernel[(progs,)](
+        gathered, flags, heap_bases, m_loc, k, gathered.stride(0), rank,
+        WORLD=world, PULL=pull, BLOCK_M=cfg.block_m, ROWS=rows, BLOCK_K=bk, CHUNK_K=ck, NUM_PROGS=progs,
+        EVEN=even, num_warps=cfg.push_warps,
     )
+
+
+def side_streams(st: AgGemmState, count: int) -> list[Any]:
+    """``count`` side streams on the GPU (cached in the state), an empty list on CPU."""
+    if not st.c.is_cuda:
+        return []
+    streams = st.cache.setdefault("side_streams", [])
+    while len(streams) < count:
+        streams.append(torch.cuda.Stream(device=st.c.device))
+    return streams[:count]
+
+
+def ce_transfer_blocks(st: AgGemmState, ce: CopyEngine, gathered: torch.Tensor, flags: torch.Tensor, *,
+                       pull: bool, value: int, streams: list[Any]) -> None:
+    """Copy-engine moves of whole M-blocks, one stream per peer, each block followed by its flag.
+
+    Push: this rank's slab -> the same rows of peer ``rank - step``; the flag is set on the peer.
+    Pull: peer ``rank + step``'s slab (its own rows of its gathered buffer) -> this rank's buffer;
+    the flag is set here. Blocks go in consumption order (block-major, peers interleaved).
+    """
+    row_bytes = st.k * gathered.element_size()
+    base = ce.offset_of(gathered)
+    bm, bpr = st.cfg.block_m, triton.cdiv(st.m_loc, st.cfg.block_m)
+    for j in range(bpr):
+        rows = min(bm, st.m_loc - j * bm)
+        for step in range(1, st.world):
+            stream = streams[step - 1] if streams else None
+            if pull:
+                peer = (st.rank + step) % st.world
+                owner, dst, src = peer, st.rank, peer
+            else:
+                peer = (st.rank + st.world - step) % st.world
+                owner, dst, src = st.rank, peer, st.rank
+            off = base + (owner * st.m_loc + j * bm) * row_bytes
+            ce.copy(dst, off, src, off, rows * row_bytes, stream)
+            ce.write_flag(dst, flags, owner * bpr + j, value, stream)
 
 
 def prepare(st: AgGemmState, nbytes: int) -> None:
@@ -106,44 +196,50 @@ def prepare(st: AgGemmState, nbytes: int) -> None:
     st.gathered[:, own].copy_(st.a_local.unsqueeze(0).expand(2, -1, -1))
     st.a_local = st.gathered[0, own]
     st.cache["heap_bases"] = heap.heap_bases
+    if st.cfg.transport == "ce":
+        st.cache["ce"] = CopyEngine(heap, st.c.device, st.cfg.ce_signal)
+    elif st.cfg.transport != "sm":
+        raise ValueError(f"push: unknown transport {st.cfg.transport!r} (use 'ce' or 'sm')")
     if st.cfg.use_tma and tma_available():
         cfg = st.cfg
         st.cache["a_desc"] = [make_descriptor(st.gathered[p], [cfg.block_m, cfg.block_k]) for p in (0, 1)]
         st.cache["b_desc"] = make_descriptor(st.b, [cfg.block_k, cfg.block_n])
-    if st.c.is_cuda:
-        st.cache["side_stream"] = torch.cuda.Stream(device=st.c.device)
 
 
 def run(st: AgGemmState) -> None:
     st.epoch += 1
     parity, cfg = st.epoch % 2, st.cfg
     gathered, flags, bases = st.gathered[parity], st.flags[parity], st.cache["heap_bases"]
-    chunk_k = min(cfg.push_chunk_k, triton.next_power_of_2(st.k))
-    target = flag_target(st.epoch, push_pieces(st.k, chunk_k))
-    side = st.cache.get("side_stream")
-    main = torch.cuda.current_stream(st.c.device) if side is not None else None
-    if side is not None:
-        side.wait_stream(main)  # this iteration's inputs (and the previous GEMM) come first
-    with (torch.cuda.stream(side) if side is not None else contextlib.nullcontext()), st.ctx.kernel(PUSH_KERNEL):
-        launch_push(gathered, flags, bases, m_loc=st.m_loc, rank=st.rank, world=st.world, block_m=cfg.block_m,
-                    block_k=cfg.push_block_k, chunk_k=chunk_k, num_progs=cfg.push_progs, num_warps=cfg.push_warps)
+    ce = cfg.transport == "ce"
+    streams = side_streams(st, (st.world - 1) if ce else 1) if st.world > 1 else []
+    main = torch.cuda.current_stream(st.c.device) if streams else None
+    for s in streams:
+        s.wait_stream(main)  # this iteration's inputs (and the previous GEMM) come first
+    if ce:
+        with st.ctx.kernel(CE_PUSH):
+            ce_transfer_blocks(st, st.cache["ce"], gathered, flags, pull=False, value=st.epoch, streams=streams)
+    elif st.world > 1:
+        with (torch.cuda.stream(streams[0]) if streams else contextlib.nullcontext()), st.ctx.kernel(PUSH_KERNEL):
+            launch_copy_blocks(gathered, flags, bases, pull=False, m_loc=st.m_loc, rank=st.rank, world=st.world,
+                               cfg=cfg)
     a_desc = st.cache["a_desc"][parity] if "a_desc" in st.cache else None
+    reserve = cfg.push_progs if (cfg.transport == "sm" and cfg.reserve_sms and st.world > 1) else 0
     with st.ctx.kernel(GEMM_KERNEL):
         launch_ag_gemm(gathered, st.b, st.c, mode=A_WAIT, rank=st.rank, world=st.world, m_loc=st.m_loc, cfg=cfg,
-                       err=st.err, sync=st.sync, flags=flags, heap_bases=bases, epoch=target, budget=st.budget,
-                       count=st.count, seen=st.seen, a_desc=a_desc, b_desc=st.cache.get("b_desc"),
-                       reserve_programs=cfg.push_progs if st.world > 1 else 0)
-    if side is not None:
-        main.wait_stream(side)
+                       err=st.err, sync=st.sync, flags=flags, heap_bases=bases,
+                       epoch=wait_target(cfg, st.k, st.epoch), budget=st.budget, count=st.count, seen=st.seen,
+                       a_desc=a_desc, b_desc=st.cache.get("b_desc"), reserve_programs=reserve)
+    for s in streams:
+        main.wait_stream(s)
 
 
 VARIANT = AgGemmVariant(
     name="push",
     run=run,
-    roles={PUSH_KERNEL: "comm", GEMM_KERNEL: "fused"},
+    roles={CE_PUSH: "comm", r"(?i)memcpy": "comm", PUSH_KERNEL: "comm", GEMM_KERNEL: "fused"},
     needs_heap=True,
     fine_grained=True,
-    description="push kernel (side stream) stores A blocks into peers with release flags; persistent GEMM "
-                "consumes each block when its flag holds the epoch, own rows first",
+    description="each rank pushes its A blocks into the peers' gathered buffers (copy engines or a Triton copy "
+                "kernel) with epoch flags; persistent GEMM consumes each block when its flag arrives, own rows first",
     prepare=prepare,
 )

@@ -28,6 +28,11 @@ from .gemm_tiles import GemmConfig, default_config
 DTYPE_CODES = {16: torch.bfloat16, 15: torch.float16, 32: torch.float32}
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
+#: Kernel names (regex) that write remote rows of A into a gathered buffer in the fine-grained
+#: variants: copy-engine copies (traced as memcpy rows; ``ce_put``/``ce_get`` ranges on CPU) or the
+#: Triton copy kernel.
+COPY_PRODUCERS = r"(?i)memcpy|ce_put|ce_get|copy_blocks_kernel"
+
 #: GPU presets: M x N x K with N = K = 8192 (the issue's sizes), a smaller N = K = 4096 family, and
 #: the tensor-parallel layout (weight split by columns) of the 8192 family.
 _GPU_PRESETS: dict[str, dict[str, int]] = {}
@@ -154,7 +159,8 @@ def heap_bytes(shape: Mapping[str, int], world: int, variant: str, dtype: torch.
     elt = torch.empty((), dtype=dtype).element_size()
     slack = 4096
     if variant == "pull":
-        return m_loc * k * elt + slack
+        bpr = -(-m_loc // cfg.block_m)
+        return m * k * elt + world * bpr * 4 + slack
     if variant == "push":
         bpr = -(-m_loc // cfg.block_m)
         return 2 * m * k * elt + 2 * world * bpr * 4 + slack
@@ -175,6 +181,9 @@ class AgGemm(Workload):
 
     def __init__(self, config: GemmConfig | None = None) -> None:
         self.config = config
+
+    def _transport(self) -> str:
+        return (self.config or GemmConfig()).transport
 
     def variants(self) -> dict[str, Variant]:
         from . import bsp, pull, push, torch_fused
@@ -224,8 +233,9 @@ class AgGemm(Workload):
     def cost(self, shape: Mapping[str, int], world_size: int, variant: str) -> Cost:
         """Per rank and iteration. HBM floor: own A shard read, B read, C written (remote rows of A
         can go from the link straight on chip); link: the (world-1) remote shards received.
-        Intermediates: the gathered A written to HBM by the all-gather (or the pushes) and read
-        back by the GEMM (bsp, torch_fused, push); pull reads remote rows straight into the GEMM."""
+        Intermediates: the gathered A written to HBM by the all-gather (or the pushes, or the
+        pull's staging copies) and read back by the GEMM; only the "direct" pull transport reads
+        remote rows straight into the GEMM."""
         m, m_loc, n_loc, k = shape_dims(shape, world_size)
         dtype_code = shape.get("dtype")
         dtype = DTYPE_CODES.get(int(dtype_code), torch.bfloat16) if dtype_code is not None else torch.bfloat16
@@ -239,7 +249,9 @@ class AgGemm(Workload):
             producer = bsp.ALLGATHER_KERNELS if variant == "bsp" else torch_fused.COPY_KERNELS
             inter = (Intermediate("gathered_A", m * k * elt, producer, consumer),)
         elif variant == "push" and world_size > 1:
-            inter = (Intermediate("pushed_A", remote, "push_rows_kernel", "ag_gemm_kernel"),)
+            inter = (Intermediate("pushed_A", remote, COPY_PRODUCERS, "ag_gemm_kernel"),)
+        elif variant == "pull" and world_size > 1 and self._transport() != "direct":
+            inter = (Intermediate("staged_A", remote, COPY_PRODUCERS, "ag_gemm_kernel"),)
         return Cost(
             flops=2 * m * n_loc * k,
             hbm_bytes=(m_loc * k + k * n_loc + m * n_loc) * elt,

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 
-SOURCES = ("datasheet", "calibrated")
+SOURCES = ("datasheet", "calibrated", "nominal")  # nominal: placeholder numbers for CPU emulation
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,10 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
                 raise
             hw = None
 
-    gpu = ev[ev["kind"].isin(schema.GPU_KINDS)]
+    codes, kind_names = pd.factorize(ev["kind"])
+    kinds = {k: ev[codes == i] for i, k in enumerate(kind_names) if k not in schema.GPU_KINDS}  # small host-side frames
+    gpu = ev[np.isin(codes, [i for i, k in enumerate(kind_names) if k in schema.GPU_KINDS])]
+    ev = _KindFrames(ev.iloc[:0], kinds)
     skip = _check_iterations(gpu, lenient, skipped)
     match = match_collectives(gpu)
     for row in match.incomplete.itertuples(index=False):
@@ -148,7 +151,7 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
         skipped.append(f"{msg}: iteration skipped")
         skip.add((int(row.repetition), int(row.iteration)))
 
-    clock = estimate_clock(ev, meta, match.complete(), ranks)
+    clock = estimate_clock(ev["marker"], meta, match.complete(), ranks)
     caveats.extend(clock.notes)
     offsets = clock.offsets_ns
 
@@ -292,6 +295,17 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
 
 # --- steps ----------------------------------------------------------------------------------------
 
+class _KindFrames:
+    """Host-side rows split by kind once (comparing a 'kind' string per row is the slow part of
+    selecting them); ``frames["sync"]`` is an empty frame when there are none."""
+
+    def __init__(self, empty: pd.DataFrame, frames: dict[str, pd.DataFrame]):
+        self.empty, self.frames = empty, frames
+
+    def __getitem__(self, kind: str) -> pd.DataFrame:
+        return self.frames.get(kind, self.empty)
+
+
 def _role_class(role: pd.Series) -> np.ndarray:
     """Sweep class of each GPU row from its role, comparing the few distinct roles only."""
     codes, uniq = pd.factorize(role)
@@ -348,7 +362,8 @@ def _check_clock(clock: ClockAlignment, wdf: pd.DataFrame, lenient: bool, caveat
 def _launch_ends(ev: pd.DataFrame, gpu: pd.DataFrame, offsets: dict[int, int]) -> np.ndarray:
     """Aligned end of the host launch call that enqueued each GPU row (linked by correlation on
     the same rank; for a CUDA/HIP graph that is the graph launch); NO_LAUNCH when unknown."""
-    launches = ev[(ev["kind"] == "launch") & (ev["correlation"] >= 0)]
+    launches = ev["launch"]
+    launches = launches[launches["correlation"] >= 0]
     out = np.full(len(gpu), NO_LAUNCH, np.int64)
     if launches.empty:
         return out
@@ -395,7 +410,7 @@ def _idle_pieces(seg: dict, lab: np.ndarray, ev: pd.DataFrame, offsets: dict[int
     cap = np.where(unknown, b, np.clip(L, a, b))
     # host syncs: the gap is barrier_idle until the last sync that returned inside it
     s = a.copy()
-    syncs = ev[ev["kind"] == "sync"]
+    syncs = ev["sync"]
     if len(syncs) and len(g):
         rank_of = np.asarray(ranks, np.int64)[g % nr]
         for r in np.unique(rank_of):  # a loop over ranks, not events
@@ -506,7 +521,7 @@ def _flag_wait(gpu, g_start, g_end, ev, offsets, role) -> np.ndarray:
     """Per GPU row: mean flag_wait time per CTA from in-kernel records inside it (fused kernels
     only): the sum of its flag_wait record durations divided by its number of recorded CTAs."""
     out = np.zeros(len(gpu))
-    rec = ev[ev["kind"] == "record"]
+    rec = ev["record"]
     fused = np.flatnonzero(role == "fused")
     if rec.empty or not len(fused):
         return out
@@ -586,7 +601,7 @@ def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, 
     elif hw is None:
         caveats.append("no hardware spec: useful and locality_tax are 0")
     fused_rows = gpu["role"] == "fused"
-    if fused_rows.any() and not (ev["kind"] == "record").any():
+    if fused_rows.any() and ev["record"].empty:
         caveats.append("fused kernels ran without in-kernel trace records: waits on flags inside them are not visible "
                        "(flag_wait is 0) and count as compute time")
     active = set(int(r) for r in gpu["rank"].unique())

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Mapping
 
 import pandas as pd
 

@@ -99,6 +99,22 @@ def reference_of(group: Sequence[LedgerLike]) -> LedgerLike | None:
     return None
 
 
+def clock_offsets(ledger: LedgerLike) -> dict[int, int]:
+    """rank -> ns to add to that rank's event times: the ledger's alignment (the bundle's if absent)."""
+    offs = getattr(getattr(ledger, "clock", None), "offsets_ns", None)
+    if offs is None:
+        offs = (ledger.meta or {}).get("clock_offsets_ns") or {}
+    return {int(k): int(v) for k, v in offs.items()}
+
+
+def aligned_events(events: pd.DataFrame, ledger: LedgerLike) -> pd.DataFrame:
+    """``events`` with start_ns/end_ns moved onto the ledger's aligned clock (the one its intervals use)."""
+    offsets = clock_offsets(ledger)
+    shift = events["rank"].astype("int64").map(offsets).fillna(0).astype("int64").to_numpy()
+    return events.assign(start_ns=events["start_ns"].to_numpy().astype("int64") + shift,
+                         end_ns=events["end_ns"].to_numpy().astype("int64") + shift)
+
+
 def mean_window_ns(ledger: LedgerLike) -> float:
     """Mean iteration latency (global window) over repetitions and iterations."""
     return float(ledger.windows["window_ns"].mean())

@@ -114,22 +114,6 @@ def typical_iteration(ledger: LedgerLike, repetition: int = 0) -> int:
     return int(order["iteration"].iloc[(len(order) - 1) // 2])
 
 
-def _aligned_events(bundle: Bundle, ledger: LedgerLike) -> pd.DataFrame:
-    """GPU events with times moved onto the ledger's aligned clock."""
-    ev = bundle.events[bundle.events["kind"].isin(GPU_KINDS)]
-    offsets = _offsets(ledger)
-    shift = ev["rank"].map(lambda r: offsets.get(int(r), 0)).astype("int64").to_numpy() if len(ev) else np.zeros(0, "int64")
-    return ev.assign(start_ns=ev["start_ns"].to_numpy() + shift, end_ns=ev["end_ns"].to_numpy() + shift)
-
-
-def _offsets(ledger: LedgerLike) -> dict[int, int]:
-    clock = getattr(ledger, "clock", None)
-    offs = getattr(clock, "offsets_ns", None)
-    if offs is None:
-        offs = (ledger.meta or {}).get("clock_offsets_ns") or {}
-    return {int(k): int(v) for k, v in offs.items()}
-
-
 def iteration_timeline(cases: Sequence[tuple[Bundle, LedgerLike]], *, iteration: int | None = None,
                        repetition: int = 0) -> Figure:
     """One iteration per case (e.g. bsp above fine-grained) on a shared time axis from the window start.
@@ -148,7 +132,7 @@ def iteration_timeline(cases: Sequence[tuple[Bundle, LedgerLike]], *, iteration:
                 raise AnalysisError(f"{ledger.label}: no iteration {it} in repetition {repetition}; "
                                     f"choose one of {sorted(ledger.windows['iteration'].unique().tolist())}")
             w0, w1 = int(win["start_ns"].iloc[0]), int(win["end_ns"].iloc[0])
-            ev = _aligned_events(bundle, ledger)
+            ev = compare.aligned_events(bundle.events[bundle.events["kind"].isin(GPU_KINDS)], ledger)
             ev = ev[(ev["end_ns"] > w0) & (ev["start_ns"] < w1)]
             iv = ledger.intervals
             iv = iv[(iv["repetition"] == repetition) & (iv["iteration"] == it)]
@@ -375,18 +359,20 @@ def cta_timeline(bundle: Bundle, *, rank: int | None = None, iteration: int | No
         row = pd.Series(np.arange(len(ctas)), index=ctas)
         fig = _new_figure(11.0, min(9.0, 1.8 + 0.16 * len(ctas)))
         ax, ax_tot = fig.subplots(1, 2, sharey=True, width_ratios=[4, 1])
+        bar_h, edge = (0.8, 0.3) if len(ctas) <= 48 else (1.0, 0.0)  # many CTAs: no gaps, or the rows shimmer
         for p, g in rec.groupby("phase"):
             color, hatch = phase_style[str(p)]
             ax.barh(row.loc[g["cta"].astype(int)].to_numpy(), (g["end_ns"] - g["start_ns"]).to_numpy() / NS_PER_US,
-                    left=(g["start_ns"].to_numpy() - t0) / NS_PER_US, height=0.8, color=color, hatch=hatch,
+                    left=(g["start_ns"].to_numpy() - t0) / NS_PER_US, height=bar_h, color=color, hatch=hatch,
                     edgecolor="none", linewidth=0)
         dur = (rec["end_ns"] - rec["start_ns"]).to_numpy() / NS_PER_US
         totals = pd.DataFrame({"cta": rec["cta"].to_numpy(), "wait": np.where(wait, dur, 0.0), "work": np.where(wait, 0.0, dur)})
         totals = totals.groupby("cta")[["wait", "work"]].sum().reindex(ctas, fill_value=0.0)
         y = np.arange(len(ctas))
-        ax_tot.barh(y, totals["work"], color="#7F7F7F", edgecolor=style.EDGE_COLOR, linewidth=0.3, height=0.8, label="work")
+        ax_tot.barh(y, totals["work"], color="#7F7F7F", edgecolor=style.EDGE_COLOR, linewidth=edge, height=bar_h,
+                    label="work")
         ax_tot.barh(y, totals["wait"], left=totals["work"], color=fw.color, hatch=fw.hatch, edgecolor=style.EDGE_COLOR,
-                    linewidth=0.3, height=0.8, label="wait")
+                    linewidth=edge, height=bar_h, label="wait")
         step = max(1, len(ctas) // 24)
         ax.set_yticks(y[::step], [str(c) for c in ctas[::step]])
         ax.set_ylim(-0.6, len(ctas) - 0.4)

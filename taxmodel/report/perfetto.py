@@ -29,6 +29,7 @@ import pandas as pd
 
 from taxmodel import __version__
 from taxmodel.model.categories import LABELS, PARENT, SUBCATEGORY_ORDER
+from taxmodel.report import compare
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.bundle import Bundle
 from taxmodel.trace.schema import GPU_KINDS
@@ -47,30 +48,24 @@ def rank_pid(rank: int) -> int:
     return int(rank) + 1
 
 
-def _offsets(ledger: LedgerLike) -> dict[int, int]:
-    offs = getattr(getattr(ledger, "clock", None), "offsets_ns", None)
-    if offs is None:
-        offs = (ledger.meta or {}).get("clock_offsets_ns") or {}
-    return {int(k): int(v) for k, v in offs.items()}
-
-
 def _track_of_events(ev: pd.DataFrame) -> pd.DataFrame:
-    """(track key, sort index, track name) for each event row."""
-    kind = ev["kind"].to_numpy()
-    stream = ev["stream"].astype("int64").to_numpy()
-    cta = ev["cta"].astype("int64").to_numpy()
-    gpu = np.isin(kind, GPU_KINDS)
-    record = kind == "record"
-    marker = kind == "marker"
-    key = np.where(gpu, "stream:" + stream.astype(str),
-                   np.where(record, "cta:" + cta.astype(str),
-                            np.where(marker, "markers", "host:" + stream.astype(str))))
-    sort = np.where(gpu, _SORT_STREAM + np.clip(stream, 0, 999),
-                    np.where(record, _SORT_CTA + np.clip(cta, 0, 10**6),
-                             np.where(marker, _SORT_MARKER, _SORT_HOST)))
-    name = np.where(gpu, "GPU stream " + stream.astype(str),
-                    np.where(record, "CTA " + cta.astype(str),
-                             np.where(marker, "markers", "host thread " + stream.astype(str))))
+    """(track key, sort index, track name) for each event row: GPU rows by stream, in-kernel
+    records by CTA, markers on one track, other host rows by thread."""
+    kind = ev["kind"].astype(str)
+    stream = ev["stream"].astype("int64")
+    cta = ev["cta"].astype("int64")
+    gpu, record, marker = kind.isin(GPU_KINDS), kind == "record", kind == "marker"
+    host = ~(gpu | record | marker)
+    key = pd.Series("markers", index=ev.index, dtype=object)
+    name = pd.Series("markers", index=ev.index, dtype=object)
+    sort = pd.Series(_SORT_MARKER, index=ev.index, dtype="int64")
+    for mask, prefix, label, ids, base in ((gpu, "stream:", "GPU stream ", stream, _SORT_STREAM),
+                                           (record, "cta:", "CTA ", cta, _SORT_CTA),
+                                           (host, "host:", "host thread ", stream, _SORT_HOST)):
+        text = ids[mask].astype(str)
+        key[mask] = prefix + text
+        name[mask] = label + text
+        sort[mask] = base + (ids[mask].clip(0, 999) if base != _SORT_HOST else 0)
     return pd.DataFrame({"track": key, "sort": sort, "track_name": name}, index=ev.index)
 
 
@@ -95,10 +90,8 @@ def _split_overlaps(df: pd.DataFrame) -> pd.Series:
 
 def chrome_trace(bundle: Bundle, ledger: LedgerLike) -> dict[str, Any]:
     """The trace as a JSON-ready dict: ``{"traceEvents": [...], "otherData": {...}}``."""
-    offsets = _offsets(ledger)
-    ev = bundle.events
-    shift = ev["rank"].astype("int64").map(lambda r: offsets.get(int(r), 0)).astype("int64") if len(ev) else ev["rank"]
-    ev = ev.assign(start_ns=ev["start_ns"].astype("int64") + shift, end_ns=ev["end_ns"].astype("int64") + shift)
+    offsets = compare.clock_offsets(ledger)
+    ev = compare.aligned_events(bundle.events, ledger)
     ev = pd.concat([ev, _track_of_events(ev)], axis=1)
     iv = ledger.intervals
     iv = iv.assign(
@@ -135,6 +128,7 @@ def chrome_trace(bundle: Bundle, ledger: LedgerLike) -> dict[str, Any]:
                     "args": {"sort_index": int(row.sort) * 10 + int(row.lane)}})
 
     out.extend(_event_slices(ev, tid_of, base))
+    out.extend(_launch_flows(ev, tid_of, base))
     out.extend(_ledger_slices(iv, tid_of, base))
     clock = getattr(ledger, "clock", None)
     other = {
@@ -183,6 +177,28 @@ def _args_records(ev: pd.DataFrame) -> list[dict[str, Any]]:
     out = []
     for i in range(len(ev)):
         out.append({c: (v[i].item() if hasattr(v[i], "item") else v[i]) for c, v in cols.items() if set_mask[c][i]})
+    return out
+
+
+def _launch_flows(ev: pd.DataFrame, tid_of: pd.Series, base: int) -> list[dict[str, Any]]:
+    """Arrows from each launch call to the GPU work it enqueued (matched by rank and correlation),
+    as flow start/finish events bound to the two slices, like Kineto's "ac2g" flows."""
+    cols = ["rank", "correlation", "track", "lane", "start_ns"]
+    launch = ev[(ev["kind"] == "launch") & (ev["correlation"] >= 0)][cols]
+    gpu = ev[ev["kind"].isin(GPU_KINDS) & (ev["correlation"] >= 0)][cols]
+    pairs = launch.merge(gpu, on=["rank", "correlation"], suffixes=("_l", "_g"))
+    if pairs.empty:
+        return []
+    flow_id = np.arange(1, len(pairs) + 1)  # dense ids: unique across ranks and small (JSON readers in JS use doubles)
+    pid = pairs["rank"].astype("int64").to_numpy() + 1
+    out = []
+    for end, ph in (("_l", "s"), ("_g", "f")):
+        tids = tid_of.reindex(pd.MultiIndex.from_arrays([pairs["rank"], pairs["track" + end], pairs["lane" + end]]))
+        frame = pd.DataFrame({"ph": ph, "name": "launch", "cat": "ac2g", "id": flow_id, "pid": pid,
+                              "tid": tids.to_numpy().astype("int64"), "ts": _us(pairs["start_ns" + end].to_numpy() - base)})
+        if ph == "f":
+            frame["bp"] = "e"  # bind to the slice that starts at ts (the kernel), not the enclosing one
+        out.extend(frame.to_dict("records"))
     return out
 
 

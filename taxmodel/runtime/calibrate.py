@@ -102,7 +102,7 @@ def peer_copy_bandwidth(device: torch.device, world: int, nbytes: int = 1 << 30)
         if peer == device.index:
             continue
         dst = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", peer))
-        ms = _median_ms(lambda: dst.copy_(src, non_blocking=True), inner=3, reps=5)
+        ms = _median_ms(lambda d=dst: d.copy_(src, non_blocking=True), inner=3, reps=5)
         rows.append({"src": device.index, "dst": peer, "bytes": nbytes, "ms": ms, "bytes_per_s": nbytes / (ms * 1e-3)})
         del dst
     return rows

@@ -208,6 +208,7 @@ class SharedMemoryHeap(SymmetricHeap):
             dist.broadcast_object_list(prefix, src=0, group=group)
         directory = _shm_dir()
         paths = [directory / f"{prefix[0]}-r{r}" for r in range(world_size)]
+        self.paths = paths  # unlinked once mapped; kept to show nothing is left behind
         self._maps: list[mmap.mmap] = []
         self._views: list[torch.Tensor] = []
         try:

@@ -149,7 +149,6 @@ def _init_distributed(device_kind: str, timeout_s: float):
     import torch.distributed as dist
 
     rank = int(os.environ.get("RANK", "0"))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_kind == "cuda":
         if not torch.cuda.is_available():
@@ -330,7 +329,6 @@ class Progress:
 
 def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
     """Profile every requested variant on this rank; rank 0 returns what it wrote."""
-    import torch
     import torch.distributed as dist
     from torch.profiler import record_function
 
@@ -449,7 +447,7 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
             progress.write(f"wrote {path}")
         progress.advance()
         _barrier(ctx, state)
-        del st
+        st = None  # drop this variant's tensors before the next one allocates
     progress.close()
     if ctx.heap is not None:
         ctx.heap.close()

@@ -33,6 +33,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.trace import schema
+from taxmodel.trace.bundle import Bundle, load_bundle, write_bundle
 
 IMPORTER_MODULES: list[str] = [
     "taxmodel.trace.kineto",
@@ -49,15 +50,19 @@ HEAD_BYTES = 64 * 1024
 # --- formats -----------------------------------------------------------------------------------
 
 
+_IMPORT_FAILURES: dict[str, str] = {}
+
+
 def importer_modules() -> list[ModuleType]:
-    """The importer modules that can be imported here (a module whose import fails is skipped,
-    so that one broken optional format never takes the others down)."""
+    """The importer modules that can be imported here. A module whose import fails (a missing
+    optional dependency) is skipped, so that one format never takes the others down; the
+    reason is kept and shown when the user asks for a format that is not available."""
     mods = []
     for name in IMPORTER_MODULES:
         try:
             mods.append(importlib.import_module(name))
-        except ImportError:
-            continue
+        except ImportError as exc:
+            _IMPORT_FAILURES[name] = f"{type(exc).__name__}: {exc}"
     return mods
 
 
@@ -69,7 +74,8 @@ def importer_for(fmt: str) -> ModuleType:
     for mod in importer_modules():
         if mod.FORMAT == fmt:
             return mod
-    raise InputError(f"unknown trace format {fmt!r}; known formats: {', '.join(available_formats())}")
+    failed = "".join(f"; {name} could not be loaded ({why})" for name, why in _IMPORT_FAILURES.items())
+    raise InputError(f"unknown trace format {fmt!r}; known formats: {', '.join(available_formats())}{failed}")
 
 
 def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
@@ -105,7 +111,11 @@ def detect_format(path: str | Path) -> str:
     if not head.strip():
         raise InputError(f"{path}: the file is empty; export the trace again")
     for mod in importer_modules():
-        if mod.sniff(path, head):
+        try:
+            claims = mod.sniff(path, head)
+        except Exception:  # a sniffer that chokes on foreign bytes simply does not claim them
+            claims = False
+        if claims:
             return mod.FORMAT
     raise InputError(f"{path}: format not recognized (known: {', '.join(available_formats())}); "
                      "check the file, or name the format with --format")
@@ -160,10 +170,9 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
 
 def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "auto",
                   iteration_pattern: str | None = None, *, keep_raw: bool = True,
-                  allow_missing_ranks: bool = False):
-    """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format)."""
-    from taxmodel.trace.bundle import Bundle, write_bundle
-
+                  allow_missing_ranks: bool = False) -> tuple[Bundle, str]:
+    """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format).
+    ``keep_raw`` copies the original files into the bundle's ``raw/``."""
     paths = [Path(p) for p in paths]
     events, meta, fmt = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks)
     raw = []
@@ -173,11 +182,7 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
         if dup:
             raise InputError(f"two traces are named {dup!r}; rename one, or import with --no-keep-raw")
         raw = paths
-    out = write_bundle(output, events, meta, raw_files=raw)
-    from taxmodel.trace.bundle import load_bundle
-
-    bundle = load_bundle(out)
-    return bundle, fmt
+    return load_bundle(write_bundle(output, events, meta, raw_files=raw)), fmt
 
 
 # --- cross-file checks -------------------------------------------------------------------------
@@ -376,7 +381,7 @@ def assign_iterations(events: pd.DataFrame, host_ranges: pd.DataFrame,
     launches = launches[(events["kind"] == "launch").to_numpy() & (launches["correlation"] >= 0).to_numpy()]
     launches = launches.drop_duplicates(["rank", "correlation"])
     gpu_rows = pd.DataFrame({"rank": rank[gpu], "correlation": events["correlation"].to_numpy()[gpu]})
-    linked = gpu_rows.merge(launches, on=["rank", "correlation"], how="left")["it"].fillna(-1).to_numpy(dtype=np.int64)
+    linked = gpu_rows.merge(launches, on=["rank", "correlation"], how="left")["it"].fillna(-1).to_numpy(dtype=np.int64, copy=True)
     if gpu_ranges is not None and len(gpu_ranges):
         unlinked = linked < 0
         idx = np.flatnonzero(gpu)[unlinked]

@@ -20,9 +20,9 @@ What becomes a row (everything else -- cpu_op, python_function, flows, metadata 
 Iterations come from the markers matching the iteration pattern (default ``ProfilerStep#N``),
 see ``importers.assign_iterations``. Collectives carry ``collective_op`` (normalized),
 ``collective_id`` ``"<process group>:<sequence>"`` (the ``Seq`` argument where PyTorch records
-it, else the order of that process group's collective kernels on the rank -- which matches
-across ranks only if every rank's trace covers the same collectives) and ``bytes``
-(the larger of the input and output message, in bytes).
+it, else the order of that process group's collective kernels on the rank, see
+``_fill_collectives`` -- which matches across ranks when every rank's trace covers the same
+collectives) and ``bytes`` (the larger of the input and output message, in bytes).
 """
 from __future__ import annotations
 
@@ -203,55 +203,58 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     error, since guessing would silently mislabel ranks.
     """
     pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
-    docs = [(Path(p), _trace_document(Path(p))) for p in paths]
-    ranks = [_dist_info(doc).get("rank") for _, doc in docs]
-    ranks = [_int_or_none(r) for r in ranks]
-    for (path, _), r in zip(docs, ranks):
-        if r is not None and not 0 <= r < MAX_RANKS:
-            raise InputError(f"{path}: distributedInfo.rank is {r}, not a valid rank; the trace is damaged")
-    notes: list[str] = []
-    known = [r is not None for r in ranks]
-    if not any(known):
-        ranks = list(range(len(docs)))
-        rank_source = "file order"
-        if len(docs) > 1:
-            order = ", ".join(f"{p.name}={r}" for (p, _), r in zip(docs, ranks))
-            notes.append(f"kineto: traces record no rank (no distributedInfo); ranks assigned in the order given: {order}")
-    elif not all(known):
-        missing = next(p for (p, _), k in zip(docs, known) if not k)
-        raise InputError(f"{missing}: the trace records no rank (distributedInfo.rank) while the others do; "
-                         "import traces of one distributed run together")
-    else:
-        rank_source = "distributedInfo"
-
-    frames, inputs = [], []
-    hardware: list[dict] = []
-    software: dict[str, Any] = {}
-    for (path, doc), rank in zip(docs, ranks):
-        frame, ranges_host, ranges_gpu, info = _read_one(path, doc, rank, pattern)
+    paths = [Path(p) for p in paths]
+    per_file = []
+    for index, path in enumerate(paths):  # one parsed document in memory at a time
+        doc = _trace_document(path)
+        dist = _dist_info(doc)
+        rank, world = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
+        if rank is not None and not 0 <= rank < MAX_RANKS:
+            raise InputError(f"{path}: distributedInfo.rank is {rank}, not a valid rank; the trace is damaged")
+        if world is not None and not 0 < world <= MAX_RANKS:
+            raise InputError(f"{path}: distributedInfo.world_size is {world}, not a valid world size; the trace is damaged")
+        frame, ranges_host, ranges_gpu, info = _read_one(path, doc, index if rank is None else rank, pattern)
+        del doc
         frame["iteration"] = importers.assign_iterations(frame, ranges_host, ranges_gpu)
         own = frame["_own_iteration"].to_numpy()
         frame.loc[own >= 0, "iteration"] = own[own >= 0]
-        frames.append(frame.drop(columns="_own_iteration"))
-        world = _int_or_none(_dist_info(doc).get("world_size"))
-        if world is not None and not 0 < world <= MAX_RANKS:
-            raise InputError(f"{path}: distributedInfo.world_size is {world}, not a valid world size; the trace is damaged")
-        inputs.append({"file": path.name, "ranks": [rank], "world_size": world, "rank_source": rank_source,
-                       "iterations": int(ranges_host["iteration"].nunique()) if len(ranges_host) else 0})
+        info.update(rank=rank, world=world, iterations=int(ranges_host["iteration"].nunique()),
+                    markers=len(ranges_host) + len(ranges_gpu))
+        per_file.append((path, frame.drop(columns="_own_iteration"), info))
+
+    notes: list[str] = []
+    known = [info["rank"] is not None for _, _, info in per_file]
+    if all(known):
+        rank_source = "distributedInfo"
+    elif not any(known):  # each frame already carries its position in the file order as rank
+        rank_source = "file order"
+        if len(per_file) > 1:
+            order = ", ".join(f"{p.name}={i}" for i, (p, _, _) in enumerate(per_file))
+            notes.append(f"kineto: traces record no rank (no distributedInfo); ranks assigned in the order given: {order}")
+    else:
+        missing = next(p for (p, _, _), k in zip(per_file, known) if not k)
+        raise InputError(f"{missing}: the trace records no rank (distributedInfo.rank) while the others do; "
+                         "import traces of one distributed run together")
+
+    inputs, hardware, software = [], [], {}
+    for index, (path, frame, info) in enumerate(per_file):
+        rank = index if info["rank"] is None else info["rank"]
+        inputs.append({"file": path.name, "ranks": [rank], "world_size": info["world"], "rank_source": rank_source,
+                       "iterations": info["iterations"]})
         if info["hardware"]:
             hardware.append(info["hardware"])
         for k, v in info["software"].items():
             software.setdefault(k, v)
-        if len(ranges_host) == 0 and len(ranges_gpu) == 0:
+        if info["markers"] == 0:
             notes.append(f"kineto: {path.name}: no iteration markers match {pattern.pattern!r}; its rows have iteration -1 "
                          "(pass --iteration-pattern to use your own record_function ranges)")
 
-    events = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    events = pd.concat([f for _, f, _ in per_file], ignore_index=True) if per_file else pd.DataFrame()
     worlds = {i["world_size"] for i in inputs if i["world_size"] is not None}
     meta = {
         "source": FORMAT,
-        "world_size": worlds.pop() if len(worlds) == 1 else (None if worlds else len(docs)),
-        "ranks": sorted(set(ranks)),
+        "world_size": worlds.pop() if len(worlds) == 1 else (None if worlds else len(per_file)),
+        "ranks": sorted({i["ranks"][0] for i in inputs}),
         "hardware": _merge_hardware(hardware),
         "software": software,
         "capture": {"tracer": "torch.profiler (kineto)", "iteration_pattern": pattern.pattern},
@@ -280,27 +283,34 @@ def _category(e: dict) -> str:
     return cat.lower() if type(cat) is str else ""
 
 
-def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
-    """Rows of one rank's trace, its host and GPU iteration ranges, and its hardware/software."""
-    wanted = _GPU_KIND.keys() | _RUNTIME_CATS | _HOST_RANGE_CATS | _GPU_RANGE_CATS
+_WANTED_CATS = frozenset(_GPU_KIND) | _RUNTIME_CATS | _HOST_RANGE_CATS | _GPU_RANGE_CATS
+
+
+def _select_events(path: Path, doc: dict, pattern: re.Pattern) -> tuple[list[dict], pd.Series, pd.Series, np.ndarray, np.ndarray]:
+    """The complete ("X") events that can become rows or iteration ranges, with their category,
+    name and exact start/end in ns. A selected event without a usable ts/dur is an error."""
     rel = []
     for e in doc["traceEvents"]:
         if type(e) is dict and e.get("ph") == "X":
             cat = _category(e)
-            if cat in wanted or (cat == "cpu_op" and type(e.get("name")) is str and pattern.search(e["name"])):
+            if cat in _WANTED_CATS or (cat == "cpu_op" and type(e.get("name")) is str and pattern.search(e["name"])):
                 rel.append(e)
     cats = pd.Series([_category(e) for e in rel], dtype=object)
     names = _clean_names([e.get("name") if type(e.get("name")) is str else "" for e in rel])
     start = [_to_ns(e.get("ts")) for e in rel]
     dur = [_to_ns(e.get("dur")) for e in rel]
-    bad = [i for i, (s, d) in enumerate(zip(start, dur)) if s is None or d is None]
-    if bad:
-        e = rel[bad[0]]
-        field = "ts" if start[bad[0]] is None else "dur"
-        raise InputError(f"{path}: {cats[bad[0]] or 'event'} {names[bad[0]]!r} has no usable '{field}' "
-                         f"({e.get(field)!r}); the trace is damaged, export it again")
+    bad = next((i for i, (s, d) in enumerate(zip(start, dur)) if s is None or d is None), None)
+    if bad is not None:
+        field = "ts" if start[bad] is None else "dur"
+        raise InputError(f"{path}: {cats[bad] or 'event'} {names[bad]!r} has no usable '{field}' "
+                         f"({rel[bad].get(field)!r}); the trace is damaged, export it again")
     start_ns = np.asarray(start, dtype=np.int64)
-    end_ns = start_ns + np.asarray(dur, dtype=np.int64)
+    return rel, cats, names, start_ns, start_ns + np.asarray(dur, dtype=np.int64)
+
+
+def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+    """Rows of one rank's trace, its host and GPU iteration ranges, and its hardware/software."""
+    rel, cats, names, start_ns, end_ns = _select_events(path, doc, pattern)
     args = [e.get("args") if type(e.get("args")) is dict else {} for e in rel]
 
     gpu_kind = cats.map(_GPU_KIND)
@@ -351,7 +361,8 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     gpu_ranges = frame.loc[gpu_range, ["rank", "start_ns", "end_ns"]].assign(iteration=number[gpu_range])
     frame["_own_iteration"] = np.where(is_host_range, number, -1)
 
-    _fill_collectives(frame, gpu_idx, gpu_args)
+    launched = np.isin(correlation[gpu_idx], correlation[is_launch]) & (correlation[gpu_idx] >= 0)
+    _fill_collectives(frame, gpu_idx, gpu_args, launched)
     frame = frame[keep].reset_index(drop=True)
     info = {"hardware": _hardware(doc, frame), "software": _software(doc)}
     return frame, host_ranges, gpu_ranges, info
@@ -425,8 +436,15 @@ def _fill_graph_ids(frame: pd.DataFrame, gpu_idx: np.ndarray, is_launch: np.ndar
     frame.iloc[gpu_idx[fill], frame.columns.get_loc("graph_id")] = gpu_corr[fill]
 
 
-def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[dict]) -> None:
-    """collective_op, collective_id and message bytes of communication kernels."""
+def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[dict], launched: np.ndarray) -> None:
+    """collective_op, collective_id and message bytes of communication kernels.
+
+    Sequence numbers: PyTorch's ``Seq`` where every kernel of the process group carries one;
+    otherwise the order of the group's collective kernels on this rank, counted from the first
+    one whose launch call is in the trace. Kernels enqueued before profiling started (no launch
+    recorded) show up on some ranks and not others; they get negative numbers (-1 for the last
+    one before the first launched collective), so that they never shift the numbering of the
+    collectives every rank recorded."""
     sel = (frame["kind"].to_numpy()[gpu_idx] == "kernel") & (frame["role"].to_numpy()[gpu_idx] == "comm")
     idx = gpu_idx[sel]
     if len(idx) == 0:
@@ -445,13 +463,15 @@ def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[d
     nelems = np.maximum(_arg_ints(sub, "In msg nelems"), _arg_ints(sub, "Out msg nelems"))
     width = np.array([_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 0) for a in sub], dtype=np.int64)
 
-    coll = pd.DataFrame({"pg": pg, "seq": seq, "start": frame["start_ns"].to_numpy()[idx], "pos": np.arange(len(idx))})
+    coll = pd.DataFrame({"pg": pg, "seq": seq, "start": frame["start_ns"].to_numpy()[idx], "pos": np.arange(len(idx)),
+                         "launched": launched[sel]})
     coll = coll.sort_values(["start", "pos"], kind="stable")
-    # A process group whose kernels all carry PyTorch's sequence number uses it; otherwise the
-    # order of its collective kernels on this rank (see the module docstring).
-    order = coll.groupby("pg", sort=False).cumcount()
-    all_seq = coll.groupby("pg", sort=False)["seq"].transform("min") >= 0
-    coll["n"] = np.where(all_seq, coll["seq"], order)
+    by_pg = coll.groupby("pg", sort=False)
+    order = by_pg.cumcount().to_numpy()
+    coll["order"] = order
+    first_launched = coll["order"].where(coll["launched"]).groupby(coll["pg"], sort=False).transform("min").fillna(0)
+    all_seq = by_pg["seq"].transform("min").to_numpy() >= 0
+    coll["n"] = np.where(all_seq, coll["seq"].to_numpy(), order - first_launched.to_numpy(dtype=np.int64))
     coll = coll.sort_values("pos")
     cols = frame.columns
     frame.iloc[idx, cols.get_loc("collective_op")] = ops

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
@@ -21,8 +22,8 @@ interpreted = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "In
                                  reason="kernels were imported without TRITON_INTERPRET=1")
 
 
-def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2) -> list[float]:
-    wl = get_workload("ag_gemm")
+def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2, transport: str = "ce") -> list[float]:
+    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport))
 
     def body(ctx: RankContext) -> list[float]:
         v = wl.variants()[variant]
@@ -63,7 +64,10 @@ def test_cost_declares_flops_bytes_and_intermediates() -> None:
     assert bsp.link_bytes == 3 * 2048 * 8192 * 2
     assert bsp.hbm_bytes == (2048 * 8192 + 8192 * 8192 + 8192 * 8192) * 2
     assert [(i.name, i.bytes) for i in bsp.intermediates] == [("gathered_A", 8192 * 8192 * 2)]
-    assert wl.cost(shape, 4, "pull").intermediates == ()
+    staged = wl.cost(shape, 4, "pull").intermediates  # default transport: copy-engine staging
+    assert [(i.name, i.bytes) for i in staged] == [("staged_A", 3 * 2048 * 8192 * 2)]
+    direct = AgGemm(replace(gemm_tiles.GPU_CONFIG, transport="direct"))
+    assert direct.cost(shape, 4, "pull").intermediates == ()
     assert wl.cost(shape, 4, "push").intermediates[0].bytes == 3 * 2048 * 8192 * 2
     tp = wl.cost({**shape, "tp": 1}, 4, "bsp")
     assert tp.flops == 2 * 8192 * 2048 * 8192
@@ -76,23 +80,39 @@ def test_torch_fused_says_why_it_is_unavailable_on_cpu() -> None:
 
 
 @interpreted
-@pytest.mark.parametrize("variant,world", [("bsp", 1), ("bsp", 3), ("pull", 1), ("pull", 2), ("push", 1), ("push", 2)])
-def test_variant_matches_reference(variant: str, world: int) -> None:
-    errs = run_and_check(world, variant, {**AgGemm.presets["tiny"], "seed": world})
+@pytest.mark.parametrize("variant,world,transport", [
+    ("bsp", 1, "ce"), ("bsp", 3, "ce"),
+    ("pull", 1, "ce"), ("pull", 2, "ce"), ("pull", 2, "sm"), ("pull", 2, "direct"),
+    ("push", 1, "ce"), ("push", 2, "ce"), ("push", 2, "sm"),
+])
+def test_variant_matches_reference(variant: str, world: int, transport: str) -> None:
+    errs = run_and_check(world, variant, {**AgGemm.presets["tiny"], "seed": world}, transport=transport)
+    assert max(errs) < 1e-4
+
+
+@interpreted
+@pytest.mark.parametrize("variant,transport", [("pull", "sm"), ("push", "sm"), ("push", "ce")])
+def test_even_blocks_take_the_unmasked_vector_path(variant: str, transport: str) -> None:
+    # M_loc 32 (two whole 16-row blocks), K 64 (two whole 32-column pieces): the kernel's EVEN path.
+    errs = run_and_check(2, variant, {"M": 64, "N": 40, "K": 64, "tp": 0, "seed": 3}, transport=transport)
     assert max(errs) < 1e-4
 
 
 @interpreted
 @pytest.mark.slow
-@pytest.mark.parametrize("variant,world", [("pull", 3), ("push", 3), ("pull", 4), ("push", 4)])
-def test_variant_matches_reference_more_ranks(variant: str, world: int) -> None:
-    errs = run_and_check(world, variant, {**AgGemm.presets["tiny_tp"], "seed": 10 + world}, iterations=1)
+@pytest.mark.parametrize("variant,world,transport", [("pull", 3, "ce"), ("push", 3, "sm"), ("pull", 4, "sm"),
+                                                     ("push", 4, "ce")])
+def test_variant_matches_reference_more_ranks(variant: str, world: int, transport: str) -> None:
+    errs = run_and_check(world, variant, {**AgGemm.presets["tiny_tp"], "seed": 10 + world}, iterations=1,
+                         transport=transport)
     assert max(errs) < 1e-4
 
 
 @interpreted
 @settings(max_examples=3, deadline=None)
-@given(m_loc=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 40), seed=st.integers(0, 1000))
-def test_push_odd_shapes(m_loc: int, n: int, k: int, seed: int) -> None:
-    errs = run_and_check(2, "push", {"M": 2 * m_loc, "N": n, "K": k, "tp": 0, "seed": seed}, iterations=1)
+@given(m_loc=st.integers(1, 40), n=st.integers(1, 40), k=st.integers(1, 40), seed=st.integers(0, 1000),
+       transport=st.sampled_from(["ce", "sm"]))
+def test_push_odd_shapes(m_loc: int, n: int, k: int, seed: int, transport: str) -> None:
+    errs = run_and_check(2, "push", {"M": 2 * m_loc, "N": n, "K": k, "tp": 0, "seed": seed}, iterations=1,
+                         transport=transport)
     assert max(errs) < 1e-4

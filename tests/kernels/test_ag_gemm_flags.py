@@ -1,9 +1,11 @@
-"""The push variant's flag protocol: every output tile computed exactly once per iteration, never
-before the flag of its A block holds this iteration's count, and a missing peer becomes a RunError."""
+"""The fine-grained variants' flag protocol: every output tile computed exactly once per iteration,
+never before the flag of its A block holds this iteration's value (epoch or piece count), for both
+transports (copy engine, copy kernel) of push and pull, and a missing peer becomes a RunError."""
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
@@ -13,6 +15,7 @@ import torch
 from taxmodel.errors import RunError
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
+from taxmodel.kernels.ag_gemm import pull, push
 from taxmodel.kernels.ag_gemm.push import flag_target, push_pieces
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
@@ -29,39 +32,50 @@ def test_flag_targets_count_pieces_per_parity() -> None:
     assert push_pieces(40, 16) == 3
 
 
-def _protocol_run(world: int, delay_rank: int | None, delay_s: float, iterations: int):
-    wl = get_workload("ag_gemm")
+def _protocol_run(variant: str, transport: str, world: int, delay_rank: int | None, delay_s: float, iterations: int):
+    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport))
+    target = {"push": push.wait_target, "pull": pull.wait_target}[variant]
 
     def body(ctx: RankContext):
-        v = wl.variants()["push"]
+        v = wl.variants()[variant]
         state = wl.setup(ctx, SHAPE, v)
         state.enable_debug_counters()
         ref = wl.reference(ctx, SHAPE, state)
-        seen = []
+        seen, targets = [], []
         for it in range(iterations):
             state.poison()
             state.seen.fill_(-1)
             if ctx.rank == delay_rank:
                 time.sleep(delay_s)  # the peers' GEMMs reach this rank's blocks long before they arrive
             v.run(state)
-            check_errors(state.err, "push", ctx)
+            check_errors(state.err, variant, ctx)
             torch.testing.assert_close(state.c.float(), ref, rtol=1e-4, atol=1e-4)
             seen.append(state.seen.clone())
+            targets.append(target(state.cfg, state.k, it + 1))
             ctx.barrier()
-        chunk = min(state.cfg.push_chunk_k, 64)
-        return state.count.clone(), seen, push_pieces(state.k, chunk)
+        return state.count.clone(), seen, targets
 
     return run_in_threads(world, body, heap_bytes=1 << 20, timeout_s=300, spin_timeout_s=60)
 
 
-def test_each_tile_once_and_only_after_its_flag_with_a_late_peer() -> None:
+def test_wait_targets_per_transport() -> None:
+    ce = replace(gemm_tiles.CPU_CONFIG, transport="ce")
+    sm = replace(gemm_tiles.CPU_CONFIG, transport="sm", push_chunk_k=16)
+    assert [push.wait_target(ce, 40, e) for e in range(1, 5)] == [1, 2, 3, 4]
+    assert [push.wait_target(sm, 40, e) for e in range(1, 5)] == [3, 3, 6, 6]  # 3 pieces, two parities
+    assert [pull.wait_target(sm, 40, e) for e in range(1, 4)] == [3, 6, 9]  # one buffer
+    assert [pull.wait_target(ce, 40, e) for e in range(1, 4)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("variant,transport", [("push", "ce"), ("push", "sm"), ("pull", "ce"), ("pull", "sm")])
+def test_each_tile_once_and_only_after_its_flag_with_a_late_peer(variant: str, transport: str) -> None:
     iterations = 2
-    results = _protocol_run(3, delay_rank=1, delay_s=1.0, iterations=iterations)
-    for count, seen, pieces in results:
+    results = _protocol_run(variant, transport, 3, delay_rank=1, delay_s=1.0, iterations=iterations)
+    for count, seen, targets in results:
         assert count.tolist() == [iterations] * count.numel()  # every tile once per iteration
-        for epoch, s in enumerate(seen, start=1):
-            # The flag each tile saw before reading A already counted all pieces of this epoch.
-            assert s.min().item() >= flag_target(epoch, pieces)
+        for s, target in zip(seen, targets):
+            # The flag each tile saw before reading A already held this iteration's value.
+            assert s.min().item() >= target
 
 
 def test_missing_peer_is_a_run_error_naming_rank_kernel_and_flag() -> None:

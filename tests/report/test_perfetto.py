@@ -39,6 +39,7 @@ def validate_chrome_trace(text: str) -> list[dict]:
     assert "displayTimeUnit" not in trace  # some readers take it as the unit of ts
     named_threads, named_processes = set(), set()
     slices = []
+    flows = defaultdict(list)
     for ev in trace["traceEvents"]:
         assert isinstance(ev.get("name"), str) and isinstance(ev.get("pid"), int) and isinstance(ev.get("tid"), int), ev
         assert ev["pid"] > 0
@@ -52,9 +53,12 @@ def validate_chrome_trace(text: str) -> list[dict]:
             if ev["name"] == "process_name":
                 named_processes.add(ev["pid"])
             continue
-        assert ph in ("X", "i"), ev
+        assert ph in ("X", "i", "s", "f"), ev
         assert isinstance(ev["ts"], (int, Decimal)) and isinstance(ev.get("cat", ""), str)
         ev = dict(ev, ts_ns=_ns(Decimal(ev["ts"])))
+        if ph in ("s", "f"):  # flow arrows: an id shared by one start and one finish
+            flows[ev["id"]].append(ev)
+            continue
         if ph == "X":
             ev["dur_ns"] = _ns(Decimal(ev["dur"]))
             assert ev["dur_ns"] >= 0
@@ -75,7 +79,16 @@ def validate_chrome_trace(text: str) -> list[dict]:
                 stack.pop()
             assert not stack or e <= stack[-1], f"partially overlapping slices on track {key}"
             stack.append(e)
+    starts = {(s["pid"], s["tid"], s["ts_ns"]) for s in slices if s["ph"] == "X"}
+    for fid, pair in flows.items():
+        assert sorted(e["ph"] for e in pair) == ["f", "s"], f"flow {fid} is not one start + one finish"
+        for e in pair:  # each end sits at the start of a slice on its track (Perfetto binds it there)
+            assert (e["pid"], e["tid"]) in named_threads and (e["pid"], e["tid"], e["ts_ns"]) in starts
     return slices
+
+
+def _flows(text: str) -> list[dict]:
+    return [e for e in json.loads(text)["traceEvents"] if e["ph"] in ("s", "f")]
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +106,16 @@ def test_trace_is_valid_and_keeps_every_event(exported):
     kernels = [s for s in originals if s["cat"].startswith("kernel,")]
     assert sorted(s["dur_ns"] for s in kernels) == sorted(
         (bundle.events["end_ns"] - bundle.events["start_ns"])[bundle.events["kind"] == "kernel"].tolist())
+
+
+def test_launch_calls_point_at_their_kernels(exported):
+    bundle, _, path = exported
+    ev = bundle.events
+    launched = ev[ev["kind"].isin(["kernel", "memcpy", "memset"]) & (ev["correlation"] >= 0)]
+    have_launch = launched.merge(ev[ev["kind"] == "launch"][["rank", "correlation"]], on=["rank", "correlation"])
+    flows = _flows(path.read_text())
+    assert len(have_launch) > 0
+    assert sum(e["ph"] == "f" for e in flows) == len(have_launch)
 
 
 def test_tax_slices_sum_to_the_ledger_to_the_ns(exported):

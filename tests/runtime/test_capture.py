@@ -1,7 +1,6 @@
 """CPU capture: record_function ranges and gloo collectives become kernel rows; roles, iterations."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch

@@ -63,7 +63,7 @@ def test_ring_push_threads(world_size):
 
 @needs_interpreter
 def test_ring_push_processes():
-    world_size = 3
+    world_size = 2
     results = run_local_processes(world_size, _ring_rank, 16, timeout_s=90)
     for rank, (got, status) in enumerate(results):
         assert status == 1, f"rank {rank} gave up waiting on its flag"
@@ -93,3 +93,26 @@ def test_failing_thread_rank_is_named():
 
     with pytest.raises(RunError, match=r"rank 1: ValueError: boom"):
         run_in_threads(2, body, timeout_s=30)
+
+
+def test_shared_memory_heap_leaves_no_file_behind():
+    from taxmodel.runtime.heap import SharedMemoryHeap
+
+    heap = SharedMemoryHeap(0, 1, 4096)
+    t = heap.zeros(16, torch.int32)
+    t += 7
+    assert heap.peer(0)[:64].view(torch.int32).tolist() == [7] * 16
+    assert heap.heap_bases.tolist() == [heap.peer(0).data_ptr()]
+    assert not any(p.exists() for p in heap.paths)
+    del t
+    heap.close()
+
+
+def test_bench_reports_ordered_statistics():
+    from taxmodel.runtime.timing import bench
+
+    calls = []
+    res = bench(lambda: calls.append(1), reps=5, inner=3, warmup=2)
+    assert len(calls) == 2 + 5 * 3
+    assert res.reps == 5 and res.inner == 3 and res.device == "cpu"
+    assert 0 <= res.min_s <= res.p10_s <= res.median_s <= res.p90_s

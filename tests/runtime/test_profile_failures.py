@@ -36,7 +36,9 @@ def test_hanging_rank_times_out(tmp_path):
     req = _request(tmp_path, hang_rank=1)
     req.timeout_s = 30  # the whole run, start-up included (slow on a loaded 2-core CI machine)
     t0 = time.monotonic()
-    with pytest.raises(RunError, match=r"timed out after 30 s: rank 1 hung in phase 'compile' of variant 'bsp' at toy_workload.py:\d+ \(_maybe_misbehave\) \(rank\(s\) 0 were waiting"):
+    expected = (r"timed out after 30 s: rank 1 hung in phase 'compile' of variant 'bsp' "
+                r"at toy_workload.py:\d+ \(_maybe_misbehave\) \(rank\(s\) 0 were waiting")
+    with pytest.raises(RunError, match=expected):
         profile(req, quiet=True)
     assert time.monotonic() - t0 < 30 + 15  # watchdog + launcher start-up, far below the launcher's own limit
 

@@ -338,3 +338,18 @@ def test_written_bundle_round_trips_the_import(tmp_path):
     assert loaded.events.equals(bundle.events)
     np.testing.assert_array_equal(loaded.events["start_ns"].to_numpy(), events["start_ns"].to_numpy())
     assert loaded.meta["inputs"] == meta["inputs"]
+
+
+def test_collective_enqueued_before_profiling_does_not_shift_the_numbering(tmp_path):
+    docs = [build_trace(r, 2)[0] for r in range(2)]
+    first = min((e for e in docs[0]["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"]),
+                key=lambda e: e["ts"])
+    early = json.loads(json.dumps(first))
+    early["ts"] = first["ts"] - 200.0  # on the GPU before the profiled steps; its launch is not in the trace
+    early["args"]["correlation"] = 2
+    docs[0]["traceEvents"].append(early)
+    paths = [write_trace(tmp_path / f"r{r}.json", d) for r, d in enumerate(docs)]
+    events, _, _ = importers.import_traces(paths)
+    comm = events[events["role"] == "comm"].sort_values("start_ns")
+    assert list(comm.loc[comm["rank"] == 0, "collective_id"]) == ["0:-1", "0:0", "0:1", "0:2"]
+    assert list(comm.loc[comm["rank"] == 1, "collective_id"]) == ["0:0", "0:1", "0:2"]

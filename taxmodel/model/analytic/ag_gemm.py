@@ -3,14 +3,14 @@
 Per rank (W ranks, M global rows, A shard [M/W, K], B [K, N_loc], element size e):
 - bsp: NCCL all_gather of M/W*K*e bytes per rank (collective model), then a vendor GEMM
   M x N_loc x K (W = 1: a device copy of A instead of the collective).
-- pull: one persistent Triton GEMM; own rows first (1/W of the tiles), then remote rows loaded
-  from the peers' heaps. Every remote A tile is loaded once per N-tile that uses it (the local L2
-  does not cache peer memory), so the link moves ceil(N_loc/BLOCK_N) times the all-gather's bytes:
-  time = own part + max(remote compute, remote link bytes / peer-load bandwidth) + first-load latency.
-- push: a push kernel (P programs, side stream) stores the shard into every peer block by block,
-  each block followed by a flag; the Triton GEMM on the other SMs computes own tiles first, then
-  each remote block when its flag arrives: fill/drain pipeline (common.pipeline_time), and it
-  cannot finish before the slowest peer's pushes (a synced fused kernel).
+- pull and push: one persistent Triton GEMM (own rows first), each remote M-block consumed when
+  its flag arrives (fill/drain pipeline, common.pipeline_time; the GEMM cannot end before the
+  slowest peer's blocks arrived: a synced fused kernel). The transport (``ModelParams.ag_transport``,
+  as ``GemmConfig.transport``): "ce" copy engines, one stream per peer at the P2P copy bandwidth,
+  the host enqueueing a copy and a flag write per block and peer before it launches the GEMM (that
+  host time is exposed communication); "sm" a 32-program Triton copy kernel beside the GEMM;
+  "direct" (pull) loads inside the GEMM, every remote A tile once per N-tile it feeds
+  (ceil(N_loc/BLOCK_N) times the all-gather's bytes) at the peer-load bandwidth.
 - torch_fused: W vendor GEMMs of M/W rows (own shard first) while copy engines bring the next
   shard; each later chunk starts after both its copy and the previous GEMM.
 """
@@ -28,8 +28,7 @@ ELT = {16: 2, 15: 2, 32: 4}
 NCCL_AG = "ncclDevKernel_AllGather_RING_LL"
 VENDOR_GEMM = "nvjet_gemm"
 FUSED = "ag_gemm_kernel"
-PUSH = "push_rows_kernel"
-BLOCK_M, BLOCK_N, PUSH_PROGS, PUSH_CHUNK_K = 128, 256, 16, 1024  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
+BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
 
 
 def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int, str]:
@@ -49,11 +48,10 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
           coll: c.CollectiveModel) -> tuple[list[list[c.KernelPlan]], dict[str, float], list[str]]:
     """Kernel plans of every rank, the component times (seconds) and variant-specific assumptions."""
     m, m_loc, n_loc, k, elt, dtype = dims(shape, world)
-    num_sms = hw.num_sms or 132
     shard = m_loc * k * elt
     notes: list[str] = []
     det: dict[str, float] = {}
-    ht, hv = params.host_launch_triton_s, params.host_launch_torch_s
+    hv = params.host_launch_torch_s
     if variant == "bsp":
         det["gemm"] = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="vendor", elt=elt)
         if world > 1:
@@ -66,53 +64,8 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         notes.append("bsp: all_gather from the collective model, then the vendor GEMM at the calibrated rate with "
                      f"{params.vendor_tile[0]}x{params.vendor_tile[1]} tile/wave quantization")
         return [list(one) for _ in range(world)], det, notes
-    if variant == "pull":
-        gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", sms=num_sms, elt=elt)
-        det["triton_gemm"] = gemm
-        if world > 1:
-            if not c.topology(hw, world, params).single_domain:
-                raise InputError(f"ag_gemm/pull at {world} GPUs spans several NVLink/xGMI domains: peer loads through a "
-                                 "symmetric heap need one domain; out of the model's scope")
-            n_tiles = c.cdiv(n_loc, BLOCK_N)
-            peer_bw = params.peer_load_bytes_per_s or hw.link_bytes_per_s
-            det["remote_link"] = (world - 1) * shard * n_tiles / peer_bw
-            own = (gemm - params.kernel_overhead_s) / world
-            remote = max(gemm - params.kernel_overhead_s - own, det["remote_link"])
-            det["pull_kernel"] = params.kernel_overhead_s + own + params.peer_load_latency_s + remote
-            notes.append(f"pull: each remote A tile crosses the link once per N-tile ({n_tiles}x the all-gather's bytes) "
-                         f"at {peer_bw / 1e9:.0f} GB/s peer-load bandwidth ({params.sources.get('peer_load_bytes_per_s', 'default')})")
-        else:
-            det["pull_kernel"] = gemm
-        notes.append(f"Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
-                     f"({params.sources.get('triton_gemm_efficiency', 'default')})")
-        return [[c.KernelPlan(FUSED, "fused", det["pull_kernel"], ht)] for _ in range(world)], det, notes
-    if variant == "push":
-        if world == 1:
-            gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
-            det["triton_gemm"] = gemm
-            return [[c.KernelPlan(FUSED, "fused", gemm, ht)]], det, notes
-        if not c.topology(hw, world, params).single_domain:
-            raise InputError(f"ag_gemm/push at {world} GPUs spans several NVLink/xGMI domains: out of the model's scope")
-        gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", sms=num_sms - PUSH_PROGS, elt=elt)
-        store_bw = min(params.peer_store_bytes_per_s or hw.link_bytes_per_s,
-                       PUSH_PROGS * params.peer_store_bytes_per_s_per_sm)
-        push_total = (world - 1) * shard / store_bw
-        blocks = c.cdiv(m_loc, BLOCK_M)
-        flag = params.flag_roundtrip_s / 2
-        first = shard / blocks / store_bw + flag
-        pipe = c.pipeline_time(gemm, blocks, push_total, first, local_fraction=1.0 / world)
-        det.update({"triton_gemm": gemm, "push": push_total, "pipeline": pipe})
-        # The GEMM waits for the slowest peer's pushes: ready = that peer's start + its pushes.
-        lead = ht  # the push launch returns one Triton launch before the GEMM's
-        drain = (gemm - params.kernel_overhead_s) * (1 - 1.0 / world) / blocks
-        own_work = pipe - drain
-        sync_after = max(push_total + flag - lead, 0.0)
-        one = [c.KernelPlan(PUSH, "comm", push_total, ht, stream=1),
-               c.KernelPlan(FUSED, "fused", own_work, ht, sync=True, post_s=drain, sync_after_s=sync_after)]
-        notes.append(f"push: {PUSH_PROGS} push programs at {params.peer_store_bytes_per_s_per_sm / 1e9:.0f} GB/s per SM "
-                     f"(capped by {store_bw / 1e9:.0f} GB/s), the GEMM on {num_sms - PUSH_PROGS} SMs; fill = one block + "
-                     "half a flag round trip, drain = the last block's tiles")
-        return [list(one) for _ in range(world)], det, notes
+    if variant in ("pull", "push"):
+        return _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, det, notes)
     if variant == "torch_fused":
         if world == 1:
             raise InputError("ag_gemm/torch_fused needs more than one rank")
@@ -133,6 +86,65 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
                      "P2P copy bandwidth; a chunk waiting for its copy shows as longer GEMM time")
         return [list(one) for _ in range(world)], det, notes
     raise InputError(f"ag_gemm has no variant '{variant}'; choose one of {', '.join(VARIANTS)}")
+
+
+def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, det, notes):
+    """pull and push: a persistent Triton GEMM (own rows first) fed by one of three transports."""
+    shard = m_loc * k * elt
+    ht = params.host_launch_triton_s
+    transport = params.ag_transport
+    if world == 1:
+        det["triton_gemm"] = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        return [[c.KernelPlan(FUSED, "fused", det["triton_gemm"], ht)]], det, notes
+    if not c.topology(hw, world, params).single_domain:
+        raise InputError(f"ag_gemm/{variant} at {world} GPUs spans several NVLink/xGMI domains: peer access through a "
+                         "symmetric heap needs one domain; out of the model's scope")
+    notes.append(f"Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
+                 f"({params.sources.get('triton_gemm_efficiency', 'default')}); transport '{transport}'")
+    blocks = c.cdiv(m_loc, BLOCK_M)
+    flag = params.flag_roundtrip_s / 2
+    if transport == "direct":
+        if variant != "pull":
+            raise InputError("transport 'direct' exists for pull only")
+        gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        n_tiles = c.cdiv(n_loc, BLOCK_N)
+        peer_bw = params.peer_load_bytes_per_s or hw.link_bytes_per_s
+        det.update({"triton_gemm": gemm, "remote_link": (world - 1) * shard * n_tiles / peer_bw})
+        own = (gemm - params.kernel_overhead_s) / world
+        remote = max(gemm - params.kernel_overhead_s - own, det["remote_link"])
+        det["fused_kernel"] = params.kernel_overhead_s + own + params.peer_load_latency_s + remote
+        notes.append(f"pull/direct: each remote A tile crosses the link once per N-tile ({n_tiles}x the all-gather's "
+                     f"bytes) at {peer_bw / 1e9:.0f} GB/s peer-load bandwidth ({params.sources.get('peer_load_bytes_per_s', 'default')})")
+        return [[c.KernelPlan(FUSED, "fused", det["fused_kernel"], ht)] for _ in range(world)], det, notes
+    if transport == "ce":
+        p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s / max(world - 1, 1))
+        per_peer = shard / p2p  # one copy stream per peer, all at once; each pair at the P2P copy rate
+        xfer = max(per_peer, (world - 1) * shard / hw.link_bytes_per_s)
+        host_pre = 2 * blocks * params.host_copy_call_s  # per peer stream: a copy and a flag write per block
+        gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        copies = [c.KernelPlan(f"Memcpy PtoP ({'push' if variant == 'push' else 'pull'})", "comm", xfer, host_pre,
+                               stream=1 + i) for i in range(world - 1)]
+        lead = (world - 1) * host_pre + ht  # the GEMM's launch returns after every copy call and its own
+        notes.append(f"{variant}/ce: copy engines at {p2p / 1e9:.0f} GB/s per peer pair, {2 * blocks} calls of "
+                     f"{params.host_copy_call_s * 1e6:.0f} us per peer before the GEMM launch; the GEMM keeps every SM")
+    elif transport == "sm":
+        progs = 32
+        gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        store_bw = min(params.peer_store_bytes_per_s or hw.link_bytes_per_s, progs * params.peer_store_bytes_per_s_per_sm)
+        xfer = (world - 1) * shard / store_bw
+        copies = [c.KernelPlan("copy_blocks_kernel", "comm", xfer, ht, stream=1)]
+        lead = ht
+        notes.append(f"{variant}/sm: a {progs}-program copy kernel at {store_bw / 1e9:.0f} GB/s sharing the SMs with the GEMM")
+    else:
+        raise InputError(f"unknown ag_gemm transport {transport!r}; use ce, sm or direct")
+    first = xfer / blocks + flag
+    pipe = c.pipeline_time(gemm, blocks, xfer, first, local_fraction=1.0 / world)
+    drain = (gemm - params.kernel_overhead_s) * (1 - 1.0 / world) / blocks
+    det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": pipe})
+    # the GEMM cannot finish before the slowest peer's blocks arrived (measured from its own start)
+    sync_after = max(xfer + flag - lead, 0.0)
+    gemm_plan = c.KernelPlan(FUSED, "fused", pipe - drain, ht, sync=True, post_s=drain, sync_after_s=sync_after)
+    return [copies + [gemm_plan] for _ in range(world)], det, notes
 
 
 def cost(shape: Mapping[str, int], world: int, variant: str) -> dict[str, Any]:

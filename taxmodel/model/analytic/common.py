@@ -70,6 +70,12 @@ class ModelParams:
     #: Store bandwidth to peers with all SMs, and per SM (the push kernel runs on a few SMs).
     peer_store_bytes_per_s: float = 0.0  # 0: use the link bandwidth
     peer_store_bytes_per_s_per_sm: float = 25e9
+    #: How the fine-grained AG+GEMM variants move remote rows (kernels/ag_gemm GemmConfig.transport):
+    #: "ce" copy engines (the default there), "sm" a Triton copy kernel, "direct" (pull only) loads
+    #: from the peers inside the GEMM. Host time of one copy-engine call (cuMemcpyAsync or a stream
+    #: flag write): the host enqueues 2 per block and peer before it launches the GEMM.
+    ag_transport: str = "ce"
+    host_copy_call_s: float = 3e-6
     #: GPUs that one NVLink/xGMI domain connects all-to-all (NVL72 switch; MI300X 8 fully connected).
     domain_size: int = 72
     #: Beyond one domain: bandwidth and latency per GPU of the scale-out network (400 Gb/s NIC per GPU).
@@ -290,13 +296,13 @@ class CollectiveModel:
 
 def start_offsets(world: int, scale_s: float) -> list[float]:
     """Expected release times of ``world`` ranks after a host barrier, earliest first: the order
-    statistics of i.i.d. exponential delays of mean ``scale_s``,
-    E[X_(k)] = scale * sum_{i=0}^{k-1} 1/(W-i). Their spread, scale * H_{W-1}, grows with the
-    world size: one source of the bulk-synchronous tax that no kernel can remove."""
+    statistics of i.i.d. exponential delays of mean ``scale_s``, measured from the earliest:
+    E[X_(k+1) - X_(1)] = scale * sum_{i=1}^{k} 1/(W-i). Their spread, scale * H_{W-1}, grows with
+    the world size: one source of the bulk-synchronous tax that no kernel can remove."""
     out, acc = [], 0.0
     for k in range(world):
         if k:
-            acc += scale_s / (world - k + 1)
+            acc += scale_s / (world - k)
         out.append(acc)
     return out
 

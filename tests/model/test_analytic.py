@@ -1,0 +1,217 @@
+"""Invariants of the analytic model and its building blocks (exact values where known)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taxmodel.errors import InputError
+from taxmodel.model.analytic import parse_range, predict, resolve_model_hardware
+from taxmodel.model.analytic import common as c
+from taxmodel.model.hardware import find_preset
+
+H200 = find_preset("h200")
+AG = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}
+FD = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 4096}
+CASES = [("ag_gemm", v, AG) for v in ("bsp", "pull", "push", "torch_fused")] + [("flash_decode", v, FD) for v in ("bsp", "fused")]
+
+
+@pytest.mark.parametrize("workload,variant,shape", CASES)
+def test_parts_sum_to_the_predicted_window(workload, variant, shape):
+    p = predict(workload, variant, shape, 4, H200)
+    s = p.summary()
+    assert list(s.columns) == ["category", "subcategory", "mean_ns", "pct"]
+    assert s["mean_ns"].sum() == pytest.approx(p.window_ns, abs=1e-6)
+    assert s["pct"].sum() == pytest.approx(100.0)
+    assert (s["mean_ns"] >= 0).all()
+    assert p.window_ns > 0 and p.assumptions
+
+
+@settings(max_examples=8, deadline=None)
+@given(world=st.sampled_from([2, 4, 8]), m=st.sampled_from([1024, 4096, 16384]), variant=st.sampled_from(["bsp", "pull", "push"]))
+def test_ag_gemm_latency_grows_with_m(world, m, variant):
+    a = predict("ag_gemm", variant, {**AG, "M": m}, world, H200).window_ns
+    b = predict("ag_gemm", variant, {**AG, "M": 2 * m}, world, H200).window_ns
+    assert b > a
+
+
+@pytest.mark.parametrize("variant", ["bsp", "fused"])
+def test_flash_decode_latency_grows_with_kv_len(variant):
+    # non-decreasing: at small sizes the host's launches, not the kernels, set the pace (bsp)
+    w = [predict("flash_decode", variant, {**FD, "kv_len": n}, 4, H200).window_ns for n in (4096, 16384, 65536, 262144)]
+    assert all(x <= y + 1e-6 for x, y in zip(w, w[1:])) and w[-1] > 2 * w[0]
+
+
+@pytest.mark.parametrize("workload,variant,shape", [("ag_gemm", "bsp", AG), ("ag_gemm", "pull", AG), ("ag_gemm", "push", AG),
+                                                    ("flash_decode", "bsp", FD), ("flash_decode", "fused", FD)])
+def test_world_size_one_has_no_communication(workload, variant, shape):
+    t = predict(workload, variant, shape, 1, H200).taxes_ns()
+    assert t["bsp_tax"] == 0
+    assert t["skew_wait"] == 0 and t["exposed_comm"] == 0 and t["barrier_idle"] == 0
+
+
+def test_bsp_tax_grows_with_world_size_for_fixed_work_per_rank():
+    taxes = [predict("ag_gemm", "bsp", {**AG, "M": 1024 * w}, w, H200).taxes_ns()["bsp_tax"] for w in (2, 4, 8, 16, 72)]
+    assert all(x < y for x, y in zip(taxes, taxes[1:])), taxes
+    fd = [predict("flash_decode", "bsp", FD, w, H200).taxes_ns()["bsp_tax"] for w in (2, 4, 8)]
+    assert fd[0] < fd[1] < fd[2]
+
+
+def test_fine_grained_needs_one_domain_and_mi300x_domain_is_8():
+    with pytest.raises(InputError, match="domains"):
+        predict("ag_gemm", "pull", AG, 16, find_preset("mi300x"))
+    p = predict("ag_gemm", "bsp", {**AG, "M": 16384}, 16, find_preset("mi300x"))
+    assert any("scale-out network" in a for a in p.assumptions)
+    predict("ag_gemm", "pull", {**AG, "M": 72 * 128}, 72, find_preset("b200"))  # NVL72: one domain
+
+
+def test_unknown_variant_and_workload():
+    with pytest.raises(InputError, match="no variant"):
+        predict("ag_gemm", "nope", AG, 2, H200)
+    with pytest.raises(InputError, match="no analytic model"):
+        predict("nope", "bsp", AG, 2, H200)
+
+
+# --- building blocks ----------------------------------------------------------------------------
+
+def test_wave_inflation_exact():
+    # 8192x8192 with 256x128 tiles: 32*64 = 2048 tiles on 132 SMs -> 16 waves of 132 = 2112 slots
+    assert c.wave_inflation(8192, 8192, (256, 128), 132) == pytest.approx(2112 / 2048)
+    # one partial tile: 100x100 in a 128x128 tile, one SM
+    assert c.wave_inflation(100, 100, (128, 128), 1) == pytest.approx(128 * 128 / 10000)
+
+
+def test_gemm_time_calibrated_rate_is_reproduced_on_the_calibration_shape():
+    spec = _calibrated_spec()
+    params = c.ModelParams.from_hardware(spec)
+    t = c.gemm_time(8192, 8192, 8192, "bf16", spec, params)
+    assert t == pytest.approx(2 * 8192 ** 3 / spec.flops_per_s("bf16") + params.kernel_overhead_s, rel=1e-12)
+    tt = c.gemm_time(8192, 8192, 8192, "bf16", spec, params, kind="triton")
+    assert tt > t
+
+
+def test_start_offsets_are_exponential_order_statistics():
+    offs = c.start_offsets(4, 12.0)
+    assert offs == pytest.approx([0.0, 12 / 3, 12 / 3 + 12 / 2, 12 / 3 + 12 / 2 + 12 / 1])
+    # the spread is scale * H_{W-1}
+    assert offs[-1] == pytest.approx(12 * (1 + 1 / 2 + 1 / 3))
+
+
+def test_collective_alpha_beta_without_curve_is_the_ring_formula():
+    params = c.ModelParams.from_hardware(H200)
+    topo = c.topology(H200, 4, params)
+    coll = c.CollectiveModel.from_hardware(H200, topo, params)
+    b = 16 << 20
+    expect = 3 * H200.link_latency_s + 3 * b / H200.link_bytes_per_s + params.collective_base_s
+    assert coll.time("all_gather", b, 4) == pytest.approx(expect)
+    assert coll.time("all_gather", b, 1) == 0.0
+
+
+def test_pipeline_time_fill_and_drain():
+    # compute-bound: the pipeline hides the transfer
+    assert c.pipeline_time(100.0, 10, 50.0, 1.0) == 100.0
+    # link-bound: fill + all transfers + the last chunk's compute
+    assert c.pipeline_time(10.0, 10, 50.0, 1.0) == pytest.approx(1.0 + 50.0 + 1.0)
+
+
+def test_parse_range():
+    assert parse_range("M=1024:8192") == ("M", [1024, 2048, 4096, 8192])
+    assert parse_range("M=1000:3000:1000") == ("M", [1000, 2000, 3000])
+    assert parse_range("kv_len=1,5") == ("kv_len", [1, 5])
+    with pytest.raises(InputError):
+        parse_range("M=8:1")
+
+
+# --- calibrate's output format -------------------------------------------------------------------
+
+def _fake_measurements(world: int = 4) -> dict:
+    coll = []
+    for op, scale in (("allgather", 1.0), ("allreduce", 2.0), ("reduce_scatter", 1.0)):
+        for b in (1 << 13, 1 << 16, 1 << 19, 1 << 22, 1 << 25, 1 << 27):
+            coll.append({"op": op, "bytes_per_rank": b, "ms": scale * (0.012 + (world - 1) * b / 300e9 * 1e3)})
+    return {
+        "hbm": {"bytes": 1 << 31, "ms": 1.0, "bytes_per_s": 4.3e12},
+        "gemm": {"bf16": {"flops_per_s": 780e12}, "fp16": {"flops_per_s": 790e12}, "fp32": {"flops_per_s": 50e12}},
+        "launch": {"host_launch_torch_s": 9e-6, "host_launch_triton_s": 16e-6, "graph_per_kernel_s": 1.2e-6,
+                   "kernel_gap_s": 2.5e-6, "launch_latency_s": 5e-6},
+        "collectives": coll,
+        "peer_copy": [{"bytes_per_s": 140e9}, {"bytes_per_s": 150e9}],
+        "peer": {"load_bytes_per_s": 320e9, "load_latency_s": 1.2e-6, "store_bytes_per_s": 350e9,
+                 "store_bytes_per_s_per_sm": 20e9},
+        "flag": {"roundtrip_s": 3.3e-6},
+        "barrier": {"barrier_skew_s": 7e-6},
+    }
+
+
+def _calibrated_spec(tmp_path=None):
+    from taxmodel.model.hardware import HardwareSpec
+    from taxmodel.runtime.calibrate import fit
+
+    d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
+    return HardwareSpec.from_dict(json.loads(json.dumps(d)))
+
+
+def test_calibrate_fit_round_trip(tmp_path):
+    from taxmodel.model.hardware import load_hardware
+    from taxmodel.runtime.calibrate import fit
+
+    d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
+    path = tmp_path / "h200-calibrated.json"
+    path.write_text(json.dumps(d))
+    spec = load_hardware(path)
+    assert spec.source == "calibrated" and spec.name == "H200 SXM (calibrated)" and "h200" in spec.aliases
+    assert spec.flops_per_s("bf16") == 780e12 and spec.hbm_bytes_per_s == 4.3e12
+    b = 1 << 27
+    assert spec.link_bytes_per_s == pytest.approx(3 * b / ((0.012 + 3 * b / 300e9 * 1e3) * 1e-3))
+    assert spec.host_launch_s == 16e-6 and spec.kernel_gap_s == 2.5e-6 and spec.flag_roundtrip_s == 3.3e-6
+    params = c.ModelParams.from_hardware(spec)
+    assert params.peer_load_bytes_per_s == 320e9 and params.barrier_skew_s == 7e-6
+    assert params.host_launch_torch_s == 9e-6 and params.peer_store_bytes_per_s_per_sm == 20e9
+    assert params.sources["barrier_skew_s"].startswith("hardware extra")
+    # the collective curve is used as measured at its own world size, exactly at its points
+    coll = c.CollectiveModel.from_hardware(spec, c.topology(spec, 4, params), params)
+    assert coll.time("allgather", 1 << 22, 4) == pytest.approx((0.012 + 3 * (1 << 22) / 300e9 * 1e3) * 1e-3)
+    # and its alpha-beta fit recovers the synthetic alpha and beta for another world size
+    alpha, beta = coll.alpha_beta("allgather")
+    assert alpha == pytest.approx(0.012e-3 / 3, rel=1e-6) and beta == pytest.approx(300e9, rel=1e-6)
+    assert coll.time("allgather", 1 << 22, 8) == pytest.approx(7 * alpha + 7 * (1 << 22) / beta)
+    # a prediction with it says so
+    p = predict("ag_gemm", "bsp", AG, 8, spec)
+    assert any("calibrated curve at 4 ranks" in a for a in p.assumptions)
+
+
+def test_calibrated_file_is_preferred_over_the_preset(tmp_path):
+    from taxmodel.runtime.calibrate import fit
+
+    spec, note = resolve_model_hardware("h200")
+    assert spec.source == "datasheet" and "datasheet" in note
+    (tmp_path / "h200-calibrated.json").write_text(json.dumps(fit(_fake_measurements(), "NVIDIA H200", 132, 4)))
+    spec, note = resolve_model_hardware("h200", search=(tmp_path,))
+    assert spec.source == "calibrated" and "in preference" in note
+    spec, _ = resolve_model_hardware(None, {"hardware": {"name": "NVIDIA H200"}}, search=(tmp_path,))
+    assert spec.source == "calibrated"
+    spec, _ = resolve_model_hardware("mi300x", search=(tmp_path,))
+    assert spec.source == "datasheet"
+
+
+def test_calibrate_without_gpu_says_what_to_do(monkeypatch, tmp_path):
+    import torch
+
+    from taxmodel.errors import UnavailableError
+    from taxmodel.runtime.calibrate import run_calibration
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UnavailableError, match="datasheet presets"):
+        run_calibration(tmp_path / "hw.json")
+
+
+def test_instrumented_fused_waits_become_flag_wait():
+    ragged = {**FD, "kv_len_step": 4096}
+    plain = predict("flash_decode", "fused", ragged, 4, H200).taxes_ns()
+    inst = predict("flash_decode", "fused", ragged, 4, H200, c.ModelParams.from_hardware(H200, instrumented=True)).taxes_ns()
+    assert plain["flag_wait"] == 0 and inst["flag_wait"] > 0
+    assert inst["window"] == pytest.approx(plain["window"])
+    assert not math.isnan(inst["compute_inefficiency"])

@@ -1,0 +1,142 @@
+"""validate: predictions vs bundles; the CLI on a CPU machine; the docs table stays current."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from taxmodel.cli import cli
+from taxmodel.model import validate as val
+from taxmodel.model.analytic import predict
+from taxmodel.model.analytic.common import ModelParams, simulate, timeline_events
+from taxmodel.model.hardware import find_preset
+from taxmodel.trace.bundle import make_meta, write_bundle
+from taxmodel.trace.synthetic import synthetic_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = find_preset("h200")
+AG = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}
+
+
+def _model_bundle(path: Path, variant: str, shape: dict, world: int) -> Path:
+    """A bundle whose events are the model's own predicted timeline (validation must give 0 error)."""
+    from taxmodel.model.analytic import ag_gemm
+    from taxmodel.model.analytic.common import CollectiveModel, topology
+
+    params = ModelParams.from_hardware(H200)
+    coll = CollectiveModel.from_hardware(H200, topology(H200, world, params), params)
+    plans, _, _ = ag_gemm.plans(variant, shape, world, H200, params, coll)
+    events = timeline_events(simulate(plans, params), iterations=3)
+    meta = make_meta(source="capture", workload="ag_gemm", variant=variant, shape=shape, world_size=world,
+                     ranks=list(range(world)), hardware={"name": "NVIDIA H200"},
+                     clock_offsets_ns={str(r): 0 for r in range(world)}, capture={"clock_offsets_source": "measured"},
+                     cost=ag_gemm.cost(shape, world, variant))
+    return write_bundle(path, events, meta)
+
+
+def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):
+    _model_bundle(tmp_path / "bsp", "bsp", AG, 4)
+    _model_bundle(tmp_path / "pull", "pull", AG, 2)
+    v = val.validate(tmp_path, fit=False)
+    assert len(v.cases) == 2 and not v.skipped
+    assert set(v.table["quantity"]) == {"latency", "bsp_tax", "locality_tax", "launch_tax"}
+    assert v.table["error_us"].abs().max() < 0.01
+    assert v.passed
+
+
+def test_validate_on_synthetic_bundles_compares_with_the_measured_ledger(tmp_path):
+    from taxmodel.model.ledger import compute_ledger
+
+    case = synthetic_bundle(world_size=2, workload="ag_gemm", variant="bsp", shape=AG, skew_ns=30_000)
+    write_bundle(tmp_path / "syn", case.bundle.events, case.bundle.meta)
+    other = synthetic_bundle(world_size=2, workload="synthetic")
+    write_bundle(tmp_path / "unmodeled", other.bundle.events, other.bundle.meta)
+    v = val.validate(tmp_path, fit=False)
+    assert len(v.cases) == 1 and any("no analytic model" in s for s in v.skipped)
+    led = compute_ledger(case.bundle, v.cases[0].hardware, lenient=True)
+    t = v.table.set_index("quantity")
+    assert t.loc["latency", "measured_us"] == pytest.approx(led.windows["window_ns"].mean() / 1e3)
+    skew = led.category_summary().set_index("category").loc["bsp_tax", "mean_ns"]
+    assert t.loc["bsp_tax", "measured_us"] == pytest.approx(skew / 1e3)
+    pred = predict("ag_gemm", "bsp", AG, 2, v.cases[0].hardware, cost=case.bundle.meta["cost"]).window_ns
+    assert t.loc["latency", "predicted_us"] == pytest.approx(pred / 1e3)
+    # a synthetic timeline is not an AG+GEMM: the latency target fails and says so
+    assert not t.loc["latency", "ok"]
+    assert "**no**" in val.markdown_table(v)
+
+
+def test_fitting_subset_is_marked_and_reported(tmp_path):
+    _model_bundle(tmp_path / "push8k", "push", {**AG, "M": 8192}, 2)
+    _model_bundle(tmp_path / "push4k", "push", AG, 2)
+    v = val.validate(tmp_path)
+    sample = {c.shape["M"]: c.in_sample for c in v.cases}
+    assert sample == {8192: True, 4096: False}
+    assert set(v.table["sample"]) == {"in", "out"}
+    # the fitted efficiency reproduces the default the model bundles were made with
+    assert v.fitted["triton_gemm_efficiency"] == pytest.approx(ModelParams().triton_gemm_efficiency, abs=0.002)
+    assert any("fitting subset" in n for n in v.notes)
+
+
+def test_update_docs_round_trip(tmp_path):
+    _model_bundle(tmp_path / "b" / "bsp", "bsp", AG, 2)
+    doc = tmp_path / "model.md"
+    doc.write_text(f"# x\n{val.MARK_START}\nold\n{val.MARK_END}\ntail\n")
+    v = val.validate(tmp_path / "b", fit=False)
+    val.update_docs(doc, v)
+    assert val.docs_table(doc) == val.markdown_table(v)
+    assert doc.read_text().endswith("tail\n")
+
+
+def test_docs_table_matches_the_committed_profiles():
+    profiles = ROOT / "profiles"
+    from taxmodel.trace.bundle import find_bundles
+
+    if not profiles.exists() or not find_bundles(profiles):
+        pytest.skip("no measured bundles committed under profiles/ yet")
+    v = val.validate(profiles)
+    assert val.docs_table(ROOT / "docs" / "model.md") == val.markdown_table(v), \
+        "docs/model.md is stale: run `taxmodel validate profiles --update-docs`"
+
+
+# --- the CLI on a CPU machine ---------------------------------------------------------------------
+
+def test_cli_predict_with_presets():
+    r = CliRunner().invoke(cli, ["predict", "ag_gemm", "--variant", "bsp,pull", "-n", "8", "--hardware", "h200",
+                                 "--shape", "M=8192,N=8192,K=8192"])
+    assert r.exit_code == 0, r.output
+    assert "ag_gemm/bsp" in r.output and "ag_gemm/pull" in r.output and "Assumptions:" in r.output
+    assert "datasheet preset" in r.output and "topology: 8 GPU(s)" in r.output
+
+
+def test_cli_predict_json_and_sweep(tmp_path):
+    r = CliRunner().invoke(cli, ["predict", "flash_decode", "--variant", "fused", "-n", "4", "--hardware", "mi300x",
+                                 "--preset", "b1-kv16k", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc[0]["variant"] == "fused" and doc[0]["hardware"]["name"] == "MI300X"
+    assert sum(row["mean_ns"] for row in doc[0]["summary"]) == pytest.approx(doc[0]["predicted_window_ns"])
+    png = tmp_path / "sweep.png"
+    r = CliRunner().invoke(cli, ["predict", "ag_gemm", "--variant", "bsp", "-n", "4", "--sweep", "M=1024:4096",
+                                 "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert "1024" in r.output and "4096" in r.output and png.stat().st_size > 1000
+
+
+def test_cli_predict_out_of_scope_is_a_clear_error():
+    r = CliRunner().invoke(cli, ["predict", "ag_gemm", "--variant", "pull", "-n", "16", "--hardware", "mi300x"])
+    assert r.exit_code == 2 and "out of the model's scope" in r.output
+
+
+def test_cli_validate_and_calibrate_without_gpu(tmp_path, monkeypatch):
+    _model_bundle(tmp_path / "p" / "bsp", "bsp", AG, 2)
+    md = tmp_path / "v.md"
+    r = CliRunner().invoke(cli, ["validate", str(tmp_path / "p"), "--markdown", str(md), "--no-fit"])
+    assert r.exit_code == 0, r.output
+    assert "ag_gemm/bsp" in md.read_text()
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    r = CliRunner().invoke(cli, ["calibrate", "-o", str(tmp_path / "hw.json")])
+    assert r.exit_code == 2 and "datasheet presets" in r.output
