@@ -42,6 +42,9 @@ TILES = {
     "s4": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8),
     "s3st": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, tma_store=True),
     "s4st": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, tma_store=True),
+    # Groups of 5 M-blocks: at M=1024 on 4 ranks (2 blocks per slab) the first group is own rows plus
+    # every peer's first block, so the first wave never waits on a second block.
+    "s4st-g5": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, tma_store=True, group_m=5),
 }
 #: Transports per tuning set (see GemmConfig): copy engines with either flag signal, the Triton copy
 #: kernel co-resident with the GEMM or on reserved SMs, and the direct pull (reference only).
@@ -50,10 +53,12 @@ TRANSPORTS = {
     "ce-kernel": dict(transport="ce", ce_signal="kernel"),
     "sm32": dict(transport="sm", push_progs=32),
     "sm16r": dict(transport="sm", push_progs=16, reserve_sms=True),
+    "sm64f": dict(transport="sm", push_progs=64, push_chunk_k=512),
     "direct": dict(transport="direct"),
 }
 TUNE_SETS = {
     "quick": (["s3", "s4st"], ["ce-mem"]),
+    "small": (["s3", "s4st", "s4st-g5"], ["ce-mem", "sm32", "sm64f"]),
     "explore": (["s3", "s4", "s3st", "s4st"], ["ce-mem", "ce-kernel", "sm32", "sm16r"]),
 }
 

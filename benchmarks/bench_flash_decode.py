@@ -25,6 +25,7 @@ Results: results.json and results.md under ``$OUT`` (or ``--out``); rank 0 print
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -44,7 +45,7 @@ def _ensure_taxmodel_kernels() -> None:
     """``taxmodel.kernels`` is the ``kernels/`` folder once installed; alias it when run from a bare
     checkout (e.g. a GPU machine where the package is not pip-installed)."""
     try:
-        import taxmodel.kernels  # noqa: F401
+        import taxmodel.kernels  # noqa: F401  (only whether it imports)
         return
     except ModuleNotFoundError:
         pass
@@ -157,24 +158,35 @@ class Timer:
         run()  # warm-up batch
         return self._reps(run)
 
-    def graph(self, step: Callable[[], None]) -> tuple[list[float], Callable[[], None]]:
-        """Capture ``iters`` steps in one CUDA graph; returns (times, replay one graph)."""
+    def graph(self, step: Callable[[], None]) -> tuple[list[float] | None, Callable[[], None], str]:
+        """Capture ``iters`` steps in one CUDA graph and time its replays.
+
+        Returns (times or None if capture failed on any rank, a callable that runs the steps once
+        more the same way, the capture error). On CPU there are no graphs: eager timings instead.
+        """
         if not self.cuda:
-            return self.eager(step), step
+            return self.eager(step), step, ""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):  # warm-up on the capture stream (NCCL, allocator)
                 step()
         torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
         self.ctx.barrier()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(self.iters):
-                step()
+        graph, error = torch.cuda.CUDAGraph(), ""
+        try:
+            # thread_local: NCCL's watchdog thread may query events while this thread captures.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                for _ in range(self.iters):
+                    step()
+        except Exception as exc:  # noqa: BLE001 - reported in the results, the eager timings still stand
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        if all_max(1.0 if error else 0.0, self.ctx) > 0:
+            torch.cuda.synchronize()
+            self.ctx.barrier()
+            return None, step, error or "capture failed on another rank"
         graph.replay()  # warm-up replay
-        return self._reps(graph.replay), graph.replay
+        return self._reps(graph.replay), graph.replay, ""
 
 
 def copy_bandwidth(ctx: Any, nbytes: int = 4 << 30) -> float:
@@ -230,7 +242,9 @@ def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple
             sk.launch_split_kv(a, po, pl)
             cb.launch_combine_local(a, po, pl, send)
 
-        times, _ = timer.graph(step)
+        times, _, _ = timer.graph(step)
+        if times is None:  # no graphs here: eager launches (host-bound at short KV, but the same for all)
+            times = timer.eager(step)
         rows.append(dict(config=cfg.label(), splits=plan.num_splits, ms=statistics.median(times)))
     best = broadcast_int(min(range(len(rows)), key=lambda i: rows[i]["ms"]), ctx)
     cfg = cands[best]
@@ -239,16 +253,26 @@ def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple
     return chosen, rows
 
 
-def check(wl: Any, ctx: Any, shape: dict, state: Any, ref: torch.Tensor) -> float:
-    """Max abs error of this rank's output (after the run that just ended); raises if wrong on any rank."""
-    got = wl.output(state).float()  # the fused variant also checks its error buffer here
-    rtol, atol = wl.tolerance(shape)
-    bad = torch.isnan(got).any().item() or not torch.allclose(got, ref, rtol=rtol, atol=atol)
-    err = float((got - ref).abs().max()) if not torch.isnan(got).any() else float("inf")
-    worst = all_max(1.0 if bad else 0.0, ctx)
-    if worst:
-        raise SystemExit(f"rank {ctx.rank}: {state.variant} wrong at {shape} (max error {err:.3g}); see ranks' output")
-    return err
+def check(wl: Any, ctx: Any, shape: dict, state: Any, ref: torch.Tensor) -> tuple[bool, float, str]:
+    """(correct on every rank, this rank's max abs error, problem) for the run that just ended."""
+    from taxmodel.errors import RunError
+
+    problem = ""
+    try:
+        got = wl.output(state).float()  # the fused variant also reads its error buffer here
+    except RunError as exc:
+        got, problem = None, str(exc)
+    err = float("inf")
+    if got is not None:
+        rtol, atol = wl.tolerance(shape)
+        if torch.isnan(got).any():
+            problem = "NaN left in the output"
+        else:
+            err = float((got - ref).abs().max())
+            if not torch.allclose(got, ref, rtol=rtol, atol=atol):
+                problem = f"max error {err:.3g} over tolerance"
+    ok = all_max(1.0 if problem else 0.0, ctx) == 0
+    return ok, err, problem
 
 
 def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, log: Callable[[str], None]) -> dict:
@@ -270,18 +294,31 @@ def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, l
         ctx.barrier()
         ctx.heap.reset()
         state = wl.setup(ctx, shape, variant)
-        step = lambda: variant.run(state)  # noqa: E731
+        step = functools.partial(variant.run, state)
         # Correctness, eager, seed A.
         if seed_a not in refs:
             refs[seed_a] = reference_output(seed_a, state.q, lens, shape["kv_heads"])
         state.poison()
         ctx.barrier()
         step()
-        row[f"{vname}_err"] = check(wl, ctx, shape, state, refs[seed_a])
+        ok, row[f"{vname}_err"], problem = check(wl, ctx, shape, state, refs[seed_a])
+        row[f"{vname}_correct"] = ok
+        if not ok:
+            log(f"{preset}/{vname}: WRONG on some rank (rank {ctx.rank}: {problem or 'fine'}); not timed")
+            print(f"rank {ctx.rank}: {preset}/{vname}: {problem or 'correct here'}", flush=True)
+            row[f"{vname}_problem"] = problem
+            row[f"{vname}_graph_ms"] = row[f"{vname}_eager_ms"] = float("nan")
+            del state, step
+            ctx.barrier()
+            continue
         # Timing.
         if not args.no_eager:
             row[f"{vname}_eager_ms"] = statistics.median(timer.eager(step))
-        times, replay = timer.graph(step)
+        times, replay, error = timer.graph(step)
+        if times is None:
+            log(f"{preset}/{vname}: CUDA graph capture failed ({error}); graph columns show eager timings")
+            row[f"{vname}_graph_error"] = error
+            times = timer.eager(step)
         row[f"{vname}_graph_ms"] = statistics.median(times)
         row[f"{vname}_graph_reps_ms"] = times
         # Correctness after graph replays, fresh inputs (seed B).
@@ -291,7 +328,12 @@ def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, l
         state.poison()
         ctx.barrier()
         replay()
-        row[f"{vname}_err_graph"] = check(wl, ctx, shape, state, refs[seed_b])
+        ok, row[f"{vname}_err_graph"], problem = check(wl, ctx, shape, state, refs[seed_b])
+        row[f"{vname}_correct"] = ok
+        if not ok:
+            log(f"{preset}/{vname}: WRONG after graph replays with fresh inputs")
+            print(f"rank {ctx.rank}: {preset}/{vname} after replays: {problem or 'correct here'}", flush=True)
+            row[f"{vname}_problem"] = problem
         row[f"{vname}_splits"] = state.args.plan.num_splits
         del state, replay, step
         ctx.barrier()
@@ -318,23 +360,34 @@ def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, l
 # --- output ------------------------------------------------------------------------------------
 
 
+def _verdict(row: dict) -> str:
+    """'yes', or which variant was wrong; notes graph captures that fell back to eager launches."""
+    wrong = [v for v in ("bsp", "fused") if not row.get(f"{v}_correct", False)]
+    text = "yes" if not wrong else "WRONG: " + ", ".join(wrong)
+    fell_back = [v for v in ("bsp", "fused") if f"{v}_graph_error" in row]
+    if fell_back:
+        text += f" (no graph for {', '.join(fell_back)}: eager)"
+    return text
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     head = ("| size | KV/rank (MB) | floor (us) | split+combine alone (us) | bsp graph (us) | fused graph (us) | "
-            "speedup graph | fused % floor | fused TB/s | bsp eager (us) | fused eager (us) | speedup eager | tile |")
+            "speedup graph | fused % floor | fused TB/s | bsp eager (us) | fused eager (us) | speedup eager | tile | "
+            "correct |")
     lines = [f"# Flash decode, {meta['world_size']} ranks, {meta['device']}", "",
              f"HBM copy bandwidth {meta['hbm_tbs']:.2f} TB/s (device-to-device copy, read + write). "
              f"Graph: {meta['iters']} steps per CUDA graph, eager: {meta['iters']} back-to-back launches; "
              f"per-step time, max over ranks, median of {meta['reps']}.", "", head,
              "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        eager = (f"{r['bsp_eager_ms'] * 1e3:.1f} | {r['fused_eager_ms'] * 1e3:.1f} | {r['speedup_eager']:.2f}"
-                 if "bsp_eager_ms" in r else "- | - | -")
+        eager = (f"{r['bsp_eager_ms'] * 1e3:.1f} | {r['fused_eager_ms'] * 1e3:.1f} | "
+                 f"{r.get('speedup_eager', float('nan')):.2f}" if "bsp_eager_ms" in r else "- | - | -")
         t = r["tuned"]
         lines.append(
             f"| {r['size']} | {r['kv_bytes_per_rank'] / 1e6:.1f} | {r['floor_ms'] * 1e3:.1f} | "
             f"{r['split_only_ms'] * 1e3:.1f} | {r['bsp_graph_ms'] * 1e3:.1f} | {r['fused_graph_ms'] * 1e3:.1f} | "
             f"{r['speedup_graph']:.2f} | {r['fused_pct_floor']:.0f}% | {r['fused_bw_tbs']:.2f} | {eager} | "
-            f"n{t['block_n']} w{t['num_warps']} s{t['num_stages']} c{t['ctas_per_sm']} |")
+            f"n{t['block_n']} w{t['num_warps']} s{t['num_stages']} c{t['ctas_per_sm']} | {_verdict(r)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -4,8 +4,16 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def load(path):
-    """Load a profile bundle for analysis (see ``taxmodel.trace.bundle.load_bundle``)."""
-    from taxmodel.trace.bundle import load_bundle
+def load(path, **kwargs):
+    """Open a bundle (-> Profile), a directory of bundles (-> ProfileSet) or trace files for
+    analysis in Python or Jupyter; see ``taxmodel.api.load``."""
+    from taxmodel.api import load as _load
 
-    return load_bundle(path)
+    return _load(path, **kwargs)
+
+
+def predict(workload, variant, shape, world_size=4, hardware="h200", **params):
+    """The analytic model's predicted ledger; see ``taxmodel.api.predict``."""
+    from taxmodel.api import predict as _predict
+
+    return _predict(workload, variant, shape, world_size, hardware, **params)

@@ -106,7 +106,7 @@ def _us_columns(df, columns):
 @cli.command("profile")
 @click.argument("workload")
 @click.option("--variants", default=None, help="Comma-separated variants (default: every one available here; others are skipped with the reason).")
-@click.option("--preset", default=None, help="Shape preset (default: the workload's CPU preset on CPU, its default on GPUs).")
+@click.option("--preset", default=None, help="Shape preset, or several comma-separated (run in one start-up) (default: the workload's CPU preset on CPU, its default on GPUs).")
 @click.option("--shape", "shape", multiple=True, metavar="K=V", help="Override one shape value, e.g. --shape M=4096 (repeatable).")
 @click.option("-n", "--world-size", type=int, default=None, help="Ranks to start on this host (default: every GPU; 2 on CPU).")
 @click.option("--iterations", type=int, default=5, show_default=True, help="Profiled iterations per repetition.")

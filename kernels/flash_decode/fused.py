@@ -19,9 +19,11 @@ Why one kernel, and why it cannot deadlock:
 - Only combiners wait, and they are the highest program ids. Triton's interpreter runs programs
   one after another in id order, so on CPU every worker of a rank has finished before its first
   combiner waits; the workers a combiner waits on in other ranks run in other processes and never
-  wait. GPUs dispatch a 1-D grid in id order as well, and C <= number of SMs, so workers always
-  find an SM; a combiner that waits longer than the spin timeout records the flag in the error
-  buffer and stops waiting instead of hanging (``check_errors`` turns it into a RunError).
+  wait. On a GPU, workers never wait either, and C <= SMs / 2, so even if combiners were
+  dispatched first (GPUs dispatch a 1-D grid in id order in practice, so they come last) they hold
+  at most half the SMs and the workers progress on the rest. A combiner that waits longer than
+  the spin timeout records the flag in the error buffer and stops waiting instead of hanging
+  (``check_errors`` turns it into a RunError).
 - So the CPU path and the GPU path are the same single kernel; nothing is split on CPU only.
 
 Epochs instead of resets: the epoch lives in device memory (``epoch[0]``, read by every program
@@ -140,12 +142,17 @@ class FusedState:
     mode: int
 
     def kernel_args(self) -> tuple[tuple, dict]:
+        """Positional and keyword launch arguments (fixed for the state's lifetime, so built once)."""
+        cached = self.__dict__.get("_launch_args")
+        if cached is not None:
+            return cached
         a = self.args
         pos = (a.q, a.k, a.v, self.out, self.part_out, self.part_lse, self.counters, self.recv, self.flags,
                self.epoch, self.done, self.err, self.heap_bases, *a.scalars(),
                self.rank, self.world_size, a.batch * a.q_heads, self.num_combiners, self.budget)
         kw = dict(a.constexprs(), G_P2=next_pow2(a.group), NB=8, W_P2=next_pow2(self.world_size),
                   MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, num_warps=a.cfg.num_warps)
+        self.__dict__["_launch_args"] = (pos, kw)
         return pos, kw
 
     @property
@@ -172,7 +179,7 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
         epoch=torch.zeros(1, dtype=torch.int32, device=dev),
         done=torch.zeros(1, dtype=torch.int32, device=dev),
         err=_sync.new_error_buffer(dev), heap_bases=heap.heap_bases.to(dev),
-        rank=ctx.rank, world_size=w, num_combiners=max(1, min(pairs, num_sms)),
+        rank=ctx.rank, world_size=w, num_combiners=max(1, min(pairs, num_sms // 2)),
         budget=_sync.spin_budget(ctx.spin_timeout_s, mode), mode=mode,
     )
 

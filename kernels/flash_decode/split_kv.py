@@ -131,7 +131,7 @@ def attend_split(q_ptr, k_ptr, v_ptr, part_out_ptr, part_lse_ptr, bk, split,
     k_base = k_ptr + b * stride_kb + kvh * stride_kh
     v_base = v_ptr + b * stride_vb + kvh * stride_vh
     m = tl.full([G_DOT], float("-inf"), tl.float32)
-    l = tl.zeros([G_DOT], tl.float32)
+    denom = tl.zeros([G_DOT], tl.float32)
     acc = tl.zeros([G_DOT, D], tl.float32)
     for start in tl.range(lo, hi, BLOCK_N, num_stages=NUM_STAGES):
         n = start + tl.arange(0, BLOCK_N)
@@ -147,7 +147,7 @@ def attend_split(q_ptr, k_ptr, v_ptr, part_out_ptr, part_lse_ptr, bk, split,
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
+        denom = denom * alpha + tl.sum(p, 1)
         v = tl.load(v_base + n[:, None] * stride_vn + d[None, :], mask=n_ok[:, None], other=0.0,
                     eviction_policy="evict_first")
         acc = acc * alpha[:, None]
@@ -156,9 +156,9 @@ def attend_split(q_ptr, k_ptr, v_ptr, part_out_ptr, part_lse_ptr, bk, split,
         else:
             acc = tl.dot(p.to(v.dtype), v, acc)
         m = m_new
-    has = l > 0.0
-    o = acc / tl.where(has, l, 1.0)[:, None]
-    lse = tl.where(has, m + tl.log2(tl.where(has, l, 1.0)), float("-inf"))
+    has = denom > 0.0
+    o = acc / tl.where(has, denom, 1.0)[:, None]
+    lse = tl.where(has, m + tl.log2(tl.where(has, denom, 1.0)), float("-inf"))
     part_row = (bk * num_splits + split) * G + rows
     tl.store(part_out_ptr + part_row[:, None] * D + d[None, :], o, mask=row_ok[:, None])
     tl.store(part_lse_ptr + part_row, lse, mask=row_ok)

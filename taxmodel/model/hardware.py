@@ -46,8 +46,8 @@ class HardwareSpec:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.source not in SOURCES:
-            raise InputError(f"hardware '{self.name}': field 'source' is {self.source!r}; expected one of {SOURCES}")
+        if not isinstance(self.source, str) or not self.source:
+            raise InputError(f"hardware '{self.name}': field 'source' must name where the numbers come from, e.g. {SOURCES}")
         for key in ("hbm_bytes_per_s", "link_bytes_per_s"):
             if not float(getattr(self, key)) > 0:
                 raise InputError(f"hardware '{self.name}': field '{key}' must be a positive number")

@@ -595,6 +595,8 @@ def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, 
     if hw is not None and hw.source == "datasheet":
         caveats.append(f"hardware: {hw.name} datasheet peaks; 'useful' is measured against numbers real kernels rarely "
                        "reach (run `taxmodel calibrate` and pass --hardware FILE for measured ones)")
+    elif hw is not None and hw.source != "calibrated":
+        caveats.append(f"hardware: {hw.name} numbers are {hw.source}, not measured on this machine")
     if not cost:
         caveats.append("the bundle declares no cost (meta 'cost'): useful and locality_tax are 0 and all compute time "
                        "counts as compute_inefficiency")

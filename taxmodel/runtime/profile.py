@@ -87,11 +87,12 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
     _import_workload_modules(modules)
     workload = get_workload(req.workload)
     preset = req.preset or (workload.cpu_preset if device == "cpu" else workload.default_preset)
-    shape = workload.shape(preset, **req.shape)
-    unknown_keys = sorted(set(req.shape) - set(workload.presets[preset]))
-    if unknown_keys:
-        raise InputError(f"{workload.name}: unknown shape key(s) {', '.join(unknown_keys)}; "
-                         f"the shape has {', '.join(workload.presets[preset])}")
+    for one in preset.split(","):  # several presets run in one process group
+        shape = workload.shape(one, **req.shape)
+        unknown_keys = sorted(set(req.shape) - set(workload.presets[one]))
+        if unknown_keys:
+            raise InputError(f"{workload.name}: unknown shape key(s) {', '.join(unknown_keys)}; "
+                             f"the shape has {', '.join(workload.presets[one])}")
     variants = workload.variants()
     unknown = [v for v in (req.variants or []) if v not in variants]
     if unknown:
@@ -118,7 +119,7 @@ def profile(req: ProfileRequest, *, quiet: bool = False) -> ProfileOutcome:
     result = launcher.launch_workers(spec, world, timeout_s=req.timeout_s + 30.0, device=device, quiet=quiet)
     info = result.result
     return ProfileOutcome(bundles=[Path(p) for p in info.get("bundles", [])], skipped=dict(info.get("skipped", {})),
-                          shape=dict(info.get("shape", spec["shape"])), world_size=world, device=device,
+                          shape=dict(next(iter(info.get("shapes", {}).values()), spec["shape"])), world_size=world, device=device,
                           wall_s=result.wall_s)
 
 

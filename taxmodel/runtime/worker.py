@@ -345,8 +345,9 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
     state.rank = rank
     _import_workload_modules(list(spec["workload_modules"]))
     workload = get_workload(spec["workload"])
-    preset = spec["preset"] or (workload.cpu_preset if device_kind == "cpu" else workload.default_preset)
-    shape = workload.shape(preset, **dict(spec["shape"]))
+    # Several presets (comma-separated) run in one process group: one start-up, one heap.
+    presets = (spec["preset"] or (workload.cpu_preset if device_kind == "cpu" else workload.default_preset)).split(",")
+    shapes = {preset: workload.shape(preset, **dict(spec["shape"])) for preset in presets}
     injection = Injection.parse(spec["inject"])
     tracer_cls = get_tracer(spec["tracer"])
     ctx = RankContext(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
@@ -368,10 +369,31 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
         heap_bytes = int(spec["heap_bytes"] or (4 << 30 if device_kind == "cuda" else 256 << 20))
         ctx.heap = make_heap(ctx, heap_bytes)
     clock = measure_clock_offsets(rank, world, device)
-    progress = Progress(bool(spec["progress"]) and rank == 0, total=len(chosen) * 4)
+    progress = Progress(bool(spec["progress"]) and rank == 0, total=len(chosen) * 4 * len(presets))
     for v, why in skipped.items():
         progress.write(f"skipped {workload.name}/{v}: {why}")
 
+    written: list[str] = []
+    for preset, shape in shapes.items():
+        written += _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, world, device,
+                                  injection, tracer_cls, clock, progress)
+    progress.close()
+    if ctx.heap is not None:
+        ctx.heap.close()
+    return {"bundles": written, "skipped": skipped, "workload": workload.name, "shapes": shapes, "world_size": world}
+
+
+def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, world, device, injection,
+                   tracer_cls, clock, progress) -> list[str]:
+    """Check, capture and write every chosen variant at one shape; rank 0 returns the bundle paths."""
+    import torch.distributed as dist
+    from torch.profiler import record_function
+
+    from taxmodel.runtime.inject import INJECTED_ROLES, Injector
+    from taxmodel.trace.bundle import write_bundle
+    from taxmodel.trace.capture import finish_events, iter_trace_files
+
+    rank = ctx.rank
     written: list[str] = []
     for vname in chosen:
         variant = variants[vname]
@@ -448,10 +470,7 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
         progress.advance()
         _barrier(ctx, state)
         st = None  # drop this variant's tensors before the next one allocates
-    progress.close()
-    if ctx.heap is not None:
-        ctx.heap.close()
-    return {"bundles": written, "skipped": skipped, "workload": workload.name, "shape": shape, "world_size": world}
+    return written
 
 
 def _barrier(ctx: Any, state: RankState) -> None:

@@ -8,8 +8,9 @@ from taxmodel.model.hardware import find_preset, load_hardware, presets, resolve
 
 def test_presets_are_datasheet():
     ps = presets()
-    assert set(ps) == {"H100 SXM", "H200 SXM", "MI300X", "B200"}
-    for spec in ps.values():
+    gpus = {"H100 SXM", "H200 SXM", "MI300X", "B200"}
+    assert gpus <= set(ps)
+    for spec in (ps[n] for n in gpus):
         assert spec.source == "datasheet"
         assert spec.flops_per_s("bf16") > spec.flops_per_s("fp32") > 0
     assert ps["H200 SXM"].hbm_bytes_per_s == 4.8e12 and ps["H100 SXM"].hbm_bytes_per_s == 3.35e12

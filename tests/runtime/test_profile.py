@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def _request(tmp_path, **kw):
     base = dict(workload="toy", workload_modules=[TOY], device="cpu", iterations=3, warmup=1, out=str(tmp_path),
-                timeout_s=90, progress=False)
+                timeout_s=240, progress=False)
     base.update(kw)
     return ProfileRequest(**base)
 

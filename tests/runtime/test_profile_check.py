@@ -13,7 +13,7 @@ TOY = str(Path(__file__).with_name("toy_workload.py"))
 
 def _request(tmp_path, **shape):
     return ProfileRequest(workload="toy", workload_modules=[TOY], device="cpu", world_size=2, iterations=2, warmup=1,
-                          out=str(tmp_path), timeout_s=60, variants=["bsp"], progress=False, shape=shape)
+                          out=str(tmp_path), timeout_s=240, variants=["bsp"], progress=False, shape=shape)
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ TOY = str(Path(__file__).with_name("toy_workload.py"))
 
 def _request(tmp_path, **shape):
     return ProfileRequest(workload="toy", workload_modules=[TOY], device="cpu", world_size=2, iterations=2, warmup=1,
-                          out=str(tmp_path), timeout_s=25, variants=["bsp"], progress=False, shape=shape)
+                          out=str(tmp_path), timeout_s=120, variants=["bsp"], progress=False, shape=shape)
 
 
 @pytest.mark.slow
@@ -34,13 +34,13 @@ def test_crashing_rank_is_named_and_old_bundle_kept(tmp_path):
 @pytest.mark.slow
 def test_hanging_rank_times_out(tmp_path):
     req = _request(tmp_path, hang_rank=1)
-    req.timeout_s = 30  # the whole run, start-up included (slow on a loaded 2-core CI machine)
+    req.timeout_s = 45  # the whole run, start-up included (slow on a loaded 2-core CI machine)
     t0 = time.monotonic()
-    expected = (r"timed out after 30 s: rank 1 hung in phase 'compile' of variant 'bsp' "
+    expected = (r"timed out after 45 s: rank 1 hung in phase 'compile' of variant 'bsp' "
                 r"at toy_workload.py:\d+ \(_maybe_misbehave\) \(rank\(s\) 0 were waiting")
     with pytest.raises(RunError, match=expected):
         profile(req, quiet=True)
-    assert time.monotonic() - t0 < 30 + 15  # watchdog + launcher start-up, far below the launcher's own limit
+    assert time.monotonic() - t0 < 45 + 30  # watchdog + launcher start-up, far below the launcher's own limit
 
 
 def test_diagnose_messages():

@@ -1,0 +1,281 @@
+"""The fine-grained GEMM + Reduce-Scatter kernels: a persistent GEMM that pushes finished tiles to
+their owners, and the owner-side reduction.
+
+Math: rank ``rank`` computes its partial product P = A_r @ B_r [M, N] tile by tile (``BLOCK_M x
+BLOCK_N``). Rows of P come in ``WORLD`` slabs of ``M_loc`` rows; slab ``o`` belongs to rank ``o``
+(its rows of C = sum over sources of their P). An M-block never straddles two slabs (the last
+block of a slab is partial when ``M_loc`` is not a multiple of ``BLOCK_M``), so every tile has
+exactly one owner.
+
+Push (``gemm_rs_kernel``): each finished tile goes straight into its owner's receive buffer on the
+symmetric heap, into the slot of this source rank (``recv[src, rows of the owner's slab, cols]``,
+``iris.store``; own tiles with a plain store), then a release-set of the flag
+``flags[tile, src]`` on the owner to the epoch (``_sync.signal``). Each slot is written by one
+source only, so no atomics on data are needed and the sum is deterministic.
+
+Tile order (why): peers' tiles first, own tiles last, since the owner's reduction of a tile needs
+every source's contribution and this rank's own contribution costs no link time. Peers are
+interleaved block by block and staggered per rank (rank r sends block 0 to r+1, r+2, ..., then
+block 1, ...), so that every owner receives block 0 from all its peers first; consecutive
+positions are grouped ``GROUP_M`` M-blocks at a time (``ag_gemm``'s L2 grouping).
+
+Reduce (``reduce_tile``): for one of this rank's output tiles, wait (acquire, bounded) until all
+``WORLD`` flags of the tile hold the epoch, then sum the ``WORLD`` slots in fp32, in source order
+(deterministic), ``ROWS`` rows at a time, and store this rank's rows of C. It runs either
+
+- in ``rs_reduce_kernel`` (``reduce="kernel"``), one program per output tile, launched after the
+  GEMM on the same stream: the GEMM never waits, the reduce kernel waits only on other ranks' GEMMs,
+  so no program ever waits on a program of its own launch, on a GPU or in Triton's interpreter
+  (which runs a launch's programs one after another);
+- or at the tail of the GEMM (``reduce="tail"``): after its compute tiles, program ``pid`` reduces
+  own tiles ``pid, pid + NUM_PROGS, ...``. On a GPU every program of the persistent grid is
+  resident (``NUM_PROGS`` <= SMs), so the waits can only be on programs that are running. In the
+  interpreter program 0 would wait on tiles that a peer computes in its program 1, which runs
+  only after the peer's program 0 (itself waiting on us) ends: the host therefore launches the
+  tail variant with ONE program under the interpreter, where every program computes all of its
+  tiles before it waits.
+
+Epochs: flags hold the iteration number (counting from 1) and are never reset. The receive buffer
+is double-buffered by epoch parity: a peer's pushes of epoch e+1 may land while this rank still
+reduces epoch e (the peer finished its own epoch-e reduction), but its pushes of e+2 need this
+rank's epoch-e+1 pushes, which come after this rank's epoch-e reduction (stream order). A flag
+that already holds e+1 when epoch e is reduced is fine: the epoch-e data landed before it.
+
+``COUNT`` (debug): per own output tile, how many times it was reduced and the least flag value
+it saw after its waits and before reading any slot, so tests can check the protocol.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import iris
+import torch
+import triton
+import triton.language as tl
+
+from taxmodel.kernels._sync import interpreting, signal, wait_geq
+from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, cached_descriptor, num_programs, tile_counts, tma_available
+
+#: Kernel ids written into the error buffer by a reduction that gave up waiting.
+GEMM_KERNEL_ID = 1
+REDUCE_KERNEL_ID = 2
+KERNEL_NAMES = {GEMM_KERNEL_ID: "gemm_rs_kernel", REDUCE_KERNEL_ID: "rs_reduce_kernel"}
+
+
+@triton.jit
+def _rs_tile_coords(t, rank, blocks_per_rank, n_tiles, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile number ``t`` -> (owner rank, block within the owner's slab, N-tile index)."""
+    num_mblocks = WORLD * blocks_per_rank
+    tiles_per_group = GROUP_M * n_tiles
+    first = (t // tiles_per_group) * GROUP_M
+    group_size = tl.minimum(num_mblocks - first, GROUP_M)
+    within = t % tiles_per_group
+    s = first + within % group_size  # position in the M-block sequence
+    pid_n = within // group_size
+    if WORLD > 1:
+        # Positions -> (owner, j): peers interleaved block by block (rank+1 first), own slab last.
+        peer_blocks = (WORLD - 1) * blocks_per_rank
+        is_peer = s < peer_blocks
+        owner = tl.where(is_peer, (rank + s % (WORLD - 1) + 1) % WORLD, rank)
+        j = tl.where(is_peer, s // (WORLD - 1), s - peer_blocks)
+    else:
+        owner = rank + 0 * s
+        j = s
+    return owner, j, pid_n
+
+
+@triton.jit
+def tile_product(a_ptr, b_ptr, a_desc, b_desc, rows, row_ok, offs_n, col_ok, row0, col0, K,
+                 stride_am, stride_ak, stride_bk, stride_bn,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr):
+    """fp32 accumulator of A[rows, :K] @ B[:K, offs_n] (TMA descriptors or masked pointer loads).
+
+    With TMA, rows ``row0 .. row0 + BLOCK_M`` are loaded whole (rows past a slab's end are computed
+    and then masked by the caller's store); pointer loads mask rows, columns and K.
+    """
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    if USE_TMA:
+        for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
+            a = a_desc.load([row0, kt * BLOCK_K])
+            b = b_desc.load([kt * BLOCK_K, col0])
+            acc = tl.dot(a, b, acc)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        a_rows = a_ptr + rows[:, None] * stride_am
+        b_cols = b_ptr + offs_n[None, :] * stride_bn
+        for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
+            ks = kt * BLOCK_K + offs_k
+            k_ok = ks < K
+            a = tl.load(a_rows + ks[None, :] * stride_ak, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_cols + ks[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N, stride_om,
+                rank, epoch, budget, kernel_id,
+                WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                SYNC_MODE: tl.constexpr, COUNT: tl.constexpr):
+    """Sum the ``WORLD`` received slots of own output tile ``tile`` once all its flags hold ``epoch``."""
+    j = tile // n_tiles
+    pid_n = tile % n_tiles
+    for i in tl.static_range(WORLD):
+        src = (rank + 1 + i) % WORLD  # peers in the order they push to us first, our own tile last
+        wait_geq(flags_ptr + tile * WORLD + src, epoch, budget, err_ptr, rank, src, tile * WORLD + src,
+                 kernel_id, SYNC_MODE)
+    if COUNT:
+        least = tl.load(flags_ptr + tile * WORLD, volatile=True)
+        for src in tl.static_range(1, WORLD):
+            least = tl.minimum(least, tl.load(flags_ptr + tile * WORLD + src, volatile=True))
+        tl.store(seen_ptr + tile, least)
+        tl.atomic_add(count_ptr + tile, 1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = offs_n < N
+    slot = M_loc * N
+    for r0 in range(0, BLOCK_M, ROWS):
+        rows = j * BLOCK_M + r0 + tl.arange(0, ROWS)
+        mask = (rows < M_loc)[:, None] & col_ok[None, :]
+        off = rows[:, None] * N + offs_n[None, :]
+        acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+        for src in tl.static_range(WORLD):
+            acc += tl.load(recv_ptr + src * slot + off, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ``epoch`` changes every launch: without ``do_not_specialize`` Triton would compile a new kernel
+# for epoch 1 and for multiples of 16 (its integer specializations), while peers wait on flags.
+@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
+def gemm_rs_kernel(
+    a_ptr, b_ptr, a_desc, b_desc, recv_ptr, out_ptr, flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
+    M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om,
+    rank, epoch, budget,
+    WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
+    VEC_HINT: tl.constexpr, TAIL_REDUCE: tl.constexpr, ROWS: tl.constexpr, SYNC_MODE: tl.constexpr,
+    COUNT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    num_tiles = WORLD * blocks_per_rank * n_tiles
+    out_dtype = recv_ptr.dtype.element_ty
+    mine = recv_ptr + rank * M_loc * N  # this source's slot (same offset in every owner's heap)
+
+    for t in range(pid, num_tiles, NUM_PROGS):
+        owner, j, pid_n = _rs_tile_coords(t, rank, blocks_per_rank, n_tiles, WORLD, GROUP_M)
+        offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the owner's slab
+        row_ok = offs_r < M_loc
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < N
+        acc = tile_product(a_ptr, b_ptr, a_desc, b_desc, owner * M_loc + offs_r, row_ok, offs_n, col_ok,
+                           owner * M_loc + j * BLOCK_M, pid_n * BLOCK_N, K, stride_am, stride_ak, stride_bk,
+                           stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, USE_TMA)
+        dst = mine + offs_r[:, None] * N + offs_n[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        val = acc.to(out_dtype)
+        if owner == rank:
+            tl.store(dst, val, mask=mask)
+        elif VEC_HINT:
+            # Contiguity hint on the translated pointer: 16-byte vector stores over the link.
+            iris.store(dst, val, rank, owner, heap_bases, mask=mask, hint=(1, 16))
+        else:
+            iris.store(dst, val, rank, owner, heap_bases, mask=mask)
+        tile = j * n_tiles + pid_n
+        signal(flags_ptr + tile * WORLD + rank, epoch, rank, owner, heap_bases)
+
+    if TAIL_REDUCE:
+        for tile in range(pid, blocks_per_rank * n_tiles, NUM_PROGS):
+            reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N,
+                        stride_om, rank, epoch, budget, 1, WORLD, BLOCK_M, BLOCK_N, ROWS, SYNC_MODE, COUNT)
+
+
+@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
+def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, M_loc, N, stride_om,
+                     rank, epoch, budget,
+                     WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
+                     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr):
+    """One program per own output tile (no program waits on another of this launch)."""
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tl.program_id(0), n_tiles, M_loc, N,
+                stride_om, rank, epoch, budget, 2, WORLD, BLOCK_M, BLOCK_N, ROWS, SYNC_MODE, COUNT)
+
+
+# --- host side -----------------------------------------------------------------------------------
+
+
+def own_tiles(m_loc: int, n: int, cfg: GemmConfig) -> int:
+    """Output tiles of one rank's rows of C (the flags and the reduce grid count these)."""
+    bpr, n_tiles = tile_counts(m_loc, n, 1, cfg)
+    return bpr * n_tiles
+
+
+def reduce_rows(block_m: int, rows: int) -> int:
+    """Rows summed at a time: a power of two dividing ``block_m``."""
+    r = min(triton.next_power_of_2(max(rows, 1)), block_m)
+    while block_m % r:
+        r //= 2
+    return max(r, 1)
+
+
+def use_tma(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor) -> bool:
+    """TMA loads need Hopper+, Triton's host descriptors and 16-byte aligned row strides."""
+    if not (cfg.use_tma and tma_available()):
+        return False
+    return (a.stride(0) * a.element_size()) % 16 == 0 and (b.stride(0) * b.element_size()) % 16 == 0 \
+        and a.stride(1) == 1 and b.stride(1) == 1
+
+
+def gemm_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, tail: bool) -> int:
+    """Persistent grid size; one program for the tail reduction under the interpreter (see above)."""
+    if tail and interpreting():
+        return 1
+    return num_programs(cfg, device, num_tiles)
+
+
+def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
+                   heap_bases: torch.Tensor, err: torch.Tensor, *, rank: int, world: int, m_loc: int, epoch: int,
+                   budget: int, sync: int, cfg: GemmConfig, tail: bool, rows: int,
+                   count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
+                   warmup_only: bool = False) -> None:
+    """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch); no host sync.
+
+    ``recv`` is this epoch's half of the receive buffer ([world, m_loc, N] on the heap).
+    """
+    k, n = b.shape
+    bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
+    progs = gemm_programs(cfg, out.device, world * bpr * n_tiles, tail)
+    tma = use_tma(cfg, a, b)
+    a_desc = cached_descriptor(a, [cfg.block_m, cfg.block_k]) if tma else None
+    b_desc = cached_descriptor(b, [cfg.block_k, cfg.block_n]) if tma else None
+    args = (a, b, a_desc, b_desc, recv, out, flags, heap_bases, err,
+            count if count is not None else err, seen if seen is not None else err,
+            m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+            rank, epoch, budget)
+    kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
+              ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None, num_warps=cfg.num_warps)
+    if warmup_only:
+        gemm_rs_kernel.warmup(*args, grid=(progs,), **kw)
+    else:
+        gemm_rs_kernel[(progs,)](*args, **kw)
+
+
+def launch_rs_reduce(recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor, err: torch.Tensor, *, rank: int,
+                     world: int, m_loc: int, epoch: int, budget: int, sync: int, cfg: GemmConfig, rows: int,
+                     warps: int, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
+                     warmup_only: bool = False) -> None:
+    """Enqueue ``rs_reduce_kernel`` (one program per own output tile); no host sync."""
+    n = out.shape[1]
+    grid = (own_tiles(m_loc, n, cfg),)
+    args = (recv, out, flags, err, count if count is not None else err, seen if seen is not None else err,
+            m_loc, n, out.stride(0), rank, epoch, budget)
+    kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS=reduce_rows(cfg.block_m, rows),
+              SYNC_MODE=sync, COUNT=count is not None, num_warps=warps)
+    if warmup_only:
+        rs_reduce_kernel.warmup(*args, grid=grid, **kw)
+    else:
+        rs_reduce_kernel[grid](*args, **kw)
+
