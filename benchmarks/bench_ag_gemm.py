@@ -54,6 +54,7 @@ TRANSPORTS = {
     "sm32": dict(transport="sm", push_progs=32),
     "sm16r": dict(transport="sm", push_progs=16, reserve_sms=True),
     "sm64f": dict(transport="sm", push_progs=64, push_chunk_k=512),
+    "sm64": dict(transport="sm", push_progs=64, push_chunk_k=1024),
     "direct": dict(transport="direct"),
 }
 TUNE_SETS = {

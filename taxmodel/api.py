@@ -296,7 +296,12 @@ class Profile:
         if not (self.workload and self.variant and self.shape):
             raise InputError(f"{self.label}: the analytic model needs workload, variant and shape in the bundle's meta; "
                              "declare them with Profile.with_meta(workload=..., variant=..., shape=...)")
-        hw, _ = analytic.resolve_model_hardware(self.hardware, self.meta)
+        from taxmodel.model.hardware import HardwareSpec
+
+        if isinstance(self.hardware, HardwareSpec):
+            hw = self.hardware
+        else:
+            hw, _ = analytic.resolve_model_hardware(self.hardware, self.meta)
         mp = ModelParams.from_hardware(hw, instrumented=bool((self.events["kind"] == "record").any()), **params)
         shape = {k: int(v) for k, v in self.shape.items()}
         return analytic.predict(self.workload, self.variant, shape, self.world_size, hw, mp, cost=self.meta.get("cost"))
@@ -486,6 +491,7 @@ class ProfileSet(Sequence[Profile]):
                     continue
                 c = compare_ledgers(ref, led)
                 row = {"workload": c.workload, "shape": c.shape, "reference": c.reference, "candidate": c.candidate,
+                       "reference_label": ref.label, "candidate_label": led.label,
                        **dict(cmp.identity(led).shape),
                        "reference_us": c.reference_ns / NS_PER_US, "candidate_us": c.candidate_ns / NS_PER_US,
                        "saved_us": c.saved_ns / NS_PER_US, "saved_pct": c.saved_pct, "speedup": c.speedup}

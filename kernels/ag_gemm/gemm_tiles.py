@@ -15,11 +15,13 @@ How A reaches the tile (``A_MODE``, a constexpr):
 - ``A_PULL`` (1): ``a_ptr`` is the gathered buffer on the symmetric heap, each rank's own slab filled;
   rows of slab ``src`` are loaded straight from rank ``src``'s buffer with ``iris.load`` (no flags:
   the slab is written before the launch, and a host barrier separates setup from the first run).
-- ``A_WAIT`` (2): ``a_ptr`` is the gathered buffer; before a tile of remote slab ``src`` and block
-  ``j``, wait (acquire) until ``flags[src * blocks_per_rank + j] >= epoch`` (``epoch`` is the flag
-  value that means "this iteration's block is here": set by the peer that pushed it, or by this
-  rank's own staging copy in the pull variant); own rows are already in place. The flags live in
-  this rank's memory, so the wait polls local L2, never a link.
+- ``A_WAIT`` (2): ``a_ptr`` is the gathered buffer; a tile of remote slab ``src`` and block ``j``
+  reads K in ``k_pieces`` pieces (``k_pieces(cfg, K)``: 1 for the copy engines, which flag whole
+  blocks) and before piece ``p`` waits (acquire) until
+  ``flags[(src * blocks_per_rank + j) * k_pieces + p] >= epoch`` (every flag is set to the epoch
+  by whoever brings that piece: the peer that pushed it, or this rank's own staging copy in the
+  pull variant); own rows are already in place. The flags live in this rank's memory, so the
+  wait polls local L2, never a link.
 
 The persistent grid is ``NUM_PROGS`` programs (at most the SM count), each looping over tiles with
 stride ``NUM_PROGS``, so a launch never needs more programs than fit at once (no program waits on
@@ -78,6 +80,7 @@ def ag_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
+    K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
@@ -95,38 +98,49 @@ def ag_gemm_kernel(
         col_ok = offs_n < N
         flag_idx = src * blocks_per_rank + j
 
-        if A_MODE == 2:
-            if src != rank:
-                wait_geq(flags_ptr + flag_idx, epoch, budget, err_ptr, rank, src, flag_idx, kernel_id, SYNC_MODE)
+        # Remote tiles of A_WAIT wait piece by piece along K (flag per K_PIECES column piece of the
+        # block): a tile starts as soon as the first piece of its block has landed and the rest
+        # streams in while it computes. Own tiles (and the other modes) run one piece: all of K.
+        waits = (A_MODE == 2) & (src != rank)
+        n_pieces = tl.where(waits, K_PIECES, 1)
+        kt_piece = tl.where(waits, KT_PER_PIECE, k_tiles)
+        seen_min = tl.cast(epoch, tl.int32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kp in range(0, n_pieces):
+            if waits:
+                piece_flag = flag_idx * K_PIECES + kp
+                wait_geq(flags_ptr + piece_flag, epoch, budget, err_ptr, rank, src, piece_flag, kernel_id, SYNC_MODE)
                 if USE_TMA:
                     fence_tma_after_acquire(SYNC_MODE)
-            if COUNT:
-                # The flag as this tile saw it just before reading A (own slab: the epoch itself).
-                seen = tl.where(src == rank, epoch, tl.load(flags_ptr + flag_idx, volatile=True))
-                tl.store(seen_ptr + (src * blocks_per_rank + j) * n_tiles + pid_n, seen)
-
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        if USE_TMA:
-            row0 = src * M_loc + j * BLOCK_M
-            for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-                a = a_desc.load([row0, kt * BLOCK_K])
-                b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
-                acc = tl.dot(a, b, acc)
-        else:
-            offs_k = tl.arange(0, BLOCK_K)
-            a_rows = a_ptr + (src * M_loc + offs_r)[:, None] * stride_am
-            b_cols = b_ptr + offs_n[None, :] * stride_bn
-            for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-                ks = kt * BLOCK_K + offs_k
-                k_ok = ks < K
-                a_mask = row_ok[:, None] & k_ok[None, :]
-                a_ptrs = a_rows + ks[None, :] * stride_ak
-                if A_MODE == 1:
-                    a = iris.load(a_ptrs, rank, src, heap_bases, mask=a_mask, other=0.0)
-                else:
-                    a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-                b = tl.load(b_cols + ks[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                acc = tl.dot(a, b, acc)
+                if COUNT:
+                    # The flag as this tile saw it just before reading the piece (own slab: the epoch).
+                    seen_min = tl.minimum(seen_min, tl.load(flags_ptr + piece_flag, volatile=True).to(tl.int32))
+            kt0 = kp * kt_piece
+            kt1 = tl.minimum(kt0 + kt_piece, k_tiles)
+            if USE_TMA:
+                row0 = src * M_loc + j * BLOCK_M
+                for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES):
+                    a = a_desc.load([row0, kt * BLOCK_K])
+                    b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
+                    acc = tl.dot(a, b, acc)
+            else:
+                offs_k = tl.arange(0, BLOCK_K)
+                a_rows = a_ptr + (src * M_loc + offs_r)[:, None] * stride_am
+                b_cols = b_ptr + offs_n[None, :] * stride_bn
+                for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES):
+                    ks = kt * BLOCK_K + offs_k
+                    k_ok = ks < K
+                    a_mask = row_ok[:, None] & k_ok[None, :]
+                    a_ptrs = a_rows + ks[None, :] * stride_ak
+                    if A_MODE == 1:
+                        a = iris.load(a_ptrs, rank, src, heap_bases, mask=a_mask, other=0.0)
+                    else:
+                        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+                    b = tl.load(b_cols + ks[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                    acc = tl.dot(a, b, acc)
+        if COUNT:
+            if A_MODE == 2:
+                tl.store(seen_ptr + (src * blocks_per_rank + j) * n_tiles + pid_n, seen_min)
 
         if TMA_STORE:
             # Asynchronous TMA store (bounds clipped by the descriptor: only whole-slab row blocks
@@ -264,6 +278,22 @@ def num_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, reserve:
     return max(1, min(n, num_tiles))
 
 
+def k_pieces(cfg: GemmConfig, k: int) -> int:
+    """Flags per M-block: the K pieces that the ``sm`` transport moves and flags separately
+    (``cfg.push_chunk_k`` columns each, a multiple of ``block_k``); 1 for the copy engines."""
+    if cfg.transport != "sm":
+        return 1
+    return triton.cdiv(k, piece_cols(cfg, k))
+
+
+def piece_cols(cfg: GemmConfig, k: int) -> int:
+    """Columns per K piece of the ``sm`` transport (whole ``block_k`` steps, at most K rounded up)."""
+    if cfg.push_chunk_k % cfg.block_k:
+        raise ValueError(f"push_chunk_k {cfg.push_chunk_k} must be a multiple of block_k {cfg.block_k}")
+    whole_k = triton.cdiv(k, cfg.block_k) * cfg.block_k
+    return min(cfg.push_chunk_k, whole_k)
+
+
 def tile_counts(m_loc: int, n: int, world: int, cfg: GemmConfig) -> tuple[int, int]:
     """(M-blocks per rank slab, N-tiles)."""
     return triton.cdiv(m_loc, cfg.block_m), triton.cdiv(n, cfg.block_n)
@@ -274,7 +304,7 @@ def launch_ag_gemm(
     cfg: GemmConfig, err: torch.Tensor, sync: int, flags: torch.Tensor | None = None,
     heap_bases: torch.Tensor | None = None, epoch: int = 0, budget: int = 1, kernel_id: int = 0,
     count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
-    a_desc: Any = None, b_desc: Any = None, reserve_programs: int = 0,
+    a_desc: Any = None, b_desc: Any = None, reserve_programs: int = 0, pieces: int = 1,
 ) -> None:
     """Enqueue one ``ag_gemm_kernel`` (see the module docstring for ``mode``); no host sync."""
     n = b.shape[1]
@@ -297,5 +327,6 @@ def launch_ag_gemm(
         WORLD=world, A_MODE=mode, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=use_tma,
         SYNC_MODE=sync, COUNT=count is not None, TMA_STORE=tma_store, EPI_SPLIT=cfg.epi_split if tma_store else 1,
+        K_PIECES=pieces, KT_PER_PIECE=piece_cols(cfg, k) // cfg.block_k if pieces > 1 else triton.cdiv(k, cfg.block_k),
         num_warps=cfg.num_warps,
     )

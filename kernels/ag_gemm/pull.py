@@ -7,7 +7,8 @@ Transports (``cfg.transport``):
   peer, one ``cuMemcpyAsync`` per block) and set a local flag to the epoch after each block; the
   GEMM's waits poll local memory and no SM moves data.
 - ``"sm"``: ``push.copy_blocks_kernel`` in pull mode (16-byte vector Iris loads from the peer,
-  local stores, a local release-add per piece) on a side stream, beside the GEMM.
+  local stores, a local release-set per K piece, which the GEMM waits on piece by piece) on a side
+  stream, beside the GEMM.
 - ``"direct"``: the GEMM loads remote tiles straight from the peers' heaps with ``iris.load``. Each
   A tile then crosses the link once per N-tile that uses it (``N / BLOCK_N`` times the all-gather's
   bytes: 32x at N=8192, BLOCK_N=256): the first version's design, kept as the reference for why
@@ -27,8 +28,8 @@ import torch
 import triton
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import A_PULL, A_WAIT, GemmConfig, launch_ag_gemm, make_descriptor, tma_available
-from .push import chunk_k, ce_transfer_blocks, launch_copy_blocks, push_pieces, side_streams
+from .gemm_tiles import A_PULL, A_WAIT, k_pieces, launch_ag_gemm, make_descriptor, tma_available
+from .push import ce_transfer_blocks, launch_copy_blocks, side_streams, wait_target
 from .workload import AgGemmState, AgGemmVariant, symmetric_heap
 
 KERNEL = "ag_gemm_kernel"
@@ -36,24 +37,16 @@ STAGE_KERNEL = "copy_blocks_kernel"
 CE_PULL = "ce_get"
 
 
-def wait_target(cfg: GemmConfig, k: int, epoch: int) -> int:
-    """Flag value meaning "staged for ``epoch``": copy engines set the epoch; the kernel transport
-    adds one per piece every epoch (single buffer, so ``epoch x pieces``)."""
-    if cfg.transport == "ce":
-        return epoch
-    return epoch * push_pieces(k, chunk_k(cfg, k))
-
-
 def prepare(st: AgGemmState, nbytes: int) -> None:
     heap = symmetric_heap(st, nbytes)
-    bpr = triton.cdiv(st.m_loc, st.cfg.block_m)
+    cfg = st.cfg
+    bpr = triton.cdiv(st.m_loc, cfg.block_m)
     st.gathered = heap.empty((st.m, st.k), st.dtype)
-    st.flags = heap.zeros((st.world * bpr,), torch.int32)
+    st.flags = heap.zeros((st.world * bpr * k_pieces(cfg, st.k),), torch.int32)
     own = st.gathered[st.rank * st.m_loc:(st.rank + 1) * st.m_loc]
     own.copy_(st.a_local)
     st.a_local = own
     st.cache["heap_bases"] = heap.heap_bases
-    cfg = st.cfg
     if cfg.transport == "ce":
         st.cache["ce"] = CopyEngine(heap, st.c.device, cfg.ce_signal)
     elif cfg.transport not in ("sm", "direct"):
@@ -83,12 +76,12 @@ def run(st: AgGemmState) -> None:
     elif st.world > 1:
         with (torch.cuda.stream(streams[0]) if streams else contextlib.nullcontext()), st.ctx.kernel(STAGE_KERNEL):
             launch_copy_blocks(st.gathered, st.flags, bases, pull=True, m_loc=st.m_loc, rank=st.rank,
-                               world=st.world, cfg=cfg)
+                               world=st.world, cfg=cfg, epoch=st.epoch)
     reserve = cfg.push_progs if (cfg.transport == "sm" and cfg.reserve_sms and st.world > 1) else 0
     with st.ctx.kernel(KERNEL):
         launch_ag_gemm(st.gathered, st.b, st.c, mode=A_WAIT, flags=st.flags, epoch=wait_target(cfg, st.k, st.epoch),
                        a_desc=st.cache.get("a_desc"), b_desc=st.cache.get("b_desc"), reserve_programs=reserve,
-                       **common)
+                       pieces=k_pieces(cfg, st.k), **common)
     for s in streams:
         main.wait_stream(s)
 

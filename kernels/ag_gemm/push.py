@@ -9,7 +9,8 @@ Design decisions (why):
   keeps every SM. ``"sm"``: ``copy_blocks_kernel`` below, a small Triton kernel on a side stream
   with 16-byte vector stores (Iris ``store`` with a contiguity hint: without it the translated
   pointers lose their alignment and every bf16 element became its own 2-byte NVLink write, the
-  cause of the first version's ~10 GB/s), one release-add per piece of a block; by default it
+  cause of the first version's ~10 GB/s), one release-set per K piece of a block (the GEMM waits
+  piece by piece, so a tile starts when the first piece of its block has landed); by default it
   co-resides with the GEMM on the same SMs (it uses no shared memory and few registers).
 - Own rows are never copied: this rank's A shard *is* its slab of the gathered buffer (a view), so
   the GEMM starts on own tiles at once while the peers' blocks arrive.
@@ -35,10 +36,10 @@ import triton.language as tl
 
 import iris
 
-from taxmodel.kernels._sync import signal_add
+from taxmodel.kernels._sync import signal
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import A_WAIT, GemmConfig, launch_ag_gemm, make_descriptor, tma_available
+from .gemm_tiles import A_WAIT, GemmConfig, k_pieces, launch_ag_gemm, make_descriptor, piece_cols, tma_available
 from .workload import AgGemmState, AgGemmVariant, symmetric_heap
 
 PUSH_KERNEL = "copy_blocks_kernel"
@@ -49,18 +50,19 @@ GEMM_KERNEL = "ag_gemm_kernel"
 @triton.jit
 def copy_blocks_kernel(
     gathered_ptr, flags_ptr, heap_bases,
-    M_loc, K, stride_m, rank,
+    M_loc, K, stride_m, rank, epoch,
     WORLD: tl.constexpr, PULL: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, NUM_PROGS: tl.constexpr, EVEN: tl.constexpr,
 ):
     """Move M-blocks of A between the ranks' gathered buffers (same rows on both sides).
 
-    Push (``PULL`` false): this rank's slab into every peer's buffer; the peer's counter flag of the
-    block gets +1 per piece. Pull: every peer's slab into this rank's buffer; this rank's counter
-    flag gets +1 per piece. A work item is one piece (``BLOCK_M`` rows x ``CHUNK_K`` columns) of one
-    block for one peer, moved ``ROWS x BLOCK_K`` elements at a time; items run block-major, then
-    piece, then peer, so every peer's first block moves first. ``EVEN`` (no partial block or
-    piece) drops the masks so that every access is a 16-byte vector.
+    Push (``PULL`` false): this rank's slab into every peer's buffer; pull: every peer's slab into
+    this rank's buffer. A work item is one piece (``BLOCK_M`` rows x ``CHUNK_K`` columns) of one
+    block for one peer, moved ``ROWS x BLOCK_K`` elements at a time and then published by a
+    release-set of that piece's flag to ``epoch`` (on the peer for a push, here for a pull: the
+    GEMM waits piece by piece). Items run piece-major within a block, peers interleaved, so every
+    peer's first piece moves first. ``EVEN`` (no partial block or piece) drops the masks so that
+    every access is a 16-byte vector.
     """
     pid = tl.program_id(0)
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
@@ -100,51 +102,36 @@ def copy_blocks_kernel(
                         v = tl.load(ptrs, mask=mask)
                         iris.store(ptrs, v, rank, peer, heap_bases, mask=mask)
         # One release per piece (system scope), after every thread's stores of the piece.
+        flag = flags_ptr + (owner * blocks_per_rank + j) * pieces + piece
         if PULL:
-            signal_add(flags_ptr + owner * blocks_per_rank + j, 1, rank, rank, heap_bases)
+            signal(flag, epoch, rank, rank, heap_bases)
         else:
-            signal_add(flags_ptr + owner * blocks_per_rank + j, 1, rank, peer, heap_bases)
-
-
-def push_pieces(k: int, chunk_k: int) -> int:
-    """Pieces per block: what a block's counter flag gains per epoch (``sm`` transport)."""
-    return triton.cdiv(k, chunk_k)
-
-
-def chunk_k(cfg: GemmConfig, k: int) -> int:
-    """Columns per piece of the ``sm`` transport (a power of two, at most K rounded up)."""
-    return min(cfg.push_chunk_k, triton.next_power_of_2(k))
-
-
-def flag_target(epoch: int, pieces: int) -> int:
-    """Counter value meaning "every piece of this block arrived for ``epoch``" when flags are
-    double-buffered by parity: flags of one parity count the arrivals of all epochs of that parity
-    so far ((epoch + 1) // 2 of them)."""
-    return (epoch + 1) // 2 * pieces
+            signal(flag, epoch, rank, peer, heap_bases)
 
 
 def wait_target(cfg: GemmConfig, k: int, epoch: int) -> int:
-    """The flag value the push variant's GEMM waits for in ``epoch`` (copy engines set the epoch;
-    the kernel transport counts pieces)."""
-    if cfg.transport == "ce":
-        return epoch
-    return flag_target(epoch, push_pieces(k, chunk_k(cfg, k)))
+    """The flag value the GEMM waits for in ``epoch``: every transport sets each flag (per block for
+    the copy engines, per K piece for the copy kernel) to the epoch that delivered it. Stale values
+    of the other parity are older epochs, so no reset is ever needed."""
+    return epoch
 
 
 def launch_copy_blocks(gathered: torch.Tensor, flags: torch.Tensor, heap_bases: torch.Tensor, *, pull: bool,
-                       m_loc: int, rank: int, world: int, cfg: GemmConfig) -> None:
+                       m_loc: int, rank: int, world: int, cfg: GemmConfig, epoch: int) -> None:
     """Enqueue ``copy_blocks_kernel`` on the current stream (nothing to do on one rank)."""
     if world == 1:
         return
     k = gathered.shape[1]
-    ck = chunk_k(cfg, k)
-    bk = min(cfg.push_block_k, ck)
+    ck = piece_cols(cfg, k)
+    bk = cfg.push_block_k
+    while ck % bk:
+        bk //= 2
     rows = min(cfg.push_rows, cfg.block_m)
-    items = triton.cdiv(m_loc, cfg.block_m) * push_pieces(k, ck) * (world - 1)
+    items = triton.cdiv(m_loc, cfg.block_m) * k_pieces(cfg, k) * (world - 1)
     progs = max(1, min(cfg.push_progs, items))
     even = (m_loc % cfg.block_m == 0 and k % ck == 0 and cfg.block_m % rows == 0 and gathered.stride(1) == 1)
     copy_blocks_kernel[(progs,)](
-        gathered, flags, heap_bases, m_loc, k, gathered.stride(0), rank,
+        gathered, flags, heap_bases, m_loc, k, gathered.stride(0), rank, epoch,
         WORLD=world, PULL=pull, BLOCK_M=cfg.block_m, ROWS=rows, BLOCK_K=bk, CHUNK_K=ck, NUM_PROGS=progs,
         EVEN=even, num_warps=cfg.push_warps,
     )
@@ -191,7 +178,7 @@ def prepare(st: AgGemmState, nbytes: int) -> None:
     heap = symmetric_heap(st, nbytes)
     bpr = triton.cdiv(st.m_loc, st.cfg.block_m)
     st.gathered = heap.empty((2, st.m, st.k), st.dtype)
-    st.flags = heap.zeros((2, st.world * bpr), torch.int32)
+    st.flags = heap.zeros((2, st.world * bpr * k_pieces(st.cfg, st.k)), torch.int32)
     own = slice(st.rank * st.m_loc, (st.rank + 1) * st.m_loc)
     st.gathered[:, own].copy_(st.a_local.unsqueeze(0).expand(2, -1, -1))
     st.a_local = st.gathered[0, own]
@@ -221,14 +208,15 @@ def run(st: AgGemmState) -> None:
     elif st.world > 1:
         with (torch.cuda.stream(streams[0]) if streams else contextlib.nullcontext()), st.ctx.kernel(PUSH_KERNEL):
             launch_copy_blocks(gathered, flags, bases, pull=False, m_loc=st.m_loc, rank=st.rank, world=st.world,
-                               cfg=cfg)
+                               cfg=cfg, epoch=st.epoch)
     a_desc = st.cache["a_desc"][parity] if "a_desc" in st.cache else None
     reserve = cfg.push_progs if (cfg.transport == "sm" and cfg.reserve_sms and st.world > 1) else 0
     with st.ctx.kernel(GEMM_KERNEL):
         launch_ag_gemm(gathered, st.b, st.c, mode=A_WAIT, rank=st.rank, world=st.world, m_loc=st.m_loc, cfg=cfg,
                        err=st.err, sync=st.sync, flags=flags, heap_bases=bases,
                        epoch=wait_target(cfg, st.k, st.epoch), budget=st.budget, count=st.count, seen=st.seen,
-                       a_desc=a_desc, b_desc=st.cache.get("b_desc"), reserve_programs=reserve)
+                       a_desc=a_desc, b_desc=st.cache.get("b_desc"), reserve_programs=reserve,
+                       pieces=k_pieces(cfg, st.k))
     for s in streams:
         main.wait_stream(s)
 

@@ -158,12 +158,13 @@ def heap_bytes(shape: Mapping[str, int], world: int, variant: str, dtype: torch.
     m, m_loc, _, k = shape_dims(shape, world)
     elt = torch.empty((), dtype=dtype).element_size()
     slack = 4096
+    from .gemm_tiles import k_pieces
+
+    flag_bytes = world * -(-m_loc // cfg.block_m) * k_pieces(cfg, k) * 4
     if variant == "pull":
-        bpr = -(-m_loc // cfg.block_m)
-        return m * k * elt + world * bpr * 4 + slack
+        return m * k * elt + flag_bytes + 2 * slack
     if variant == "push":
-        bpr = -(-m_loc // cfg.block_m)
-        return 2 * m * k * elt + 2 * world * bpr * 4 + slack
+        return 2 * m * k * elt + 2 * flag_bytes + 2 * slack
     if variant == "bsp":
         return m_loc * k * elt + slack  # CPU thread ranks emulate the collective through the heap
     return 0

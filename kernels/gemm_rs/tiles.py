@@ -17,7 +17,8 @@ Tile order (why): peers' tiles first, own tiles last, since the owner's reductio
 every source's contribution and this rank's own contribution costs no link time. Peers are
 interleaved block by block and staggered per rank (rank r sends block 0 to r+1, r+2, ..., then
 block 1, ...), so that every owner receives block 0 from all its peers first; consecutive
-positions are grouped ``GROUP_M`` M-blocks at a time (``ag_gemm``'s L2 grouping).
+positions are grouped ``GROUP_M`` M-blocks at a time (``ag_gemm``'s L2 grouping), separately for
+the peers' segment and the own segment, so that own tiles stay last.
 
 Reduce (``reduce_tile``): for one of this rank's output tiles, wait (acquire, bounded) until all
 ``WORLD`` flags of the tile hold the epoch, then sum the ``WORLD`` slots in fp32, in source order
@@ -46,8 +47,6 @@ it saw after its waits and before reading any slot, so tests can check the proto
 """
 from __future__ import annotations
 
-from typing import Any
-
 import iris
 import torch
 import triton
@@ -65,19 +64,22 @@ KERNEL_NAMES = {GEMM_KERNEL_ID: "gemm_rs_kernel", REDUCE_KERNEL_ID: "rs_reduce_k
 @triton.jit
 def _rs_tile_coords(t, rank, blocks_per_rank, n_tiles, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
     """Tile number ``t`` -> (owner rank, block within the owner's slab, N-tile index)."""
-    num_mblocks = WORLD * blocks_per_rank
+    # Two segments, each grouped on its own so that no group mixes peers' and own tiles.
+    peer_blocks = (WORLD - 1) * blocks_per_rank
+    in_peer = t < peer_blocks * n_tiles
+    base = tl.where(in_peer, 0, peer_blocks)
+    seg_blocks = tl.where(in_peer, peer_blocks, blocks_per_rank)
+    tt = t - base * n_tiles
     tiles_per_group = GROUP_M * n_tiles
-    first = (t // tiles_per_group) * GROUP_M
-    group_size = tl.minimum(num_mblocks - first, GROUP_M)
-    within = t % tiles_per_group
-    s = first + within % group_size  # position in the M-block sequence
+    first = (tt // tiles_per_group) * GROUP_M
+    group_size = tl.minimum(seg_blocks - first, GROUP_M)
+    within = tt % tiles_per_group
+    s = base + first + within % group_size  # position in the M-block sequence
     pid_n = within // group_size
     if WORLD > 1:
         # Positions -> (owner, j): peers interleaved block by block (rank+1 first), own slab last.
-        peer_blocks = (WORLD - 1) * blocks_per_rank
-        is_peer = s < peer_blocks
-        owner = tl.where(is_peer, (rank + s % (WORLD - 1) + 1) % WORLD, rank)
-        j = tl.where(is_peer, s // (WORLD - 1), s - peer_blocks)
+        owner = tl.where(in_peer, (rank + s % (WORLD - 1) + 1) % WORLD, rank)
+        j = tl.where(in_peer, s // (WORLD - 1), s - peer_blocks)
     else:
         owner = rank + 0 * s
         j = s

@@ -22,6 +22,7 @@ import torch
 from taxmodel.errors import InputError
 from taxmodel.kernels.ag_gemm.gemm_tiles import CPU_CONFIG, GPU_CONFIG, GemmConfig
 from taxmodel.kernels.ag_gemm.workload import DTYPE_CODES, DTYPE_NAMES
+from taxmodel.kernels.ag_gemm.workload import symmetric_heap  # noqa: F401  (duck-typed: any state with ctx/heap)
 from taxmodel.runtime.workload import Cost, Intermediate, Variant, Workload, register
 
 #: Kernel names (regex). The bulk-synchronous pair: the partial-product GEMM (cuBLAS/hipBLASLt on
@@ -174,17 +175,6 @@ class GemmRsVariant(Variant):
     prepare: Callable[[GemmRsState], None] | None = None
 
 
-def symmetric_heap(st: GemmRsState, nbytes: int) -> Any:
-    """The context's heap if it has ``nbytes`` free, else a new one for this state (collective)."""
-    heap = st.ctx.heap
-    if heap is not None and heap.nbytes - heap.used_bytes >= nbytes:
-        return heap
-    from taxmodel.runtime.heap import make_heap
-
-    st.heap = make_heap(st.ctx, nbytes)
-    return st.heap
-
-
 def heap_bytes(shape: Mapping[str, int], world: int, variant: str, dtype: torch.dtype, cfg: RsConfig) -> int:
     """Symmetric-heap bytes a variant allocates on each rank (plus alignment slack)."""
     from .tiles import own_tiles
@@ -276,7 +266,8 @@ class GemmRs(Workload):
 
             inter = (Intermediate("partial_C", m * n * elt, GEMM_KERNELS, COMM_KERNELS + "|" + SUM_KERNELS.removeprefix("(?i)")),)
         elif variant == "fused":
-            consumer = f"{FUSED_REDUCE_KERNEL}|{FUSED_GEMM_KERNEL}"  # the reduction runs in either
+            tail = (self.config or GPU_RS_CONFIG).reduce == "tail"  # the reduction runs in the GEMM's tail
+            consumer = FUSED_GEMM_KERNEL if tail else FUSED_REDUCE_KERNEL
             inter = (Intermediate("received_partials", world_size * m_loc * n * elt, FUSED_GEMM_KERNEL, consumer),)
         return Cost(
             flops=2 * m * n * k_loc,

@@ -81,8 +81,9 @@ def estimate_clock(events: pd.DataFrame, meta: Mapping[str, Any], collective_ins
     capture = meta.get("capture") or {}
     source = capture.get("clock_offsets_source") or meta.get("clock_offsets_source")
     if given and source == "measured":
+        how = (meta.get("clock") or {}).get("method")
         return ClockAlignment({r: given.get(r, 0) for r in ranks}, int(capture.get("clock_uncertainty_ns", 0) or 0),
-                              "measured by the capture")
+                              f"measured by the capture ({how})" if how else "measured by the capture")
     markers = events[(events["kind"] == "marker") & events["name"].astype(str).str.contains(BARRIER_MARKER, regex=False)]
     if markers["rank"].nunique() >= 2:
         m = markers.sort_values(["rank", "start_ns"]).copy()

@@ -17,6 +17,7 @@ harness's start of an iteration. What was injected is recorded in ``meta["captur
 from __future__ import annotations
 
 import re
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
@@ -128,3 +129,17 @@ class Injector:
                     with self._emulated("copy"):
                         dst.copy_(src)
         self._kernels_this_iteration += 1
+
+
+def declare_injected_copies(cost: Any, injection: Injection) -> Any:
+    """The cost with each injected extra copy declared as an intermediate of its own.
+
+    An extra copy is exactly the round trip a user would declare for their own code: the bytes
+    are written to HBM by the copy and read back by it (the copy engine or copy kernel is both
+    producer and consumer). Declaring it lets the ledger attribute it to locality_tax.
+    """
+    if not injection.extra_copy or not cost.intermediates:
+        return cost
+    extra = tuple(dataclasses.replace(i, name=f"injected copy of {i.name}", producer="role:copy", consumer="role:copy")
+                  for i in cost.intermediates)
+    return dataclasses.replace(cost, intermediates=tuple(cost.intermediates) + extra)

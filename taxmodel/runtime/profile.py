@@ -104,7 +104,7 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
     spec = dict(DEFAULT_SPEC)
     spec.update({
         "workload": workload.name, "workload_modules": modules, "variants": req.variants, "preset": preset,
-        "shape": shape, "iterations": req.iterations, "warmup": req.warmup, "repeat": req.repeat,
+        "shape": dict(req.shape), "iterations": req.iterations, "warmup": req.warmup, "repeat": req.repeat,
         "inject": list(req.inject), "tracer": req.tracer, "out": str(Path(req.out).resolve()), "device": device,
         "timeout_s": req.timeout_s, "spin_timeout_s": req.spin_timeout_s, "heap_bytes": req.heap_bytes,
         "keep_raw": req.keep_raw, "progress": req.progress,
@@ -119,7 +119,7 @@ def profile(req: ProfileRequest, *, quiet: bool = False) -> ProfileOutcome:
     result = launcher.launch_workers(spec, world, timeout_s=req.timeout_s + 30.0, device=device, quiet=quiet)
     info = result.result
     return ProfileOutcome(bundles=[Path(p) for p in info.get("bundles", [])], skipped=dict(info.get("skipped", {})),
-                          shape=dict(next(iter(info.get("shapes", {}).values()), spec["shape"])), world_size=world, device=device,
+                          shape=dict(next(iter(info.get("shapes", {}).values()), {})), world_size=world, device=device,
                           wall_s=result.wall_s)
 
 

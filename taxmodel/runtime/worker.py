@@ -389,7 +389,7 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
     import torch.distributed as dist
     from torch.profiler import record_function
 
-    from taxmodel.runtime.inject import INJECTED_ROLES, Injector
+    from taxmodel.runtime.inject import INJECTED_ROLES, Injector, declare_injected_copies
     from taxmodel.trace.bundle import write_bundle
     from taxmodel.trace.capture import finish_events, iter_trace_files
 
@@ -397,7 +397,7 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
     written: list[str] = []
     for vname in chosen:
         variant = variants[vname]
-        cost = workload.cost(shape, world, vname)
+        cost = declare_injected_copies(workload.cost(shape, world, vname), injection)
         state.enter("setup", vname)
         progress.phase(f"{vname}: setup")
         if ctx.heap is not None:
@@ -520,6 +520,9 @@ def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, worl
                 "repetition": int(spec["repeat"]),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "emulated_gpu": emulated,
+                # Offsets come from the capture itself: 0 on one host (one clock), ping-pongs across hosts.
+                "clock_offsets_source": "measured",
+                "clock_uncertainty_ns": int(clock.get("uncertainty_ns", 0) or 0),
                 "device": device.type,
                 "inject": injection.to_dict() if injection.active else None,
                 "roles": dict(roles),

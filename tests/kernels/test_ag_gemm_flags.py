@@ -16,7 +16,6 @@ from taxmodel.errors import RunError
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
 from taxmodel.kernels.ag_gemm import pull, push
-from taxmodel.kernels.ag_gemm.push import flag_target, push_pieces
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.runtime.workload import get_workload
@@ -25,11 +24,6 @@ pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "Int
                                 reason="kernels were imported without TRITON_INTERPRET=1")
 
 SHAPE = {**AgGemm.presets["tiny"], "M": 72, "seed": 5}  # M_loc 24 at 3 ranks: a partial block per slab
-
-
-def test_flag_targets_count_pieces_per_parity() -> None:
-    assert [flag_target(e, 3) for e in range(1, 6)] == [3, 3, 6, 6, 9]
-    assert push_pieces(40, 16) == 3
 
 
 def _protocol_run(variant: str, transport: str, world: int, delay_rank: int | None, delay_s: float, iterations: int):
@@ -58,13 +52,15 @@ def _protocol_run(variant: str, transport: str, world: int, delay_rank: int | No
     return run_in_threads(world, body, heap_bytes=1 << 20, timeout_s=300, spin_timeout_s=60)
 
 
-def test_wait_targets_per_transport() -> None:
+def test_flags_per_block_follow_the_transport() -> None:
     ce = replace(gemm_tiles.CPU_CONFIG, transport="ce")
-    sm = replace(gemm_tiles.CPU_CONFIG, transport="sm", push_chunk_k=16)
-    assert [push.wait_target(ce, 40, e) for e in range(1, 5)] == [1, 2, 3, 4]
-    assert [push.wait_target(sm, 40, e) for e in range(1, 5)] == [3, 3, 6, 6]  # 3 pieces, two parities
-    assert [pull.wait_target(sm, 40, e) for e in range(1, 4)] == [3, 6, 9]  # one buffer
-    assert [pull.wait_target(ce, 40, e) for e in range(1, 4)] == [1, 2, 3]
+    sm = replace(gemm_tiles.CPU_CONFIG, transport="sm", push_chunk_k=32)  # block_k 16
+    assert gemm_tiles.k_pieces(ce, 40) == 1  # copy engines flag whole blocks
+    assert gemm_tiles.k_pieces(sm, 40) == 2 and gemm_tiles.piece_cols(sm, 40) == 32
+    assert gemm_tiles.k_pieces(sm, 5) == 1 and gemm_tiles.piece_cols(sm, 5) == 16
+    assert [push.wait_target(sm, 40, e) for e in range(1, 4)] == [1, 2, 3]  # flags hold the epoch
+    with pytest.raises(ValueError, match="multiple of block_k"):
+        gemm_tiles.piece_cols(replace(sm, push_chunk_k=24), 40)
 
 
 @pytest.mark.parametrize("variant,transport", [("push", "ce"), ("push", "sm"), ("pull", "ce"), ("pull", "sm")])

@@ -1,0 +1,275 @@
+"""GEMM + Reduce-Scatter benchmark: correctness of every variant at every size, then timings side by side.
+
+GPU (4 ranks, under 4 minutes; taxmodel installed with its kernels, Iris importable):
+    OUT=out/bench_gemm_rs torchrun --nproc-per-node 4 benchmarks/bench_gemm_rs.py
+CPU smoke test (2 ranks, gloo, Triton interpreter, tiny shape; times say nothing about GPUs):
+    TRITON_INTERPRET=1 torchrun --nproc-per-node 2 benchmarks/bench_gemm_rs.py --cpu
+
+Per size (the workload's presets: M in 1024, 4096, 8192 at N = K = 8192 and at N = K = 4096; each
+rank holds A_r [M, K/world] and B_r [K/world, N] and keeps M/world rows of the sum):
+1. Correctness: every variant (and every fused config) runs once with its output poisoned (NaN)
+   and is compared with the fp32 reference (the sum of every rank's shard product, rebuilt from
+   seeds); a wrong variant is reported and not timed.
+2. Timing: bsp (cuBLAS + NCCL reduce_scatter_tensor), torch_fused
+   (torch.ops.symm_mem.fused_matmul_reduce_scatter) and fused (a few tile configs x the two
+   reduction placements, the best reported, every one listed as fused@tune); floors: the
+   partial-product GEMM alone (cuBLAS, and the fused GEMM kernel storing locally with nothing to
+   send), reduce_scatter alone. A time is the mean per iteration of a batch of back-to-back
+   iterations started after a barrier (after warm-up runs that also compile every kernel), the
+   maximum over ranks (the slowest rank sets the pace), median over ``--reps`` batches.
+Results: results.json, results.csv and results.md under ``$OUT`` (or ``--out``); rank 0 prints the table.
+Exit code 1 if any variant was wrong or a size failed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
+# benchmark's (generic over workloads): reused, not copied.
+from bench_ag_gemm import check, init, time_batches  # noqa: E402
+
+from taxmodel.runtime.heap import make_heap  # noqa: E402
+
+GPU_SIZES = ["m1024", "m4096", "m8192", "m1024_n4096", "m4096_n4096", "m8192_n4096"]
+CPU_SIZES = ["tiny"]
+
+#: GEMM tile sets (128x256x64 with 8 warps was the best Triton GEMM on H200 for ag_gemm; the
+#: 128x128 tiles give twice the tiles, for the small per-rank GEMMs).
+TILES = {
+    "256s3": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8),
+    "256s4": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8),
+    "128s4": dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8),
+}
+REDUCES = ("kernel", "tail")
+TUNE_SETS = {"quick": (["256s3", "128s4"], list(REDUCES)), "explore": (list(TILES), list(REDUCES))}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", action="store_true", help="CPU smoke test (gloo, Triton interpreter, tiny shape)")
+    p.add_argument("--sizes", default=None, help="comma-separated presets (default: all issue sizes)")
+    p.add_argument("--variants", default="bsp,torch_fused,fused")
+    p.add_argument("--iters", type=int, default=None, help="iterations per timed batch")
+    p.add_argument("--reps", type=int, default=None, help="timed batches (median reported)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--no-tune", action="store_true", help="time the default fused config only")
+    p.add_argument("--tune-set", default="quick",
+                   help=f"one of {sorted(TUNE_SETS)} or 'TILES:REDUCES' (comma-separated keys of {sorted(TILES)} "
+                        f"and {list(REDUCES)})")
+    p.add_argument("--spin-timeout", type=float, default=30.0)
+    p.add_argument("--out", default=os.environ.get("OUT", "out/bench_gemm_rs"))
+    return p.parse_args(argv)
+
+
+def fused_configs(args: argparse.Namespace, device: torch.device) -> list[Any]:
+    from taxmodel.kernels.gemm_rs.workload import GPU_RS_CONFIG, default_rs_config
+
+    if args.cpu:
+        base = default_rs_config(device)
+        return [base, replace(base, reduce="tail")]
+    if args.no_tune:
+        return [GPU_RS_CONFIG]
+    if ":" in args.tune_set:
+        t, r = args.tune_set.split(":")
+        tiles, reduces = t.split(","), r.split(",")
+    else:
+        tiles, reduces = TUNE_SETS[args.tune_set]
+    return [replace(GPU_RS_CONFIG, gemm=replace(GPU_RS_CONFIG.gemm, **TILES[t]), reduce=r) for t in tiles for r in reduces]
+
+
+def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: Callable[[str], None]) -> list[dict]:
+    from taxmodel.kernels.gemm_rs.tiles import launch_gemm_rs
+    from taxmodel.kernels.gemm_rs.workload import GemmRs
+
+    wl = GemmRs()
+    shape = wl.shape(preset, seed=1)
+    big = shape["M"] * shape["N"] * shape["K"] >= 8192 ** 3 // 2
+    iters = args.iters or (2 if args.cpu else (10 if big else 20))
+    reps = args.reps or (1 if args.cpu else 5)
+    warmup = args.warmup if args.warmup is not None else (1 if args.cpu else 3)
+    variants = wl.variants()
+    configs = fused_configs(args, ctx.device)
+    rows: list[dict] = []
+    ref = None
+
+    def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None,
+               note: str = "") -> None:
+        cost = wl.cost(shape, ctx.world_size, name if name in variants else "bsp")
+        tflops = cost.flops / (ms * 1e-3) / 1e12 if ms == ms and ms > 0 else float("nan")
+        rows.append(dict(size=preset, M=shape["M"], N=shape["N"], K=shape["K"], world=ctx.world_size, variant=name,
+                         ms=round(ms, 5) if ms == ms else None, tflops_per_rank=round(tflops, 2), config=cfg,
+                         correct=ok, max_abs_err=err, note=note))
+        mark = "" if ok is None else ("ok" if ok else "WRONG")
+        log(f"  {preset:12s} {name:24s} {ms:9.4f} ms  {tflops:7.1f} TF/s/rank  {mark} {cfg} {note}")
+
+    def fresh_state(variant: Any, cfg: Any = None) -> Any:
+        heap.reset()
+        ctx.heap = heap
+        wl.config = cfg
+        return wl.setup(ctx, shape, variant)
+
+    for vname in args.variants.split(","):
+        variant = variants[vname]
+        why = variant.available(ctx)
+        if why:
+            rows.append(dict(size=preset, variant=vname, ms=None, note=f"unavailable: {why}"))
+            log(f"  {preset:12s} {vname:24s} unavailable: {why}")
+            continue
+        best = None
+        for cfg in (configs if vname == "fused" else [None]):
+            st = fresh_state(variant, cfg)
+            if ref is None:
+                ref = wl.reference(ctx, shape, st)
+            ok, err = check(ctx, wl, shape, st, variant, ref)
+            label = cfg.label() if cfg is not None else ""
+            note = st.cache.get("warmup_error", "")
+            ms = time_batches(ctx, lambda: variant.run(st), iters, reps, warmup) if ok else float("nan")
+            if ok and (best is None or ms < best[0]):
+                best = (ms, label, err)
+            if vname == "fused" and len(configs) > 1:
+                rows.append(dict(size=preset, variant="fused@tune", ms=ms, config=label, correct=ok, max_abs_err=err,
+                                 note=note))
+                log(f"  {preset:12s} {'fused@tune':24s} {ms:9.4f} ms  {'ok' if ok else 'WRONG'} {label} {note}")
+            if not ok:
+                log(f"  {preset:12s} {vname:24s} WRONG (max abs err {err:.3g}) {label}")
+            st = None  # free before the next config allocates
+        if best is not None:
+            record(vname, best[0], best[1], True, best[2])
+        else:
+            record(vname, float("nan"), "", False, None, "no config was correct")
+
+    # Floors: the partial-product GEMM alone (cuBLAS; the fused GEMM kernel with every tile kept
+    # local, nothing sent or waited on) and the reduce-scatter alone.
+    st = fresh_state(variants["bsp"])
+    record("floor:matmul(cublas)", time_batches(ctx, lambda: torch.matmul(st.a, st.b, out=st.partial), iters, reps,
+                                                warmup))
+    scratch = torch.empty(1, st.m, st.n, dtype=st.dtype, device=ctx.device)
+    flags = torch.zeros(triton_tiles(st.m, st.n, configs), dtype=torch.int32, device=ctx.device)
+    bases = torch.zeros(1, dtype=torch.int64, device=ctx.device)  # one rank: pointers translate to themselves
+    best_triton = None
+    for cfg in unique_gemms(configs):
+        def triton_gemm(cfg=cfg) -> None:
+            launch_gemm_rs(st.a, st.b, scratch[0:1], st.out, flags, bases, st.err, rank=0, world=1, m_loc=st.m,
+                           epoch=1, budget=st.budget, sync=st.sync, cfg=cfg.gemm, tail=False, rows=cfg.reduce_rows)
+        ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
+        log(f"  {preset:12s} {'gemm(triton)@tune':24s} {ms:9.4f} ms  {cfg.label()}")
+        if best_triton is None or ms < best_triton[0]:
+            best_triton = (ms, cfg.label())
+    record("floor:gemm(triton)", best_triton[0], best_triton[1])
+    if ctx.world_size > 1:
+        ms = time_batches(ctx, lambda: dist.reduce_scatter_tensor(st.out, st.partial, group=ctx.group), iters, reps,
+                          warmup)
+        record("floor:reduce_scatter", ms)
+    st = None
+    return rows
+
+
+def triton_tiles(m: int, n: int, configs: list[Any]) -> int:
+    """Flags the one-rank GEMM floor needs (the most over the configs' tile sizes)."""
+    from taxmodel.kernels.gemm_rs.tiles import own_tiles
+
+    return max(own_tiles(m, n, c.gemm) for c in configs)
+
+
+def unique_gemms(configs: list[Any]) -> list[Any]:
+    """One config per distinct set of GEMM parameters (the reduction placement does not matter alone)."""
+    seen, out = set(), []
+    for c in configs:
+        if c.gemm not in seen:
+            seen.add(c.gemm)
+            out.append(c)
+    return out
+
+
+def write_results(rows: list[dict], out: Path, meta: dict) -> None:
+    import pandas as pd
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    df = pd.DataFrame(rows)
+    for col in ("size", "variant", "ms"):
+        if col not in df.columns:
+            df[col] = None
+    df.to_csv(out / "results.csv", index=False)
+    main = df[~df["variant"].astype(str).str.endswith("@tune")]
+    table = main.pivot_table(index="size", columns="variant", values="ms", aggfunc="first", sort=False)
+    lines = ["# GEMM + Reduce-Scatter (ms per iteration, max over ranks, median of batches)", "",
+             f"world size {meta['world_size']}, device {meta['device']}, torch {meta['torch']}, "
+             f"triton {meta['triton']}, {meta['seconds']} s", ""]
+    cols = list(table.columns)
+    lines.append("| size | " + " | ".join(cols) + " | fused vs bsp |")
+    lines.append("|---" * (len(cols) + 2) + "|")
+    for size, r in table.iterrows():
+        speed = ""
+        fused, bsp = r.get("fused"), r.get("bsp")
+        if fused == fused and bsp == bsp and fused is not None and bsp is not None:
+            speed = (f"{(bsp / fused - 1) * 100:+.1f}% faster" if fused < bsp else f"{(fused / bsp - 1) * 100:.1f}% slower")
+        cells = ["" if v is None or v != v else f"{v:.4f}" for v in (r[c] for c in cols)]
+        lines.append(f"| {size} | " + " | ".join(cells) + f" | {speed} |")
+    best = df[df["variant"] == "fused"][["size", "config"]]
+    if len(best):
+        lines += ["", "Best fused config per size: " + "; ".join(f"{s}: {c}" for s, c in best.itertuples(index=False))]
+    notes = df[df["note"].astype(str).str.len() > 0][["size", "variant", "note"]] if "note" in df else df.iloc[:0]
+    if len(notes):
+        lines += ["", "Notes:"] + [f"- {s} {v}: {n}" for s, v, n in notes.drop_duplicates().itertuples(index=False)]
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ctx = init(args)
+    import triton
+
+    from taxmodel.kernels.gemm_rs.workload import GemmRs, heap_bytes, pick_dtype
+
+    sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
+    wl = GemmRs()
+    dtype = pick_dtype({}, ctx.device)
+    configs = fused_configs(args, ctx.device)
+    need = max(heap_bytes(wl.shape(s), ctx.world_size, "fused", dtype, c) for s in sizes for c in configs)
+    heap = make_heap(ctx, need + (1 << 20))
+    log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
+    log(f"gemm_rs benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB, "
+        f"{len(configs)} fused config(s)")
+    t0 = time.time()
+    rows: list[dict] = []
+    failures = 0
+    for preset in sizes:
+        try:
+            size_rows = bench_size(ctx, args, preset, heap, log)
+        except Exception as exc:  # one size failing (a hang turned error) must not hide the others
+            log(f"  {preset}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+            size_rows = [dict(size=preset, variant="error", note=f"{type(exc).__name__}: {exc}")]
+            failures += 1
+            if ctx.is_cuda:
+                break  # a failed fine-grained kernel can leave peers spinning; stop cleanly
+        rows.extend(size_rows)
+        failures += sum(1 for r in size_rows if r.get("correct") is False)
+        log(f"  ({time.time() - t0:.0f} s so far)")
+    meta = dict(world_size=ctx.world_size, device=torch.cuda.get_device_name() if ctx.is_cuda else "cpu",
+                torch=torch.__version__, triton=triton.__version__, seconds=round(time.time() - t0, 1),
+                args=vars(args))
+    if ctx.rank == 0:
+        write_results(rows, Path(args.out), meta)
+        print((Path(args.out) / "results.md").read_text())
+    heap.close()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
