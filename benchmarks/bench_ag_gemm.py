@@ -44,6 +44,10 @@ TILES = {
     "s4st": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, tma_store=True),
     # Groups of 5 M-blocks: at M=1024 on 4 ranks (2 blocks per slab) the first group is own rows plus
     # every peer's first block, so the first wave never waits on a second block.
+    # 128x128 tiles: at M=1024 on 4 ranks the own slab is one wave of tiles (128 of 132 SMs), so
+    # the communication has a whole wave to land before any tile needs a remote block.
+    "n128s4": dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=8),
+    "n128s4st": dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=8, tma_store=True),
     "s4st-g5": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, tma_store=True, group_m=5),
 }
 #: Transports per tuning set (see GemmConfig): copy engines with either flag signal, the Triton copy
@@ -58,7 +62,7 @@ TRANSPORTS = {
     "direct": dict(transport="direct"),
 }
 TUNE_SETS = {
-    "quick": (["s3", "s4st"], ["ce-mem"]),
+    "quick": (["s3", "s4st", "n128s4"], ["ce-mem", "sm32"]),  # the winners of the H200 runs
     "small": (["s3", "s4st", "s4st-g5"], ["ce-mem", "sm32", "sm64f"]),
     "explore": (["s3", "s4", "s3st", "s4st"], ["ce-mem", "ce-kernel", "sm32", "sm16r"]),
 }
@@ -166,6 +170,18 @@ def time_batches(ctx: RankContext, fn: Callable[[], Any], iters: int, reps: int,
     return statistics.median(meds)
 
 
+def host_ms(ctx: RankContext, fn: Callable[[], Any], iters: int) -> float:
+    """Host time per iteration of enqueueing ``fn`` (max over ranks): when it reaches the GPU time,
+    the variant is launch-bound, not GPU-bound."""
+    ctx.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    ms = (time.perf_counter() - t0) * 1e3 / iters
+    ctx.synchronize()
+    return all_max(ctx, ms)
+
+
 def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: torch.Tensor) -> tuple[bool, float]:
     """Poison C, run once, check in-kernel errors and compare with the reference (on every rank)."""
     from taxmodel.errors import RunError
@@ -230,12 +246,14 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
                 ref = wl.reference(ctx, shape, st)
             ok, err = check(ctx, wl, shape, st, variant, ref)
             ms = time_batches(ctx, lambda: variant.run(st), iters, reps, warmup) if ok else float("nan")
+            hms = host_ms(ctx, lambda: variant.run(st), iters) if ok else float("nan")
             label = cfg.label() if vname in ("push", "pull") else ""
             if ok and (best is None or ms < best[0]):
                 best = (ms, label, err)
             if tune and vname in ("push", "pull"):
-                rows.append(dict(size=preset, variant=f"{vname}@tune", ms=ms, config=label, correct=ok, max_abs_err=err))
-                log(f"  {preset:14s} {vname + '@tune':22s} {ms:9.4f} ms  {label}")
+                rows.append(dict(size=preset, variant=f"{vname}@tune", ms=ms, host_ms=round(hms, 5), config=label,
+                                 correct=ok, max_abs_err=err))
+                log(f"  {preset:14s} {vname + '@tune':22s} {ms:9.4f} ms  (host {hms:.4f} ms)  {label}")
             if not ok:
                 log(f"  {preset:14s} {vname:22s} WRONG (max abs err {err:.3g}) {label}")
             st = None  # free before the next config allocates

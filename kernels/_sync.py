@@ -11,15 +11,15 @@ by ``sync_mode``):
 
 - ``SYNC_NVIDIA``: the GPU global timer (``%globaltimer``, nanoseconds);
 - ``SYNC_AMD``: ``s_memrealtime`` (a 100 MHz counter, 10 ns per tick);
-- ``SYNC_POLL``: Triton's interpreter (``TRITON_INTERPRET=1``) has no clock inside a kernel, so the
-  bound is a number of polls.
+- ``SYNC_POLL``: Triton's interpreter (``TRITON_INTERPRET=1``) has no device clock, so the bound is a
+  number of polls (``now`` still reads the host's monotonic clock there, for in-kernel trace records).
 
 ``spin_budget`` converts seconds into the unit of the mode. Flags hold epochs (iteration numbers,
 counting from 1): a producer sets a flag to the current epoch and a consumer waits until the flag is
 at least that epoch, so flags never need a reset between iterations (no host barrier race).
 
 Device functions (call them from your own ``@triton.jit`` kernels):
-    now(MODE) -> int64 timestamp in budget units
+    now(MODE) -> int64 timestamp: ns (NVIDIA), 10-ns ticks (AMD), host ns (interpreter)
     wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE) -> ok (int1)
     signal(flag_ptr, value, from_rank, to_rank, heap_bases)     # release-set on a peer's heap (sys scope)
     signal_add(flag_ptr, value, from_rank, to_rank, heap_bases) # release-add (arrival counters)
@@ -29,6 +29,7 @@ Device functions (call them from your own ``@triton.jit`` kernels):
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import iris
@@ -120,9 +121,21 @@ def check_errors(err: torch.Tensor, kernel_name: str | dict[int, str], ctx: Any 
     )
 
 
+def host_clock_ns() -> int:
+    """The interpreter's stand-in for a device clock: the host's monotonic clock (ns), shared by
+    every process of the host. Called from ``now`` only in its interpreter branch, which the GPU
+    compiler prunes (``MODE`` is a constexpr); the builtin mark keeps Triton's dependency scan,
+    which rejects plain Python callables in kernels, from refusing it."""
+    return time.perf_counter_ns()
+
+
+host_clock_ns.__triton_builtin__ = True  # type: ignore[attr-defined]
+
+
 @triton.jit
 def now(MODE: tl.constexpr):
-    """A timestamp in the unit of ``MODE`` (0 under the interpreter: it counts polls instead)."""
+    """A timestamp in the unit of ``MODE``: %globaltimer ns (1), s_memrealtime 10-ns ticks (2), or
+    under the interpreter (0) the host's monotonic ns (waits there count polls, not time)."""
     if MODE == 1:
         t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
                                       is_pure=False, pack=1)
@@ -130,7 +143,7 @@ def now(MODE: tl.constexpr):
         t = tl.inline_asm_elementwise("s_memrealtime $0\n s_waitcnt lgkmcnt(0)", "=s", [],
                                       dtype=tl.int64, is_pure=False, pack=1)
     else:
-        t = tl.full((), 0, tl.int64)
+        t = tl.full((), host_clock_ns(), tl.int64)
     return t
 
 

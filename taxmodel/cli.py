@@ -122,8 +122,10 @@ def _us_columns(df, columns):
 @click.option("--heap-size", "heap_bytes", type=int, default=None, help="Bytes of symmetric heap per rank (default 4 GiB on GPUs, 256 MiB on CPU).")
 @click.option("-o", "--out", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Bundles go to OUT/WORKLOAD/VARIANT-SHAPE/.")
+@click.option("--instrument", is_flag=True, default=False,
+              help="Fused kernels write in-kernel trace records (flag waits, phases per CTA): see docs/records.md.")
 def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
-                timeout_s, workload_modules, heap_bytes, out) -> None:
+                timeout_s, workload_modules, heap_bytes, out, instrument) -> None:
     """Run WORKLOAD on N local ranks and capture one bundle per variant.
 
     \b
@@ -137,7 +139,8 @@ def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmu
     req = ProfileRequest(workload=workload, variants=[v for v in variants.split(",") if v] if variants else None,
                          preset=preset, shape=parse_shape(list(shape)), world_size=world_size, iterations=iterations,
                          warmup=warmup, repeat=repeat, inject=list(inject), tracer=tracer, out=out, device=device,
-                         timeout_s=timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules))
+                         timeout_s=timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules),
+                         instrument=instrument)
     outcome = profile(req)
     for v, why in outcome.skipped.items():
         click.echo(f"skipped {workload}/{v}: {why}")

@@ -51,13 +51,25 @@ A_WAIT = 2
 
 @triton.jit
 def _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile number ``t`` -> (source rank, block within the source slab, N-tile index)."""
+    """Tile number ``t`` -> (source rank, block within the source slab, N-tile index).
+
+    The M-block sequence is this rank's slab, then the peers' blocks interleaved (block 0 of every
+    peer, then block 1, ...). Tiles are grouped ``GROUP_M`` M-blocks at a time (M fastest within a
+    group, for L2 reuse of B), and groups never straddle the end of the own slab: every own tile
+    comes before every remote tile, so when the own slab holds about a wave of tiles (e.g. M=1024 on
+    4 ranks with 128x128 tiles) the first wave needs no communication at all.
+    """
+    own_tiles = blocks_per_rank * n_tiles
+    in_own = t < own_tiles
+    seg_t = tl.where(in_own, t, t - own_tiles)
+    seg_first = tl.where(in_own, 0, blocks_per_rank)
+    seg_blocks = tl.where(in_own, blocks_per_rank, num_mblocks - blocks_per_rank)
     tiles_per_group = GROUP_M * n_tiles
-    group = t // tiles_per_group
+    group = seg_t // tiles_per_group
     first = group * GROUP_M
-    group_size = tl.minimum(num_mblocks - first, GROUP_M)
-    within = t % tiles_per_group
-    s = first + within % group_size  # position in the M-block sequence
+    group_size = tl.minimum(seg_blocks - first, GROUP_M)
+    within = seg_t % tiles_per_group
+    s = seg_first + first + within % group_size  # position in the M-block sequence
     pid_n = within // group_size
     # Sequence position -> (src, j): own slab first, then peers interleaved block by block.
     is_own = s < blocks_per_rank

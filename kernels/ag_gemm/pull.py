@@ -29,7 +29,7 @@ import triton
 
 from .copy_engine import CopyEngine
 from .gemm_tiles import A_PULL, A_WAIT, k_pieces, launch_ag_gemm, make_descriptor, tma_available
-from .push import ce_transfer_blocks, launch_copy_blocks, side_streams, wait_target
+from .push import ce_transfer_blocks, fork, join, launch_copy_blocks, side_streams, wait_target
 from .workload import AgGemmState, AgGemmVariant, symmetric_heap
 
 KERNEL = "ag_gemm_kernel"
@@ -67,9 +67,7 @@ def run(st: AgGemmState) -> None:
         return
     ce = cfg.transport == "ce"
     streams = side_streams(st, (st.world - 1) if ce else 1) if st.world > 1 else []
-    main = torch.cuda.current_stream(st.c.device) if streams else None
-    for s in streams:
-        s.wait_stream(main)  # the previous GEMM is done reading the buffer
+    main = fork(st, streams)  # the previous GEMM is done reading the buffer
     if ce:
         with st.ctx.kernel(CE_PULL):
             ce_transfer_blocks(st, st.cache["ce"], st.gathered, st.flags, pull=True, value=st.epoch, streams=streams)
@@ -82,8 +80,7 @@ def run(st: AgGemmState) -> None:
         launch_ag_gemm(st.gathered, st.b, st.c, mode=A_WAIT, flags=st.flags, epoch=wait_target(cfg, st.k, st.epoch),
                        a_desc=st.cache.get("a_desc"), b_desc=st.cache.get("b_desc"), reserve_programs=reserve,
                        pieces=k_pieces(cfg, st.k), **common)
-    for s in streams:
-        main.wait_stream(s)
+    join(st, main, streams)
 
 
 VARIANT = AgGemmVariant(

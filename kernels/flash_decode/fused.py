@@ -33,6 +33,11 @@ buffer is double-buffered by epoch parity: a peer can run at most one step ahead
 cannot finish before this rank's step e+1 pushes, which starts after this rank's step e ended),
 so its step-e+1 pushes land in the other half while this rank still reads step e's half.
 
+In-kernel records (``ctx.instrument``; kernels/_trace.py): workers record ``compute`` (their split),
+and the last worker of a pair ``combine`` (the split combine) and ``store_push`` (pushes and
+flags); combiners record ``flag_wait`` (waiting on a pair's W flags) and ``combine`` per pair.
+Without instrumentation the kernel is compiled with ``INSTRUMENT=False`` and holds no record code.
+
 Data locality: the workers' partials round-trip memory inside the kernel (written by S workers,
 read once by the pair's last worker; usually L2 hits); the combined partials go straight into
 the peers' heaps. Link bytes: each rank receives (W-1) * B*Hq*(D+1) fp32 values per step.
@@ -47,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxmodel.kernels import _sync
+from taxmodel.kernels import _sync, _trace
 from taxmodel.kernels.flash_decode.combine import combine_tile, packed_size
 from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, attend_split, check_runnable, next_pow2
 
@@ -61,11 +66,13 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                        recv_ptr, flag_ptr, epoch_ptr, done_ptr, err_ptr, heap_bases,
                        kv_len, chunk, num_splits, kv_heads, qk_scale,
                        stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                       rank, world_size, rows_total, num_combiners, budget,
+                       rank, world_size, rows_total, num_combiners, budget, rec_ptr,
                        G: tl.constexpr, G_DOT: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr,
                        BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
-                       NB: tl.constexpr, W_P2: tl.constexpr, MODE: tl.constexpr, KERNEL_ID: tl.constexpr):
+                       NB: tl.constexpr, W_P2: tl.constexpr, MODE: tl.constexpr, KERNEL_ID: tl.constexpr,
+                       INSTRUMENT: tl.constexpr = False):
     pid = tl.program_id(0)
+    t = _trace.begin(INSTRUMENT, MODE)  # in-kernel records (kernels/_trace.py); nothing when off
     pairs = (rows_total // G)
     n_workers = pairs * num_splits
     epoch = tl.load(epoch_ptr) + 1
@@ -81,11 +88,13 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                      stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                      G, G_DOT, D, BLOCK_N, NUM_STAGES, DOT_F32)
         tl.debug_barrier()  # every thread's partial stores precede the release below
+        t = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t, INSTRUMENT, MODE)
         arrived = tl.atomic_add(counter_ptr + bk, 1, sem="acq_rel", scope="gpu")
         if arrived == num_splits - 1:
             tl.store(counter_ptr + bk, 0)  # ready for the next launch (same stream, so no race)
             out, lse = combine_tile(part_out_ptr + bk * num_splits * G * D, part_lse_ptr + bk * num_splits * G,
                                     num_splits, G * D, D, G, 1, G, G_P2, D, NB)
+            t = _trace.mark(rec_ptr, pid, _trace.COMBINE, t, INSTRUMENT, MODE)
             row = bk * G + r
             mine = recv + rank * slot
             for dst in range(world_size):
@@ -94,6 +103,7 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
             tl.debug_barrier()  # all threads' pushes precede the flags
             for dst in range(world_size):
                 _sync.signal(flag_ptr + bk * world_size + rank, epoch, rank, dst, heap_bases)
+            t = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t, INSTRUMENT, MODE)
     else:
         for bk in range(pid - n_workers, pairs, num_combiners):
             for src in range(world_size):
@@ -101,10 +111,12 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                 _sync.wait_geq(flag_ptr + flag_index, epoch, budget, err_ptr, rank, src, flag_index,
                                KERNEL_ID, MODE)
             tl.debug_barrier()
+            t = _trace.mark(rec_ptr, pid, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
             out, lse = combine_tile(recv + bk * G * D, recv + rows_total * D + bk * G,
                                     world_size, slot, D, slot, 1, G, G_P2, D, W_P2)
             row = bk * G + r
             tl.store(out_ptr + row[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+            t = _trace.mark(rec_ptr, pid, _trace.COMBINE, t, INSTRUMENT, MODE)
         tl.debug_barrier()
         finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
         if finished == num_combiners - 1:
@@ -140,9 +152,11 @@ class FusedState:
     num_combiners: int
     budget: int
     mode: int
+    records: Any = None  # taxmodel.runtime.records.RecordBuffer when instrumented
 
     def kernel_args(self) -> tuple[tuple, dict]:
-        """Positional and keyword launch arguments (fixed for the state's lifetime, so built once)."""
+        """Positional and keyword launch arguments (fixed for the state's lifetime, so built once),
+        without the trailing record pointer (``record_arg``, which changes per traced iteration)."""
         cached = self.__dict__.get("_launch_args")
         if cached is not None:
             return cached
@@ -151,9 +165,22 @@ class FusedState:
                self.epoch, self.done, self.err, self.heap_bases, *a.scalars(),
                self.rank, self.world_size, a.batch * a.q_heads, self.num_combiners, self.budget)
         kw = dict(a.constexprs(), G_P2=next_pow2(a.group), NB=8, W_P2=next_pow2(self.world_size),
-                  MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, num_warps=a.cfg.num_warps)
+                  MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, INSTRUMENT=self.records is not None,
+                  num_warps=a.cfg.num_warps)
         self.__dict__["_launch_args"] = (pos, kw)
         return pos, kw
+
+    def record_arg(self) -> torch.Tensor:
+        """The record buffer of this launch (the error buffer stands in, unused, when not instrumented)."""
+        return self.records.tensor() if self.records is not None else self.err
+
+    @property
+    def record_capacity(self) -> int:
+        """Records one launch writes: 1 per worker, 2 more per pair (its last worker), 2 per pair
+        (its combiner)."""
+        a = self.args
+        pairs = a.batch * a.kv_heads
+        return pairs * a.plan.num_splits + 4 * pairs
 
     @property
     def grid(self) -> tuple[int]:
@@ -172,7 +199,7 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
     part_out = torch.empty(pairs, args.plan.num_splits, args.group, args.head_dim, dtype=torch.float32, device=dev)
     part_lse = torch.empty(pairs, args.plan.num_splits, args.group, dtype=torch.float32, device=dev)
     mode = _sync.sync_mode(dev)
-    return FusedState(
+    state = FusedState(
         args=args, out=out, part_out=part_out, part_lse=part_lse,
         counters=torch.zeros(pairs, dtype=torch.int32, device=dev),
         recv=recv, flags=flags,
@@ -182,6 +209,10 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
         rank=ctx.rank, world_size=w, num_combiners=max(1, min(pairs, num_sms // 2)),
         budget=_sync.spin_budget(ctx.spin_timeout_s, mode), mode=mode,
     )
+    from taxmodel.runtime.records import record_buffer  # the runtime's side of kernels/_trace.py
+
+    state.records = record_buffer(ctx, KERNEL_NAME, state.record_capacity, dev)
+    return state
 
 
 def warmup_fused(state: FusedState) -> None:
@@ -189,14 +220,14 @@ def warmup_fused(state: FusedState) -> None:
     if state.args.q.device.type != "cuda":
         return
     pos, kw = state.kernel_args()
-    flash_decode_fused.warmup(*pos, grid=state.grid, **kw)
+    flash_decode_fused.warmup(*pos, state.record_arg(), grid=state.grid, **kw)
 
 
 def launch_fused(state: FusedState) -> None:
     """Enqueue one decode step: the single fused kernel."""
     check_runnable(flash_decode_fused, state.out.device)
     pos, kw = state.kernel_args()
-    flash_decode_fused[state.grid](*pos, **kw)
+    flash_decode_fused[state.grid](*pos, state.record_arg(), **kw)
 
 
 def check_fused(state: FusedState, ctx: Any = None) -> None:

@@ -5,8 +5,9 @@ For every (repetition, iteration) the window is global: from the earliest GPU ac
 iteration on any rank to the latest end on any rank, on the aligned clock. For every rank the
 window is cut into elementary segments by what runs on the rank's GPU (any stream):
 
-  local compute (compute/fused/copy kernels; comm under them is overlapped)   -> shares: flag_wait,
-      useful (roofline floor), locality_tax, compute_inefficiency
+  local compute (compute/fused/copy kernels; comm under them is overlapped)   -> shares: flag_wait and
+      exposed_comm (fused kernels' in-kernel records), useful (roofline floor), locality_tax,
+      compute_inefficiency
   communication only, before the collective's last member arrived            -> skew_wait
   communication only, afterwards                                             -> useful (link floor
       above the compute floor), exposed_comm
@@ -43,7 +44,9 @@ CLS_LOCAL, CLS_COMM, CLS_OTHER, CLS_SKEW = 0, 1, 2, 3
 SEG_LOCAL, SEG_SKEW, SEG_TRANSFER, SEG_OTHER, SEG_IDLE = 0, 1, 2, 3, 4
 NO_LAUNCH = iv.INT64_MAX - 1  # start key of a GPU activity whose launch call is unknown
 SUB = {s: i for i, s in enumerate(SUBCATEGORY_ORDER)}
-LOCAL_LABELS = ("flag_wait", "useful", "locality_tax", "compute_inefficiency")
+LOCAL_LABELS = ("flag_wait", "exposed_comm", "useful", "locality_tax", "compute_inefficiency")
+#: Phases of in-kernel records in which a CTA only moves data between GPUs (kernels/_trace.py).
+COMM_PHASES = ("remote_load", "store_push")
 TRANSFER_LABELS = ("useful", "exposed_comm")
 
 
@@ -244,6 +247,11 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
 
     shares = _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_excess, link_float, win_of, rank_pos,
                             nr, skip, caveats, hw.hbm_bytes_per_s if hw is not None else 0.0)
+    if not ev["record"].empty:
+        unrecorded = (gpu["role"].to_numpy(object) == "fused") & (g_it >= 0) & ~shares["recorded"]
+        if unrecorded.any():
+            caveats.append(f"{int(unrecorded.sum())} fused kernel launch(es) inside iterations have no in-kernel records "
+                           "(not instrumented, or records lost): their flag waits are not visible and count as compute")
     is_local = cls == CLS_LOCAL
     lai, lgrp = ai[is_local], c_group[is_local]
     clip = (c_end - c_start)[is_local].astype(np.float64)
@@ -252,7 +260,7 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     # where local kernels run concurrently their summed shares may exceed the busy time.
     room = local_len.astype(np.float64)
     vals = []
-    for k in ("flag_wait", "useful", "locality_tax"):
+    for k in LOCAL_LABELS[:-1]:
         v = np.minimum(np.bincount(lgrp, weights=shares[k][lai] * wgt, minlength=ngroups), room)
         vals.append(v)
         room = np.maximum(room - v, 0.0)
@@ -445,16 +453,19 @@ def _floors(cost: dict | None, hw: HardwareSpec | None) -> tuple[float, float]:
 
 def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_excess, link_float, win_of, rank_pos, nr,
                    skip, caveats, hbm_bytes_per_s) -> dict[str, np.ndarray]:
-    """Per GPU row, the ns of its duration that are flag_wait, useful and locality_tax (0 for
-    rows that are not local kernels). Order: measured flag_wait first, then the compute floor in
-    proportion to the remaining time, then the link floor left over from exposed transfers
-    (fused kernels), then each declared intermediate on its producer and consumer kernels."""
+    """Per GPU row, the ns of its duration that are flag_wait, exposed_comm, useful and locality_tax
+    (0 for rows that are not local kernels), and whether in-kernel records cover it ("recorded").
+    Order: measured flag_wait and communication-only phases first (fused kernels' records), then
+    the compute floor in proportion to the remaining time, then the link floor left over from
+    exposed transfers (fused kernels: first out of their communication-only phases, then out of
+    their remaining time), then each declared intermediate on its producer and consumer kernels."""
     n = len(gpu)
     d = (g_end - g_start).astype(np.float64)
     role = gpu["role"].to_numpy(object)
     local = np.isin(role, LOCAL_ROLES)
-    flag = _flag_wait(gpu, g_start, g_end, ev, offsets, role)
+    flag, comm, recorded = _record_shares(gpu, g_start, g_end, ev, offsets, role)
     flag = np.minimum(flag, d)
+    comm = np.minimum(comm, d - flag)
     useful = np.zeros(n)
     loc = np.zeros(n)
     rep = gpu["repetition"].to_numpy(np.int64)
@@ -464,14 +475,14 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
     if skip:
         costed &= ~pd.MultiIndex.from_arrays([rep, it]).isin(list(skip))
     if not cost or not hbm_bytes_per_s or not costed.any():
-        return {"flag_wait": flag, "useful": useful, "locality_tax": loc}
+        return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
     # group id per (rank, repetition, iteration) of the costed rows
     keys = pd.DataFrame({"rank": rk, "rep": rep, "it": it})
     gid = np.full(n, -1, np.int64)
     gid[costed] = keys[costed].groupby(["rank", "rep", "it"], sort=False).ngroup().to_numpy(np.int64)
     ng = int(gid.max()) + 1
     work = costed & np.isin(role, WORK_ROLES)
-    avail = np.where(work, d - flag, 0.0)
+    avail = np.where(work, d - flag - comm, 0.0)
     total = np.bincount(gid[costed], weights=avail[costed], minlength=ng)
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(total > 0, np.minimum(1.0, t_compute / np.where(total > 0, total, 1.0)), 0.0)
@@ -482,13 +493,22 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
         widx = win_of.reindex(pd.MultiIndex.from_arrays([rep[fused], it[fused]])).to_numpy()
         grp = widx.astype(np.int64) * nr + rank_pos.reindex(rk[fused]).to_numpy(np.int64)
         rest = np.maximum(t_link_excess - link_float[grp], 0.0)
-        head = np.where(fused, d - flag - useful, 0.0)
+        head = np.where(fused, d - flag - comm - useful, 0.0)
         hsum = np.bincount(gid[fused], weights=head[fused], minlength=ng)
         restg = np.zeros(ng)
         restg[gid[fused]] = rest
+        # communication-only phases carry the link floor first: what no overlap can hide is useful there
+        csum = np.bincount(gid[fused], weights=comm[fused], minlength=ng)
+        take = np.minimum(restg, csum)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            g1 = np.where(csum > 0, take / np.where(csum > 0, csum, 1.0), 0.0)
+        from_comm = np.zeros(n)
+        from_comm[fused] = g1[gid[fused]] * comm[fused]
+        comm = comm - from_comm
+        restg = restg - take
         with np.errstate(divide="ignore", invalid="ignore"):
             g = np.where(hsum > 0, np.minimum(1.0, restg / np.where(hsum > 0, hsum, 1.0)), 0.0)
-        useful[fused] += g[gid[fused]] * head[fused]
+        useful[fused] += g[gid[fused]] * head[fused] + from_comm[fused]
     names = gpu["name"].astype(str)
     for inter in cost.get("intermediates") or []:
         sel = costed & (_matches(names, role, inter.get("producer", "")) | _matches(names, role, inter.get("consumer", "")))
@@ -497,12 +517,12 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
                            f"{inter.get('producer')!r}, consumer {inter.get('consumer')!r}): no locality_tax for it")
             continue
         t_loc = 2.0 * float(inter.get("bytes", 0)) / hbm_bytes_per_s * 1e9
-        head = np.where(sel, np.maximum(d - flag - useful - loc, 0.0), 0.0)
+        head = np.where(sel, np.maximum(d - flag - comm - useful - loc, 0.0), 0.0)
         hsum = np.bincount(gid[sel], weights=head[sel], minlength=ng)
         with np.errstate(divide="ignore", invalid="ignore"):
             g = np.where(hsum > 0, np.minimum(1.0, t_loc / np.where(hsum > 0, hsum, 1.0)), 0.0)
         loc[sel] += g[gid[sel]] * head[sel]
-    return {"flag_wait": flag, "useful": useful, "locality_tax": loc}
+    return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
 
 
 def _matches(names: pd.Series, role: np.ndarray, pattern: str) -> np.ndarray:
@@ -517,20 +537,26 @@ def _matches(names: pd.Series, role: np.ndarray, pattern: str) -> np.ndarray:
     return names.map(hit).to_numpy(bool)
 
 
-def _flag_wait(gpu, g_start, g_end, ev, offsets, role) -> np.ndarray:
-    """Per GPU row: mean flag_wait time per CTA from in-kernel records inside it (fused kernels
-    only): the sum of its flag_wait record durations divided by its number of recorded CTAs."""
+def _record_shares(gpu, g_start, g_end, ev, offsets, role) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per GPU row, from the in-kernel records inside it (fused kernels only): the mean flag_wait
+    time per CTA, the mean time per CTA in communication-only phases (``COMM_PHASES``) -- each the
+    sum of those record durations divided by the kernel's number of recorded CTAs -- and whether
+    any record lies in it."""
     out = np.zeros(len(gpu))
+    comm_out = np.zeros(len(gpu))
+    recorded = np.zeros(len(gpu), bool)
     rec = ev["record"]
     fused = np.flatnonzero(role == "fused")
     if rec.empty or not len(fused):
-        return out
+        return out, comm_out, recorded
     r_off = rec["rank"].map(offsets).fillna(0).to_numpy(np.int64)
     r_s = rec["start_ns"].to_numpy(np.int64) + r_off
     r_e = rec["end_ns"].to_numpy(np.int64) + r_off
     r_rank = rec["rank"].to_numpy(np.int64)
     r_cta = rec["cta"].to_numpy(np.int64)
-    r_flag = (rec["phase"].astype(str) == "flag_wait").to_numpy()
+    r_phase = rec["phase"].astype(str)
+    r_flag = (r_phase == "flag_wait").to_numpy()
+    r_comm = r_phase.isin(COMM_PHASES).to_numpy()
     f_rank = gpu["rank"].to_numpy(np.int64)[fused]
     owner = np.full(len(rec), -1, np.int64)
     for r in np.unique(f_rank):  # a loop over ranks
@@ -542,19 +568,21 @@ def _flag_wait(gpu, g_start, g_end, ev, offsets, role) -> np.ndarray:
         owner[m[ok]] = kk[j[ok]]
     has = owner >= 0
     if not has.any():
-        return out
-    wait = np.where(r_flag, np.minimum(r_e, g_end[np.maximum(owner, 0)]) - r_s, 0).astype(np.float64)
-    wsum = np.bincount(owner[has], weights=wait[has], minlength=len(gpu))
+        return out, comm_out, recorded
+    inside = (np.minimum(r_e, g_end[np.maximum(owner, 0)]) - r_s).astype(np.float64)
+    wsum = np.bincount(owner[has], weights=np.where(r_flag, inside, 0.0)[has], minlength=len(gpu))
+    csum = np.bincount(owner[has], weights=np.where(r_comm, inside, 0.0)[has], minlength=len(gpu))
     pairs = pd.DataFrame({"k": owner[has], "c": r_cta[has]}).drop_duplicates()
     ncta = np.bincount(pairs["k"].to_numpy(np.int64), minlength=len(gpu))
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(ncta > 0, wsum / np.where(ncta > 0, ncta, 1), 0.0)
-    return out
+        comm_out = np.where(ncta > 0, csum / np.where(ncta > 0, ncta, 1), 0.0)
+    return out, comm_out, ncta > 0
 
 
 def _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, wrank) -> pd.DataFrame:
-    """Where each sub-part lies: measured pieces as they are; shares of busy time (useful,
-    locality, flag_wait, compute_inefficiency, the link floor) laid out one after another along
+    """Where each sub-part lies: measured pieces as they are; shares of busy time (flag_wait,
+    exposed_comm of fused kernels, useful, locality, compute_inefficiency, the link floor) laid out one after another along
     the rank's local (resp. transfer) segments, in that order."""
     groups, subs, starts, ends = [], [], [], []
     for grp, sub, s0, s1 in pieces:

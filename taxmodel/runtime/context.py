@@ -48,6 +48,7 @@ class RankContext:
     interpret: bool = False
     spin_timeout_s: float = 60.0
     instrument: bool = False
+    records: Any = None  # taxmodel.runtime.records.RecordBook of the instrumented kernels (made on first use)
     injector: Any = None  # taxmodel.runtime.inject.Injector while the harness injects taxes
 
     @property

@@ -39,6 +39,7 @@ class ProfileRequest:
     workload_modules: list[str] = field(default_factory=list)
     keep_raw: bool = True
     progress: bool = True
+    instrument: bool = False  # in-kernel trace records from fused kernels (docs/records.md)
 
 
 @dataclass
@@ -107,7 +108,7 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
         "shape": dict(req.shape), "iterations": req.iterations, "warmup": req.warmup, "repeat": req.repeat,
         "inject": list(req.inject), "tracer": req.tracer, "out": str(Path(req.out).resolve()), "device": device,
         "timeout_s": req.timeout_s, "spin_timeout_s": req.spin_timeout_s, "heap_bytes": req.heap_bytes,
-        "keep_raw": req.keep_raw, "progress": req.progress,
+        "keep_raw": req.keep_raw, "progress": req.progress, "instrument": bool(req.instrument),
     })
     return spec, world, device
 

@@ -53,6 +53,7 @@ DEFAULT_SPEC: dict[str, Any] = {
     "heap_bytes": None,
     "keep_raw": True,
     "progress": True,
+    "instrument": False,  # fused kernels write in-kernel trace records (taxmodel.runtime.records)
     "deadline_unix": None,  # set by the local launcher: every rank's watchdog fires at this time
 }
 
@@ -351,7 +352,12 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
     injection = Injection.parse(spec["inject"])
     tracer_cls = get_tracer(spec["tracer"])
     ctx = RankContext(rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
-                      group=None, heap=None, interpret=device_kind == "cpu", spin_timeout_s=float(spec["spin_timeout_s"]))
+                      group=dist.group.WORLD, heap=None, interpret=device_kind == "cpu", spin_timeout_s=float(spec["spin_timeout_s"]),
+                      instrument=bool(spec["instrument"]))
+    if ctx.instrument:
+        from taxmodel.runtime.records import book_for
+
+        book_for(ctx)  # before any setup copies the context
 
     variants = workload.variants()
     wanted = list(spec["variants"] or variants)
@@ -438,15 +444,23 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
         state.enter("capture", vname)
         progress.phase(f"{vname}: capture")
         raw: list[bytes] = []
+        book = ctx.records if ctx.instrument else None  # in-kernel records: taxmodel.runtime.records
+        recs: list[Any] = []
         for _rep in range(int(spec["repeat"])):
             _barrier(ctx, state)
+            if book is not None:
+                book.arm(int(spec["iterations"]))  # per-iteration buffers, allocated outside the trace
             tracer = tracer_cls(device)
             with tracer:
                 for it in range(int(spec["iterations"])):
                     _barrier(ctx, state)
+                    if book is not None:
+                        book.set_iteration(it)
                     with record_function(f"ProfilerStep#{it}"):
                         one_iteration()
             raw.append(tracer.export())
+            if book is not None:
+                recs.append(book.drain(rank, _rep))
         ctx.injector = None
         progress.advance()
 
@@ -455,6 +469,9 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
         gathered: list[Any] | None = [None] * world if rank == 0 else None
         state.waiting = True
         dist.gather_object(raw, gathered, dst=0)
+        gathered_recs: list[Any] | None = [None] * world if rank == 0 else None
+        if book is not None:
+            dist.gather_object((recs, dict(book.dropped)), gathered_recs, dst=0)
         state.waiting = False
 
         if rank == 0:
@@ -463,7 +480,8 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
             path = _write_variant_bundle(
                 spec=spec, workload=workload, vname=vname, variant=variant, shape=shape, preset=preset, world=world,
                 device=device, cost=cost, clock=clock, injection=injection, injector=injector, tracer_cls=tracer_cls,
-                gathered=gathered, roles={**INJECTED_ROLES, **dict(variant.roles)},
+                gathered=gathered, gathered_records=gathered_recs if book is not None else None,
+                roles={**INJECTED_ROLES, **dict(variant.roles)},
                 finish_events=finish_events, iter_trace_files=iter_trace_files, write_bundle=write_bundle)
             written.append(str(path))
             progress.write(f"wrote {path}")
@@ -480,7 +498,8 @@ def _barrier(ctx: Any, state: RankState) -> None:
 
 
 def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, world, device, cost, clock, injection,
-                          injector, tracer_cls, gathered, roles, finish_events, iter_trace_files, write_bundle) -> Path:
+                          injector, tracer_cls, gathered, roles, finish_events, iter_trace_files, write_bundle,
+                          gathered_records=None) -> Path:
     import tempfile
 
     emulated = device.type != "cuda"
@@ -492,6 +511,12 @@ def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, worl
             per_rep.append(events)
             raw_files.extend(paths)
         events = finish_events(per_rep, roles, emulated=emulated)
+        records_info = None
+        if gathered_records is not None:
+            from taxmodel.runtime.records import merge_gathered
+
+            events, records_info = merge_gathered(events, [g[0] for g in gathered_records],
+                                                  [g[1] for g in gathered_records])
         hardware = {**(imported_meta.get("hardware") or {}), **_hardware(device, world)}
         software = {**(imported_meta.get("software") or {}), **_versions()}
         notes = list(imported_meta.get("notes") or []) + (injector.notes if injector is not None else [])
@@ -527,12 +552,15 @@ def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, worl
                 "inject": injection.to_dict() if injection.active else None,
                 "roles": dict(roles),
                 "iteration_pattern": r"^ProfilerStep#(\d+)$",
+                "instrument": gathered_records is not None,
             },
             "repetitions": int(spec["repeat"]),
             "cost": cost.to_dict(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "notes": notes,
         }
+        if records_info is not None:
+            meta["records"] = records_info
         return write_bundle(out, events, meta, raw_files=raw_files if spec["keep_raw"] else ())
 
 
@@ -556,6 +584,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     p.add_argument("--device")
     p.add_argument("--timeout", type=float, dest="timeout_s")
     p.add_argument("-o", "--out")
+    p.add_argument("--instrument", action="store_true", help="in-kernel trace records from fused kernels")
     a = p.parse_args(argv)
     spec: dict[str, Any] = dict(DEFAULT_SPEC)
     if a.spec:
@@ -571,6 +600,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         spec["shape"] = {**spec["shape"], **parse_shape(a.shape)}
     if a.inject:
         spec["inject"] = list(spec["inject"]) + a.inject
+    if a.instrument:
+        spec["instrument"] = True
     if not spec["workload"]:
         p.error("give --spec or --workload")
     return spec

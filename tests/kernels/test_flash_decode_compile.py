@@ -67,7 +67,8 @@ fused_args = (split_args[:3] + [("out_ptr", "*bf16", 0)] + split_args[3:5]
               + [("counter_ptr", "*i32", 0), ("recv_ptr", "*fp32", 0), ("flag_ptr", "*i32", 0), ("epoch_ptr", "*i32", 0),
                  ("done_ptr", "*i32", 0), ("err_ptr", "*i64", 0), ("heap_bases", "*i64", 0)]
               + split_args[5:] + [("rank", "i32", 3), ("world_size", "i32", 4), ("rows_total", "i32", HQ),
-                                  ("num_combiners", "i32", HKV), ("budget", "i64", 30_000_000_001)])
+                                  ("num_combiners", "i32", HKV), ("budget", "i64", 30_000_000_001),
+                                  ("rec_ptr", "*i64", 0)])
 report = dict(
     split=build(sk.flash_decode_split_kv, split_args, consts, 4, 3, "split"),
     fused=build(fu.flash_decode_fused, fused_args, dict(consts, G_P2=8, NB=8, W_P2=4, MODE=1, KERNEL_ID=1), 4, 3, "fused"),

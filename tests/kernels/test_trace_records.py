@@ -1,0 +1,253 @@
+"""kernels/_trace.py and the instrumented fused flash decode: in-kernel records are well formed,
+a delayed producer shows up as flag_wait on its consumers, and the normal build holds no record
+code. Kernels run in Triton's interpreter (host clock); the no-record-code check compiles for sm_90."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pandas as pd
+import pytest
+import torch
+import torch.multiprocessing as mp
+import triton
+import triton.language as tl
+
+from taxmodel.kernels import _trace
+from taxmodel.runtime import records
+
+interpreted = pytest.mark.skipif(type(_trace.mark).__name__ != "InterpretedFunction",
+                                 reason="kernels were imported without TRITON_INTERPRET=1")
+
+
+@triton.jit
+def _phased(rec_ptr, x_ptr, n, INSTRUMENT: tl.constexpr):
+    """Each program: a 'compute' phase, a 'flag_wait' phase, and a 'store_push' phase."""
+    pid = tl.program_id(0)
+    t = _trace.begin(INSTRUMENT, 0)
+    offs = tl.arange(0, 16)
+    v = tl.load(x_ptr + pid * 16 + offs, mask=offs < n)
+    t = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t, INSTRUMENT, 0)
+    w = tl.sum(v * v, axis=0)
+    t = _trace.mark(rec_ptr, pid, _trace.FLAG_WAIT, t, INSTRUMENT, 0)
+    tl.store(x_ptr + pid * 16, w)
+    t = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t, INSTRUMENT, 0)
+
+
+def _check_well_formed(rec: pd.DataFrame) -> None:
+    """Every CTA's phases are non-empty... in order, non-overlapping, and chained end to start."""
+    assert (rec["end_ns"] >= rec["start_ns"]).all()
+    for _, g in rec.groupby("cta"):
+        g = g.sort_values("start_ns", kind="stable")
+        assert (g["start_ns"].to_numpy()[1:] >= g["end_ns"].to_numpy()[:-1]).all()
+
+
+@interpreted
+def test_records_are_chained_per_cta_and_in_phase_order():
+    programs = 5
+    buf = records.new_buffer(3 * programs, "cpu")
+    x = torch.randn(programs * 16)
+    t0 = time.perf_counter_ns()
+    _phased[(programs,)](buf, x, 16, INSTRUMENT=True)
+    t1 = time.perf_counter_ns()
+    rec, dropped = records.decode(buf, 0)
+    assert dropped == 0 and len(rec) == 3 * programs
+    assert sorted(rec["cta"].unique().tolist()) == list(range(programs))
+    for cta, g in rec.groupby("cta"):
+        g = g.sort_values("start_ns", kind="stable")
+        assert g["phase"].tolist() == ["compute", "flag_wait", "store_push"]
+        # chained: each phase starts where the previous ended, so they sum to the CTA's lifetime
+        assert (g["start_ns"].to_numpy()[1:] == g["end_ns"].to_numpy()[:-1]).all()
+        life = g["end_ns"].max() - g["start_ns"].min()
+        assert (g["end_ns"] - g["start_ns"]).sum() == life
+    _check_well_formed(rec)
+    assert rec["start_ns"].min() >= t0 and rec["end_ns"].max() <= t1  # the host clock under the interpreter
+
+
+@interpreted
+def test_a_full_buffer_drops_and_counts_records():
+    buf = records.new_buffer(4, "cpu")
+    _phased[(3,)](buf, torch.randn(48), 16, INSTRUMENT=True)
+    rec, dropped = records.decode(buf, 0)
+    assert len(rec) == 4 and dropped == 5
+    assert rec["cta"].tolist()[:3] == [0, 0, 0]  # programs run in order under the interpreter
+
+
+@interpreted
+def test_instrument_off_writes_nothing():
+    buf = records.new_buffer(8, "cpu")
+    before = buf.clone()
+    _phased[(2,)](buf, torch.randn(32), 16, INSTRUMENT=False)
+    assert torch.equal(buf, before)
+
+
+@interpreted
+def test_fused_flash_decode_records_on_one_rank():
+    from taxmodel.runtime.context import thread_contexts
+    from taxmodel.runtime.workload import get_workload
+
+    ctx = thread_contexts(1)[0]
+    ctx.instrument = True
+    wl = get_workload("flash_decode")
+    v = wl.variants()["fused"]
+    st = wl.setup(ctx, wl.shape("tiny"), v)
+    book = ctx.records
+    book.arm(2)
+    for it in range(2):
+        book.set_iteration(it)
+        v.run(st)
+    rec = book.drain(0)
+    a = st.impl.args
+    pairs, workers = a.batch * a.kv_heads, a.batch * a.kv_heads * a.plan.num_splits
+    per_iteration = workers + 4 * pairs
+    assert len(rec) == 2 * per_iteration and book.dropped == {}
+    for it, g in rec.groupby("iteration"):
+        _check_well_formed(g)
+        counts = g["phase"].value_counts().to_dict()
+        assert counts == {"compute": workers, "combine": 2 * pairs, "store_push": pairs, "flag_wait": pairs}
+        assert (g.loc[g["phase"] == "flag_wait", "cta"] >= workers).all()  # only combiners wait
+    # outputs stay right with records on
+    ref = wl.reference(ctx, st.shape, st)
+    assert torch.allclose(wl.output(st).float(), ref, rtol=2e-2, atol=2e-2)
+    assert book.drain(0).empty  # drained buffers are freed: nothing twice
+
+
+# --- a delayed producer, ranks as processes ---------------------------------------------------
+
+DELAY_S = 1.0
+
+
+def _delay_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from taxmodel.runtime.context import RankContext
+    from taxmodel.runtime.heap import SharedMemoryHeap
+    from taxmodel.runtime.workload import get_workload
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    heap = SharedMemoryHeap(rank, world, 1 << 20)
+    ctx = RankContext(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"), backend="gloo",
+                      group=None, heap=heap, interpret=True, spin_timeout_s=60.0, instrument=True)
+    out: dict = {}
+    try:
+        wl = get_workload("flash_decode")
+        v = wl.variants()["fused"]
+        st = wl.setup(ctx, wl.shape("tiny"), v)
+        ctx.records.arm(2)
+        for it in range(2):  # step 0: no delay; step 1: rank 1 (a producer of every pair) starts late
+            ctx.barrier()
+            ctx.records.set_iteration(it)
+            if it == 1 and rank == 1:
+                time.sleep(DELAY_S)
+            v.run(st)
+        wl.output(st)  # raises if a combiner gave up
+        out["records"] = ctx.records.drain(rank)
+        ctx.barrier()
+    except Exception as exc:  # noqa: BLE001 - reported by the test
+        import traceback
+
+        out["error"] = traceback.format_exc() + str(exc)
+    torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def delayed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("delay")
+    pc = mp.start_processes(_delay_rank, args=(2, str(tmp / "init"), str(tmp)), nprocs=2, join=False,
+                            start_method="spawn")
+    deadline = time.monotonic() + 150
+    while not pc.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in pc.processes:
+                p.kill()
+            pytest.fail("ranks still running after 150 s")
+    res = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r, item in enumerate(res):
+        assert "error" not in item, f"rank {r}: {item['error']}"
+    return [item["records"] for item in res]
+
+
+def _flag_wait_per_combiner(rec: pd.DataFrame, iteration: int) -> pd.Series:
+    g = rec[(rec["iteration"] == iteration) & (rec["phase"] == "flag_wait")]
+    return (g["end_ns"] - g["start_ns"]).groupby(g["cta"]).sum() / 1e9
+
+
+@pytest.mark.slow
+def test_a_delayed_producer_is_flag_wait_on_its_consumer(delayed):
+    rank0, rank1 = delayed
+    waited = _flag_wait_per_combiner(rank0, 1)
+    # rank 0's first combiner waits for rank 1, which started DELAY_S late (less the time rank 0
+    # itself spent on its workers, which rank 1 spends too after its delay)
+    assert waited.max() >= 0.7 * DELAY_S, waited
+    assert waited.sum() <= DELAY_S + 30.0
+    # the late rank finds every flag already set: little waiting
+    assert _flag_wait_per_combiner(rank1, 1).sum() < 0.3 * DELAY_S
+    for rec in delayed:
+        for _, g in rec.groupby("iteration"):
+            _check_well_formed(g)
+
+
+# --- the normal build holds no record code (compiled for sm_90, in a subprocess) ---------------
+
+COMPILE = r'''
+import json, re, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from taxmodel.kernels.flash_decode import fused as fu
+
+sig = {n: "i32" for n in fu.flash_decode_fused.arg_names}
+for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr"):
+    sig[n] = "*bf16"
+for n in ("part_out_ptr", "part_lse_ptr", "recv_ptr"):
+    sig[n] = "*fp32"
+for n in ("counter_ptr", "flag_ptr", "epoch_ptr", "done_ptr"):
+    sig[n] = "*i32"
+for n in ("err_ptr", "heap_bases", "rec_ptr"):
+    sig[n] = "*i64"
+sig["qk_scale"], sig["budget"] = "fp32", "i64"
+out = {}
+for inst in (False, True):
+    consts = dict(G=4, G_DOT=16, D=32, BLOCK_N=16, NUM_STAGES=1, DOT_F32=False, G_P2=4, NB=4, W_P2=2, MODE=1,
+                  KERNEL_ID=1, INSTRUMENT=inst)
+    s = dict(sig)
+    for k in consts:
+        s[k] = "constexpr"
+    k = triton.compile(ASTSource(fn=fu.flash_decode_fused, signature=s, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=4, num_stages=1))
+    ttir = k.asm["ttir"]
+    head, _, body = ttir.split("tt.func public @flash_decode_fused", 1)[1].partition("{")
+    out[str(inst)] = dict(rec_uses=len(re.findall(r"%rec_ptr\b", body)), rec_declared="%rec_ptr: !tt.ptr<i64>" in head,
+                          globaltimer=len(re.findall(r"%globaltimer", k.asm["ptx"])))
+print(json.dumps(out))
+'''
+
+
+def _nvidia_backend_present() -> bool:
+    base = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return (base / "ptxas").exists()
+
+
+@pytest.mark.slow
+def test_uninstrumented_build_has_no_record_code(tmp_path):
+    if not _nvidia_backend_present():
+        pytest.skip("Triton's NVIDIA backend tools are not installed")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    proc = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    off, on = r["False"], r["True"]
+    assert off["rec_declared"] and on["rec_declared"]
+    assert off["rec_uses"] == 0  # the record pointer is never touched
+    assert on["rec_uses"] > 0
+    assert on["globaltimer"] > off["globaltimer"] >= 1  # waits read the clock either way; records add reads

@@ -1,0 +1,202 @@
+"""taxmodel/runtime/records.py and the ledger's use of in-kernel records: buffers and the drain,
+clock alignment to the trace's kernels, communication-only phases as bulk-synchronous tax, and
+`taxmodel profile --instrument` on CPU ranks end to end."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taxmodel.kernels import _sync, _trace
+from taxmodel.model.ledger import compute_ledger
+from taxmodel.runtime import records
+from taxmodel.trace import schema
+from taxmodel.trace.synthetic import synthetic_bundle
+
+
+def _fill(buf: torch.Tensor, rows: list[tuple[int, str, int, int]]) -> None:
+    """Write records as a kernel would (cursor, then 4 words per record)."""
+    cap = int(buf[1])
+    for cta, phase, s, e in rows:
+        i = int(buf[0])
+        buf[0] += 1
+        if i < cap:
+            base = _trace.HEADER + 4 * i
+            buf[base:base + 4] = torch.tensor([cta, _trace.PHASE_ID[phase], s, e])
+
+
+def test_decode_reads_phases_and_scales_amd_ticks():
+    buf = records.new_buffer(2, "cpu")
+    _fill(buf, [(3, "flag_wait", 100, 250), (4, "store_push", 250, 260), (5, "compute", 1, 2)])
+    nv, dropped = records.decode(buf, _sync.SYNC_NVIDIA)
+    assert dropped == 1
+    assert nv.to_dict("list") == {"cta": [3, 4], "phase": ["flag_wait", "store_push"], "start_ns": [100, 250],
+                                  "end_ns": [250, 260]}
+    amd, _ = records.decode(buf, _sync.SYNC_AMD)
+    assert amd["start_ns"].tolist() == [1000, 2500]  # 10-ns ticks
+
+
+def test_book_drain_separates_iterations_and_resets():
+    book = records.RecordBook()
+    buf = book.buffer("k", 8, "cpu", _sync.SYNC_POLL)
+    _fill(buf.tensor(), [(0, "compute", 1, 2)])  # warm-up: scratch, never drained
+    book.arm(2)
+    for it in range(2):
+        book.set_iteration(it)
+        _fill(buf.tensor(), [(it, "compute", 10 * it, 10 * it + 5)] * (it + 1))
+    out = book.drain(rank=3, repetition=1)
+    assert list(out.columns) == list(records.RECORD_COLUMNS)
+    assert out.groupby("iteration").size().to_dict() == {0: 1, 1: 2}
+    assert (out["rank"] == 3).all() and (out["repetition"] == 1).all() and (out["name"] == "k").all()
+    assert buf.tensor() is buf.scratch  # back to scratch until the next arm
+    assert book.drain(rank=3).empty
+    book.arm(1)
+    book.set_iteration(0)
+    assert int(buf.tensor()[0]) == 0  # fresh cursor
+
+
+def _events(kernels: list[tuple[int, int, int, int]]) -> pd.DataFrame:
+    """Kernel rows (rank, iteration, start, end) of one kernel named 'fused'."""
+    return pd.DataFrame([dict(rank=r, device=r, stream=7, kind="kernel", role="fused", name="fused", start_ns=s, end_ns=e,
+                              repetition=0, iteration=it) for r, it, s, e in kernels])
+
+
+@settings(max_examples=30, deadline=None)
+@given(offset=st.integers(-10**15, 10**15), slack=st.integers(0, 10_000), span=st.integers(10, 100_000),
+       n=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_alignment_centres_the_record_span_in_the_kernel(offset, slack, span, n, seed):
+    rng = np.random.default_rng(seed)
+    ks = 5_000_000
+    ev = _events([(0, 0, ks, ks + span + slack)])
+    cuts = np.sort(rng.integers(0, span, size=n))
+    starts = np.r_[0, cuts]
+    ends = np.r_[cuts, span]
+    rec = pd.DataFrame(dict(rank=0, repetition=0, iteration=0, name="fused", cta=np.arange(n + 1) % 3,
+                            phase="compute", start_ns=starts - offset, end_ns=ends - offset))
+    out, info = records.merge_records(ev, rec)
+    got = out[out["kind"] == "record"]
+    assert info["unmatched"] == 0 and info["spans_longer_than_kernel"] == 0
+    assert info["residual_ns"] == {"0": 0}
+    # every record inside the kernel, durations kept, span centred (to the ns)
+    assert (got["start_ns"] >= ks).all() and (got["end_ns"] <= ks + span + slack).all()
+    kept = (ends - starts) > 0
+    assert sorted((got["end_ns"] - got["start_ns"]).tolist()) == sorted((ends - starts)[kept].tolist())
+    assert int(got["start_ns"].min()) - ks == slack // 2
+    assert info["records"] == int(kept.sum()) and info["empty_after_clip"] == int((~kept).sum())
+
+
+def test_alignment_reports_residual_unmatched_and_clips_long_spans():
+    ev = _events([(0, 0, 1000, 2000), (0, 1, 3000, 4000), (1, 0, 1000, 1100)])
+    rec = pd.DataFrame(dict(rank=[0, 0, 1, 1, 0], repetition=0, iteration=[0, 1, 0, 0, 5], name="fused", cta=0,
+                            phase="flag_wait", start_ns=[100, 2150, 0, 100, 0], end_ns=[200, 2250, 100, 300, 10]))
+    out, info = records.merge_records(ev, rec)
+    got = out[out["kind"] == "record"].sort_values(["rank", "start_ns"])
+    assert info["unmatched"] == 1  # iteration 5 has no kernel
+    assert info["spans_longer_than_kernel"] == 1  # rank 1: 300 ns of records in a 100 ns kernel
+    assert info["offset_ns"]["0"] == 1325 and info["residual_ns"]["0"] == 25  # per-kernel offsets 1350, 1300
+    r1 = got[got["rank"] == 1]
+    assert (r1["start_ns"] >= 1000).all() and (r1["end_ns"] <= 1100).all()
+    assert set(got["stream"]) == {7} and set(got["role"]) == {"fused"}
+    schema.validate_events(schema.normalize_events(out))
+
+
+def _with_comm_phase(case, push_ns: int):
+    """The synthetic fused case with each CTA's compute record starting with ``push_ns`` of store_push."""
+    ev = case.bundle.events
+    comp = ev[(ev["kind"] == "record") & (ev["phase"] == "compute")]
+    push = comp.assign(end_ns=comp["start_ns"] + push_ns, phase="store_push")
+    ev = ev.copy()
+    ev.loc[comp.index, "start_ns"] = comp["start_ns"] + push_ns
+    case.bundle.events = schema.normalize_events(pd.concat([ev, push], ignore_index=True))
+    return case
+
+
+def _sub(led, name, rank=0, iteration=1):
+    p = led.parts
+    return int(p[(p["subcategory"] == name) & (p["rank"] == rank) & (p["iteration"] == iteration)]["ns"].sum())
+
+
+def test_communication_only_phases_are_exposed_comm():
+    base = synthetic_bundle(variant="fused", flag_wait_ns=3000)
+    plain = compute_ledger(base.bundle, base.hardware)
+    pushed = compute_ledger(_with_comm_phase(synthetic_bundle(variant="fused", flag_wait_ns=3000), 2000).bundle,
+                            base.hardware)
+    for r in (0, 1):
+        assert _sub(pushed, "flag_wait", r) == _sub(plain, "flag_wait", r) == 3000
+        assert _sub(pushed, "exposed_comm", r) - _sub(plain, "exposed_comm", r) == 2000
+        assert _sub(pushed, "useful", r) == _sub(plain, "useful", r)  # compute-bound: the floor is untouched
+        assert _sub(pushed, "compute_inefficiency", r) == _sub(plain, "compute_inefficiency", r) - 2000
+    w = pushed.windows.set_index(["repetition", "iteration"])["window_ns"]
+    sums = pushed.parts.groupby(["repetition", "iteration", "rank"])["ns"].sum()
+    assert all(sums[k] == w[k[:2]] for k in sums.index)  # the invariant, to the ns
+    assert not any("in-kernel" in c for c in pushed.caveats)
+
+
+def test_fused_kernels_missing_records_are_named():
+    case = synthetic_bundle(variant="fused", flag_wait_ns=3000)
+    ev = case.bundle.events
+    drop = (ev["kind"] == "record") & (ev["rank"] == 1)
+    case.bundle.events = ev[~drop].reset_index(drop=True)
+    led = compute_ledger(case.bundle, case.hardware)
+    assert any("have no in-kernel records" in c for c in led.caveats)
+    assert _sub(led, "flag_wait", 1) == 0 and _sub(led, "flag_wait", 0) == 3000
+
+
+# --- end to end on CPU ranks --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def instrumented_bundle(tmp_path_factory):
+    from taxmodel.cli import cli
+
+    out = tmp_path_factory.mktemp("prof")
+    res = CliRunner().invoke(cli, ["profile", "flash_decode", "--device", "cpu", "--variants", "fused", "--instrument",
+                                   "--iterations", "3", "--warmup", "1", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    return out / "flash_decode"
+
+
+@pytest.mark.slow
+def test_profile_instrument_then_analyze_shows_flag_wait(instrumented_bundle):
+    from taxmodel.cli import cli
+    from taxmodel.trace.bundle import load_bundle as read_bundle
+
+    (path,) = [p for p in instrumented_bundle.iterdir() if p.is_dir()]
+    b = read_bundle(path)
+    ev = b.events
+    rec = ev[ev["kind"] == "record"]
+    assert b.meta["capture"]["instrument"] is True
+    assert b.meta["records"]["records"] == len(rec) > 0 and b.meta["records"]["unmatched"] == 0
+    assert set(rec["phase"]) == {"compute", "combine", "store_push", "flag_wait"}
+    kern = ev[(ev["kind"] == "kernel") & (ev["name"] == "flash_decode_fused")]
+    spans = kern.groupby(["rank", "iteration"]).agg(s=("start_ns", "min"), e=("end_ns", "max"))
+    joined = rec.join(spans, on=["rank", "iteration"])
+    assert ((joined["start_ns"] >= joined["s"]) & (joined["end_ns"] <= joined["e"])).all()
+    for _, g in rec.groupby(["rank", "iteration", "cta"]):
+        g = g.sort_values("start_ns")
+        assert (g["start_ns"].to_numpy()[1:] >= g["end_ns"].to_numpy()[:-1]).all()
+    led = compute_ledger(b)
+    assert led.parts.loc[led.parts["subcategory"] == "flag_wait", "ns"].sum() > 0
+    assert led.parts.loc[led.parts["subcategory"] == "exposed_comm", "ns"].sum() > 0  # the pushes
+    assert not any("in-kernel" in c for c in led.caveats)
+    res = CliRunner().invoke(cli, ["analyze", str(instrumented_bundle)])
+    assert res.exit_code == 0, res.output
+    assert "Flag wait" in res.output and "without in-kernel trace records" not in res.output
+
+
+@pytest.mark.slow
+def test_per_cta_figure_renders(instrumented_bundle):
+    from taxmodel.report import figures
+    from taxmodel.trace.bundle import load_bundle as read_bundle
+
+    (path,) = [p for p in instrumented_bundle.iterdir() if p.is_dir()]
+    fig = figures.cta_timeline(read_bundle(path), rank=0)
+    assert len(fig.axes) >= 2 and len(fig.axes[0].patches) > 0
