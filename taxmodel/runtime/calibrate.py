@@ -369,8 +369,11 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
     peer = meas.get("peer") or {}
     launch = meas.get("launch") or {}
     preset = find_preset(device_name)
+    if preset is not None and preset.source != "datasheet":  # name after the datasheet part, not an older calibration
+        preset = find_preset(preset.name.replace(" (calibrated)", ""))
     name = f"{preset.name} (calibrated)" if preset is not None else device_name
-    aliases = sorted({*(preset.aliases if preset is not None else ()), *((preset.name,) if preset else ()), device_name})
+    # The datasheet preset keeps its own name, so `--hardware "H200 SXM"` still selects the datasheet.
+    aliases = sorted({*(preset.aliases if preset is not None else ()), device_name})
     link = _first(link_bw, statistics.median(p2p) if p2p else None, peer.get("load_bytes_per_s"))
     if link is None:
         raise ValueError("no link measurement (collectives, peer copies or peer loads): calibrate with --world-size 2 or more")

@@ -13,7 +13,7 @@ from taxmodel.model.analytic import parse_range, predict, resolve_model_hardware
 from taxmodel.model.analytic import common as c
 from taxmodel.model.hardware import find_preset
 
-H200 = find_preset("h200")
+H200 = find_preset("H200 SXM")  # the datasheet preset (a calibrated H200 file also ships)
 AG = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}
 FD = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 4096}
 CASES = [("ag_gemm", v, AG) for v in ("bsp", "pull", "push", "torch_fused")] + [("flash_decode", v, FD) for v in ("bsp", "fused")]
@@ -186,8 +186,10 @@ def test_calibrate_fit_round_trip(tmp_path):
 def test_calibrated_file_is_preferred_over_the_preset(tmp_path):
     from taxmodel.runtime.calibrate import fit
 
-    spec, note = resolve_model_hardware("h200")
+    spec, note = resolve_model_hardware("H200 SXM")
     assert spec.source == "datasheet" and "datasheet" in note
+    spec, note = resolve_model_hardware("h200")  # the shipped H200 calibration
+    assert spec.source == "calibrated" and "calibrated" in note
     (tmp_path / "h200-calibrated.json").write_text(json.dumps(fit(_fake_measurements(), "NVIDIA H200", 132, 4)))
     spec, note = resolve_model_hardware("h200", search=(tmp_path,))
     assert spec.source == "calibrated" and "in preference" in note

@@ -17,7 +17,7 @@ def test_presets_are_datasheet():
     assert ps["H200 SXM"].flops_per_s("bfloat16") == 989.4e12
 
 
-@pytest.mark.parametrize("name,want", [("NVIDIA H200", "H200 SXM"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+@pytest.mark.parametrize("name,want", [("NVIDIA H200", "H200 SXM (calibrated)"), ("H200 SXM", "H200 SXM"), ("NVIDIA H100 80GB HBM3", "H100 SXM"),
                                        ("AMD Instinct MI300X", "MI300X"), ("b200", "B200")])
 def test_resolve_from_meta(name, want):
     assert resolve_hardware({"hardware": {"name": name}}).name == want

@@ -69,7 +69,10 @@ def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping
     if not name:
         raise InputError(f"no hardware given; pass --hardware with one of {', '.join(presets())} or a JSON file")
     preset = find_preset(name)
-    for path in calibrated_files(search):
+    # Naming a datasheet preset by its own name ("H200 SXM") asks for the datasheet.
+    asked_for_datasheet = preset is not None and preset.source == "datasheet" and _same_name(preset, name) \
+        and "".join(ch for ch in name.lower() if ch.isalnum()) == "".join(ch for ch in preset.name.lower() if ch.isalnum())
+    for path in ([] if asked_for_datasheet else calibrated_files(search)):
         try:
             spec = load_hardware(path)
         except InputError:
@@ -81,6 +84,8 @@ def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping
     if preset is None:
         raise InputError(f"unknown hardware '{name}'; presets: {', '.join(presets())}; or pass a JSON file written by "
                          "`taxmodel calibrate`")
+    if preset.source == "calibrated":
+        return preset, f"hardware: {preset.name}, calibrated (shipped with taxmodel) in preference to the datasheet preset"
     return preset, f"hardware: {preset.name} datasheet preset (no calibrated file for it; run `taxmodel calibrate`)"
 
 
