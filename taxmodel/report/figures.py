@@ -65,7 +65,9 @@ def ledger_bars(ledgers: Sequence[LedgerLike], *, title: str | None = None) -> F
         max_bars = max(len(g) for g in groups.values())
         fig = _new_figure(max(4.8, min(13.0, 1.6 + ncols * (1.0 + 0.85 * max_bars))) + 2.2, 3.4 * nrows + 0.4)
         axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
-        for ax, ((workload, shape), group) in zip(axes, groups.items()):
+        varying = _varying_keys([dict(shape) for _, shape in groups])
+        ordered = sorted(groups.items(), key=lambda kv: (kv[0][0], sorted(dict(kv[0][1]).items())))
+        for ax, ((workload, shape), group) in zip(axes, ordered):
             x = np.arange(len(group))
             bottom = np.zeros(len(group))
             for p in present:
@@ -83,7 +85,8 @@ def ledger_bars(ledgers: Sequence[LedgerLike], *, title: str | None = None) -> F
                           rotation=20 if max(len(compare.identity(led).variant) for led in group) > 8 else 0)
             ax.set_ylim(0, top * 1.12)
             ax.set_ylabel("time per iteration (us)")
-            ax.set_title(f"{workload}\n{compare.shape_label(dict(shape))}")
+            shown = {k: v for k, v in dict(shape).items() if k in varying} or dict(shape)
+            ax.set_title(f"{workload}\n{compare.shape_label(shown)}", fontsize=9)
             ax.grid(axis="x", visible=False)
         for ax in axes[n:]:
             ax.set_visible(False)
@@ -93,6 +96,13 @@ def ledger_bars(ledgers: Sequence[LedgerLike], *, title: str | None = None) -> F
         if title:
             fig.suptitle(title)
         return fig
+
+
+def _varying_keys(shapes: Sequence[dict]) -> set[str]:
+    """Shape keys whose value differs between panels: the rest is the same everywhere and only
+    makes titles long (it is in the report's metadata)."""
+    keys = {k for s in shapes for k in s}
+    return {k for k in keys if len({s.get(k) for s in shapes}) > 1}
 
 
 def _fmt_us(v: float) -> str:

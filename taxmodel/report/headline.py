@@ -103,7 +103,10 @@ def comparison_sentence(c: Comparison) -> str:
         eff = f"it gains {_us(-lost)} in compute efficiency"
     other = c.other_saved_ns
     tail = f" (other parts: {_us(other)})" if abs(other) >= max(0.005 * c.reference_ns, 50) else ""
-    return f"{c.workload} at {c.shape}: {lead}, of which {parts}; {eff}{tail}."
+    # "of which" only reads right for a saving; a slower candidate lists what each tax saved,
+    # negative where the candidate pays more of it than the reference.
+    join = ", of which" if c.saved_ns >= 0 else "; saved per tax (negative: paid more)"
+    return f"{c.workload} at {c.shape}: {lead}{join} {parts}; {eff}{tail}."
 
 
 def ledger_sentence(ledger: LedgerLike) -> str:

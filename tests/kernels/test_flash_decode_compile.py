@@ -71,7 +71,7 @@ fused_args = (split_args[:3] + [("out_ptr", "*bf16", 0)] + split_args[3:5]
                                   ("rec_ptr", "*i64", 0)])
 report = dict(
     split=build(sk.flash_decode_split_kv, split_args, consts, 4, 3, "split"),
-    fused=build(fu.flash_decode_fused, fused_args, dict(consts, G_P2=8, NB=8, W_P2=4, MODE=1, KERNEL_ID=1), 4, 3, "fused"),
+    fused=build(fu.flash_decode_fused, fused_args, dict(consts, G_P2=8, NB=8, W_P2=4, MODE=1, KERNEL_ID=1, INSTRUMENT=False), 4, 3, "fused"),
     combine_local=build(cb.flash_decode_combine_local, [("part_out_ptr", "*fp32", 0), ("part_lse_ptr", "*fp32", 0),
                         ("send_ptr", "*fp32", 0), ("num_splits", "i32", 66), ("rows_total", "i32", HQ)],
                         dict(G=8, G_P2=8, D=D, NB=8), 4, 3, "combine_local"),
