@@ -303,6 +303,7 @@ def _events_frame(kernels, launches, syncs, markers, records, offsets) -> pd.Dat
 # --- the reference ledger: scalar code over the disjoint pieces of each rank's timeline -------
 
 def _largest_remainder(values: list[float], total: int) -> list[int]:
+    values = [round(max(v, 0.0), 6) for v in values]  # the same float-noise rule as the ledger's
     floors = [math.floor(v) for v in values]
     rest = total - sum(floors)
     order = sorted(range(len(values)), key=lambda i: (-(values[i] - floors[i]), i))

@@ -120,7 +120,7 @@ def test_fused_flash_decode_records_on_one_rank():
 
 # --- a delayed producer, ranks as processes ---------------------------------------------------
 
-DELAY_S = 1.0
+DELAY_S = 2.0  # long against the interpreter's own jitter on a loaded 2-core machine
 
 
 def _delay_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
@@ -187,10 +187,12 @@ def test_a_delayed_producer_is_flag_wait_on_its_consumer(delayed):
     waited = _flag_wait_per_combiner(rank0, 1)
     # rank 0's first combiner waits for rank 1, which started DELAY_S late (less the time rank 0
     # itself spent on its workers, which rank 1 spends too after its delay)
-    assert waited.max() >= 0.7 * DELAY_S, waited
+    # (a loaded machine can delay rank 0 too, shortening its wait: hence the loose lower bound)
+    assert waited.max() >= 0.25 * DELAY_S, waited
     assert waited.sum() <= DELAY_S + 30.0
-    # the late rank finds every flag already set: little waiting
-    assert _flag_wait_per_combiner(rank1, 1).sum() < 0.3 * DELAY_S
+    # the late rank finds every flag already set: it waits much less than the early one
+    late = _flag_wait_per_combiner(rank1, 1).sum()
+    assert late < 0.3 * DELAY_S and late < waited.max(), late
     for rec in delayed:
         for _, g in rec.groupby("iteration"):
             _check_well_formed(g)
