@@ -81,7 +81,8 @@ def _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD: tl.const
     return src, j, pid_n
 
 
-@triton.jit
+# epoch changes every iteration: unspecialized, so no recompile (while peers wait) when it hits 1 or 16.
+@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
 def ag_gemm_kernel(
     a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
     flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,

@@ -47,7 +47,8 @@ CE_PUSH = "ce_put"
 GEMM_KERNEL = "ag_gemm_kernel"
 
 
-@triton.jit
+# epoch changes every iteration: unspecialized, so no recompile (while peers wait) when it hits 1 or 16.
+@triton.jit(do_not_specialize=["rank", "epoch"])
 def copy_blocks_kernel(
     gathered_ptr, flags_ptr, heap_bases,
     M_loc, K, stride_m, rank, epoch,
