@@ -320,21 +320,16 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    ctx = init(args)
-    import triton
+def run_sizes(ctx: RankContext, args: argparse.Namespace, sizes: list[str], heap: Any,
+              bench_size: Callable[..., list[dict]], write_results: Callable[[list[dict], Path, dict], None],
+              log: Callable[[str], None]) -> int:
+    """Benchmark every size (one failing size does not hide the others), write the results on
+    rank 0, tear down; return the exit code (1 if anything failed or was wrong). Shared by the
+    workload benchmarks."""
+    import traceback
 
-    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG
-    from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes, pick_dtype
+    import triton  # after init(): TRITON_INTERPRET must be set before triton is imported
 
-    sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
-    wl = AgGemm()
-    dtype = pick_dtype({}, ctx.device)
-    need = max(heap_bytes(wl.shape(s), ctx.world_size, v, dtype, GPU_CONFIG) for s in sizes for v in ("push", "pull"))
-    heap = make_heap(ctx, need + (1 << 20))
-    log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
-    log(f"ag_gemm benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB")
     t0 = time.time()
     rows: list[dict] = []
     failures = 0
@@ -342,8 +337,6 @@ def main(argv: list[str] | None = None) -> int:
         try:
             size_rows = bench_size(ctx, args, preset, heap, log)
         except Exception as exc:  # one size failing (a hang turned error) must not hide the others
-            import traceback
-
             log(f"  {preset}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             size_rows = [dict(size=preset, variant="error", note=f"{type(exc).__name__}: {exc}")]
             failures += 1
@@ -363,6 +356,22 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier()
         dist.destroy_process_group()
     return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    ctx = init(args)
+    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG
+    from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes, pick_dtype
+
+    sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
+    wl = AgGemm()
+    dtype = pick_dtype({}, ctx.device)
+    need = max(heap_bytes(wl.shape(s), ctx.world_size, v, dtype, GPU_CONFIG) for s in sizes for v in ("push", "pull"))
+    heap = make_heap(ctx, need + (1 << 20))
+    log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
+    log(f"ag_gemm benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB")
+    return run_sizes(ctx, args, sizes, heap, bench_size, write_results, log)
 
 
 if __name__ == "__main__":

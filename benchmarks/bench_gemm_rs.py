@@ -26,8 +26,6 @@ import argparse
 import json
 import os
 import sys
-import time
-import traceback
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -38,7 +36,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import check, init, time_batches  # noqa: E402
+from bench_ag_gemm import check, init, run_sizes, time_batches  # noqa: E402
 
 from taxmodel.runtime.heap import make_heap  # noqa: E402
 
@@ -230,8 +228,6 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ctx = init(args)
-    import triton
-
     from taxmodel.kernels.gemm_rs.workload import GemmRs, heap_bytes, pick_dtype
 
     sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
@@ -243,32 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
     log(f"gemm_rs benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB, "
         f"{len(configs)} fused config(s)")
-    t0 = time.time()
-    rows: list[dict] = []
-    failures = 0
-    for preset in sizes:
-        try:
-            size_rows = bench_size(ctx, args, preset, heap, log)
-        except Exception as exc:  # one size failing (a hang turned error) must not hide the others
-            log(f"  {preset}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
-            size_rows = [dict(size=preset, variant="error", note=f"{type(exc).__name__}: {exc}")]
-            failures += 1
-            if ctx.is_cuda:
-                break  # a failed fine-grained kernel can leave peers spinning; stop cleanly
-        rows.extend(size_rows)
-        failures += sum(1 for r in size_rows if r.get("correct") is False)
-        log(f"  ({time.time() - t0:.0f} s so far)")
-    meta = dict(world_size=ctx.world_size, device=torch.cuda.get_device_name() if ctx.is_cuda else "cpu",
-                torch=torch.__version__, triton=triton.__version__, seconds=round(time.time() - t0, 1),
-                args=vars(args))
-    if ctx.rank == 0:
-        write_results(rows, Path(args.out), meta)
-        print((Path(args.out) / "results.md").read_text())
-    heap.close()
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    return 1 if failures else 0
+    return run_sizes(ctx, args, sizes, heap, bench_size, write_results, log)
 
 
 if __name__ == "__main__":

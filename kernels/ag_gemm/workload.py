@@ -58,11 +58,13 @@ def shape_dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int
     return m, m // world, (n // world if tp else n), k
 
 
-def pick_dtype(shape: Mapping[str, int], device: torch.device) -> torch.dtype:
+def pick_dtype(shape: Mapping[str, int], device: torch.device, workload: str = "ag_gemm") -> torch.dtype:
+    """The shape's ``dtype`` code, else bf16 on GPUs and fp32 in the CPU interpreter (whose bf16
+    dot products are wrong). Shared by the GEMM workloads."""
     code = shape.get("dtype")
     if code is not None:
         if int(code) not in DTYPE_CODES:
-            raise InputError(f"ag_gemm: dtype code {code} unknown; use 16 (bf16), 15 (fp16) or 32 (fp32)")
+            raise InputError(f"{workload}: dtype code {code} unknown; use 16 (bf16), 15 (fp16) or 32 (fp32)")
         return DTYPE_CODES[int(code)]
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 

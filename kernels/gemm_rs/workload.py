@@ -21,6 +21,7 @@ import torch
 
 from taxmodel.errors import InputError
 from taxmodel.kernels.ag_gemm.gemm_tiles import CPU_CONFIG, GPU_CONFIG, GemmConfig
+from taxmodel.kernels.ag_gemm import workload as ag_workload
 from taxmodel.kernels.ag_gemm.workload import DTYPE_CODES, DTYPE_NAMES
 from taxmodel.kernels.ag_gemm.workload import symmetric_heap  # noqa: F401  (duck-typed: any state with ctx/heap)
 from taxmodel.runtime.workload import Cost, Intermediate, Variant, Workload, register
@@ -94,12 +95,7 @@ def shape_dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int
 
 
 def pick_dtype(shape: Mapping[str, int], device: torch.device) -> torch.dtype:
-    code = shape.get("dtype")
-    if code is not None:
-        if int(code) not in DTYPE_CODES:
-            raise InputError(f"gemm_rs: dtype code {code} unknown; use 16 (bf16), 15 (fp16) or 32 (fp32)")
-        return DTYPE_CODES[int(code)]
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return ag_workload.pick_dtype(shape, device, workload="gemm_rs")
 
 
 def make_a_shard(seed: int, rank: int, m: int, k_loc: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
