@@ -299,7 +299,11 @@ def _profiled_gaps(device: torch.device, x: torch.Tensor, big: torch.Tensor, n: 
     from taxmodel.trace import kineto
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(2):
+        # Enough GEMM work (about 2 ms on an H200) that the host enqueues all n empty kernels
+        # before the GPU reaches them, even at the profiler's ~10-20 us per launch: their gaps are
+        # then GPU-side only. (Two GEMMs were too few: the GPU caught up with the host and the
+        # "queued" gaps measured the host's launch rate instead, 18 us instead of about 1 us.)
+        for _ in range(12):
             big @ big
         for _ in range(n):  # queued behind the GEMMs: GPU-side gaps only
             _empty_kernel[(1,)](x)
@@ -314,12 +318,17 @@ def _profiled_gaps(device: torch.device, x: torch.Tensor, big: torch.Tensor, n: 
     k = events[(events["kind"] == "kernel") & events["name"].astype(str).str.contains("_empty_kernel")].sort_values("start_ns")
     launches = events[events["kind"] == "launch"].set_index("correlation")["end_ns"]
     starts, ends = k["start_ns"].to_numpy(), k["end_ns"].to_numpy()
-    queued_gaps = (starts[1:n] - ends[:n - 1]) * 1e-9
+    launch_end = k["correlation"].map(launches).to_numpy(dtype=float)
+    # Only pairs the ledger would call kernel_gap: the second kernel's launch call had returned
+    # before the first one ended (it was queued), so the gap is the GPU's own.
+    queued = launch_end[1:n] <= ends[:n - 1]
+    queued_gaps = ((starts[1:n] - ends[:n - 1]) * 1e-9)[queued]
     idle = k.iloc[n:]
     lat = (idle["start_ns"] - idle["correlation"].map(launches)).dropna() * 1e-9
     return {"kernel_gap_s": float(statistics.median(queued_gaps)) if len(queued_gaps) else None,
             "launch_latency_s": float(statistics.median(lat)) if len(lat) else None,
-            "profiled_empty_kernel_s": float(statistics.median((ends - starts) * 1e-9)) if len(k) else None}
+            "profiled_empty_kernel_s": float(statistics.median((ends - starts) * 1e-9)) if len(k) else None,
+            "queued_pairs": int(queued.sum()), "pairs": int(len(queued))}
 
 
 def barrier_skew(device: torch.device, rounds: int = 30) -> dict:
