@@ -157,7 +157,16 @@ def main(argv: list[str] | None = None) -> None:
     print("windows (us): " + ", ".join(f"{k} {v}" for k, v in info["windows_us"].items()))
     print(table.round(3).to_string(index=False))
     if args.markdown:
-        Path(args.markdown).write_text(table.round(3).to_markdown(index=False) + "\n")
+        Path(args.markdown).write_text(markdown(table, info))
+
+
+def markdown(table: pd.DataFrame, info: dict) -> str:
+    """The table as Markdown (no optional pandas dependency), with the hardware line above it."""
+    t = table.round(3).astype(object).where(table.notna(), "")
+    lines = [f"Hardware: {info['hardware']}; calibrated back-to-back kernel gap {info['kernel_gap_us']:.3f} us.", "",
+             "| " + " | ".join(t.columns) + " |", "|" + "---|" * len(t.columns)]
+    lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in t.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
