@@ -17,6 +17,12 @@ rank holds A_r [M, K/world] and B_r [K/world, N] and keeps M/world rows of the s
    send), reduce_scatter alone. A time is the mean per iteration of a batch of back-to-back
    iterations started after a barrier (after warm-up runs that also compile every kernel), the
    maximum over ranks (the slowest rank sets the pace), median over ``--reps`` batches.
+3. ``--records``: the best fused config once more, plain and with in-kernel records (a second
+   state compiled with ``INSTRUMENT=True``; per-iteration record buffers armed before each batch,
+   as ``taxmodel profile --instrument`` does, and drained after it), batches interleaved
+   (plain, records, plain, ...), ``--reps`` each; rows ``fused(plain)`` and ``fused(records)``
+   with the median overhead, plus a check that the instrumented output is right and that every
+   iteration wrote the expected number of well-formed records (none dropped).
 Results: results.json, results.csv and results.md under ``$OUT`` (or ``--out``); rank 0 prints the table.
 Exit code 1 if any variant was wrong or a size failed.
 """
@@ -25,7 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -36,7 +44,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import check, init, run_sizes, time_batches  # noqa: E402
+from bench_ag_gemm import all_max, check, init, run_sizes, time_batches  # noqa: E402
 
 from taxmodel.runtime.heap import make_heap  # noqa: E402
 
@@ -66,6 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tune-set", default="quick",
                    help=f"one of {sorted(TUNE_SETS)} or 'TILES:REDUCES' (comma-separated keys of {sorted(TILES)} "
                         f"and {list(REDUCES)})")
+    p.add_argument("--records", action="store_true",
+                   help="also time the best fused config plain vs with in-kernel records (interleaved batches)")
     p.add_argument("--spin-timeout", type=float, default=30.0)
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_gemm_rs"))
     return p.parse_args(argv)
@@ -126,6 +136,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             log(f"  {preset:12s} {vname:24s} unavailable: {why}")
             continue
         best = None
+        best_cfg = None
         for cfg in (configs if vname == "fused" else [None]):
             st = fresh_state(variant, cfg)
             if ref is None:
@@ -135,7 +146,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             note = st.cache.get("warmup_error", "")
             ms = time_batches(ctx, lambda: variant.run(st), iters, reps, warmup) if ok else float("nan")
             if ok and (best is None or ms < best[0]):
-                best = (ms, label, err)
+                best, best_cfg = (ms, label, err), cfg
             if vname == "fused" and len(configs) > 1:
                 rows.append(dict(size=preset, variant="fused@tune", ms=ms, config=label, correct=ok, max_abs_err=err,
                                  note=note))
@@ -147,6 +158,9 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             record(vname, best[0], best[1], True, best[2])
         else:
             record(vname, float("nan"), "", False, None, "no config was correct")
+        if vname == "fused" and args.records and best_cfg is not None:
+            rows.extend(records_overhead(ctx, wl, shape, preset, variant, best_cfg, ref, heap, iters, reps, warmup,
+                                         log))
 
     # Floors: the partial-product GEMM alone (cuBLAS; the fused GEMM kernel with every tile kept
     # local, nothing sent or waited on) and the reduce-scatter alone.
@@ -172,6 +186,92 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
         record("floor:reduce_scatter", ms)
     st = None
     return rows
+
+
+def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, cfg: Any, ref: torch.Tensor,
+                     heap: Any, iters: int, reps: int, warmup: int, log: Callable[[str], None]) -> list[dict]:
+    """Fused ``cfg`` plain and with in-kernel records: interleaved batches, medians (ms per iteration,
+    max over ranks), the instrumented output checked, and the records of every timed iteration
+    counted and checked for form (chained, none dropped)."""
+    from taxmodel.kernels.gemm_rs.tiles import gemm_record_capacity, reduce_record_capacity
+
+    heap.reset()
+    ctx.heap = heap
+    wl.config = cfg
+    plain = wl.setup(ctx, shape, variant)
+    ctx.instrument = True
+    try:
+        inst = wl.setup(ctx, shape, variant)  # record buffers: ctx.records (taxmodel.runtime.records)
+    finally:
+        ctx.instrument = False
+    book = ctx.records
+    ok, err = check(ctx, wl, shape, inst, variant, ref)
+    tail = cfg.reduce == "tail"
+    expect = gemm_record_capacity(inst.m_loc, inst.n, ctx.world_size, cfg.gemm, tail) \
+        + (0 if tail else reduce_record_capacity(inst.m_loc, inst.n, cfg.gemm))
+
+    def batch(st: Any, instrumented: bool) -> tuple[float, Any]:
+        if instrumented:
+            book.arm(iters)  # zeroed per-iteration buffers, allocated before the timing starts
+        ctx.barrier()
+        if ctx.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        t0 = time.perf_counter()
+        for i in range(iters):
+            if instrumented:
+                book.set_iteration(i)
+            variant.run(st)
+        if ctx.is_cuda:
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end) / iters
+        else:
+            ms = (time.perf_counter() - t0) * 1e3 / iters
+        drained = book.drain(ctx.rank) if instrumented else None
+        return all_max(ctx, ms), drained
+
+    for _ in range(warmup):
+        variant.run(plain)
+        variant.run(inst)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    bad: list[str] = []
+    for _ in range(reps):
+        for instrumented in (False, True):
+            ms, rec = batch(inst if instrumented else plain, instrumented)
+            times[instrumented].append(ms)
+            if rec is not None:
+                bad += records_problems(rec, expect, iters)
+    if book.dropped:
+        bad.append(f"dropped for capacity: {book.dropped}")
+    bad_all = all_max(ctx, float(len(bad)))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    overhead = (med[True] / med[False] - 1) * 100
+    note = (f"records overhead {overhead:+.1f}% (median of {reps} interleaved batches); {expect} records per iteration "
+            + ("well formed" if not bad_all else f"PROBLEMS on some rank: {'; '.join(bad[:3]) or 'see other ranks'}"))
+    log(f"  {preset:12s} {'fused(plain)':24s} {med[False]:9.4f} ms  {cfg.label()}")
+    log(f"  {preset:12s} {'fused(records)':24s} {med[True]:9.4f} ms  {'ok' if ok else 'WRONG'} {note}")
+    return [dict(size=preset, variant="fused(plain)", ms=round(med[False], 5), config=cfg.label(), correct=None,
+                 note=""),
+            dict(size=preset, variant="fused(records)", ms=round(med[True], 5), config=cfg.label(), correct=ok,
+                 max_abs_err=err, overhead_pct=round(overhead, 2), records_ok=not bad_all, note=note)]
+
+
+def records_problems(rec: Any, expect: int, iters: int) -> list[str]:
+    """What is wrong with one batch's drained records: each iteration must hold ``expect`` records,
+    none ending before it starts, and each CTA's records of a kernel must not overlap."""
+    out = []
+    counts = rec.groupby("iteration").size()
+    if len(counts) != iters or (counts != expect).any():
+        out.append(f"records per iteration {sorted(set(counts.tolist()))}, expected {expect} in each of {iters}")
+    if (rec["end_ns"] < rec["start_ns"]).any():
+        out.append("records ending before they start")
+    srt = rec.sort_values(["iteration", "name", "cta", "start_ns"], kind="stable")
+    keys = srt[["iteration", "name", "cta"]].to_numpy()
+    same = (keys[1:] == keys[:-1]).all(axis=1)  # consecutive records of one CTA of one kernel launch
+    if (srt["start_ns"].to_numpy()[1:][same] < srt["end_ns"].to_numpy()[:-1][same]).any():
+        out.append("overlapping records within a CTA")
+    return out
 
 
 def triton_tiles(m: int, n: int, configs: list[Any]) -> int:
@@ -235,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype = pick_dtype({}, ctx.device)
     configs = fused_configs(args, ctx.device)
     need = max(heap_bytes(wl.shape(s), ctx.world_size, "fused", dtype, c) for s in sizes for c in configs)
+    need *= 2 if args.records else 1  # --records: a plain and an instrumented fused state at once
     heap = make_heap(ctx, need + (1 << 20))
     log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
     log(f"gemm_rs benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB, "

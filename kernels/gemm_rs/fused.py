@@ -14,6 +14,11 @@ slowest link traffic), the accumulator must be zeroed before each iteration (an 
 races with early peers unless double-buffered) and the owner still needs a counter flag and a
 pass that converts fp32 to the output dtype. Slots + flags keep the link bytes at bf16 and the
 result deterministic for the same cost of one read pass on the owner.
+
+In-kernel records (``ctx.instrument``; kernels/_trace.py, docs/records.md): the GEMM records
+``compute`` per tile and ``store_push`` per tile pushed to a peer, the reduction ``flag_wait`` and
+``combine`` per output tile (``tiles.py``). Without instrumentation both kernels compile with
+``INSTRUMENT=False`` and hold no record code.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ import torch
 
 from taxmodel.kernels._sync import check_errors
 
-from .tiles import (KERNEL_NAMES, launch_gemm_rs, launch_rs_reduce, own_tiles)
+from .tiles import (KERNEL_NAMES, gemm_record_capacity, launch_gemm_rs, launch_rs_reduce, own_tiles,
+                    reduce_record_capacity)
 from .workload import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
@@ -34,8 +40,21 @@ def prepare(st: GemmRsState) -> None:
     st.recv = heap.empty((2, st.world, st.m_loc, st.n), st.dtype)
     st.flags = heap.zeros((own_tiles(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
     st.cache["heap_bases"] = heap.heap_bases.to(st.out.device)
+    _record_buffers(st)
     if st.out.is_cuda:
         _compile(st)
+
+
+def _record_buffers(st: GemmRsState) -> None:
+    """In-kernel record buffers of both kernels when ``ctx.instrument`` is set (else None)."""
+    from taxmodel.runtime.records import record_buffer  # the runtime's side of kernels/_trace.py
+
+    cfg, dev = st.cfg, st.out.device
+    tail = cfg.reduce == "tail"
+    st.rec_gemm = record_buffer(st.ctx, FUSED_GEMM_KERNEL,
+                                gemm_record_capacity(st.m_loc, st.n, st.world, cfg.gemm, tail), dev)
+    st.rec_reduce = None if tail else record_buffer(st.ctx, FUSED_REDUCE_KERNEL,
+                                                    reduce_record_capacity(st.m_loc, st.n, cfg.gemm), dev)
 
 
 def _compile(st: GemmRsState) -> None:
@@ -52,11 +71,14 @@ def _launch(st: GemmRsState, epoch: int, warmup_only: bool = False) -> None:
     recv = st.recv[epoch % 2]
     common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, epoch=epoch, budget=st.budget, sync=st.sync,
                   cfg=cfg.gemm, rows=cfg.reduce_rows, count=st.count, seen=st.seen, warmup_only=warmup_only)
+    rec_gemm = st.rec_gemm.tensor() if st.rec_gemm is not None else None
     with st.ctx.kernel(FUSED_GEMM_KERNEL):
-        launch_gemm_rs(st.a, st.b, recv, st.out, st.flags, st.cache["heap_bases"], st.err, tail=tail, **common)
+        launch_gemm_rs(st.a, st.b, recv, st.out, st.flags, st.cache["heap_bases"], st.err, tail=tail,
+                       records=rec_gemm, **common)
     if not tail:
+        rec_reduce = st.rec_reduce.tensor() if st.rec_reduce is not None else None
         with st.ctx.kernel(FUSED_REDUCE_KERNEL):
-            launch_rs_reduce(recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, **common)
+            launch_rs_reduce(recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, records=rec_reduce, **common)
 
 
 def run(st: GemmRsState) -> None:

@@ -44,6 +44,15 @@ that already holds e+1 when epoch e is reduced is fine: the epoch-e data landed 
 
 ``COUNT`` (debug): per own output tile, how many times it was reduced and the least flag value
 it saw after its waits and before reading any slot, so tests can check the protocol.
+
+In-kernel records (``INSTRUMENT``, a constexpr; kernels/_trace.py, docs/records.md): per tile the
+GEMM records ``compute`` (the MMA loop), then ``store_push`` for a tile pushed to a peer (the
+remote store and its flag release, which waits for the stores to drain) or ``compute`` for an
+own tile (a local epilogue store); a reduction records ``flag_wait`` (its ``WORLD`` flags) and
+``combine`` (the sum). One GEMM launch writes 2 records per tile it computes (plus 2 per reduced
+tile with ``TAIL_REDUCE``), one reduce launch 2 per own output tile (``gemm_record_capacity``,
+``reduce_record_capacity``). With
+``INSTRUMENT=False`` none of it is compiled.
 """
 from __future__ import annotations
 
@@ -52,6 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
+from taxmodel.kernels import _trace
 from taxmodel.kernels._sync import interpreting, signal, wait_geq
 from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, cached_descriptor, num_programs, tile_counts, tma_available
 
@@ -118,20 +128,27 @@ def tile_product(a_ptr, b_ptr, a_desc, b_desc, rows, row_ok, offs_n, col_ok, row
 
 @triton.jit
 def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N, stride_om,
-                rank, epoch, budget, kernel_id,
+                rank, epoch, budget, kernel_id, rec_ptr, cta, t,
                 WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                SYNC_MODE: tl.constexpr, COUNT: tl.constexpr):
-    """Sum the ``WORLD`` received slots of own output tile ``tile`` once all its flags hold ``epoch``."""
+                SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, INSTRUMENT: tl.constexpr):
+    """Sum the ``WORLD`` received slots of own output tile ``tile`` once all its flags hold ``epoch``.
+
+    ``t`` is the start of this phase for in-kernel records (``cta`` the recording program); returns
+    the end of the last phase recorded (``t`` unchanged when not instrumented)."""
     j = tile // n_tiles
     pid_n = tile % n_tiles
+    # Distinct names for the runtime peer (a tensor: depends on ``rank``) and the compile-time slot
+    # index below: Triton (3.6 and 3.9 compilers, not the interpreter) rejects a name that is a
+    # tensor before a loop and a constexpr inside it ("loop carried variable changed type").
     for i in tl.static_range(WORLD):
-        src = (rank + 1 + i) % WORLD  # peers in the order they push to us first, our own tile last
-        wait_geq(flags_ptr + tile * WORLD + src, epoch, budget, err_ptr, rank, src, tile * WORLD + src,
+        peer = (rank + 1 + i) % WORLD  # peers in the order they push to us first, our own tile last
+        wait_geq(flags_ptr + tile * WORLD + peer, epoch, budget, err_ptr, rank, peer, tile * WORLD + peer,
                  kernel_id, SYNC_MODE)
+    t = _trace.mark(rec_ptr, cta, _trace.FLAG_WAIT, t, INSTRUMENT, SYNC_MODE)
     if COUNT:
         least = tl.load(flags_ptr + tile * WORLD, volatile=True)
-        for src in tl.static_range(1, WORLD):
-            least = tl.minimum(least, tl.load(flags_ptr + tile * WORLD + src, volatile=True))
+        for s in tl.static_range(1, WORLD):
+            least = tl.minimum(least, tl.load(flags_ptr + tile * WORLD + s, volatile=True))
         tl.store(seen_ptr + tile, least)
         tl.atomic_add(count_ptr + tile, 1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,9 +159,11 @@ def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile
         mask = (rows < M_loc)[:, None] & col_ok[None, :]
         off = rows[:, None] * N + offs_n[None, :]
         acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
-        for src in tl.static_range(WORLD):
-            acc += tl.load(recv_ptr + src * slot + off, mask=mask, other=0.0).to(tl.float32)
+        for s in tl.static_range(WORLD):  # source order: deterministic sum
+            acc += tl.load(recv_ptr + s * slot + off, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+    t = _trace.mark(rec_ptr, cta, _trace.COMBINE, t, INSTRUMENT, SYNC_MODE)
+    return t
 
 
 # ``epoch`` changes every launch: without ``do_not_specialize`` Triton would compile a new kernel
@@ -153,13 +172,14 @@ def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile
 def gemm_rs_kernel(
     a_ptr, b_ptr, a_desc, b_desc, recv_ptr, out_ptr, flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
     M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om,
-    rank, epoch, budget,
+    rank, epoch, budget, rec_ptr,
     WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     VEC_HINT: tl.constexpr, TAIL_REDUCE: tl.constexpr, ROWS: tl.constexpr, SYNC_MODE: tl.constexpr,
-    COUNT: tl.constexpr,
+    COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
+    t_rec = _trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records (kernels/_trace.py); nothing when off
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = WORLD * blocks_per_rank * n_tiles
@@ -175,6 +195,7 @@ def gemm_rs_kernel(
         acc = tile_product(a_ptr, b_ptr, a_desc, b_desc, owner * M_loc + offs_r, row_ok, offs_n, col_ok,
                            owner * M_loc + j * BLOCK_M, pid_n * BLOCK_N, K, stride_am, stride_ak, stride_bk,
                            stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, USE_TMA)
+        t_rec = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
         dst = mine + offs_r[:, None] * N + offs_n[None, :]
         mask = row_ok[:, None] & col_ok[None, :]
         val = acc.to(out_dtype)
@@ -187,22 +208,29 @@ def gemm_rs_kernel(
             iris.store(dst, val, rank, owner, heap_bases, mask=mask)
         tile = j * n_tiles + pid_n
         signal(flags_ptr + tile * WORLD + rank, epoch, rank, owner, heap_bases)
+        # A peer's tile: moving it out is communication only; an own tile's store is the epilogue.
+        t_rec = _trace.mark(rec_ptr, pid, tl.where(owner == rank, _trace.COMPUTE, _trace.STORE_PUSH), t_rec,
+                            INSTRUMENT, SYNC_MODE)
 
     if TAIL_REDUCE:
         for tile in range(pid, blocks_per_rank * n_tiles, NUM_PROGS):
-            reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N,
-                        stride_om, rank, epoch, budget, 1, WORLD, BLOCK_M, BLOCK_N, ROWS, SYNC_MODE, COUNT)
+            t_rec = reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N,
+                                stride_om, rank, epoch, budget, 1, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
+                                SYNC_MODE, COUNT, INSTRUMENT)
 
 
 @triton.jit(do_not_specialize=["rank", "epoch", "budget"])
 def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, M_loc, N, stride_om,
-                     rank, epoch, budget,
+                     rank, epoch, budget, rec_ptr,
                      WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
-                     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr):
+                     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False):
     """One program per own output tile (no program waits on another of this launch)."""
+    pid = tl.program_id(0)
+    t_rec = _trace.begin(INSTRUMENT, SYNC_MODE)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tl.program_id(0), n_tiles, M_loc, N,
-                stride_om, rank, epoch, budget, 2, WORLD, BLOCK_M, BLOCK_N, ROWS, SYNC_MODE, COUNT)
+    reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, pid, n_tiles, M_loc, N,
+                stride_om, rank, epoch, budget, 2, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS, SYNC_MODE,
+                COUNT, INSTRUMENT)
 
 
 # --- host side -----------------------------------------------------------------------------------
@@ -212,6 +240,17 @@ def own_tiles(m_loc: int, n: int, cfg: GemmConfig) -> int:
     """Output tiles of one rank's rows of C (the flags and the reduce grid count these)."""
     bpr, n_tiles = tile_counts(m_loc, n, 1, cfg)
     return bpr * n_tiles
+
+
+def gemm_record_capacity(m_loc: int, n: int, world: int, cfg: GemmConfig, tail: bool) -> int:
+    """In-kernel records one ``gemm_rs_kernel`` launch writes: 2 per tile of the partial product
+    (compute, then store_push or the own tile's epilogue), 2 per own tile reduced in the tail."""
+    return 2 * world * own_tiles(m_loc, n, cfg) + (2 * own_tiles(m_loc, n, cfg) if tail else 0)
+
+
+def reduce_record_capacity(m_loc: int, n: int, cfg: GemmConfig) -> int:
+    """In-kernel records one ``rs_reduce_kernel`` launch writes: flag_wait and combine per own tile."""
+    return 2 * own_tiles(m_loc, n, cfg)
 
 
 def reduce_rows(block_m: int, rows: int) -> int:
@@ -241,10 +280,11 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
                    heap_bases: torch.Tensor, err: torch.Tensor, *, rank: int, world: int, m_loc: int, epoch: int,
                    budget: int, sync: int, cfg: GemmConfig, tail: bool, rows: int,
                    count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
-                   warmup_only: bool = False) -> None:
+                   records: torch.Tensor | None = None, warmup_only: bool = False) -> None:
     """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch); no host sync.
 
-    ``recv`` is this epoch's half of the receive buffer ([world, m_loc, N] on the heap).
+    ``recv`` is this epoch's half of the receive buffer ([world, m_loc, N] on the heap). ``records``:
+    an in-kernel record buffer (``gemm_record_capacity`` records; compiles ``INSTRUMENT=True``).
     """
     k, n = b.shape
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
@@ -255,10 +295,11 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     args = (a, b, a_desc, b_desc, recv, out, flags, heap_bases, err,
             count if count is not None else err, seen if seen is not None else err,
             m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            rank, epoch, budget)
+            rank, epoch, budget, records if records is not None else err)
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
               NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
-              ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None, num_warps=cfg.num_warps)
+              ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
+              INSTRUMENT=records is not None, num_warps=cfg.num_warps)
     if warmup_only:
         gemm_rs_kernel.warmup(*args, grid=(progs,), **kw)
     else:
@@ -268,14 +309,15 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
 def launch_rs_reduce(recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor, err: torch.Tensor, *, rank: int,
                      world: int, m_loc: int, epoch: int, budget: int, sync: int, cfg: GemmConfig, rows: int,
                      warps: int, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
-                     warmup_only: bool = False) -> None:
-    """Enqueue ``rs_reduce_kernel`` (one program per own output tile); no host sync."""
+                     records: torch.Tensor | None = None, warmup_only: bool = False) -> None:
+    """Enqueue ``rs_reduce_kernel`` (one program per own output tile); no host sync. ``records``: an
+    in-kernel record buffer (``reduce_record_capacity`` records)."""
     n = out.shape[1]
     grid = (own_tiles(m_loc, n, cfg),)
     args = (recv, out, flags, err, count if count is not None else err, seen if seen is not None else err,
-            m_loc, n, out.stride(0), rank, epoch, budget)
+            m_loc, n, out.stride(0), rank, epoch, budget, records if records is not None else err)
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS=reduce_rows(cfg.block_m, rows),
-              SYNC_MODE=sync, COUNT=count is not None, num_warps=warps)
+              SYNC_MODE=sync, COUNT=count is not None, INSTRUMENT=records is not None, num_warps=warps)
     if warmup_only:
         rs_reduce_kernel.warmup(*args, grid=grid, **kw)
     else:

@@ -140,6 +140,8 @@ class GemmRsState:
     epoch: int = 0
     count: torch.Tensor | None = None  # debug: times each own output tile was reduced
     seen: torch.Tensor | None = None  # debug: least flag value a tile's reduction saw before reading
+    rec_gemm: Any = None  # fused, instrumented: taxmodel.runtime.records.RecordBuffer of gemm_rs_kernel
+    rec_reduce: Any = None  # ... and of rs_reduce_kernel (None with the tail reduction)
     cache: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -3,7 +3,7 @@
     predict("ag_gemm", "pull", {"M": 8192, "N": 8192, "K": 8192}, world_size=8, hardware="h200")
         -> Prediction (summary() in the columns of Ledger.summary())
 
-One module per workload (``ag_gemm.py``, ``flash_decode.py``) turns a shape into each rank's
+One module per workload (``ag_gemm.py``, ``flash_decode.py``, ``gemm_rs.py``) turns a shape into each rank's
 kernel plans; ``common.py`` places them on a timeline and splits it with the measured ledger.
 """
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pandas as pd
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec, find_preset, load_hardware, presets
 
-from . import ag_gemm, flash_decode
+from . import ag_gemm, flash_decode, gemm_rs
 from .common import CollectiveModel, ModelParams, Prediction, predicted_ledger, standard_assumptions, topology
 
-MODELS = {"ag_gemm": ag_gemm, "flash_decode": flash_decode}
+MODELS = {"ag_gemm": ag_gemm, "flash_decode": flash_decode, "gemm_rs": gemm_rs}
 
 
 def variants(workload: str) -> tuple[str, ...]:

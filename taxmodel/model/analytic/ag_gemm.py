@@ -24,7 +24,6 @@ from taxmodel.model.hardware import HardwareSpec
 from . import common as c
 
 VARIANTS = ("bsp", "pull", "push", "torch_fused")
-ELT = {16: 2, 15: 2, 32: 4}
 NCCL_AG = "ncclDevKernel_AllGather_RING_LL"
 VENDOR_GEMM = "nvjet_gemm"
 FUSED = "ag_gemm_kernel"
@@ -39,9 +38,8 @@ def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int,
         raise InputError(f"ag_gemm: M={m} must be a multiple of the world size {world}")
     if tp and n % world:
         raise InputError(f"ag_gemm: tensor-parallel layout needs N={n} divisible by the world size {world}")
-    code = int(shape.get("dtype", 16))
-    dtype = {16: "bf16", 15: "fp16", 32: "fp32"}.get(code, "bf16")
-    return m, m // world, (n // world if tp else n), k, ELT.get(code, 2), dtype
+    elt, dtype = c.shape_dtype(shape)
+    return m, m // world, (n // world if tp else n), k, elt, dtype
 
 
 def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: c.ModelParams,

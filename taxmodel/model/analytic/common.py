@@ -162,6 +162,15 @@ def cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
+#: Shape ``dtype`` codes (as the GEMM workloads take them) -> (element bytes, dtype name); bf16 by default.
+DTYPE_CODES: dict[int, tuple[int, str]] = {16: (2, "bf16"), 15: (2, "fp16"), 32: (4, "fp32")}
+
+
+def shape_dtype(shape: Mapping[str, int]) -> tuple[int, str]:
+    """(element bytes, dtype name) of a GEMM workload's shape (its optional ``dtype`` code)."""
+    return DTYPE_CODES.get(int(shape.get("dtype", 16)), DTYPE_CODES[16])
+
+
 def wave_inflation(m: int, n: int, tile: tuple[int, int], slots: int) -> float:
     """Tile and wave quantization: time of whole waves of whole tiles over the ideal time (>= 1).
 
@@ -339,7 +348,9 @@ class KernelPlan:
     ``host_s``: host time spent before its launch call returns (Python, runtime). ``stream`` 0 is
     the main stream; kernels on other streams run concurrently with it. ``sync_after_s``: for a
     fused kernel with ``sync``, when (after its start) the work that peers wait for is done on
-    this rank (default ``duration_s``)."""
+    this rank (default ``duration_s``). ``after``: the index (in this rank's plan) of an earlier
+    kernel on another stream that must end before this one starts (a CUDA event wait between
+    streams, e.g. a copy that needs the GEMM which produced its data)."""
 
     name: str
     role: str
@@ -351,6 +362,7 @@ class KernelPlan:
     post_s: float = 0.0
     sync_after_s: float | None = None
     flag_latency_s: float = 0.0
+    after: int | None = None
 
 
 @dataclass
@@ -366,7 +378,8 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
 
     Host: rank r is released from the barrier at ``start_offsets(W)[r]`` and returns from kernel
     k's launch call ``host_s`` later than from kernel k-1's. GPU: a kernel starts at
-    max(its stream free + kernel gap, launch end + launch latency); a collective ends ``duration``
+    max(its stream free + kernel gap, launch end + launch latency, its ``after`` kernel's end +
+    kernel gap); a collective ends ``duration``
     after its last member started; a synced fused kernel ends at
     max(start + work, last peer's work done + flag latency) + post.
     """
@@ -379,6 +392,7 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
     offs = start_offsets(world, params.barrier_skew_s)
     host = list(offs)
     free: list[dict[int, float]] = [{} for _ in range(world)]
+    ends: list[list[float]] = [[] for _ in range(world)]  # per rank, every placed kernel's end
     rows: list[dict] = []
     seq = 0
     for k in range(n):
@@ -391,6 +405,10 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
             s = host[r] + params.launch_latency_s
             if f is not None:
                 s = max(s, f + params.kernel_gap_s)
+            if p.after is not None:
+                if not 0 <= p.after < k:
+                    raise ValueError(f"kernel {k} ({p.name}) waits on kernel {p.after}, which is not an earlier one")
+                s = max(s, ends[r][p.after] + params.kernel_gap_s)
             starts.append(s)
         coll_id = ""
         if plans[0][k].collective:
@@ -413,6 +431,7 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
                 e = s + p.duration_s + p.post_s
             e = max(e, s + 1e-9)
             free[r][p.stream] = e
+            ends[r].append(e)
             rows.append({"rank": r, "name": p.name, "role": p.role, "stream": p.stream, "start": s, "end": e,
                          "launch_end": launch_end[r], "collective_id": coll_id, "collective_op": p.collective,
                          "wait": wait, "host_s": p.host_s})

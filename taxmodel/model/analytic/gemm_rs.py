@@ -1,0 +1,160 @@
+"""GEMM + Reduce-Scatter: the kernels of each variant, with durations from shapes and hardware.
+
+Per rank (W ranks; A_r [M, K/W], B_r [K/W, N]; the rank keeps M/W rows of C = sum_r A_r B_r;
+element size e; one rank's output slab S = M/W * N * e bytes):
+- bsp: the vendor GEMM M x N x K/W writes the whole partial product, then NCCL reduce_scatter
+  with S bytes out per rank (collective model). W = 1: a device copy of the partial instead.
+- fused (``kernels/gemm_rs``, reduction in its own kernel, the GPU default): one persistent Triton
+  GEMM M x N x K/W computes the peers' tiles first and pushes each into its owner's receive slot
+  (``(W-1) S`` bytes out per rank at the peer-store bandwidth, overlapping the GEMM); the kernel
+  ends when both its tiles and its last push are done. Then ``rs_reduce_kernel`` waits (per
+  tile, on flags) for every peer's pushes and sums the W slots: a memory-bound pass reading
+  ``W S`` and writing ``S`` bytes. Its wait is on the slowest peer's pushes (a synced fused
+  kernel in the timeline).
+- torch_fused (``torch.ops.symm_mem.fused_matmul_reduce_scatter``): W vendor GEMMs of M/W rows,
+  the peers' chunks first; after each, a symmetric-memory barrier of all ranks, a pull of S bytes
+  from one peer at the P2P copy bandwidth and a second barrier, on a side stream, overlapping the
+  next chunk's GEMM; then the own chunk, a final barrier and a sum over the W stacked partials
+  (``(W+1) S`` bytes through HBM). PyTorch alternates two streams for the chunk GEMMs; the model
+  keeps them on one (they share the SMs) and puts the barriers and copies on the other.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from taxmodel.errors import InputError
+from taxmodel.model.hardware import HardwareSpec
+
+from . import common as c
+
+VARIANTS = ("bsp", "fused", "torch_fused")
+NCCL_RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL"
+VENDOR_GEMM = "nvjet_gemm"
+FUSED_GEMM, FUSED_REDUCE = "gemm_rs_kernel", "rs_reduce_kernel"  # kernels/gemm_rs/workload.py
+SYMM_BARRIER = "c10d::symmetric_memory::barrier_kernel"
+PEER_COPY = "Memcpy PtoP (symm_mem pull)"
+SUM = "reduce_kernel (sum of stacked partials)"
+
+
+def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int, str]:
+    """(M, M per rank, N, K per rank, element bytes, dtype) after the workload's own split checks."""
+    from taxmodel.kernels.gemm_rs.workload import shape_dims
+
+    m, m_loc, n, _, k_loc = shape_dims(shape, world)
+    elt, dtype = c.shape_dtype(shape)
+    return m, m_loc, n, k_loc, elt, dtype
+
+
+def push_finish(gemm_s: float, world: int, tiles: int, slots: int, push_s: float, overhead_s: float) -> float:
+    """When (after the GEMM's start) a push GEMM's last peer tile has left: its peer tiles are the
+    first (W-1)/W of its tiles, so pushing starts after the first wave and cannot end before the
+    last peer tile is computed, nor before ``push_s`` of link time: max(first wave + push,
+    (W-1)/W of the work + that tile's own share of the push)."""
+    if world <= 1 or push_s <= 0:
+        return 0.0
+    work = max(gemm_s - overhead_s, 0.0)
+    waves = max(1, c.cdiv(tiles, max(1, slots)))
+    peer_tiles = max(1, tiles * (world - 1) // world)
+    return overhead_s + max(work / waves + push_s, work * (world - 1) / world + push_s / peer_tiles)
+
+
+def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: c.ModelParams,
+          coll: c.CollectiveModel) -> tuple[list[list[c.KernelPlan]], dict[str, float], list[str]]:
+    """Kernel plans of every rank, the component times (seconds) and variant-specific assumptions."""
+    m, m_loc, n, k_loc, elt, dtype = dims(shape, world)
+    slab = m_loc * n * elt  # one rank's rows of C (the reduce-scatter's output per rank)
+    hv = params.host_launch_torch_s
+    det: dict[str, float] = {}
+    notes: list[str] = []
+    if variant == "bsp":
+        det["gemm"] = c.gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
+        gemm = c.KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv)
+        if world > 1:
+            det["reduce_scatter"] = coll.time("reduce_scatter", slab, world)
+            second = c.KernelPlan(NCCL_RS, "comm", det["reduce_scatter"], hv, collective="reduce_scatter")
+        else:
+            det["copy"] = c.stream_time(2 * m * n * elt, hw, params, triton=False)
+            second = c.KernelPlan("Memcpy DtoD", "copy", det["copy"], hv)
+        notes.append("bsp: the vendor GEMM of the whole partial product at the calibrated rate with "
+                     f"{params.vendor_tile[0]}x{params.vendor_tile[1]} tile/wave quantization, then reduce_scatter "
+                     "from the collective model")
+        return [[gemm, second] for _ in range(world)], det, notes
+    if variant == "fused":
+        return _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes)
+    if variant == "torch_fused":
+        return _torch_fused(m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes)
+    raise InputError(f"gemm_rs has no variant '{variant}'; choose one of {', '.join(VARIANTS)}")
+
+
+def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
+    """Persistent Triton GEMM pushing peer tiles, then the flag-waiting reduction kernel."""
+    if world > 1 and not c.topology(hw, world, params).single_domain:
+        raise InputError(f"gemm_rs/fused at {world} GPUs spans several NVLink/xGMI domains: peer stores through a "
+                         "symmetric heap need one domain; out of the model's scope")
+    slab = m_loc * n * elt
+    ht = params.host_launch_triton_s
+    gemm = c.gemm_time(m, n, k_loc, dtype, hw, params, kind="triton", elt=elt)
+    tm, tn = params.triton_tile
+    tiles = world * c.cdiv(m_loc, tm) * c.cdiv(n, tn)  # an M-block never straddles two ranks' slabs
+    store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
+    push = (world - 1) * slab / store_bw
+    latency = params.peer_load_latency_s if world > 1 else 0.0
+    finish = push_finish(gemm, world, tiles, hw.num_sms or 132, push, params.kernel_overhead_s)
+    kernel = max(gemm, finish + latency)
+    reduce_work = c.stream_time((world + 1) * slab, hw, params)
+    flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
+    det.update({"triton_gemm": gemm, "push": push, "push_done": finish + latency, "gemm_kernel": kernel,
+                "reduce": reduce_work, "flag": flag})
+    # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
+    # before that peer's GEMM ended, i.e. before its own reduction started (less the kernel gap).
+    sync_after = (finish + latency) - kernel - params.kernel_gap_s
+    one = [c.KernelPlan(FUSED_GEMM, "fused", kernel, ht),
+           c.KernelPlan(FUSED_REDUCE, "fused", 0.0, ht, sync=world > 1, post_s=reduce_work, sync_after_s=sync_after,
+                        flag_latency_s=flag)]
+    src = params.sources
+    notes.append(f"fused: Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
+                 f"({src.get('triton_gemm_efficiency', 'default')}), {world - 1} of {world} slabs pushed at "
+                 f"{store_bw / 1e9:.0f} GB/s peer-store bandwidth ({src.get('peer_store_bytes_per_s', 'default')}) "
+                 "while it computes; the reduction kernel (reduce='kernel') waits for the slowest peer's pushes "
+                 "+ half a flag round trip, then streams W slots in and the slab out; reduce='tail' is not modeled")
+    return [list(one) for _ in range(world)], det, notes
+
+
+def _torch_fused(m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
+    """W chunked vendor GEMMs; per peer chunk a barrier, a P2P pull and a barrier on a side stream."""
+    if world == 1:
+        raise InputError("gemm_rs/torch_fused needs more than one rank")
+    slab = m_loc * n * elt
+    hv = params.host_launch_torch_s
+    chunk = c.gemm_time(m_loc, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
+    p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s)
+    copy = slab / p2p + params.kernel_overhead_s
+    barrier = params.flag_roundtrip_s
+    total = c.stream_time((world + 1) * slab, hw, params, triton=False)
+    det.update({"gemm_chunk": chunk, "copy_chunk": copy, "barrier": barrier, "sum": total})
+
+    def bar(stream: int, after: int | None = None) -> c.KernelPlan:
+        return c.KernelPlan(SYMM_BARRIER, "comm", barrier, hv, stream=stream, collective="barrier", after=after)
+
+    one: list[c.KernelPlan] = [bar(0)]
+    last_side = 0
+    for _ in range(1, world):  # the peers' chunks: GEMM, then barrier - pull - barrier beside the next GEMM
+        one.append(c.KernelPlan(VENDOR_GEMM, "compute", chunk, hv))
+        one.append(bar(1, after=len(one) - 1))
+        one.append(c.KernelPlan(PEER_COPY, "comm", copy, hv, stream=1))
+        one.append(bar(1))
+        last_side = len(one) - 1
+    one.append(c.KernelPlan(VENDOR_GEMM, "compute", chunk, hv))  # own chunk, straight into the output slot
+    one.append(bar(0, after=last_side))  # the main stream waits for the side stream, then all ranks
+    one.append(c.KernelPlan(SUM, "compute", total, hv))
+    notes.append("torch_fused: W chunked vendor GEMMs (M/W rows each) back to back; per peer chunk a symmetric-memory "
+                 f"barrier ({barrier * 1e6:.1f} us, the flag round trip), a pull at {p2p / 1e9:.0f} GB/s (P2P copy "
+                 "bandwidth) and a barrier on a side stream; then a barrier and the sum of the W stacked partials")
+    return [list(one) for _ in range(world)], det, notes
+
+
+def cost(shape: Mapping[str, int], world: int, variant: str) -> dict[str, Any]:
+    """The workload's own declared cost (what the ledger of a real bundle uses)."""
+    from taxmodel.runtime.workload import get_workload
+
+    return get_workload("gemm_rs").cost(dict(shape), world, variant).to_dict()

@@ -1,0 +1,238 @@
+"""The analytic model of GEMM + Reduce-Scatter: component times and timelines checked against
+hand-computed values on a toy GPU with round numbers, monotonicity properties on the H200
+presets, the CLI, and validation against a bundle made of the model's own timeline."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from taxmodel.errors import InputError
+from taxmodel.model.analytic import MODELS, gemm_rs, predict, variants
+from taxmodel.model.analytic import common as c
+from taxmodel.model.hardware import HardwareSpec, find_preset
+
+#: A calibrated toy GPU: 1 PFLOP/s bf16 (50 TFLOP/s fp32), 4 TB/s HBM, 400 GB/s link with 5 us latency, 200 GB/s of
+#: peer stores, 250 GB/s P2P copies, 132 SMs; every other parameter the model's default.
+TOY = HardwareSpec(name="toy", vendor="nvidia", source="calibrated", peak_flops={"bf16": 1e15, "fp32": 5e13},
+                   hbm_bytes_per_s=4e12,
+                   link_bytes_per_s=4e11, link_latency_s=5e-6, num_sms=132,
+                   extra={"peer_store_bytes_per_s": 2e11, "p2p_copy_bytes_per_s": 2.5e11})
+H200 = find_preset("H200 SXM")  # the datasheet preset
+BIG = {"M": 8192, "N": 8192, "K": 8192}
+T0 = 2e-6  # ModelParams.kernel_overhead_s
+SLAB4 = 2048 * 8192 * 2  # one rank's rows of C at 4 ranks, bf16
+
+
+def _plans(variant: str, shape: dict, world: int, hw: HardwareSpec = TOY, **overrides):
+    params = c.ModelParams.from_hardware(hw, **overrides)
+    coll = c.CollectiveModel.from_hardware(hw, c.topology(hw, world, params), params)
+    plans, det, notes = gemm_rs.plans(variant, shape, world, hw, params, coll)
+    return plans, det, notes, params
+
+
+def _rows(plans, params, rank: int) -> list[dict]:
+    return [r for r in c.simulate(plans, params).rows if r["rank"] == rank]
+
+
+def test_registered_with_its_variants():
+    assert MODELS["gemm_rs"] is gemm_rs
+    assert variants("gemm_rs") == ("bsp", "fused", "torch_fused")
+
+
+def test_bsp_component_times_and_timeline_by_hand():
+    plans, det, _, params = _plans("bsp", BIG, 4)
+    # 8192 x 8192 tiles quantize exactly as the calibration shape does: 2 M N K/W / R + t0
+    gemm = 2 * 8192 * 8192 * 2048 / 1e15 + T0
+    # no calibrated curve: ring alpha-beta, 3 steps of 5 us and 3 slabs at 400 GB/s, plus 8 us per call
+    rs = 3 * 5e-6 + 3 * SLAB4 / 4e11 + 8e-6
+    assert det == pytest.approx({"gemm": gemm, "reduce_scatter": rs}, rel=1e-12)
+    assert [p.name for p in plans[0]] == [gemm_rs.VENDOR_GEMM, gemm_rs.NCCL_RS]
+    # The last rank to leave the barrier sets the collective's start; everyone ends together.
+    offs = c.start_offsets(4, params.barrier_skew_s)
+    hv, lat, gap = params.host_launch_torch_s, params.launch_latency_s, params.kernel_gap_s
+    end = offs[-1] + hv + lat + gemm + gap + rs
+    for r in range(4):
+        g, coll = _rows(plans, params, r)
+        assert g["start"] == pytest.approx(offs[r] + hv + lat) and g["end"] == pytest.approx(g["start"] + gemm)
+        assert coll["start"] == pytest.approx(g["end"] + gap)
+        assert coll["end"] == pytest.approx(end, rel=1e-12)
+
+
+def test_bsp_on_one_rank_copies_instead_of_the_collective():
+    plans, det, _, _ = _plans("bsp", BIG, 1)
+    assert [p.role for p in plans[0]] == ["compute", "copy"]
+    assert det["copy"] == pytest.approx(2 * 8192 * 8192 * 2 / 4e12 + T0)
+
+
+def test_fused_link_bound_component_times_by_hand():
+    _, det, _, _ = _plans("fused", BIG, 4)
+    gemm = 2 * 8192 * 8192 * 2048 / (0.9 * 1e15) + T0  # Triton at 0.9 of the vendor rate, same tile count
+    push = 3 * SLAB4 / 2e11  # three slabs out at the peer-store bandwidth
+    work = gemm - T0
+    # 4 x 16 x 32 = 2048 tiles of 128 x 256 in 16 waves on 132 SMs; the first 1536 go to peers
+    finish = T0 + max(work / 16 + push, work * 3 / 4 + push / 1536)
+    assert finish == pytest.approx(T0 + work / 16 + push)  # link-bound: 503 us of pushes, 300 us of GEMM
+    lat = 1.5e-6  # ModelParams.peer_load_latency_s
+    assert det["triton_gemm"] == pytest.approx(gemm, rel=1e-12)
+    assert det["push"] == pytest.approx(push, rel=1e-12)
+    assert det["gemm_kernel"] == pytest.approx(finish + lat, rel=1e-12)
+    assert det["reduce"] == pytest.approx(5 * SLAB4 / (4e12 * 0.8) + T0, rel=1e-12)  # 4 slots in, the slab out
+    assert det["flag"] == pytest.approx(c.ModelParams().flag_roundtrip_s / 2)
+
+
+def test_fused_compute_bound_hides_the_pushes_in_the_gemm():
+    _, det, _, _ = _plans("fused", BIG, 4, TOY, peer_store_bytes_per_s=4e12)  # fast peer stores
+    assert det["push"] == pytest.approx(3 * SLAB4 / 4e12)
+    assert det["gemm_kernel"] == det["triton_gemm"]  # the kernel lasts as long as its GEMM
+
+
+def test_push_finish_formula():
+    # 10 tiles on 4 SMs: 3 waves; 7 of them (W=4: 3/4 of 10, floored) go to peers
+    assert gemm_rs.push_finish(1.0 + 0.1, 4, 10, 4, 0.7, 0.1) == pytest.approx(0.1 + max(1 / 3 + 0.7, 0.75 + 0.1))
+    assert gemm_rs.push_finish(1.0 + 0.1, 4, 10, 4, 0.01, 0.1) == pytest.approx(0.1 + 0.75 + 0.01 / 7)
+    assert gemm_rs.push_finish(1.0, 1, 10, 4, 0.5, 0.1) == 0.0  # one rank pushes nothing
+
+
+def test_fused_reduction_waits_for_the_last_ranks_pushes():
+    plans, det, _, params = _plans("fused", BIG, 4)
+    offs = c.start_offsets(4, params.barrier_skew_s)
+    ht, lat, gap = params.host_launch_triton_s, params.launch_latency_s, params.kernel_gap_s
+    for r in range(4):
+        gemm, red = _rows(plans, params, r)
+        assert gemm["start"] == pytest.approx(offs[r] + ht + lat)
+        assert gemm["end"] == pytest.approx(gemm["start"] + det["gemm_kernel"])
+        assert red["start"] == pytest.approx(gemm["end"] + gap)
+        # link-bound: the kernel ends when its last push landed, so the last rank's pushes land
+        # (its start - rank r's start) after ours: that much wait, plus half a flag round trip, less the gap
+        expect_wait = max(0.0, offs[-1] - offs[r] + det["flag"] - gap)
+        assert red["wait"] == pytest.approx(expect_wait, abs=1e-12)
+        assert red["end"] == pytest.approx(red["start"] + expect_wait + det["reduce"])
+    assert _rows(plans, params, 0)[1]["wait"] > 0  # the first rank out waits for the last one
+    assert _rows(plans, params, 3)[1]["wait"] == pytest.approx(max(0.0, det["flag"] - gap), abs=1e-12)
+
+
+def test_torch_fused_structure_and_overlap():
+    plans, det, _, params = _plans("torch_fused", BIG, 4)
+    chunk = 2 * 2048 * 8192 * 2048 / 1e15 * c.wave_inflation(2048, 8192, (256, 128), 132) \
+        / c.wave_inflation(8192, 8192, (256, 128), 132) + T0
+    assert det["gemm_chunk"] == pytest.approx(chunk, rel=1e-12)
+    assert det["copy_chunk"] == pytest.approx(SLAB4 / 2.5e11 + T0, rel=1e-12)
+    assert det["sum"] == pytest.approx(5 * SLAB4 / 4e12 + T0, rel=1e-12)
+    names = [p.name for p in plans[0]]
+    assert len(names) == 1 + 4 * 3 + 3  # barrier, 3 x (GEMM, barrier, pull, barrier), own GEMM, barrier, sum
+    assert names.count(gemm_rs.VENDOR_GEMM) == 4 and names.count(gemm_rs.PEER_COPY) == 3
+    rows = _rows(plans, params, 0)
+    gemms = [r for r in rows if r["name"] == gemm_rs.VENDOR_GEMM]
+    copies = [r for r in rows if r["name"] == gemm_rs.PEER_COPY]
+    for a, b in zip(gemms, gemms[1:]):  # the GEMMs run back to back, never waiting on the pulls
+        assert b["start"] == pytest.approx(a["end"] + params.kernel_gap_s)
+    for g, cp in zip(gemms, copies):  # each pull after its chunk's GEMM, overlapping the next chunk
+        assert cp["start"] > g["end"] and cp["stream"] == 1
+    assert copies[0]["start"] < gemms[1]["end"]
+    final_bar, total = rows[-2], rows[-1]
+    assert final_bar["start"] >= copies[-1]["end"] + 2 * params.kernel_gap_s  # the main stream waited
+    assert total["start"] == pytest.approx(final_bar["end"] + params.kernel_gap_s)
+
+
+def test_simulate_rejects_an_after_that_is_not_earlier():
+    params = c.ModelParams()
+    bad = [[c.KernelPlan("a", "compute", 1e-6, 1e-6), c.KernelPlan("b", "comm", 1e-6, 1e-6, stream=1, after=1)]]
+    with pytest.raises(ValueError, match="not an earlier one"):
+        c.simulate(bad, params)
+
+
+@pytest.mark.parametrize("variant", ["bsp", "fused", "torch_fused"])
+def test_parts_sum_to_the_predicted_window(variant):
+    p = predict("gemm_rs", variant, BIG, 4, H200)
+    s = p.summary()
+    assert s["mean_ns"].sum() == pytest.approx(p.window_ns, abs=1e-6)
+    assert (s["mean_ns"] >= 0).all() and p.window_ns > 0
+    assert any(variant in a for a in p.assumptions)
+
+
+@settings(max_examples=10, deadline=None)
+@given(world=st.sampled_from([2, 4, 8]), m=st.sampled_from([1024, 4096, 16384]),
+       variant=st.sampled_from(["bsp", "fused", "torch_fused"]), key=st.sampled_from(["M", "K"]))
+def test_latency_grows_with_m_and_k(world, m, variant, key):
+    shape = {"M": m, "N": 8192, "K": 8192}
+    a = predict("gemm_rs", variant, shape, world, H200).window_ns
+    b = predict("gemm_rs", variant, {**shape, key: 2 * shape[key]}, world, H200).window_ns
+    assert b > a
+
+
+def test_bsp_tax_grows_with_world_size_for_fixed_work_per_rank():
+    taxes = [predict("gemm_rs", "bsp", {"M": 1024 * w, "N": 8192, "K": 2048 * w}, w, H200).taxes_ns()["bsp_tax"]
+             for w in (2, 4, 8, 16)]
+    assert all(x < y for x, y in zip(taxes, taxes[1:])), taxes
+
+
+def test_fused_beats_bsp_when_the_pushes_hide_behind_the_gemm():
+    for m in (4096, 8192):
+        shape = {"M": m, "N": 8192, "K": 8192}
+        fused = predict("gemm_rs", "fused", shape, 4, H200)
+        assert fused.details["gemm_kernel"] == fused.details["triton_gemm"]  # compute-bound at 4 ranks
+        assert fused.window_ns < predict("gemm_rs", "bsp", shape, 4, H200).window_ns
+
+
+@pytest.mark.parametrize("variant", ["bsp", "fused"])
+def test_world_size_one_has_no_communication(variant):
+    t = predict("gemm_rs", variant, BIG, 1, H200).taxes_ns()
+    assert t["bsp_tax"] == 0 and t["skew_wait"] == 0 and t["exposed_comm"] == 0
+
+
+def test_instrumented_fused_waits_become_flag_wait():
+    shape = {"M": 1024, "N": 8192, "K": 8192}  # link-bound at 8 ranks: the reductions wait on the last pushes
+    plain = predict("gemm_rs", "fused", shape, 8, H200).taxes_ns()
+    inst = predict("gemm_rs", "fused", shape, 8, H200, c.ModelParams.from_hardware(H200, instrumented=True)).taxes_ns()
+    assert plain["flag_wait"] == 0 and inst["flag_wait"] > 0
+    assert inst["window"] == pytest.approx(plain["window"])
+
+
+def test_shape_errors_name_the_fix():
+    with pytest.raises(InputError, match="M=100 must be a multiple of the world size 8"):
+        predict("gemm_rs", "bsp", {"M": 100, "N": 64, "K": 64}, 8, H200)
+    with pytest.raises(InputError, match="more than one rank"):
+        predict("gemm_rs", "torch_fused", BIG, 1, H200)
+    with pytest.raises(InputError, match="no variant 'pull'"):
+        predict("gemm_rs", "pull", BIG, 2, H200)
+    with pytest.raises(InputError, match="domains"):
+        predict("gemm_rs", "fused", {"M": 8192, "N": 8192, "K": 8192}, 16, find_preset("mi300x"))
+
+
+def test_fp32_shapes_move_twice_the_bytes():
+    _, bf16, _, _ = _plans("fused", BIG, 4)
+    _, fp32, _, _ = _plans("fused", {**BIG, "dtype": 32}, 4)
+    assert fp32["push"] == pytest.approx(2 * bf16["push"])
+    assert fp32["triton_gemm"] == pytest.approx(2 * 8192 * 8192 * 2048 / (0.9 * 5e13) + T0, rel=1e-12)
+
+
+def test_cli_predict_gemm_rs():
+    from taxmodel.cli import cli
+
+    res = CliRunner().invoke(cli, ["predict", "gemm_rs", "--variant", "fused", "--world-size", "8", "--hardware", "h200"])
+    assert res.exit_code == 0, res.output
+    assert "gemm_rs/fused" in res.output and "M=8192,N=8192,K=8192" in res.output
+
+
+def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):
+    from taxmodel.model import validate as val
+    from taxmodel.trace.bundle import make_meta, write_bundle
+
+    hw = find_preset("h200")
+    for variant, world in (("bsp", 4), ("fused", 2), ("torch_fused", 4)):
+        shape = {"M": 4096, "N": 4096, "K": 4096}
+        plans, _, _, params = _plans(variant, shape, world, hw)
+        events = c.timeline_events(c.simulate(plans, params), iterations=3)
+        meta = make_meta(source="capture", workload="gemm_rs", variant=variant, shape=shape, world_size=world,
+                         ranks=list(range(world)), hardware={"name": "NVIDIA H200"},
+                         clock_offsets_ns={str(r): 0 for r in range(world)},
+                         capture={"clock_offsets_source": "measured"}, cost=gemm_rs.cost(shape, world, variant))
+        write_bundle(tmp_path / variant, events, meta)
+    v = val.validate(tmp_path, fit=False)
+    assert sorted(case.variant for case in v.cases) == ["bsp", "fused", "torch_fused"] and not v.skipped
+    assert v.table["error_us"].abs().max() < 0.01
+    assert not math.isnan(v.table["measured_us"].sum())
