@@ -2,8 +2,10 @@
 
 GPU (4 ranks):
     OUT=out/bench torchrun --nproc-per-node 4 benchmarks/bench_ag_gemm.py
+    OUT=out/bench torchrun --nproc-per-node 4 benchmarks/bench_ag_gemm.py --graph --sizes m1024,m8192 \
+        --variants bsp,pull,push --tune-set s3,n128s4:sm64,ce-mem
 CPU smoke test (2 ranks, Triton interpreter, tiny shapes):
-    TRITON_INTERPRET=1 torchrun --nproc-per-node 2 benchmarks/bench_ag_gemm.py --cpu
+    TRITON_INTERPRET=1 torchrun --nproc-per-node 2 benchmarks/bench_ag_gemm.py --cpu [--graph]
 
 Per size it (1) checks every variant (and every tuned config) against an fp32 reference with C
 poisoned with NaN before the run, (2) times bsp, torch_fused, pull and push (push and pull over a
@@ -12,6 +14,15 @@ small set of configs, the best reported), plus the floors: cuBLAS matmul alone, 
 back-to-back iterations started after a barrier, the maximum over ranks (the slowest rank sets the
 pace), median over ``--reps`` batches. Results go to ``$OUT`` (or ``--out``): results.json,
 results.csv, results.md. Rank 0 prints the table.
+
+``--graph`` also times, for every variant and config that is graph-safe (``Variant.graph_safe``:
+bsp, pull and push with the ``sm`` transport, pull ``direct``; never the copy engines), ``--iters``
+iterations captured in one CUDA graph and replayed (the same timer as bench_flash_decode: max
+over ranks, median over ``--reps`` replays), beside the eager time of the same config. After the
+replays every rank refills its inputs in place with a new seed, poisons C, replays the graph once
+more and checks C against the new reference. Graph rows are ``<variant>@graph``; with several
+transports tried, the best per transport is also a ``<variant>[<transport>]`` row. On CPU there
+are no graphs: the "graph" path runs eagerly (a smoke test of the flow only).
 """
 from __future__ import annotations
 
@@ -113,6 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tune-set", default="quick",
                    help=f"tuning set: one of {sorted(TUNE_SETS)} or 'TILES:TRANSPORTS' (comma-separated keys of "
                         f"{sorted(TILES)} and {sorted(TRANSPORTS)})")
+    p.add_argument("--graph", action="store_true", help="also time CUDA-graph replays of the graph-safe variants")
     p.add_argument("--spin-timeout", type=float, default=30.0)
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_ag_gemm"))
     return p.parse_args(argv)
@@ -182,14 +194,16 @@ def host_ms(ctx: RankContext, fn: Callable[[], Any], iters: int) -> float:
     return all_max(ctx, ms)
 
 
-def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: torch.Tensor) -> tuple[bool, float]:
-    """Poison C, run once, check in-kernel errors and compare with the reference (on every rank)."""
+def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: torch.Tensor,
+          run: Callable[[], Any] | None = None) -> tuple[bool, float]:
+    """Poison C, run once (``run``, default one iteration of the variant), check in-kernel errors and
+    compare with the reference (on every rank)."""
     from taxmodel.errors import RunError
     from taxmodel.kernels._sync import check_errors
 
     st.poison()
     try:  # every rank reaches the collectives below, even when its kernel gave up waiting
-        variant.run(st)
+        (run or (lambda: variant.run(st)))()
         ctx.synchronize()
         check_errors(st.err, variant.name, ctx)
     except RunError as exc:
@@ -205,6 +219,46 @@ def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: to
     return ok_all, all_max(ctx, err if not math.isnan(err) else float("inf"))
 
 
+def graph_timer(ctx: RankContext, iters: int, reps: int) -> Any:
+    """bench_flash_decode's timer: ``iters`` iterations in one CUDA graph, replays timed (max over
+    ranks), the same method for every workload."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_flash_decode import Timer
+
+    return Timer(ctx, iters, reps)
+
+
+def time_graph(ctx: RankContext, st: Any, variant: Any, timer: Any) -> tuple[float, bool | None, str]:
+    """(median ms per iteration of graph replays, whether they left no in-kernel error on any rank
+    (None when capture failed), note). Keeps the replay in ``st.cache`` for ``check_after_replays``."""
+    from taxmodel.errors import RunError
+    from taxmodel.kernels._sync import check_errors
+
+    times, replay, error = timer.graph(lambda: variant.run(st))
+    if times is None:
+        return float("nan"), None, f"graph capture failed: {error}"
+    st.cache["graph_replay"] = replay
+    ctx.synchronize()
+    try:
+        check_errors(st.err, variant.name, ctx)
+        bad = 0.0
+    except RunError as exc:
+        print(f"rank {ctx.rank}: {exc}", flush=True)
+        bad = 1.0
+    ok = all_max(ctx, bad) == 0.0
+    return statistics.median(times), ok, "" if ok else "in-kernel wait gave up during graph replays"
+
+
+def check_after_replays(ctx: RankContext, wl: Any, st: Any, variant: Any, ref: torch.Tensor) -> tuple[bool, float]:
+    """Fresh inputs written in place (seed 2; the graph reads the same buffers), C poisoned, the
+    captured graph replayed once, C checked against ``ref`` (the reference of seed 2)."""
+    ctx.barrier()  # nobody still reads the old shards
+    st.reseed(2)  # must match the seed of ``ref``
+    ctx.barrier()  # every shard refreshed before any rank's replay reads its peers'
+    shape = dict(st.shape)
+    return check(ctx, wl, shape, st, variant, ref, run=st.cache.pop("graph_replay"))
+
+
 def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: Any, log: Callable[[str], None]) -> list[dict]:
     from taxmodel.kernels.ag_gemm import gemm_tiles
     from taxmodel.kernels.ag_gemm.workload import AgGemm
@@ -217,7 +271,12 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     rows: list[dict] = []
     variants = wl.variants()
     tune = not args.cpu and not args.no_tune
-    configs = gpu_configs(preset, args.tune_set) if tune else [gemm_tiles.default_config(ctx.device)]
+    if tune:
+        configs = gpu_configs(preset, args.tune_set)
+    elif args.cpu:  # both transports: the smoke test covers the eager-only and the graph-safe paths
+        configs = [replace(gemm_tiles.CPU_CONFIG, transport=t) for t in ("ce", "sm")]
+    else:
+        configs = [gemm_tiles.default_config(ctx.device)]
     ref = None
 
     def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None, note: str = "") -> None:
@@ -228,6 +287,8 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
                          max_abs_err=err, note=note))
         log(f"  {preset:14s} {name:22s} {ms:9.4f} ms  {tflops:7.1f} TF/s/rank  {'' if ok is None else ('ok' if ok else 'WRONG')} {cfg}")
 
+    timer = graph_timer(ctx, iters, reps) if args.graph else None
+    ref2 = None  # the reference of the fresh inputs used after graph replays
     for vname in args.variants.split(","):
         variant = variants[vname]
         why = variant.available(ctx)
@@ -235,12 +296,13 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
             rows.append(dict(size=preset, variant=vname, ms=None, note=f"unavailable: {why}"))
             log(f"  {preset:14s} {vname:22s} unavailable: {why}")
             continue
-        best = None
+        best: dict[str, tuple] = {}  # "eager", "graph", "eager:<transport>" -> (ms, label, err)
         tuned = configs_for(vname, configs)
         for cfg in tuned:
             heap.reset()
             ctx.heap = heap
             wl.config = cfg
+            graph_safe = wl.variants()[vname].graph_safe  # depends on the config's transport
             st = wl.setup(ctx, shape, variant)
             if ref is None:
                 ref = wl.reference(ctx, shape, st)
@@ -248,19 +310,48 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
             ms = time_batches(ctx, lambda: variant.run(st), iters, reps, warmup) if ok else float("nan")
             hms = host_ms(ctx, lambda: variant.run(st), iters) if ok else float("nan")
             label = cfg.label() if vname in ("push", "pull") else ""
-            if ok and (best is None or ms < best[0]):
-                best = (ms, label, err)
-            if tune and vname in ("push", "pull"):
-                rows.append(dict(size=preset, variant=f"{vname}@tune", ms=ms, host_ms=round(hms, 5), config=label,
-                                 correct=ok, max_abs_err=err))
-                log(f"  {preset:14s} {vname + '@tune':22s} {ms:9.4f} ms  (host {hms:.4f} ms)  {label}")
+            if ok:
+                for key in ("eager", f"eager:{cfg.transport}"):
+                    if key not in best or ms < best[key][0]:
+                        best[key] = (ms, label, err)
+            gms, gnote = float("nan"), ""
+            if timer is not None and ok and not graph_safe:
+                gnote = "eager only (not graph-safe)"
+            elif timer is not None and ok:
+                gms, gok, gnote = time_graph(ctx, st, variant, timer)
+                if gok:
+                    if ref2 is None:
+                        ref2 = wl.reference(ctx, {**shape, "seed": 2}, st)
+                    gok, gerr = check_after_replays(ctx, wl, st, variant, ref2)
+                    if gok and ("graph" not in best or gms < best["graph"][0]):
+                        best["graph"] = (gms, label, gerr)
+                    if not gok:
+                        gnote = "WRONG after a graph replay with fresh inputs"
+                if gok is False:
+                    rows.append(dict(size=preset, variant=f"{vname}@graph", ms=None, config=label, correct=False,
+                                     note=gnote))
+                    log(f"  {preset:14s} {vname + '@graph':22s} {gnote} {label}")
+                gms = gms if gok else float("nan")
+            if vname in ("push", "pull") and (tune or timer is not None):
+                rows.append(dict(size=preset, variant=f"{vname}@tune", ms=ms, host_ms=round(hms, 5),
+                                 graph_ms=None if gms != gms else round(gms, 5), config=label, correct=ok,
+                                 max_abs_err=err, note=gnote))
+                gtxt = f"graph {gms:.4f} ms" if gms == gms else gnote
+                log(f"  {preset:14s} {vname + '@tune':22s} {ms:9.4f} ms  (host {hms:.4f} ms; {gtxt})  {label}")
             if not ok:
                 log(f"  {preset:14s} {vname:22s} WRONG (max abs err {err:.3g}) {label}")
             st = None  # free before the next config allocates
-        if best is not None:
-            record(vname, best[0], best[1], True, best[2])
+        if "eager" in best:
+            record(vname, best["eager"][0], best["eager"][1], True, best["eager"][2])
         else:
             record(vname, float("nan"), "", False, None, "no config was correct")
+        transports = sorted(k.split(":", 1)[1] for k in best if k.startswith("eager:"))
+        if len(transports) > 1:
+            for tr in transports:
+                b = best[f"eager:{tr}"]
+                record(f"{vname}[{tr}]", b[0], b[1], True, b[2])
+        if "graph" in best:
+            record(f"{vname}@graph", best["graph"][0], best["graph"][1], True, best["graph"][2])
     # Floors: the GEMM alone (cuBLAS, and our Triton kernel with every row local) and the all-gather alone.
     heap.reset()
     ctx.heap = heap
@@ -308,16 +399,29 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
     lines = ["# All-Gather + GEMM (ms per iteration, max over ranks, median of batches)", "",
              f"world size {meta['world_size']}, device {meta['device']}, torch {meta['torch']}, triton {meta['triton']}", ""]
     cols = list(table.columns)
-    lines.append("| size | " + " | ".join(cols) + " | best fine-grained vs bsp |")
-    lines.append("|---" * (len(cols) + 2) + "|")
+    graphs = any(str(c).endswith("@graph") for c in cols)
+    extra = ["best fine-grained vs bsp"] + (["graph: best fine-grained vs bsp"] if graphs else [])
+    lines.append("| size | " + " | ".join(cols + extra) + " |")
+    lines.append("|---" * (len(cols) + len(extra) + 1) + "|")
     for size, r in table.iterrows():
-        fg = [r[c] for c in ("pull", "push") if c in r and r[c] == r[c]]
-        speed = ""
-        if fg and "bsp" in r and r["bsp"] == r["bsp"]:
-            speed = f"{(r['bsp'] / min(fg) - 1) * 100:+.1f}% faster" if min(fg) < r["bsp"] else f"{(min(fg) / r['bsp'] - 1) * 100:.1f}% slower"
+        speeds = [_speed(r, ("pull", "push"), "bsp")]
+        if graphs:
+            speeds.append(_speed(r, ("pull@graph", "push@graph"), "bsp@graph"))
         cells = ["" if v != v else f"{v:.4f}" for v in (r[c] for c in cols)]
-        lines.append(f"| {size} | " + " | ".join(cells) + f" | {speed} |")
+        lines.append(f"| {size} | " + " | ".join(cells + speeds) + " |")
+    if graphs:
+        lines += ["", "`@graph`: --iters iterations captured in one CUDA graph and replayed (graph-safe configs only: "
+                  "the copy-engine transport is eager only); `[ce]`/`[sm]`: best eager config per transport."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _speed(r: Any, fine: tuple[str, ...], base: str) -> str:
+    """How much faster the best of the ``fine`` columns is than ``base`` (bsp time / best time - 1)."""
+    fg = [r[c] for c in fine if c in r and r[c] == r[c]]
+    if not fg or base not in r or r[base] != r[base]:
+        return ""
+    best = min(fg)
+    return f"{(r[base] / best - 1) * 100:+.1f}% faster" if best < r[base] else f"{(best / r[base] - 1) * 100:.1f}% slower"
 
 
 def run_sizes(ctx: RankContext, args: argparse.Namespace, sizes: list[str], heap: Any,
@@ -333,23 +437,30 @@ def run_sizes(ctx: RankContext, args: argparse.Namespace, sizes: list[str], heap
     t0 = time.time()
     rows: list[dict] = []
     failures = 0
+
+    def meta() -> dict:
+        return dict(world_size=ctx.world_size, device=torch.cuda.get_device_name() if ctx.is_cuda else "cpu",
+                    torch=torch.__version__, triton=triton.__version__, seconds=round(time.time() - t0, 1),
+                    args=vars(args))
+
     for preset in sizes:
+        stop = False
         try:
             size_rows = bench_size(ctx, args, preset, heap, log)
         except Exception as exc:  # one size failing (a hang turned error) must not hide the others
             log(f"  {preset}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
             size_rows = [dict(size=preset, variant="error", note=f"{type(exc).__name__}: {exc}")]
             failures += 1
-            if ctx.is_cuda:
-                break  # a failed fine-grained kernel can leave peers spinning; stop cleanly
+            stop = ctx.is_cuda  # a failed fine-grained kernel can leave peers spinning; stop cleanly
         rows.extend(size_rows)
         failures += sum(1 for r in size_rows if r.get("correct") is False)
         log(f"  ({time.time() - t0:.0f} s so far)")
-    meta = dict(world_size=ctx.world_size, device=torch.cuda.get_device_name() if ctx.is_cuda else "cpu",
-                torch=torch.__version__, triton=triton.__version__, seconds=round(time.time() - t0, 1),
-                args=vars(args))
+        if ctx.rank == 0:  # what is done so far survives a later hang or time limit
+            write_results(rows, Path(args.out), meta())
+        if stop:
+            break
     if ctx.rank == 0:
-        write_results(rows, Path(args.out), meta)
+        write_results(rows, Path(args.out), meta())
         print((Path(args.out) / "results.md").read_text())
     heap.close()
     if dist.is_initialized():

@@ -1,7 +1,7 @@
 """Flash Decode benchmark: BSP vs fused, correctness at every size, then timings side by side.
 
-GPU (4 ranks, about 4 minutes):
-    OUT=out/bench_flash_decode torchrun --nproc-per-node 4 benchmarks/bench_flash_decode.py
+GPU (4 ranks, about 3 minutes):
+    OUT=out/bench_flash_decode torchrun --nproc-per-node 4 benchmarks/bench_flash_decode.py --spin-timeout 5
 CPU smoke test (2 ranks, Triton interpreter, tiny shape, no timing worth reading):
     TRITON_INTERPRET=1 torchrun --nproc-per-node 2 benchmarks/bench_flash_decode.py --cpu
 
@@ -9,6 +9,9 @@ Per size (the workload's presets: KV per rank 1K..256K at batch 1 and 16, 32 que
 GQA, plus one 96-head preset):
 1. Tuning: the split-KV kernel plus its local combine (the compute both variants share) is timed
    alone for a few tile configs and wave sizes; rank 0's fastest is used by both variants.
+   The fused kernel's structure is swept too (``FUSED_SWEEP``: LL words or flags, the pair's last
+   worker combining or dedicated combiner CTAs); the fastest correct one is the ``fused`` column
+   and every structure is reported.
 2. Correctness: each variant runs once with its output poisoned (NaN) and is compared with the fp32
    reference over the whole gathered KV; after the timed graph replays, fresh inputs, poison, one
    more replay and another check (this catches stale partials across steps).
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import random
 import statistics
@@ -66,8 +70,27 @@ CPU_SIZES = ["tiny"]
 
 #: Configs tried per size: (block_n, num_warps, num_stages, programs per SM the split plan assumes).
 #: Shared memory per program on sm_90: 64/4/3 70 KB (3 fit per SM), 64/4/2 38 KB (5), 128/8/2 72 KB (3).
-GPU_CANDIDATES = [(64, 4, 3, 3), (64, 4, 3, 2), (64, 4, 3, 1), (64, 4, 2, 5), (64, 4, 2, 2),
-                  (128, 8, 2, 3), (128, 8, 2, 1)]
+#: The assumption must hold for the fused kernel too, whose combine code takes more registers
+#: (Triton 3.6, sm_90: ~161 per thread against the split kernel's ~80): 3 programs of 4 warps fit
+#: per SM, but only 1 of 8 warps, and never 5. So 4-warp configs assume at most 3, 8-warp ones 1.
+GPU_CANDIDATES = [(64, 4, 3, 3), (64, 4, 3, 2), (64, 4, 3, 1), (64, 4, 2, 3), (64, 4, 2, 2),
+                  (128, 8, 2, 1),
+                  # deeper pipelines at one or two programs per SM (104 KB at 4 stages, 137 KB at 5):
+                  # more KV bytes in flight per SM with few splits (batch 1, long KV)
+                  (64, 4, 4, 1), (64, 4, 5, 1), (64, 4, 4, 2)]
+
+#: Dedicated combiners: as many as pairs, at most half the SMs (the fused state caps it).
+DEDICATED = 1 << 16
+
+#: Fused-kernel structures swept at every size (label -> shape keys, see workload.fused_config).
+#: "flags-dedicated" is the first session's kernel: per-peer system-scope release/acquire flags,
+#: combiner CTAs spinning from the kernel's start.
+FUSED_SWEEP = {
+    "ll-last": dict(fused_protocol=1, fused_combiners=0),
+    "ll-dedicated": dict(fused_protocol=1, fused_combiners=DEDICATED),
+    "flags-last": dict(fused_protocol=2, fused_combiners=0),
+    "flags-dedicated": dict(fused_protocol=2, fused_combiners=DEDICATED),
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -78,6 +101,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="timed replays (median reported)")
     p.add_argument("--no-tune", action="store_true", help="default tile config only")
     p.add_argument("--no-eager", action="store_true", help="skip the eager-launch timings")
+    p.add_argument("--fused", default=",".join(FUSED_SWEEP),
+                   help=f"fused structures to sweep (comma-separated, of {', '.join(FUSED_SWEEP)})")
     p.add_argument("--spin-timeout", type=float, default=30.0)
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_flash_decode"))
     return p.parse_args(argv)
@@ -275,13 +300,82 @@ def check(wl: Any, ctx: Any, shape: dict, state: Any, ref: torch.Tensor) -> tupl
     return ok, err, problem
 
 
-def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, log: Callable[[str], None]) -> dict:
+def run_variant(ctx: Any, wl: Any, variant: Any, shape: dict, timer: Timer, args: argparse.Namespace,
+                seeds: tuple[int, int], refs: dict, lens: list[int], name: str,
+                log: Callable[[str], None]) -> dict:
+    """Correctness (eager, seed A), eager and graph timings, correctness after graph replays
+    (fresh inputs, seed B) of one variant/structure; a dict of results (no exception escapes)."""
     from taxmodel.kernels.flash_decode.reference import reference_output
+
+    res: dict[str, Any] = dict(graph_ms=float("nan"), eager_ms=float("nan"), correct=False)
+    seed_a, seed_b = seeds
+    ctx.barrier()
+    ctx.heap.reset()
+    try:
+        state = wl.setup(ctx, shape, variant)
+    except Exception as exc:  # noqa: BLE001 - a failing structure is logged and skipped
+        res["problem"] = f"setup: {type(exc).__name__}: {exc}"[:300]
+        log(f"{name}: setup failed ({res['problem']}); skipped")
+        return res
+    if variant.name == "fused":
+        res["combiners"] = state.impl.num_combiners
+        res["structure"] = state.impl.config.protocol
+    res["splits"] = state.args.plan.num_splits
+    step = functools.partial(variant.run, state)
+    if seed_a not in refs:
+        refs[seed_a] = reference_output(seed_a, state.q, lens, shape["kv_heads"])
+    state.poison()
+    ctx.barrier()
+    step()
+    ok, res["err"], problem = check(wl, ctx, shape, state, refs[seed_a])
+    res["correct"] = ok
+    if not ok:
+        log(f"{name}: WRONG on some rank (rank {ctx.rank}: {problem or 'fine'}); not timed")
+        print(f"rank {ctx.rank}: {name}: {problem or 'correct here'}", flush=True)
+        res["problem"] = problem
+        del state, step
+        ctx.barrier()
+        return res
+    if not args.no_eager:
+        res["eager_ms"] = statistics.median(timer.eager(step))
+    times, replay, error = timer.graph(step)
+    if times is None:
+        log(f"{name}: CUDA graph capture failed ({error}); graph columns show eager timings")
+        res["graph_error"] = error
+        times = timer.eager(step)
+    res["graph_ms"] = statistics.median(times)
+    res["graph_reps_ms"] = times
+    state.reseed(seed_b)
+    if seed_b not in refs:
+        refs[seed_b] = reference_output(seed_b, state.q, lens, shape["kv_heads"])
+    state.poison()
+    ctx.barrier()
+    replay()
+    ok, res["err_graph"], problem = check(wl, ctx, shape, state, refs[seed_b])
+    res["correct"] = ok
+    if not ok:
+        log(f"{name}: WRONG after graph replays with fresh inputs")
+        print(f"rank {ctx.rank}: {name} after replays: {problem or 'correct here'}", flush=True)
+        res["problem"] = problem
+    del state, replay, step
+    ctx.barrier()
+    if ctx.is_cuda:
+        torch.cuda.empty_cache()
+    return res
+
+
+def best_fused(runs: dict[str, dict]) -> str | None:
+    """The fused structure with the lowest graph time among the correct ones (None if none is)."""
+    good = [k for k, r in runs.items() if r.get("correct") and r["graph_ms"] == r["graph_ms"]]
+    return min(good, key=lambda k: runs[k]["graph_ms"]) if good else None
+
+
+def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, log: Callable[[str], None]) -> dict:
     from taxmodel.kernels.flash_decode.workload import FlashDecode, kv_lengths
 
     wl = FlashDecode()
-    seed_a, seed_b = (broadcast_int(random.randrange(2**31 - 1), ctx) for _ in range(2))
-    shape = wl.shape(preset, seed=seed_a)
+    seeds = tuple(broadcast_int(random.randrange(2**31 - 1), ctx) for _ in range(2))
+    shape = wl.shape(preset, seed=seeds[0])
     timer = Timer(ctx, args.iters, args.reps)
     t0 = time.monotonic()
     tuned, tune_rows = tune(ctx, shape, timer, args)
@@ -290,55 +384,22 @@ def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, l
     dtype = torch.float16 if shape.get("fp16", 0) else torch.bfloat16
     row: dict[str, Any] = dict(size=preset, shape=dict(shape), tuned=tuned, tuning=tune_rows)
     refs: dict[int, torch.Tensor] = {}
-    for vname, variant in wl.variants().items():
-        ctx.barrier()
-        ctx.heap.reset()
-        state = wl.setup(ctx, shape, variant)
-        step = functools.partial(variant.run, state)
-        # Correctness, eager, seed A.
-        if seed_a not in refs:
-            refs[seed_a] = reference_output(seed_a, state.q, lens, shape["kv_heads"])
-        state.poison()
-        ctx.barrier()
-        step()
-        ok, row[f"{vname}_err"], problem = check(wl, ctx, shape, state, refs[seed_a])
-        row[f"{vname}_correct"] = ok
-        if not ok:
-            log(f"{preset}/{vname}: WRONG on some rank (rank {ctx.rank}: {problem or 'fine'}); not timed")
-            print(f"rank {ctx.rank}: {preset}/{vname}: {problem or 'correct here'}", flush=True)
-            row[f"{vname}_problem"] = problem
-            row[f"{vname}_graph_ms"] = row[f"{vname}_eager_ms"] = float("nan")
-            del state, step
-            ctx.barrier()
-            continue
-        # Timing.
-        if not args.no_eager:
-            row[f"{vname}_eager_ms"] = statistics.median(timer.eager(step))
-        times, replay, error = timer.graph(step)
-        if times is None:
-            log(f"{preset}/{vname}: CUDA graph capture failed ({error}); graph columns show eager timings")
-            row[f"{vname}_graph_error"] = error
-            times = timer.eager(step)
-        row[f"{vname}_graph_ms"] = statistics.median(times)
-        row[f"{vname}_graph_reps_ms"] = times
-        # Correctness after graph replays, fresh inputs (seed B).
-        state.reseed(seed_b)
-        if seed_b not in refs:
-            refs[seed_b] = reference_output(seed_b, state.q, lens, shape["kv_heads"])
-        state.poison()
-        ctx.barrier()
-        replay()
-        ok, row[f"{vname}_err_graph"], problem = check(wl, ctx, shape, state, refs[seed_b])
-        row[f"{vname}_correct"] = ok
-        if not ok:
-            log(f"{preset}/{vname}: WRONG after graph replays with fresh inputs")
-            print(f"rank {ctx.rank}: {preset}/{vname} after replays: {problem or 'correct here'}", flush=True)
-            row[f"{vname}_problem"] = problem
-        row[f"{vname}_splits"] = state.args.plan.num_splits
-        del state, replay, step
-        ctx.barrier()
-        if ctx.is_cuda:
-            torch.cuda.empty_cache()
+    variants = wl.variants()
+    bsp = run_variant(ctx, wl, variants["bsp"], shape, timer, args, seeds, refs, lens, f"{preset}/bsp", log)
+    runs = {}
+    for label in args.fused.split(","):
+        runs[label] = run_variant(ctx, wl, variants["fused"], dict(shape, **FUSED_SWEEP[label]), timer,
+                                  args, seeds, refs, lens, f"{preset}/fused {label}", log)
+    row["fused_runs"] = runs
+    best = best_fused(runs)
+    row["fused_config"] = best or "-"
+    fused = runs[best] if best else dict(graph_ms=float("nan"), eager_ms=float("nan"), correct=False)
+    for name, res in (("bsp", bsp), ("fused", fused)):
+        for key in ("graph_ms", "eager_ms", "correct", "err", "err_graph", "problem", "graph_error", "splits",
+                    "graph_reps_ms"):
+            if key in res:
+                row[f"{name}_{key}"] = res[key]
+    row["fused_correct"] = best is not None and all(r.get("correct") for r in runs.values())
     b, hkv, d = shape["batch"], shape["kv_heads"], shape["head_dim"]
     kv_bytes = 2 * b * hkv * lens[ctx.rank] * d * dtype.itemsize
     row["kv_bytes_per_rank"] = kv_bytes
@@ -347,13 +408,17 @@ def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, l
     for v in ("bsp", "fused"):
         row[f"{v}_bw_tbs"] = kv_bytes / (row[f"{v}_graph_ms"] * 1e-3) / 1e12
         row[f"{v}_pct_floor"] = 100.0 * row["floor_ms"] / row[f"{v}_graph_ms"]
+    for res in runs.values():
+        res["speedup_graph"] = row["bsp_graph_ms"] / res["graph_ms"]
+        res["pct_floor"] = 100.0 * row["floor_ms"] / res["graph_ms"]
     row["speedup_graph"] = row["bsp_graph_ms"] / row["fused_graph_ms"]
     if not args.no_eager:
         row["speedup_eager"] = row["bsp_eager_ms"] / row["fused_eager_ms"]
     row["seconds"] = time.monotonic() - t0
-    log(f"{preset}: bsp {row['bsp_graph_ms'] * 1e3:.1f} us, fused {row['fused_graph_ms'] * 1e3:.1f} us "
+    sweep = ", ".join(f"{k} {r['graph_ms'] * 1e3:.1f}" for k, r in runs.items())
+    log(f"{preset}: bsp {row['bsp_graph_ms'] * 1e3:.1f} us, fused {row['fused_graph_ms'] * 1e3:.1f} us [{best}] "
         f"(graph), x{row['speedup_graph']:.2f}, fused {row['fused_pct_floor']:.0f}% of floor, "
-        f"tile {tuned}, {row['seconds']:.1f} s")
+        f"tile {tuned}; sweep (us): {sweep}; {row['seconds']:.1f} s")
     return row
 
 
@@ -361,38 +426,81 @@ def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, l
 
 
 def _verdict(row: dict) -> str:
-    """'yes', or which variant was wrong; notes graph captures that fell back to eager launches."""
-    wrong = [v for v in ("bsp", "fused") if not row.get(f"{v}_correct", False)]
+    """'yes', or which variant/structure was wrong; notes graph captures that fell back to eager."""
+    runs = row.get("fused_runs", {})
+    wrong = (["bsp"] if not row.get("bsp_correct", False) else []) + [
+        f"fused {k}" for k, r in runs.items() if not r.get("correct", False)]
     text = "yes" if not wrong else "WRONG: " + ", ".join(wrong)
-    fell_back = [v for v in ("bsp", "fused") if f"{v}_graph_error" in row]
+    fell_back = (["bsp"] if "bsp_graph_error" in row else []) + [
+        f"fused {k}" for k, r in runs.items() if "graph_error" in r]
     if fell_back:
         text += f" (no graph for {', '.join(fell_back)}: eager)"
     return text
 
 
+def _us(ms: float) -> str:
+    return "-" if ms != ms else f"{ms * 1e3:.1f}"
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     head = ("| size | KV/rank (MB) | floor (us) | split+combine alone (us) | bsp graph (us) | fused graph (us) | "
-            "speedup graph | fused % floor | fused TB/s | bsp eager (us) | fused eager (us) | speedup eager | tile | "
-            "correct |")
+            "fused structure | speedup graph | fused % floor | fused TB/s | bsp eager (us) | fused eager (us) | "
+            "speedup eager | tile | correct |")
     lines = [f"# Flash decode, {meta['world_size']} ranks, {meta['device']}", "",
              f"HBM copy bandwidth {meta['hbm_tbs']:.2f} TB/s (device-to-device copy, read + write). "
              f"Graph: {meta['iters']} steps per CUDA graph, eager: {meta['iters']} back-to-back launches; "
-             f"per-step time, max over ranks, median of {meta['reps']}.", "", head,
+             f"per-step time, max over ranks, median of {meta['reps']}. The fused columns are the fastest "
+             "correct fused structure of the sweep below (its eager time is that structure's).", "", head,
              "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        eager = (f"{r['bsp_eager_ms'] * 1e3:.1f} | {r['fused_eager_ms'] * 1e3:.1f} | "
+        eager = (f"{_us(r['bsp_eager_ms'])} | {_us(r['fused_eager_ms'])} | "
                  f"{r.get('speedup_eager', float('nan')):.2f}" if "bsp_eager_ms" in r else "- | - | -")
         t = r["tuned"]
         lines.append(
             f"| {r['size']} | {r['kv_bytes_per_rank'] / 1e6:.1f} | {r['floor_ms'] * 1e3:.1f} | "
-            f"{r['split_only_ms'] * 1e3:.1f} | {r['bsp_graph_ms'] * 1e3:.1f} | {r['fused_graph_ms'] * 1e3:.1f} | "
-            f"{r['speedup_graph']:.2f} | {r['fused_pct_floor']:.0f}% | {r['fused_bw_tbs']:.2f} | {eager} | "
-            f"n{t['block_n']} w{t['num_warps']} s{t['num_stages']} c{t['ctas_per_sm']} | {_verdict(r)} |")
+            f"{r['split_only_ms'] * 1e3:.1f} | {_us(r['bsp_graph_ms'])} | {_us(r['fused_graph_ms'])} | "
+            f"{r['fused_config']} | {r['speedup_graph']:.2f} | {r['fused_pct_floor']:.0f}% | {r['fused_bw_tbs']:.2f} | "
+            f"{eager} | n{t['block_n']} w{t['num_warps']} s{t['num_stages']} c{t['ctas_per_sm']} | {_verdict(r)} |")
+    labels = list(dict.fromkeys(k for r in rows for k in r.get("fused_runs", {})))
+    if labels:
+        lines += ["", "## Fused structures", "",
+                  "Graph time per step in us (speedup over bsp graph); eager in the second table. ll: LL words "
+                  "(value + epoch in one 8-byte store, no fence); flags: fp32 pushes, a system-scope release "
+                  "flag per peer, an acquire per peer. last: each head group's last worker combines the ranks' "
+                  "partials; dedicated: one combiner CTA per head group (at most half the SMs) spinning from "
+                  "the kernel's start. flags-dedicated is the first session's kernel.", "",
+                  "| size | bsp | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 2)]
+        for r in rows:
+            cells = []
+            for k in labels:
+                run = r.get("fused_runs", {}).get(k)
+                if run is None:
+                    cells.append("-")
+                elif not run.get("correct"):
+                    cells.append("WRONG")
+                else:
+                    cells.append(f"{_us(run['graph_ms'])} ({run['speedup_graph']:.2f}x)")
+            lines.append(f"| {r['size']} | {_us(r['bsp_graph_ms'])} | " + " | ".join(cells) + " |")
+        if any(not math.isnan(r.get("bsp_eager_ms", float("nan"))) for r in rows):
+            lines += ["", "| size (eager, us) | bsp | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 2)]
+            for r in rows:
+                runs = r.get("fused_runs", {})
+                cells = [_us(runs[k]["eager_ms"]) if k in runs else "-" for k in labels]
+                lines.append(f"| {r['size']} | {_us(r.get('bsp_eager_ms', float('nan')))} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def write_results(out: Path, rows: list[dict], meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
+    (out / "results.md").write_text(markdown(rows, meta))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    unknown = [k for k in args.fused.split(",") if k not in FUSED_SWEEP]
+    if unknown:
+        raise SystemExit(f"--fused: unknown structure(s) {', '.join(unknown)}; choose from {', '.join(FUSED_SWEEP)}")
     if args.cpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     _ensure_taxmodel_kernels()
@@ -405,25 +513,33 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     hbm_bw = copy_bandwidth(ctx)
     log(f"HBM copy bandwidth: {hbm_bw / 1e12:.2f} TB/s")
-    rows = [bench_size(ctx, preset, args, hbm_bw, log) for preset in sizes]
     meta = dict(world_size=ctx.world_size, device=torch.cuda.get_device_name(ctx.device) if ctx.is_cuda else "cpu",
                 hbm_bytes_per_s=hbm_bw, hbm_tbs=hbm_bw / 1e12, iters=args.iters, reps=args.reps,
                 timing="CUDA graphs (primary) and CUDA events around eager launches; per step, max over ranks, median",
-                torch=torch.__version__, seconds=time.monotonic() - started)
+                torch=torch.__version__, fused_sweep=args.fused.split(","))
     try:
         import triton
 
         meta["triton"] = triton.__version__
     except ImportError:
         pass
+    rows: list[dict] = []
+    for preset in sizes:
+        try:
+            rows.append(bench_size(ctx, preset, args, hbm_bw, log))
+        except Exception as exc:  # noqa: BLE001 - one failing size is logged, the others still run
+            log(f"{preset}: FAILED ({type(exc).__name__}: {exc}); skipped")
+            print(f"rank {ctx.rank}: {preset}: {type(exc).__name__}: {exc}", flush=True)
+            if ctx.is_cuda:
+                torch.cuda.synchronize()
+            ctx.barrier()
+        meta["seconds"] = time.monotonic() - started
+        if ctx.rank == 0:  # after every size, so a run cut short still leaves its finished sizes
+            write_results(Path(args.out), rows, meta)
     if ctx.rank == 0:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps(dict(meta=meta, rows=rows), indent=1, default=str))
-        table = markdown(rows, meta)
-        (out / "results.md").write_text(table)
-        print(table, flush=True)
-        print(f"wrote {out / 'results.json'} and {out / 'results.md'} in {meta['seconds']:.0f} s", flush=True)
+        print(markdown(rows, meta), flush=True)
+        print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'results.md'} in "
+              f"{meta['seconds']:.0f} s", flush=True)
     ctx.barrier()
     ctx.heap.close()
     dist.destroy_process_group()

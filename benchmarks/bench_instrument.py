@@ -2,25 +2,35 @@
 
 GPU (4 ranks, a few minutes):
     OUT=out/bench_instrument torchrun --standalone --nproc-per-node 4 benchmarks/bench_instrument.py
-CPU smoke test (2 ranks, Triton interpreter, tiny shape; times mean nothing):
+    OUT=out/bench_instrument torchrun --standalone --nproc-per-node 4 benchmarks/bench_instrument.py \\
+        --sizes b16-kv16k,b1-kv16k --ag-sizes m1024,m8192 --delay-us 500
+CPU smoke test (2 ranks, Triton interpreter, tiny shapes; times mean nothing):
     TRITON_INTERPRET=1 torchrun --standalone --nproc-per-node 2 benchmarks/bench_instrument.py --cpu
 
-For each size, the fused flash decode kernel twice in the same run, plain (``INSTRUMENT=False``)
-and instrumented (records on), over the same inputs:
-1. Overhead: ``--iters`` back-to-back eager steps timed with CUDA events (max over ranks), plain
-   and instrumented interleaved, ``--reps`` times; medians and their ratio (target: < 3 %).
-2. Consistency: one instrumented step under torch.profiler; the records are drained, aligned to
-   the trace's kernel (taxmodel.runtime.records.merge_records) and checked: each CTA's phases sum
-   to its lifetime, every CTA lies inside the kernel, the records' span fits in the kernel's
-   duration; the alignment residual is reported.
-3. A late producer: step 0 as is, step 1 with rank 1 sleeping ``--delay-us`` on the GPU before its
-   kernel; the consumers' (ranks != 1) largest per-combiner flag_wait in step 1, minus step 0's,
-   should be about the delay.
+Cases: the fused flash decode kernel (``--sizes``), and the fine-grained All-Gather+GEMM variants
+with the ``sm`` transport (``--ag-variants`` push, pull at ``--ag-sizes``; their instrumented
+kernels are ``ag_gemm_kernel`` and ``copy_blocks_kernel``). Each case runs twice in the same run,
+plain (``INSTRUMENT=False``) and instrumented (records on), over the same inputs:
+1. Overhead: ``--iters`` back-to-back eager iterations timed with CUDA events (max over ranks),
+   plain and instrumented interleaved, ``--reps`` times; medians and their ratio (target: < 3 %).
+   AG+GEMM also in CUDA graphs (``--iters`` iterations per graph, replays interleaved), because its
+   eager time at small M is host-bound and would hide a GPU-side cost. (In a graph the record
+   pointer is frozen: launches after the first find the buffer full and skip the record stores,
+   keeping the clock reads, barriers and slot atomics: a slight underestimate.)
+2. Consistency: one instrumented iteration under torch.profiler; the records are drained,
+   aligned to the trace's kernels (taxmodel.runtime.records.merge_records) and checked per
+   instrumented kernel: each CTA's phases sum to its lifetime, every CTA lies inside its kernel,
+   the records' span fits in the kernel's duration; the alignment residual is reported.
+3. A late producer (flash decode; AG+GEMM push): iteration 0 as is, iteration 1 with rank 1
+   sleeping ``--delay-us`` on the GPU before its kernels; the consumers' (ranks != 1) largest
+   per-CTA flag_wait in iteration 1, minus iteration 0's, should be about the delay. For AG+GEMM
+   this holds when the consumers' GEMMs need rank 1's rows from their start (their own slab fits
+   in the first wave of tiles, e.g. M=1024 on 4 ranks); at larger M the own rows hide part of the
+   delay, so the check is reported as not applicable there. (Pull has no late-producer case: it
+   reads peers' slabs that are in place since setup.)
 
-The AG+GEMM push kernel is not instrumented yet (kernels/ag_gemm was being rewritten); it is
-listed as such in the results.
-
-Results: results.json and results.md under ``$OUT`` (or ``--out``); rank 0 prints the table.
+Results: results.json and results.md under ``$OUT`` (or ``--out``); rank 0 prints the table. A
+failing case is logged and skipped; the exit code is 1 if any case failed.
 """
 from __future__ import annotations
 
@@ -30,23 +40,29 @@ import os
 import statistics
 import sys
 import tempfile
+import traceback
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_flash_decode import _ensure_taxmodel_kernels, all_max, init  # noqa: E402
+from bench_flash_decode import Timer, _ensure_taxmodel_kernels, all_max, init  # noqa: E402
 
 GPU_SIZES = ["b16-kv16k", "b1-kv16k", "b16-kv64k", "b16-kv1k"]
 CPU_SIZES = ["tiny"]
+AG_GPU_SIZES = ["m1024", "m8192"]
+AG_CPU_SIZES = ["tiny"]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true")
-    p.add_argument("--sizes", default=None)
+    p.add_argument("--sizes", default=None, help="flash decode presets ('' for none)")
+    p.add_argument("--ag-sizes", default=None, help="AG+GEMM presets ('' for none)")
+    p.add_argument("--ag-variants", default="push,pull", help="AG+GEMM variants (sm transport)")
     p.add_argument("--iters", type=int, default=None, help="steps per timed batch")
     p.add_argument("--reps", type=int, default=None, help="timed batches per variant (median reported)")
     p.add_argument("--delay-us", type=float, default=200.0)
@@ -55,13 +71,66 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _step(wl: Any, variant: Any, state: Any) -> None:
-    variant.run(state)
+@dataclass(frozen=True)
+class Case:
+    """One instrumented variant at one size: which kernels carry records, and whether the
+    late-producer check applies."""
+
+    workload: str
+    variant: str
+    size: str
+    kernels: tuple[str, ...]
+    late_producer: bool
+    graphs: bool  # also time the overhead in CUDA graphs
+
+    @property
+    def label(self) -> str:
+        return f"{self.workload}/{self.variant}/{self.size}"
 
 
-def _batch_ms(ctx: Any, wl: Any, variant: Any, state: Any, iters: int) -> float:
-    """Per-step time of ``iters`` back-to-back steps (ms), the maximum over ranks."""
-    book = getattr(ctx, "records", None) if state.impl.records is not None else None
+def flash_decode_cases(sizes: list[str]) -> list[Case]:
+    from taxmodel.kernels.flash_decode import fused
+
+    return [Case("flash_decode", "fused", s, (fused.KERNEL_NAME,), True, False) for s in sizes]
+
+
+def ag_gemm_cases(sizes: list[str], variants: list[str]) -> list[Case]:
+    from taxmodel.kernels.ag_gemm import pull, push
+
+    kernels = {"push": (push.GEMM_KERNEL, push.PUSH_KERNEL), "pull": (pull.KERNEL, pull.STAGE_KERNEL)}
+    return [Case("ag_gemm", v, s, kernels[v], v == "push", True) for s in sizes for v in variants]
+
+
+def make_workload(case: Case, ctx: Any) -> Any:
+    """The workload object of a case: AG+GEMM with the graph-safe, instrumented ``sm`` transport."""
+    from taxmodel.runtime.workload import get_workload
+
+    if case.workload == "ag_gemm":
+        from taxmodel.kernels.ag_gemm.gemm_tiles import default_config
+        from taxmodel.kernels.ag_gemm.workload import AgGemm
+
+        return AgGemm(replace(default_config(ctx.device), transport="sm"))
+    return get_workload(case.workload)
+
+
+def heap_bytes_needed(ag_sizes: list[str], variants: list[str], world: int, device: Any) -> int:
+    """Heap for two AG+GEMM states at once (plain and instrumented), the largest size."""
+    from taxmodel.kernels.ag_gemm.gemm_tiles import default_config
+    from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes, pick_dtype
+
+    cfg = replace(default_config(device), transport="sm")
+    dtype = pick_dtype({}, device)
+    wl = AgGemm(cfg)
+    need = [2 * heap_bytes(wl.shape(s), world, v, dtype, cfg) for s in ag_sizes for v in variants]
+    return max(need, default=0)
+
+
+# --- timing ----------------------------------------------------------------------------------
+
+
+def _batch_ms(ctx: Any, variant: Any, state: Any, iters: int, instrumented: bool) -> float:
+    """Per-step time of ``iters`` back-to-back eager steps (ms), the maximum over ranks."""
+    book = ctx.records if instrumented else None
     if book is not None:
         book.arm(iters)  # the per-step buffers the profile uses, allocated outside the timing
     ctx.barrier()
@@ -86,8 +155,34 @@ def _batch_ms(ctx: Any, wl: Any, variant: Any, state: Any, iters: int) -> float:
     return all_max(ms, ctx)
 
 
+def _graph_overhead(ctx: Any, variant: Any, plain: Any, inst: Any, iters: int, reps: int) -> dict:
+    """Plain and instrumented ``iters`` steps, each captured in one CUDA graph, replays interleaved
+    (medians, ms per step); an empty dict on CPU or when a capture failed."""
+    if not ctx.is_cuda:
+        return {}
+    timer = Timer(ctx, iters, 1)
+    replays = {}
+    for name, st in (("plain", plain), ("instrumented", inst)):
+        times, replay, error = timer.graph(lambda st=st: variant.run(st))
+        if times is None:
+            return {"graph_error": error}
+        replays[name] = replay
+    times: dict[str, list[float]] = {"plain": [], "instrumented": []}
+    for _ in range(reps):
+        for name, replay in replays.items():
+            times[name].append(timer._reps(replay)[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"graph_plain_ms": med["plain"], "graph_instrumented_ms": med["instrumented"],
+            "graph_overhead_pct": (med["instrumented"] / med["plain"] - 1.0) * 100.0}
+
+
+# --- records under a trace ---------------------------------------------------------------------
+
+
 def _traced_step(ctx: Any, variant: Any, state: Any, sleep_us: float = 0.0):
-    """One instrumented step under torch.profiler: (kernel rows of this rank, drained records)."""
+    """One instrumented step under torch.profiler: (kernel rows and aligned records of this rank,
+    drained records, alignment info). The ranks meet inside the trace, just before the step, so
+    the tracer's start-up does not skew them."""
     from torch.profiler import record_function
 
     from taxmodel.runtime.records import merge_records
@@ -99,6 +194,7 @@ def _traced_step(ctx: Any, variant: Any, state: Any, sleep_us: float = 0.0):
     ctx.barrier()
     tracer = TorchTracer(ctx.device)
     with tracer:
+        ctx.barrier()
         book.set_iteration(0)
         with record_function("ProfilerStep#0"):
             if sleep_us:
@@ -111,99 +207,182 @@ def _traced_step(ctx: Any, variant: Any, state: Any, sleep_us: float = 0.0):
         path = Path(tmp) / f"rank{ctx.rank}.json.gz"
         path.write_bytes(raw)
         events, _ = TorchTracer.read([path])
-    from taxmodel.kernels.flash_decode import fused
-
-    events = finish_events([events], {fused.KERNEL_NAME: "fused"}, emulated=not ctx.is_cuda)
+    events = finish_events([events], variant.roles, emulated=not ctx.is_cuda)
     events = events.assign(rank=ctx.rank)
     merged, info = merge_records(events, rec.assign(rank=ctx.rank))
     return merged, rec, info
 
 
-def _consistency(merged, info) -> dict:
-    from taxmodel.kernels.flash_decode import fused
+def _consistency(merged, info, kernels: tuple[str, ...]) -> dict:
+    """Per instrumented kernel: phases sum to each CTA's lifetime, CTAs inside the kernel."""
+    out: dict[str, Any] = {"ok": True, "alignment_residual_ns": info["residual_ns"],
+                           "spans_longer_than_kernel": info["spans_longer_than_kernel"], "kernels": {}}
+    for name in kernels:
+        kern = merged[(merged["kind"] == "kernel") & (merged["name"] == name) & (merged["iteration"] == 0)]
+        rec = merged[(merged["kind"] == "record") & (merged["name"] == name)]
+        if kern.empty or rec.empty:
+            out["kernels"][name] = {"ok": False, "why": f"{len(kern)} kernel rows, {len(rec)} aligned records"}
+            out["ok"] = False
+            continue
+        ks, ke = int(kern["start_ns"].min()), int(kern["end_ns"].max())
+        per_cta = rec.groupby("cta").agg(first=("start_ns", "min"), last=("end_ns", "max"))
+        per_cta["sum"] = (rec["end_ns"] - rec["start_ns"]).groupby(rec["cta"]).sum()
+        life = per_cta["last"] - per_cta["first"]
+        ok = bool((per_cta["sum"] == life).all() and (per_cta["first"] >= ks).all() and (per_cta["last"] <= ke).all())
+        out["kernels"][name] = {
+            "ok": ok, "kernel_us": (ke - ks) / 1e3,
+            "record_span_us": float((per_cta["last"].max() - per_cta["first"].min()) / 1e3),
+            "ctas": int(len(per_cta)), "records": int(len(rec)),
+            "max_phase_sum_minus_life_ns": int((per_cta["sum"] - life).abs().max()),
+            "phases": {k: int(v) for k, v in rec["phase"].value_counts().items()},
+        }
+        out["ok"] = out["ok"] and ok
+    out["ok"] = out["ok"] and info["spans_longer_than_kernel"] == 0
+    return out
 
-    kern = merged[(merged["kind"] == "kernel") & (merged["name"] == fused.KERNEL_NAME) & (merged["iteration"] == 0)]
-    rec = merged[merged["kind"] == "record"]
-    if kern.empty or rec.empty:
-        return {"ok": False, "why": f"{len(kern)} kernel rows, {len(rec)} aligned records", **info}
-    ks, ke = int(kern["start_ns"].min()), int(kern["end_ns"].max())
-    per_cta = rec.groupby("cta").agg(first=("start_ns", "min"), last=("end_ns", "max"))
-    per_cta["sum"] = (rec["end_ns"] - rec["start_ns"]).groupby(rec["cta"]).sum()
-    life = per_cta["last"] - per_cta["first"]
-    return {
-        "ok": bool((per_cta["sum"] == life).all() and (per_cta["first"] >= ks).all() and (per_cta["last"] <= ke).all()
-                   and info["spans_longer_than_kernel"] == 0),
-        "kernel_us": (ke - ks) / 1e3,
-        "record_span_us": float((per_cta["last"].max() - per_cta["first"].min()) / 1e3),
-        "ctas": int(len(per_cta)),
-        "max_phase_sum_minus_life_ns": int((per_cta["sum"] - life).abs().max()),
-        "alignment_residual_ns": info["residual_ns"], "spans_longer_than_kernel": info["spans_longer_than_kernel"],
-    }
 
-
-def _max_combiner_wait_us(rec) -> float:
-    w = rec[rec["phase"] == "flag_wait"]
+def _max_cta_wait_us(rec, kernel: str) -> float:
+    w = rec[(rec["phase"] == "flag_wait") & (rec["name"] == kernel)]
     if w.empty:
         return 0.0
     return float((w["end_ns"] - w["start_ns"]).groupby(w["cta"]).sum().max() / 1e3)
 
 
-def bench_size(ctx: Any, preset: str, args: argparse.Namespace) -> dict:
-    from taxmodel.runtime.workload import get_workload
+def _own_rows_hide_delay(case: Case, state: Any) -> bool:
+    """AG+GEMM: the consumers' GEMMs start on own tiles for more than one wave, which hides part
+    of a producer's delay (the late-producer check then does not apply)."""
+    if case.workload != "ag_gemm":
+        return False
+    from taxmodel.kernels.ag_gemm.gemm_tiles import num_programs, tile_counts
 
-    wl = get_workload("flash_decode")
-    v = wl.variants()["fused"]
-    shape = wl.shape(preset)
+    bpr, n_tiles = tile_counts(state.m_loc, state.n_loc, state.world, state.cfg)
+    progs = num_programs(state.cfg, state.c.device, state.world * bpr * n_tiles)
+    return bpr * n_tiles > progs
+
+
+# --- one case ----------------------------------------------------------------------------------
+
+
+def _check_output(ctx: Any, wl: Any, shape: dict, st: Any, case: Case, which: str) -> None:
+    """In-kernel errors and the output against the reference; raises on every rank if any rank is
+    wrong (so no rank is left waiting in a collective)."""
+    from taxmodel.errors import RunError
+    from taxmodel.kernels._sync import check_errors
+
+    problem = ""
+    try:
+        err = getattr(st, "err", None)
+        if err is not None:
+            check_errors(err, case.variant, ctx)
+        ref = wl.reference(ctx, shape, st)
+        if not bool(torch.allclose(wl.output(st).float(), ref, rtol=2e-2, atol=2e-2)):
+            problem = "wrong output"
+    except RunError as exc:
+        problem = str(exc)
+    if problem:
+        print(f"rank {ctx.rank}: {case.label} ({which}): {problem}", flush=True)
+    if all_max(1.0 if problem else 0.0, ctx) > 0:
+        raise RuntimeError(f"{case.label}: wrong output or in-kernel error on some rank ({which})")
+
+
+def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
+    wl = make_workload(case, ctx)
+    v = wl.variants()[case.variant]
+    shape = wl.shape(case.size)
     ctx.heap.reset()
     ctx.instrument = False
     plain = wl.setup(ctx, shape, v)
     ctx.instrument = True
     inst = wl.setup(ctx, shape, v)
-    for st in (plain, inst):  # warm-up and correctness, both builds
+    ctx.instrument = False
+    for st, which in ((plain, "plain"), (inst, "instrumented")):  # warm-up and correctness, both builds
         for _ in range(2):
             v.run(st)
         ctx.synchronize()
-        ref = wl.reference(ctx, shape, st)
-        ok = bool(torch.allclose(wl.output(st).float(), ref, rtol=2e-2, atol=2e-2))
-        if not ok:
-            raise RuntimeError(f"{preset}: wrong output ({'instrumented' if st is inst else 'plain'})")
+        _check_output(ctx, wl, shape, st, case, which)
     times: dict[str, list[float]] = {"plain": [], "instrumented": []}
     for _ in range(args.reps):
-        times["plain"].append(_batch_ms(ctx, wl, v, plain, args.iters))
-        times["instrumented"].append(_batch_ms(ctx, wl, v, inst, args.iters))
+        times["plain"].append(_batch_ms(ctx, v, plain, args.iters, False))
+        times["instrumented"].append(_batch_ms(ctx, v, inst, args.iters, True))
     med = {k: statistics.median(x) for k, x in times.items()}
-    merged, _, info = _traced_step(ctx, v, inst)
-    cons = _consistency(merged, info)
-    # a late producer: rank 1 sleeps on its GPU before the kernel
-    _, rec0, _ = _traced_step(ctx, v, inst)
-    _, rec1, _ = _traced_step(ctx, v, inst, sleep_us=args.delay_us if ctx.rank == 1 else 0.0)
-    extra = _max_combiner_wait_us(rec1) - _max_combiner_wait_us(rec0)
-    extras = [None] * ctx.world_size
-    dist.all_gather_object(extras, extra)
-    consumers = [e for r, e in enumerate(extras) if r != 1]
-    conss = [None] * ctx.world_size
-    dist.all_gather_object(conss, cons)
-    return {
-        "size": preset, "shape": shape, "plain_ms": med["plain"], "instrumented_ms": med["instrumented"],
+    row: dict[str, Any] = {
+        "case": case.label, "workload": case.workload, "variant": case.variant, "size": case.size, "shape": shape,
+        "plain_ms": med["plain"], "instrumented_ms": med["instrumented"],
         "overhead_pct": (med["instrumented"] / med["plain"] - 1.0) * 100.0,
         "plain_all_ms": times["plain"], "instrumented_all_ms": times["instrumented"],
-        "consistency": conss, "consistent": all(c["ok"] for c in conss),
-        "delay_us": args.delay_us, "consumer_extra_wait_us": consumers,
-        "delay_seen": bool(consumers) and all(abs(e - args.delay_us) <= 0.25 * args.delay_us + 20.0 for e in consumers),
     }
+    if case.graphs:
+        row.update(_graph_overhead(ctx, v, plain, inst, args.iters, args.reps))
+    merged, _, info = _traced_step(ctx, v, inst)
+    cons = _consistency(merged, info, case.kernels)
+    conss = [None] * ctx.world_size
+    dist.all_gather_object(conss, cons)
+    row.update(consistency=conss, consistent=all(c["ok"] for c in conss))
+    row.update(delay_us=args.delay_us, consumer_extra_wait_us=[], delay_seen=None, late_note="")
+    if case.late_producer:
+        # a late producer: rank 1 sleeps on its GPU before its kernels
+        wait_kernel = case.kernels[0]
+        _, rec0, _ = _traced_step(ctx, v, inst)
+        _, rec1, _ = _traced_step(ctx, v, inst, sleep_us=args.delay_us if ctx.rank == 1 else 0.0)
+        extra = _max_cta_wait_us(rec1, wait_kernel) - _max_cta_wait_us(rec0, wait_kernel)
+        extras = [None] * ctx.world_size
+        dist.all_gather_object(extras, extra)
+        consumers = [e for r, e in enumerate(extras) if r != 1]
+        row["consumer_extra_wait_us"] = consumers
+        if _own_rows_hide_delay(case, inst):
+            row["late_note"] = "n/a: own rows cover more than a wave and hide part of the delay"
+        else:
+            row["delay_seen"] = bool(consumers) and all(abs(e - args.delay_us) <= 0.25 * args.delay_us + 20.0
+                                                        for e in consumers)
+    plain = inst = None
+    ctx.barrier()
+    return row
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def _fmt(v: Any, spec: str = ".4f", suffix: str = "") -> str:
+    return "" if v is None or v != v else f"{v:{spec}}{suffix}"
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# In-kernel records: overhead and consistency ({meta['device']}, {meta['world_size']} ranks)", "",
-             "| size | plain ms | instrumented ms | overhead | phases = lifetime, inside kernel | "
-             "delay | consumers' extra flag_wait (us) |",
-             "|---|---|---|---|---|---|---|"]
+             f"eager: {meta['iters']} back-to-back iterations, CUDA events, max over ranks, median of {meta['reps']} "
+             "interleaved batches; graph: the same iterations in one CUDA graph (AG+GEMM only).", "",
+             "| case | plain ms | instrumented ms | overhead | graph plain ms | graph instr. ms | graph overhead | "
+             "phases = lifetime, inside kernel | delay | consumers' extra flag_wait (us) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['size']} | {r['plain_ms']:.4f} | {r['instrumented_ms']:.4f} | {r['overhead_pct']:+.2f} % | "
-                     f"{'yes' if r['consistent'] else 'NO'} | {r['delay_us']:.0f} us | "
-                     f"{', '.join(f'{e:.1f}' for e in r['consumer_extra_wait_us'])} |")
-    lines += ["", "ag_gemm push: not instrumented yet (no records), not measured.", ""]
-    return "\n".join(lines)
+        if "error" in r:
+            lines.append(f"| {r['case']} | FAILED: {r['error'][:120]} |||||||||")
+            continue
+        late = ", ".join(f"{e:.1f}" for e in r["consumer_extra_wait_us"]) or "-"
+        if r.get("late_note"):
+            late += f" ({r['late_note']})"
+        elif r.get("delay_seen") is not None:
+            late += " (seen)" if r["delay_seen"] else " (NOT seen)"
+        lines.append(f"| {r['case']} | {r['plain_ms']:.4f} | {r['instrumented_ms']:.4f} | {r['overhead_pct']:+.2f} % | "
+                     f"{_fmt(r.get('graph_plain_ms')) or ('capture failed' if r.get('graph_error') else '')} | "
+                     f"{_fmt(r.get('graph_instrumented_ms'))} | "
+                     f"{_fmt(r.get('graph_overhead_pct'), '+.2f', ' %')} | {'yes' if r['consistent'] else 'NO'} | "
+                     f"{r['delay_us']:.0f} us | {late} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(rows: list[dict], meta: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")
+    (out / "results.md").write_text(markdown(rows, meta))
+
+
+def _resize_heap(ctx: Any, nbytes: int) -> None:
+    """Replace the context's heap by a larger one when the AG+GEMM cases need it (collective)."""
+    from taxmodel.runtime.heap import make_heap
+
+    if nbytes > ctx.heap.nbytes:
+        ctx.heap.close()
+        ctx.heap = make_heap(ctx, nbytes + (1 << 20))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,29 +391,50 @@ def main(argv: list[str] | None = None) -> int:
     ctx = init(args)
     args.iters = args.iters or (2 if args.cpu else 50)
     args.reps = args.reps or (2 if args.cpu else 15)
-    sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
-    rows = []
-    for preset in sizes:
-        row = bench_size(ctx, preset, args)
-        rows.append(row)
-        if ctx.rank == 0:
-            print(f"{preset}: plain {row['plain_ms']:.4f} ms, instrumented {row['instrumented_ms']:.4f} ms "
-                  f"({row['overhead_pct']:+.2f} %), consistent={row['consistent']}, "
-                  f"extra flag_wait on consumers {row['consumer_extra_wait_us']} us for a {args.delay_us} us delay",
+
+    def pick(value: str | None, cpu: list[str], gpu: list[str]) -> list[str]:
+        if value is None:
+            return cpu if args.cpu else gpu
+        return [s for s in value.split(",") if s]
+
+    fd_sizes = pick(args.sizes, CPU_SIZES, GPU_SIZES)
+    ag_sizes = pick(args.ag_sizes, AG_CPU_SIZES, AG_GPU_SIZES)
+    ag_variants = [v for v in args.ag_variants.split(",") if v]
+    cases = flash_decode_cases(fd_sizes) + ag_gemm_cases(ag_sizes, ag_variants)
+    _resize_heap(ctx, heap_bytes_needed(ag_sizes, ag_variants, ctx.world_size, ctx.device))
+    log: Callable[[str], None] = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
+    rows, failures = [], 0
+    meta = {"device": torch.cuda.get_device_name() if ctx.is_cuda else "cpu (interpreter)",
+            "world_size": ctx.world_size, "iters": args.iters, "reps": args.reps, "torch": torch.__version__}
+    for case in cases:
+        stop = False
+        try:
+            row = bench_case(ctx, case, args)
+        except Exception as exc:  # one failing case must not hide the others
+            failures += 1
+            print(f"rank {ctx.rank}: {case.label}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}",
                   flush=True)
+            row = {"case": case.label, "error": f"{type(exc).__name__}: {exc}"}
+            stop = ctx.is_cuda and case.workload == "ag_gemm"  # peers may be left spinning: stop cleanly
+        else:
+            graph = (f", graph {row['graph_plain_ms']:.4f} -> {row['graph_instrumented_ms']:.4f} ms "
+                     f"({row['graph_overhead_pct']:+.2f} %)" if "graph_plain_ms" in row else "")
+            log(f"{case.label}: plain {row['plain_ms']:.4f} ms, instrumented {row['instrumented_ms']:.4f} ms "
+                f"({row['overhead_pct']:+.2f} %){graph}, consistent={row['consistent']}, extra flag_wait on "
+                f"consumers {[round(e, 1) for e in row['consumer_extra_wait_us']]} us for a {args.delay_us} us "
+                f"delay {row['late_note']}")
+        rows.append(row)
+        if ctx.rank == 0:  # what is done so far survives a later hang or time limit
+            write_results(rows, meta, Path(args.out))
+        if stop:
+            break
     if ctx.rank == 0:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        meta = {"device": torch.cuda.get_device_name() if ctx.is_cuda else "cpu (interpreter)",
-                "world_size": ctx.world_size, "iters": args.iters, "reps": args.reps,
-                "torch": torch.__version__}
-        (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2, default=str) + "\n")
-        md = markdown(rows, meta)
-        (out / "results.md").write_text(md)
-        print(md)
-    ctx.barrier()
-    dist.destroy_process_group()
-    return 0
+        print(markdown(rows, meta))
+    ctx.heap.close()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

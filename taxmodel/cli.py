@@ -124,8 +124,16 @@ def _us_columns(df, columns):
               help="Bundles go to OUT/WORKLOAD/VARIANT-SHAPE/.")
 @click.option("--instrument", is_flag=True, default=False,
               help="Fused kernels write in-kernel trace records (flag waits, phases per CTA): see docs/records.md.")
+@click.option("--graph", is_flag=True, default=False,
+              help="Each traced iteration replays one captured CUDA graph (as decode loops run), so the trace is not "
+                   "host-bound by the profiler. Variants that are not graph-safe, a failed capture, and CPU runs "
+                   "(no CUDA graphs) use eager launches instead, with a message; each bundle says which in "
+                   "meta capture.graph (true/false) and capture.graph_note.")
+@click.option("--graph-strict", is_flag=True, default=False,
+              help="Like --graph, but never fall back: exit 2 before starting if a chosen variant is not graph-safe "
+                   "or this is a CPU run, and fail if a capture fails.")
 def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
-                timeout_s, workload_modules, heap_bytes, out, instrument) -> None:
+                timeout_s, workload_modules, heap_bytes, out, instrument, graph, graph_strict) -> None:
     """Run WORKLOAD on N local ranks and capture one bundle per variant.
 
     \b
@@ -140,10 +148,12 @@ def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmu
                          preset=preset, shape=parse_shape(list(shape)), world_size=world_size, iterations=iterations,
                          warmup=warmup, repeat=repeat, inject=list(inject), tracer=tracer, out=out, device=device,
                          timeout_s=timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules),
-                         instrument=instrument)
+                         instrument=instrument, graph="require" if graph_strict else "auto" if graph else "off")
     outcome = profile(req)
     for v, why in outcome.skipped.items():
         click.echo(f"skipped {workload}/{v}: {why}")
+    for line in outcome.graph_fallbacks:
+        click.echo(f"--graph: {line}")
     for path in outcome.bundles:
         click.echo(str(path))
     click.echo(f"{len(outcome.bundles)} bundle(s), {outcome.world_size} rank(s) on {outcome.device}, {outcome.wall_s:.1f} s", err=True)

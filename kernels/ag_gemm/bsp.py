@@ -59,4 +59,5 @@ VARIANT = AgGemmVariant(
     fine_grained=False,
     description="all_gather_into_tensor (NCCL) into a buffer, then torch.matmul (cuBLAS)",
     prepare=prepare,
+    graph_safe=True,  # a collective and a matmul on fixed buffers: nothing changes between iterations
 )

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
 from taxmodel.errors import RunError
 from taxmodel.kernels._sync import signal

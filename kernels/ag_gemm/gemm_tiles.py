@@ -23,6 +23,21 @@ How A reaches the tile (``A_MODE``, a constexpr):
   pull variant); own rows are already in place. The flags live in this rank's memory, so the
   wait polls local L2, never a link.
 
+Epoch in device memory (why: CUDA graphs). ``epoch_ptr`` points at two int32 words owned by this
+kernel's launches on one rank: [last finished epoch, programs done]. Every program reads the
+epoch at its start (``+ 1``: this launch's epoch) and the last program to finish writes it back,
+so a captured graph that replays the launch waits for the right epoch each time (a host-side
+epoch argument would be frozen into the graph). The push variant double-buffers the remote rows
+and flags by epoch parity: ``parity_rows`` and ``flag_parity_stride`` are the offsets of the odd
+parity (0 when there is a single buffer); own rows are always read from parity 0.
+
+In-kernel records (``INSTRUMENT``, kernels/_trace.py), only at phase changes because a record
+costs an atomic round trip: before each wait on a K piece the flag is read once; if it is not
+there yet, the CTA records ``compute`` (everything since its previous record: MMA loops,
+epilogues, waits that did not spin) and, once the flag arrived, ``flag_wait``. The CTA's last
+record is ``compute`` up to its last tile's end. So a CTA writes ``1 + 2 x (waits that spun)``
+records, alternating compute / flag_wait. With ``INSTRUMENT=False`` no record code is compiled.
+
 The persistent grid is ``NUM_PROGS`` programs (at most the SM count), each looping over tiles with
 stride ``NUM_PROGS``, so a launch never needs more programs than fit at once (no program waits on
 a program that is not running). ``USE_TMA`` loads A and B through tensor descriptors (Hopper TMA);
@@ -42,6 +57,7 @@ import triton.language as tl
 
 import iris
 
+from taxmodel.kernels import _trace
 from taxmodel.kernels._sync import fence_tma_after_acquire, interpreting, wait_geq
 
 A_LOCAL = 0
@@ -81,27 +97,50 @@ def _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD: tl.const
     return src, j, pid_n
 
 
-# epoch changes every iteration: unspecialized, so no recompile (while peers wait) when it hits 1 or 16.
-@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
+@triton.jit
+def advance_epoch(epoch_ptr, epoch, NUM_PROGS: tl.constexpr):
+    """The last program of a launch to get here stores ``epoch`` as the last finished epoch
+    (``epoch_ptr[0]``) and re-arms the done counter (``epoch_ptr[1]``) for the next launch. Every
+    program read ``epoch_ptr[0]`` at its start, before it counted itself done, so no program of
+    this launch can see the new value."""
+    tl.debug_barrier()
+    finished = tl.atomic_add(epoch_ptr + 1, 1, sem="acq_rel", scope="gpu")
+    if finished == NUM_PROGS - 1:
+        tl.store(epoch_ptr + 1, 0)
+        tl.atomic_xchg(epoch_ptr, epoch, sem="release", scope="gpu")
+
+
+# rank changes between ranks: unspecialized, so every rank compiles the same kernel.
+@triton.jit(do_not_specialize=["rank", "budget"])
 def ag_gemm_kernel(
     a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
-    flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
+    flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr, epoch_ptr, rec_ptr,
     M_loc, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    rank, epoch, budget, kernel_id,
+    parity_rows, flag_parity_stride,
+    rank, budget, kernel_id,
     WORLD: tl.constexpr, A_MODE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
-    K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1,
+    K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
+    t_rec = _trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     num_mblocks = WORLD * blocks_per_rank
     n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = num_mblocks * n_tiles
     k_tiles = tl.cdiv(K, BLOCK_K)
     out_dtype = c_ptr.dtype.element_ty
+    if A_MODE == 2:
+        epoch = tl.load(epoch_ptr) + 1  # this launch's epoch (device memory: graph-safe)
+        parity = epoch % 2
+        flags_base = flags_ptr + parity * flag_parity_stride
+    else:
+        epoch = 0
+        parity = 0
+        flags_base = flags_ptr
 
     for t in range(pid, num_tiles, NUM_PROGS):
         src, j, pid_n = _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD, GROUP_M)
@@ -110,6 +149,8 @@ def ag_gemm_kernel(
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         col_ok = offs_n < N
         flag_idx = src * blocks_per_rank + j
+        # Remote rows of the odd parity live parity_rows further down; own rows only in parity 0.
+        a_row_shift = tl.where(src != rank, parity * parity_rows, 0)
 
         # Remote tiles of A_WAIT wait piece by piece along K (flag per K_PIECES column piece of the
         # block): a tile starts as soon as the first piece of its block has landed and the rest
@@ -122,23 +163,32 @@ def ag_gemm_kernel(
         for kp in range(0, n_pieces):
             if waits:
                 piece_flag = flag_idx * K_PIECES + kp
-                wait_geq(flags_ptr + piece_flag, epoch, budget, err_ptr, rank, src, piece_flag, kernel_id, SYNC_MODE)
+                if INSTRUMENT:
+                    # Records only at phase changes (a record costs an atomic round trip): a wait
+                    # that will spin closes the compute run so far and gets its own record.
+                    late = tl.load(flags_base + piece_flag, volatile=True) < epoch
+                    if late:
+                        t_rec = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
+                wait_geq(flags_base + piece_flag, epoch, budget, err_ptr, rank, src, piece_flag, kernel_id, SYNC_MODE)
+                if INSTRUMENT:
+                    if late:
+                        t_rec = _trace.mark(rec_ptr, pid, _trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
                 if USE_TMA:
                     fence_tma_after_acquire(SYNC_MODE)
                 if COUNT:
                     # The flag as this tile saw it just before reading the piece (own slab: the epoch).
-                    seen_min = tl.minimum(seen_min, tl.load(flags_ptr + piece_flag, volatile=True).to(tl.int32))
+                    seen_min = tl.minimum(seen_min, tl.load(flags_base + piece_flag, volatile=True).to(tl.int32))
             kt0 = kp * kt_piece
             kt1 = tl.minimum(kt0 + kt_piece, k_tiles)
             if USE_TMA:
-                row0 = src * M_loc + j * BLOCK_M
+                row0 = a_row_shift + src * M_loc + j * BLOCK_M
                 for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES):
                     a = a_desc.load([row0, kt * BLOCK_K])
                     b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
                     acc = tl.dot(a, b, acc)
             else:
                 offs_k = tl.arange(0, BLOCK_K)
-                a_rows = a_ptr + (src * M_loc + offs_r)[:, None] * stride_am
+                a_rows = a_ptr + (a_row_shift + src * M_loc + offs_r)[:, None] * stride_am
                 b_cols = b_ptr + offs_n[None, :] * stride_bn
                 for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES):
                     ks = kt * BLOCK_K + offs_k
@@ -176,6 +226,10 @@ def ag_gemm_kernel(
             # Tiles are numbered in C order (global M-block, N-tile) so tests can index them.
             c_tile = (src * blocks_per_rank + j) * n_tiles + pid_n
             tl.atomic_add(count_ptr + c_tile, 1)
+    t_rec = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
+
+    if A_MODE == 2:
+        advance_epoch(epoch_ptr, epoch, NUM_PROGS)
 
 
 # --- host side -----------------------------------------------------------------------------------
@@ -312,14 +366,30 @@ def tile_counts(m_loc: int, n: int, world: int, cfg: GemmConfig) -> tuple[int, i
     return triton.cdiv(m_loc, cfg.block_m), triton.cdiv(n, cfg.block_n)
 
 
+def gemm_record_capacity(m_loc: int, n: int, world: int, cfg: GemmConfig, pieces: int) -> int:
+    """Most records one ``A_WAIT`` launch can write: one per program, two per remote tile and K
+    piece (if every wait spun)."""
+    bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
+    tiles = world * bpr * n_tiles
+    programs = cfg.num_progs if cfg.num_progs > 0 else 1024  # at most the SM count on a GPU
+    return min(programs, tiles) + (world - 1) * bpr * n_tiles * 2 * pieces
+
+
 def launch_ag_gemm(
     a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, mode: int, rank: int, world: int, m_loc: int,
     cfg: GemmConfig, err: torch.Tensor, sync: int, flags: torch.Tensor | None = None,
-    heap_bases: torch.Tensor | None = None, epoch: int = 0, budget: int = 1, kernel_id: int = 0,
-    count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
+    heap_bases: torch.Tensor | None = None, epochs: torch.Tensor | None = None, budget: int = 1,
+    kernel_id: int = 0, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
     a_desc: Any = None, b_desc: Any = None, reserve_programs: int = 0, pieces: int = 1,
+    parity_rows: int = 0, flag_parity_stride: int = 0, records: torch.Tensor | None = None,
 ) -> None:
-    """Enqueue one ``ag_gemm_kernel`` (see the module docstring for ``mode``); no host sync."""
+    """Enqueue one ``ag_gemm_kernel`` (see the module docstring for ``mode``); no host sync.
+
+    ``A_WAIT`` needs ``epochs`` (int32 [2] on the device: last finished epoch, done counter; see
+    the module docstring); ``records`` is an in-kernel record buffer (``INSTRUMENT`` on).
+    """
+    if mode == A_WAIT and epochs is None:
+        raise ValueError("launch_ag_gemm: A_WAIT needs the device epoch words (epochs=)")
     n = b.shape[1]
     k = b.shape[0]
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
@@ -334,12 +404,14 @@ def launch_ag_gemm(
         a, b, c, a_desc, b_desc, c_desc,
         flags if flags is not None else dummy, heap_bases if heap_bases is not None else dummy, err,
         count if count is not None else dummy, seen if seen is not None else dummy,
+        epochs if epochs is not None else dummy, records if records is not None else dummy,
         m_loc, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        rank, epoch, budget, kernel_id,
+        parity_rows, flag_parity_stride,
+        rank, budget, kernel_id,
         WORLD=world, A_MODE=mode, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=use_tma,
         SYNC_MODE=sync, COUNT=count is not None, TMA_STORE=tma_store, EPI_SPLIT=cfg.epi_split if tma_store else 1,
         K_PIECES=pieces, KT_PER_PIECE=piece_cols(cfg, k) // cfg.block_k if pieces > 1 else triton.cdiv(k, cfg.block_k),
-        num_warps=cfg.num_warps,
+        INSTRUMENT=records is not None, num_warps=cfg.num_warps,
     )

@@ -19,6 +19,11 @@ barrier, so a slab never changes while a peer reads it (a workload whose A chang
 would need a per-iteration "shard ready" flag, as the push variant has). The gathered buffer is
 single: this iteration's staging copies wait for the previous iteration's GEMM (side streams wait
 on the main stream), and the flags hold epochs, so they never need a reset.
+
+CUDA graphs: the ``sm`` copy kernel and the GEMM read their epochs from device memory (see
+``push``), and ``direct`` has no flags at all, so both are graph-safe; the copy engines' flag
+value is chosen on the host (eager only). In-kernel records: the copy kernel records one
+``remote_load`` per work item, the GEMM as in ``gemm_tiles``.
 """
 from __future__ import annotations
 
@@ -28,8 +33,8 @@ import torch
 import triton
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import A_PULL, A_WAIT, k_pieces, launch_ag_gemm, make_descriptor, tma_available
-from .push import ce_transfer_blocks, fork, join, launch_copy_blocks, side_streams, wait_target
+from .gemm_tiles import A_PULL, A_WAIT, gemm_record_capacity, k_pieces, launch_ag_gemm, make_descriptor, tma_available
+from .push import ce_transfer_blocks, copy_plan, fork, join, launch_copy_blocks, side_streams, wait_target  # noqa: F401
 from .workload import AgGemmState, AgGemmVariant, symmetric_heap
 
 KERNEL = "ag_gemm_kernel"
@@ -37,16 +42,23 @@ STAGE_KERNEL = "copy_blocks_kernel"
 CE_PULL = "ce_get"
 
 
+def graph_safe(transport: str) -> bool:
+    """Whether a CUDA graph may capture an iteration and replay it (see the module docstring)."""
+    return transport in ("sm", "direct")
+
+
 def prepare(st: AgGemmState, nbytes: int) -> None:
     heap = symmetric_heap(st, nbytes)
     cfg = st.cfg
     bpr = triton.cdiv(st.m_loc, cfg.block_m)
+    pieces = k_pieces(cfg, st.k)
     st.gathered = heap.empty((st.m, st.k), st.dtype)
-    st.flags = heap.zeros((st.world * bpr * k_pieces(cfg, st.k),), torch.int32)
+    st.flags = heap.zeros((st.world * bpr * pieces,), torch.int32)
     own = st.gathered[st.rank * st.m_loc:(st.rank + 1) * st.m_loc]
     own.copy_(st.a_local)
     st.a_local = own
     st.cache["heap_bases"] = heap.heap_bases
+    st.new_epochs()
     if cfg.transport == "ce":
         st.cache["ce"] = CopyEngine(heap, st.c.device, cfg.ce_signal)
     elif cfg.transport not in ("sm", "direct"):
@@ -54,32 +66,38 @@ def prepare(st: AgGemmState, nbytes: int) -> None:
     if cfg.transport != "direct" and cfg.use_tma and tma_available():
         st.cache["a_desc"] = make_descriptor(st.gathered, [cfg.block_m, cfg.block_k])
         st.cache["b_desc"] = make_descriptor(st.b, [cfg.block_k, cfg.block_n])
+    if cfg.transport != "direct":
+        st.add_records(KERNEL, gemm_record_capacity(st.m_loc, st.n_loc, st.world, cfg, pieces))
+    if cfg.transport == "sm" and st.world > 1:
+        st.add_records(STAGE_KERNEL, copy_plan(st.m_loc, st.k, st.world, cfg)[1])
 
 
 def run(st: AgGemmState) -> None:
-    st.epoch += 1
+    st.epoch += 1  # the host's count (the copy engines' flag value); the kernels count on the device
     cfg, bases = st.cfg, st.cache["heap_bases"]
     common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, cfg=cfg, err=st.err, sync=st.sync,
                   heap_bases=bases, budget=st.budget, count=st.count, seen=st.seen)
     if cfg.transport == "direct":
         with st.ctx.kernel(KERNEL):
-            launch_ag_gemm(st.gathered, st.b, st.c, mode=A_PULL, epoch=st.epoch, **common)
+            launch_ag_gemm(st.gathered, st.b, st.c, mode=A_PULL, **common)
         return
     ce = cfg.transport == "ce"
     streams = side_streams(st, (st.world - 1) if ce else 1) if st.world > 1 else []
     main = fork(st, streams)  # the previous GEMM is done reading the buffer
     if ce:
         with st.ctx.kernel(CE_PULL):
-            ce_transfer_blocks(st, st.cache["ce"], st.gathered, st.flags, pull=True, value=st.epoch, streams=streams)
+            ce_transfer_blocks(st, st.cache["ce"], st.gathered, st.gathered, st.flags, pull=True, value=st.epoch,
+                               streams=streams)
     elif st.world > 1:
         with (torch.cuda.stream(streams[0]) if streams else contextlib.nullcontext()), st.ctx.kernel(STAGE_KERNEL):
             launch_copy_blocks(st.gathered, st.flags, bases, pull=True, m_loc=st.m_loc, rank=st.rank,
-                               world=st.world, cfg=cfg, epoch=st.epoch)
+                               world=st.world, cfg=cfg, epochs=st.copy_epochs, sync=st.sync,
+                               records=st.record_tensor(STAGE_KERNEL))
     reserve = cfg.push_progs if (cfg.transport == "sm" and cfg.reserve_sms and st.world > 1) else 0
     with st.ctx.kernel(KERNEL):
-        launch_ag_gemm(st.gathered, st.b, st.c, mode=A_WAIT, flags=st.flags, epoch=wait_target(cfg, st.k, st.epoch),
+        launch_ag_gemm(st.gathered, st.b, st.c, mode=A_WAIT, flags=st.flags, epochs=st.gemm_epochs,
                        a_desc=st.cache.get("a_desc"), b_desc=st.cache.get("b_desc"), reserve_programs=reserve,
-                       pieces=k_pieces(cfg, st.k), **common)
+                       pieces=k_pieces(cfg, st.k), records=st.record_tensor(KERNEL), **common)
     join(st, main, streams)
 
 

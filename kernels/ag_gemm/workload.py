@@ -15,7 +15,8 @@ reference check tight). A shape may force one with ``dtype`` 16 (bf16), 15 (fp16
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import torch
@@ -32,6 +33,12 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp
 #: variants: copy-engine copies (traced as memcpy rows; ``ce_put``/``ce_get`` ranges on CPU) or the
 #: Triton copy kernel.
 COPY_PRODUCERS = r"(?i)memcpy|ce_put|ce_get|copy_blocks_kernel"
+
+#: Environment variable that picks the fine-grained variants' transport for `taxmodel profile`
+#: when no GemmConfig is given: ``ce`` (default), ``sm`` or ``direct``. Only ``sm`` (and ``direct``
+#: for pull) can be captured in a CUDA graph (``taxmodel profile --graph``).
+TRANSPORT_ENV = "TAXMODEL_AG_GEMM_TRANSPORT"
+TRANSPORTS = ("ce", "sm", "direct")
 
 #: GPU presets: M x N x K with N = K = 8192 (the issue's sizes), a smaller N = K = 4096 family, and
 #: the tensor-parallel layout (weight split by columns) of the 8192 family.
@@ -89,7 +96,13 @@ def make_weight(seed: int, rank: int, k: int, n: int, n_loc: int, tp: bool, dtyp
 
 @dataclass
 class AgGemmState:
-    """One rank's buffers for one variant; ``epoch`` counts the iterations run (flags hold it)."""
+    """One rank's buffers for one variant.
+
+    ``epoch`` counts on the host the iterations enqueued (the copy engines write it into flags);
+    the fine-grained kernels count on the device in ``epochs`` (int32 [4]: the GEMM's last
+    finished epoch and done counter, then the copy kernel's), which is what makes them graph-safe.
+    ``records`` holds the in-kernel record buffers by kernel name (``ctx.instrument``).
+    """
 
     ctx: Any
     shape: dict[str, int]
@@ -110,6 +123,8 @@ class AgGemmState:
     flags: torch.Tensor | None = None
     heap: Any = None
     epoch: int = 0
+    epochs: torch.Tensor | None = None  # device epoch words of the GEMM [0:2] and the copy kernel [2:4]
+    records: dict[str, Any] = field(default_factory=dict)  # kernel name -> RecordBuffer
     count: torch.Tensor | None = None  # debug: per-output-tile compute count (A_WAIT/A_PULL kernels)
     seen: torch.Tensor | None = None  # debug: flag epoch each tile saw before reading A
     cache: dict[str, Any] = field(default_factory=dict)
@@ -121,6 +136,41 @@ class AgGemmState:
     @property
     def world(self) -> int:
         return self.ctx.world_size
+
+    def new_epochs(self) -> None:
+        """Zeroed device epoch words (fine-grained variants, at setup)."""
+        self.epochs = torch.zeros(4, dtype=torch.int32, device=self.c.device)
+        self.cache["gemm_epochs"], self.cache["copy_epochs"] = self.epochs[0:2], self.epochs[2:4]
+
+    @property
+    def gemm_epochs(self) -> torch.Tensor:
+        return self.cache["gemm_epochs"]
+
+    @property
+    def copy_epochs(self) -> torch.Tensor:
+        return self.cache["copy_epochs"]
+
+    def add_records(self, kernel: str, capacity: int) -> None:
+        """Ask the runtime for kernel ``kernel``'s record buffer when ``ctx.instrument`` is set."""
+        from taxmodel.runtime.records import record_buffer  # the runtime's side of kernels/_trace.py
+
+        buf = record_buffer(self.ctx, kernel, capacity, self.c.device)
+        if buf is not None:
+            self.records[kernel] = buf
+
+    def record_tensor(self, kernel: str) -> torch.Tensor | None:
+        """The record buffer of ``kernel``'s next launch (None: compiled without records)."""
+        buf = self.records.get(kernel)
+        return buf.tensor() if buf is not None else None
+
+    def reseed(self, seed: int) -> None:
+        """Refill this rank's A shard and B in place with the inputs of ``seed`` (same buffers, so a
+        captured CUDA graph sees them). Peers read the shard: barrier before and after."""
+        self.shape["seed"] = int(seed)
+        device = self.c.device
+        self.a_local.copy_(make_shard(seed, self.rank, self.m_loc, self.k, self.dtype, device))
+        self.b.copy_(make_weight(seed, self.rank, self.k, int(self.shape["N"]), self.n_loc,
+                                 bool(self.shape.get("tp", 0)), self.dtype, device))
 
     def poison(self) -> None:
         """Fill C with NaN so a tile the kernel never wrote fails the reference check."""
@@ -185,16 +235,39 @@ class AgGemm(Workload):
     def __init__(self, config: GemmConfig | None = None) -> None:
         self.config = config
 
+    def _config(self, device: Any = None) -> GemmConfig:
+        """The given config, else the device's default with the transport ``TRANSPORT_ENV`` names."""
+        if self.config is not None:
+            return self.config
+        cfg = default_config(device) if device is not None else GemmConfig()
+        chosen = os.environ.get(TRANSPORT_ENV, "").strip().lower()
+        if not chosen:
+            return cfg
+        if chosen not in TRANSPORTS:
+            raise InputError(f"{TRANSPORT_ENV}={chosen!r}: use one of {', '.join(TRANSPORTS)}")
+        return replace(cfg, transport=chosen)
+
     def _transport(self) -> str:
-        return (self.config or GemmConfig()).transport
+        return self._config().transport
+
+    def config_summary(self, device: Any = None) -> dict[str, Any]:
+        """What the bundle's meta records of the kernels' configuration (tiles, transport)."""
+        cfg = self._config(device)
+        return {"label": cfg.label(), "transport": cfg.transport}
 
     def variants(self) -> dict[str, Variant]:
+        """The variants, with ``graph_safe`` set for this workload's transport (the runtime may
+        capture those in a CUDA graph): bsp always; pull with the ``sm`` or ``direct`` transport;
+        push with ``sm``; never the copy engines (host-chosen flag values) nor torch_fused."""
+        from dataclasses import replace
+
         from . import bsp, pull, push, torch_fused
 
+        transport = self._transport()
         return {
             "bsp": bsp.VARIANT,
-            "pull": pull.VARIANT,
-            "push": push.VARIANT,
+            "pull": replace(pull.VARIANT, graph_safe=pull.graph_safe(transport)),
+            "push": replace(push.VARIANT, graph_safe=push.graph_safe(transport)),
             "torch_fused": torch_fused.VARIANT,
         }
 
@@ -205,7 +278,7 @@ class AgGemm(Workload):
         world, rank, device = ctx.world_size, ctx.rank, torch.device(ctx.device)
         m, m_loc, n_loc, k = shape_dims(shape, world)
         dtype = pick_dtype(shape, device)
-        cfg = self.config or default_config(device)
+        cfg = self._config(device)
         seed = int(shape.get("seed", 0))
         tp = bool(shape.get("tp", 0))
         shard = make_shard(seed, rank, m_loc, k, dtype, device)
@@ -222,10 +295,13 @@ class AgGemm(Workload):
         return st
 
     def reference(self, ctx: Any, shape: Mapping[str, int], state: AgGemmState) -> torch.Tensor:
+        """fp32 C of the inputs of ``shape``'s seed (after ``reseed``, pass the state's shape)."""
         device = torch.device(ctx.device)
         seed = int(shape.get("seed", 0))
         shards = [make_shard(seed, r, state.m_loc, state.k, state.dtype, device).float() for r in range(ctx.world_size)]
-        return torch.cat(shards) @ state.b.float()
+        b = make_weight(seed, ctx.rank, state.k, int(shape["N"]), state.n_loc, bool(shape.get("tp", 0)), state.dtype,
+                        device)
+        return torch.cat(shards) @ b.float()
 
     def output(self, state: AgGemmState) -> torch.Tensor:
         return state.c

@@ -11,7 +11,8 @@ lse_n over its own keys, the attention over the union of their keys is
 Partials with lse = -inf (empty splits, empty shards) get weight zero; if every partial is empty
 the result is o = 0, lse = -inf, never NaN. The same device function serves three places:
 the local combine over one rank's splits, the global combine over the ranks' partials (BSP),
-and both combines inside the fused kernel. It walks the partials in blocks of ``NB`` with an
+and both combines inside the fused kernel (whose LL path merges one peer's partial at a time
+with ``merge_partials`` as it arrives). It walks the partials in blocks of ``NB`` with an
 online maximum, so a long list of splits costs no more registers than a short one.
 
 Layout: the partial (n, r, d) of a group of R rows sits at ``out_base + n*stride_on + r*stride_or
@@ -25,6 +26,30 @@ import triton
 import triton.language as tl
 
 from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, check_runnable, next_pow2
+
+
+@triton.jit
+def merge_partials(m, wsum, acc, lse, o):
+    """Fold N partials (lse [N, R], o [N, R, D]) into the running state of R rows: the maximum lse
+    ``m`` [R], the weight sum ``wsum`` [R] and the weighted output sum ``acc`` [R, D] (weights
+    relative to ``m``). Start from m = -inf, wsum = 0, acc = 0; end with ``finish_merge``."""
+    m_new = tl.maximum(m, tl.max(lse, 0))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m - m_safe)
+    w = tl.exp2(lse - m_safe[None, :])
+    acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
+    wsum = wsum * alpha + tl.sum(w, 0)
+    return m_new, wsum, acc
+
+
+@triton.jit
+def finish_merge(m, wsum, acc):
+    """(out [R, D], lse [R] base 2) of a merged state; rows with no weight give 0 and -inf."""
+    has = wsum > 0.0
+    safe_sum = tl.where(has, wsum, 1.0)
+    out = acc / safe_sum[:, None]
+    lse_out = tl.where(has, tl.where(m == float("-inf"), 0.0, m) + tl.log2(safe_sum), float("-inf"))
+    return out, lse_out
 
 
 @triton.jit
@@ -44,18 +69,8 @@ def combine_tile(out_base, lse_base, n_count, stride_on, stride_or, stride_ln, s
                       other=float("-inf"), cache_modifier=".cg")
         o = tl.load(out_base + n[:, None, None] * stride_on + r[None, :, None] * stride_or + d[None, None, :],
                     mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m, tl.max(lse, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m - m_safe)
-        w = tl.exp2(lse - m_safe[None, :])
-        acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o, 0)
-        wsum = wsum * alpha + tl.sum(w, 0)
-        m = m_new
-    has = wsum > 0.0
-    safe_sum = tl.where(has, wsum, 1.0)
-    out = acc / safe_sum[:, None]
-    lse_out = tl.where(has, tl.where(m == float("-inf"), 0.0, m) + tl.log2(safe_sum), float("-inf"))
-    return out, lse_out
+        m, wsum, acc = merge_partials(m, wsum, acc, lse, o)
+    return finish_merge(m, wsum, acc)
 
 
 @triton.jit

@@ -1,46 +1,66 @@
-"""Fine-grained flash decode: one kernel, no collective, no global barrier.
+"""Fine-grained flash decode: one kernel per decode step, no collective, no global barrier.
 
-One launch per decode step, on every rank, with ``B*Hkv*S + C`` programs in a 1-D grid:
+One launch per step on every rank (so one kernel per step: the split, both combines and the
+exchange between ranks all live in it; a second kernel would cost a launch plus a kernel boundary,
+~2 us in a CUDA graph and ~15 us eager, which at short KV is more than the attention itself).
+The grid is ``B*Hkv*S + C`` programs:
 
 1. Programs ``0 .. B*Hkv*S-1`` are split-KV workers (``attend_split``, the same code as the BSP
-   split kernel), ordered by (batch, KV head) first so that a pair's splits finish together.
+   split kernel), ordered by (batch, KV head) pair first so that a pair's splits finish together.
    Each writes its partial, then bumps the pair's arrival counter (acq_rel, GPU scope).
 2. The worker that arrives last for a pair (counter == S-1) resets the counter, combines the
-   pair's S partials locally (``combine_tile``), stores the combined [G, D] output and its
-   log-sum-exp into slot ``rank`` of every rank's receive buffer with ``iris.store`` (itself
-   included), and release-sets flag [pair, rank] on every rank to the epoch (``_sync.signal``).
-   Workers never wait on anything.
-3. The last ``C`` programs are combiners. Combiner c takes pairs c, c+C, ...; for each it waits
-   (``_sync.wait_geq``, bounded) until flag [pair, src] >= epoch for every rank src, then combines
-   the W partials (LSE rescaling) and writes the output rows. The last combiner to finish (a
-   second counter) advances the epoch.
+   pair's S partials locally (``combine_tile``) and pushes the combined [G, D] output and its
+   log-sum-exp into slot ``rank`` of every rank's receive buffer (``_push_pair``).
+3. The ranks' W partials of the pair are combined (``_combine_pair``) either by that same last
+   worker (``num_combiners == 0``, the default: it merges its own partial from registers and polls
+   the peers'), or by ``C`` dedicated combiner programs at the end of the grid (combiner c takes
+   pairs c, c+C, ...). Every finished pair bumps a done counter; the last one advances the epoch.
 
-Why one kernel, and why it cannot deadlock:
-- Only combiners wait, and they are the highest program ids. Triton's interpreter runs programs
-  one after another in id order, so on CPU every worker of a rank has finished before its first
-  combiner waits; the workers a combiner waits on in other ranks run in other processes and never
-  wait. On a GPU, workers never wait either, and C <= SMs / 2, so even if combiners were
-  dispatched first (GPUs dispatch a 1-D grid in id order in practice, so they come last) they hold
-  at most half the SMs and the workers progress on the rest. A combiner that waits longer than
-  the spin timeout records the flag in the error buffer and stops waiting instead of hanging
-  (``check_errors`` turns it into a RunError).
-- So the CPU path and the GPU path are the same single kernel; nothing is split on CPU only.
+Push protocols (``LL`` constexpr; ``FusedConfig.protocol``):
+- ``ll`` (default): LL words (``ll.py``): each fp32 value travels with its epoch in one 8-byte
+  store; the receiver polls the words until all hold the epoch. No fence, no flag, no atomic on
+  the critical path: the step's cross-rank latency is one NVLink store plus the poll.
+- ``flags`` (the first session's protocol): fp32 stores, then per peer a system-scope
+  release-exchange of flag [pair, rank] (``_sync.signal``); the receiver waits on each peer's flag
+  (``_sync.wait_geq``: poll, then a system-scope acquire). That is W system-scope releases
+  serialized behind remote atomics, and W acquires, per pair: measured 0.82x of BSP at b1-kv1k
+  in CUDA graphs, with dedicated combiners.
+
+Why the last worker combines by default: dedicated combiners spin from the kernel's start on SM
+slots the workers share, for the whole KV stream (at long KV ~1-2% of the step, which is the margin
+between fused and BSP there); the last worker only waits at the end, for peers that finish at
+about the same time. Every wait is bounded (``spin_timeout``): a waiter that gives up records the
+peer and flag index in the error buffer and every later wait of the launch returns at once
+(``check_errors`` turns it into a RunError), so nothing hangs.
+
+Why it cannot deadlock: workers never wait before their push. With dedicated combiners (at most
+half the SMs, the highest program ids) the workers always have SMs. With the last worker combining,
+a program waits on pair p only after pushing p; the plan sizes the grid to one wave, so normally all
+programs are resident; if not, GPUs dispatch a 1-D grid in id order (pair-major), so the lowest
+pair not yet pushed on some rank has all lower pairs pushed everywhere: their waiters finish, free
+their SMs, and that pair's workers run. Triton's interpreter runs programs in id order, one at a
+time, per rank process: a waiter on pair p waits for peers that run pairs <= p, which by the same
+argument finish.
 
 Epochs instead of resets: the epoch lives in device memory (``epoch[0]``, read by every program
-at its start, advanced by the last combiner), so a captured CUDA graph replays correctly. Flags
-hold epochs and a waiter accepts any flag >= its epoch, so flags are never reset. The receive
+at its start, advanced after the last pair), so a captured CUDA graph replays correctly. Flags and
+LL words hold epochs, and a waiter accepts only the current one, so nothing is reset. The receive
 buffer is double-buffered by epoch parity: a peer can run at most one step ahead (its step e+1
 cannot finish before this rank's step e+1 pushes, which starts after this rank's step e ended),
 so its step-e+1 pushes land in the other half while this rank still reads step e's half.
 
 In-kernel records (``ctx.instrument``; kernels/_trace.py): workers record ``compute`` (their split),
-and the last worker of a pair ``combine`` (the split combine) and ``store_push`` (pushes and
-flags); combiners record ``flag_wait`` (waiting on a pair's W flags) and ``combine`` per pair.
-Without instrumentation the kernel is compiled with ``INSTRUMENT=False`` and holds no record code.
+and the last worker of a pair ``combine`` (the split combine) and ``store_push``; the combine of the
+ranks' partials records ``flag_wait`` and ``combine`` under the combiner's id (a dedicated
+combiner's program id, or ``n_workers + pair`` when the last worker combines, so those records
+read as one logical combiner per pair). In the LL path ``flag_wait`` also covers the per-peer merges,
+which overlap the waits. Without instrumentation the kernel is compiled with ``INSTRUMENT=False``
+and holds no record code.
 
 Data locality: the workers' partials round-trip memory inside the kernel (written by S workers,
 read once by the pair's last worker; usually L2 hits); the combined partials go straight into
-the peers' heaps. Link bytes: each rank receives (W-1) * B*Hq*(D+1) fp32 values per step.
+the peers' heaps. Link bytes: each rank receives (W-1) * B*Hq*(D+1) values per step, 8 bytes each
+with LL words, 4 with flags.
 """
 from __future__ import annotations
 
@@ -53,12 +73,112 @@ import triton
 import triton.language as tl
 
 from taxmodel.kernels import _sync, _trace
-from taxmodel.kernels.flash_decode.combine import combine_tile, packed_size
+from taxmodel.kernels.flash_decode import ll
+from taxmodel.kernels.flash_decode.combine import combine_tile, finish_merge, merge_partials, packed_size
 from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, attend_split, check_runnable, next_pow2
 
 #: Kernel id written into the error buffer by a combiner that gave up waiting.
 FUSED_KERNEL_ID = 1
 KERNEL_NAME = "flash_decode_fused"
+
+
+#: Push protocols (the ``LL`` constexpr): LL words (value and epoch in one 8-byte store, no fences)
+#: or the flag protocol (fp32 stores, then a system-scope release-set of a flag per peer).
+PROTOCOLS = {"ll": True, "flags": False}
+
+
+@triton.jit
+def _as_fp32(recv):
+    """The receive buffer as fp32 values (the flag protocol's view of the int64 heap buffer)."""
+    return recv.to(tl.pointer_type(tl.float32), bitcast=True)
+
+
+@triton.jit
+def _push_pair(recv, half, bk, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot, heap_bases,
+               G: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr, LL: tl.constexpr):
+    """Store pair ``bk``'s combined [G, D] partial and its lse into slot ``rank`` of every rank's
+    receive buffer (this rank's included): LL words, or fp32 values then one flag per rank."""
+    r = tl.arange(0, G_P2)
+    r_ok = r < G
+    d = tl.arange(0, D)
+    row = bk * G + r
+    if LL:
+        mine_w = recv + (half * world_size + rank) * slot
+        ll.push(mine_w, row[:, None] * D + d[None, :], ll.pack(out, epoch), r_ok[:, None], rank, world_size, heap_bases)
+        ll.push(mine_w, rows_total * D + row, ll.pack(lse, epoch), r_ok, rank, world_size, heap_bases)
+    else:
+        mine_f = _as_fp32(recv) + (half * world_size + rank) * slot
+        for dst in range(world_size):
+            iris.store(mine_f + row[:, None] * D + d[None, :], out, rank, dst, heap_bases, mask=r_ok[:, None])
+            iris.store(mine_f + rows_total * D + row, lse, rank, dst, heap_bases, mask=r_ok)
+        tl.debug_barrier()  # all threads' pushes precede the flags
+        for dst in range(world_size):
+            _sync.signal(flag_ptr + bk * world_size + rank, epoch, rank, dst, heap_bases)
+
+
+@triton.jit
+def _combine_pair(bk, own_out, own_lse, HAVE_OWN: tl.constexpr, recv, half, out_ptr, flag_ptr, epoch, budget, err_ptr,
+                  rank, world_size, rows_total, slot, rec_ptr, cta, t,
+                  G: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr, W_P2: tl.constexpr, LL: tl.constexpr,
+                  KERNEL_ID: tl.constexpr, MODE: tl.constexpr, INSTRUMENT: tl.constexpr):
+    """Wait for every rank's partial of pair ``bk`` (bounded), combine them, write the output rows.
+
+    ``HAVE_OWN``: this program computed this rank's partial itself (``own_out``, ``own_lse``) and
+    merges it from registers instead of reading it back (LL only). Every rank merges in rank
+    order, so all ranks produce the same output. Records ``flag_wait`` (in the LL path it also
+    covers the per-peer merges, which overlap the waits) and ``combine``; returns the clock.
+    """
+    r = tl.arange(0, G_P2)
+    r_ok = r < G
+    d = tl.arange(0, D)
+    row = bk * G + r
+    if LL:
+        words = recv + half * world_size * slot
+        tile_ok = r_ok[:, None] & (d[None, :] < D)
+        m = tl.full([G_P2], float("-inf"), tl.float32)
+        wsum = tl.zeros([G_P2], tl.float32)
+        acc = tl.zeros([G_P2, D], tl.float32)
+        for src in range(world_size):
+            base = words + src * slot
+            if HAVE_OWN:
+                if src == rank:
+                    o, lse = own_out, own_lse
+                else:
+                    o, lse, _ = ll.wait_rows(base + row[:, None] * D + d[None, :], tile_ok, base + rows_total * D + row,
+                                             r_ok, epoch, budget, err_ptr, rank, src, bk * world_size + src,
+                                             KERNEL_ID, MODE)
+            else:
+                o, lse, _ = ll.wait_rows(base + row[:, None] * D + d[None, :], tile_ok, base + rows_total * D + row,
+                                         r_ok, epoch, budget, err_ptr, rank, src, bk * world_size + src,
+                                         KERNEL_ID, MODE)
+            m, wsum, acc = merge_partials(m, wsum, acc, lse[None, :], o[None, :, :])
+        t = _trace.mark(rec_ptr, cta, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
+        out, lse_all = finish_merge(m, wsum, acc)
+    else:
+        for src in range(world_size):
+            flag_index = bk * world_size + src
+            _sync.wait_geq(flag_ptr + flag_index, epoch, budget, err_ptr, rank, src, flag_index, KERNEL_ID, MODE)
+        tl.debug_barrier()
+        t = _trace.mark(rec_ptr, cta, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
+        vals = _as_fp32(recv) + half * world_size * slot
+        out, lse_all = combine_tile(vals + bk * G * D, vals + rows_total * D + bk * G,
+                                    world_size, slot, D, slot, 1, G, G_P2, D, W_P2)
+    tl.store(out_ptr + row[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
+    t = _trace.mark(rec_ptr, cta, _trace.COMBINE, t, INSTRUMENT, MODE)
+    return t
+
+
+@triton.jit
+def _pair_done(done_ptr, epoch_ptr, epoch, pairs):
+    """Count a finished pair; the last pair of the launch advances the epoch for the next one.
+
+    Every program read the epoch before this count can reach ``pairs`` (each pair's combine
+    follows all of its workers), so no program of this launch sees the new value."""
+    tl.debug_barrier()
+    finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
+    if finished == pairs - 1:
+        tl.store(done_ptr, 0)
+        tl.atomic_xchg(epoch_ptr, epoch, sem="release", scope="gpu")
 
 
 @triton.jit
@@ -70,17 +190,17 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                        G: tl.constexpr, G_DOT: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr,
                        BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
                        NB: tl.constexpr, W_P2: tl.constexpr, MODE: tl.constexpr, KERNEL_ID: tl.constexpr,
-                       INSTRUMENT: tl.constexpr = False):
+                       INSTRUMENT: tl.constexpr = False, LL: tl.constexpr = True):
     pid = tl.program_id(0)
     t = _trace.begin(INSTRUMENT, MODE)  # in-kernel records (kernels/_trace.py); nothing when off
     pairs = (rows_total // G)
     n_workers = pairs * num_splits
     epoch = tl.load(epoch_ptr) + 1
     slot = rows_total * (D + 1)
-    recv = recv_ptr + (epoch % 2) * world_size * slot
-    r = tl.arange(0, G_P2)
-    r_ok = r < G
-    d = tl.arange(0, D)
+    # The receive buffer [2, W, slot] is int64 on the heap: LL words, or fp32 values in its first
+    # half (the helpers re-type it); the half is the epoch's parity.
+    recv = recv_ptr.to(tl.pointer_type(tl.int64), bitcast=True)
+    half = epoch % 2
     if pid < n_workers:
         bk = pid // num_splits
         attend_split(q_ptr, k_ptr, v_ptr, part_out_ptr, part_lse_ptr, bk, pid % num_splits,
@@ -95,41 +215,49 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
             out, lse = combine_tile(part_out_ptr + bk * num_splits * G * D, part_lse_ptr + bk * num_splits * G,
                                     num_splits, G * D, D, G, 1, G, G_P2, D, NB)
             t = _trace.mark(rec_ptr, pid, _trace.COMBINE, t, INSTRUMENT, MODE)
-            row = bk * G + r
-            mine = recv + rank * slot
-            for dst in range(world_size):
-                iris.store(mine + row[:, None] * D + d[None, :], out, rank, dst, heap_bases, mask=r_ok[:, None])
-                iris.store(mine + rows_total * D + row, lse, rank, dst, heap_bases, mask=r_ok)
-            tl.debug_barrier()  # all threads' pushes precede the flags
-            for dst in range(world_size):
-                _sync.signal(flag_ptr + bk * world_size + rank, epoch, rank, dst, heap_bases)
+            _push_pair(recv, half, bk, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot, heap_bases,
+                       G, G_P2, D, LL)
             t = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t, INSTRUMENT, MODE)
+            if num_combiners == 0:
+                # This program is the pair's combiner too; its records carry the combiner id a
+                # dedicated combiner of this pair would have (n_workers + pair).
+                t = _combine_pair(bk, out, lse, True, recv, half, out_ptr, flag_ptr, epoch, budget, err_ptr,
+                                  rank, world_size, rows_total, slot, rec_ptr, n_workers + bk, t,
+                                  G, G_P2, D, W_P2, LL, KERNEL_ID, MODE, INSTRUMENT)
+                _pair_done(done_ptr, epoch_ptr, epoch, pairs)
     else:
+        no_out = tl.zeros([G_P2, D], tl.float32)  # unused: dedicated combiners read every partial
+        no_lse = tl.zeros([G_P2], tl.float32)
         for bk in range(pid - n_workers, pairs, num_combiners):
-            for src in range(world_size):
-                flag_index = bk * world_size + src
-                _sync.wait_geq(flag_ptr + flag_index, epoch, budget, err_ptr, rank, src, flag_index,
-                               KERNEL_ID, MODE)
-            tl.debug_barrier()
-            t = _trace.mark(rec_ptr, pid, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
-            out, lse = combine_tile(recv + bk * G * D, recv + rows_total * D + bk * G,
-                                    world_size, slot, D, slot, 1, G, G_P2, D, W_P2)
-            row = bk * G + r
-            tl.store(out_ptr + row[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
-            t = _trace.mark(rec_ptr, pid, _trace.COMBINE, t, INSTRUMENT, MODE)
-        tl.debug_barrier()
-        finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
-        if finished == num_combiners - 1:
-            tl.store(done_ptr, 0)
-            tl.atomic_xchg(epoch_ptr, epoch, sem="release", scope="gpu")
+            t = _combine_pair(bk, no_out, no_lse, False, recv, half, out_ptr, flag_ptr, epoch, budget, err_ptr,
+                              rank, world_size, rows_total, slot, rec_ptr, pid, t,
+                              G, G_P2, D, W_P2, LL, KERNEL_ID, MODE, INSTRUMENT)
+            _pair_done(done_ptr, epoch_ptr, epoch, pairs)
 
 
 def heap_bytes(batch: int, q_heads: int, kv_heads: int, head_dim: int, world_size: int) -> int:
-    """Symmetric-heap bytes the fused variant allocates (receive buffers and flags), with slack
-    for the heap's alignment."""
-    recv = 2 * world_size * packed_size(batch * q_heads, head_dim) * 4
+    """Symmetric-heap bytes the fused variant allocates (receive buffers of 8-byte words, big
+    enough for either protocol, and flags), with slack for the heap's alignment."""
+    recv = 2 * world_size * packed_size(batch * q_heads, head_dim) * 8
     flags = batch * kv_heads * world_size * 4
     return recv + flags + 4096
+
+
+@dataclass(frozen=True)
+class FusedConfig:
+    """The fused kernel's structural choices (the benchmark sweeps them).
+
+    ``protocol``: "ll" (LL words) or "flags" (fp32 pushes, a system-scope release-set flag per
+    peer, an acquire per peer). ``combiners``: 0 = each pair's last worker also combines the
+    ranks' partials of its pair (no CTA spins while the KV streams); N > 0 = N dedicated combiner
+    CTAs at the end of the grid, each waiting on pairs c, c+N, ... from the kernel's start.
+    """
+
+    protocol: str = "ll"
+    combiners: int = 0
+
+    def label(self) -> str:
+        return f"{self.protocol}-{'last' if self.combiners == 0 else f'c{self.combiners}'}"
 
 
 @dataclass
@@ -141,17 +269,18 @@ class FusedState:
     part_out: torch.Tensor
     part_lse: torch.Tensor
     counters: torch.Tensor
-    recv: torch.Tensor  # heap: [2, W, B*Hq*(D+1)] fp32
-    flags: torch.Tensor  # heap: [B*Hkv, W] int32, flag [pair, src] holds src's last epoch
+    recv: torch.Tensor  # heap: [2, W, B*Hq*(D+1)] int64 (LL words; fp32 values in the first half for flags)
+    flags: torch.Tensor  # heap: [B*Hkv, W] int32, flag [pair, src] holds src's last epoch (flags protocol)
     epoch: torch.Tensor  # [1] int32, last finished step
     done: torch.Tensor  # [1] int32
     err: torch.Tensor
     heap_bases: torch.Tensor
     rank: int
     world_size: int
-    num_combiners: int
+    num_combiners: int  # 0: the pair's last worker combines
     budget: int
     mode: int
+    config: FusedConfig = FusedConfig()
     records: Any = None  # taxmodel.runtime.records.RecordBuffer when instrumented
 
     def kernel_args(self) -> tuple[tuple, dict]:
@@ -166,7 +295,7 @@ class FusedState:
                self.rank, self.world_size, a.batch * a.q_heads, self.num_combiners, self.budget)
         kw = dict(a.constexprs(), G_P2=next_pow2(a.group), NB=8, W_P2=next_pow2(self.world_size),
                   MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, INSTRUMENT=self.records is not None,
-                  num_warps=a.cfg.num_warps)
+                  LL=PROTOCOLS[self.config.protocol], num_warps=a.cfg.num_warps)
         self.__dict__["_launch_args"] = (pos, kw)
         return pos, kw
 
@@ -176,8 +305,8 @@ class FusedState:
 
     @property
     def record_capacity(self) -> int:
-        """Records one launch writes: 1 per worker, 2 more per pair (its last worker), 2 per pair
-        (its combiner)."""
+        """Records one launch writes: 1 per worker, 2 more per pair (its last worker: local combine,
+        push), 2 per pair (its combiner: flag_wait, combine)."""
         a = self.args
         pairs = a.batch * a.kv_heads
         return pairs * a.plan.num_splits + 4 * pairs
@@ -187,18 +316,41 @@ class FusedState:
         a = self.args
         return (a.batch * a.kv_heads * a.plan.num_splits + self.num_combiners,)
 
+    def arrived_epochs(self) -> torch.Tensor:
+        """[pairs, W] int: the last epoch at which rank src's partial of each pair reached this
+        rank (a test hook; for LL the oldest epoch among the pair's words, so a single word
+        missing shows)."""
+        a = self.args
+        pairs, g, d, w = a.batch * a.kv_heads, a.group, a.head_dim, self.world_size
+        if self.config.protocol != "ll":
+            return self.flags.clone()
+        rows = a.batch * a.q_heads
+        ep = (self.recv >> 32).view(2, w, -1)
+        out = ep[:, :, :rows * d].reshape(2, w, pairs, g * d)
+        lse = ep[:, :, rows * d:].reshape(2, w, pairs, g)
+        oldest = torch.minimum(out.min(-1).values, lse.min(-1).values)  # [2, W, pairs]
+        return oldest.max(0).values.t().contiguous()
 
-def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: int) -> FusedState:
+
+def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: int,
+                     config: FusedConfig = FusedConfig()) -> FusedState:
     """Allocate the fused variant's buffers (heap allocations in the same order on every rank)."""
+    if config.protocol not in PROTOCOLS:
+        from taxmodel.errors import InputError
+
+        raise InputError(f"flash_decode fused: unknown protocol '{config.protocol}'; choose one of "
+                         f"{', '.join(PROTOCOLS)}")
     heap = ctx.heap
     w = ctx.world_size
     pairs = args.batch * args.kv_heads
     dev = args.q.device
-    recv = heap.zeros((2, w, packed_size(args.batch * args.q_heads, args.head_dim)), torch.float32)
+    recv = heap.zeros((2, w, packed_size(args.batch * args.q_heads, args.head_dim)), torch.int64)
     flags = heap.zeros((pairs, w), torch.int32)
     part_out = torch.empty(pairs, args.plan.num_splits, args.group, args.head_dim, dtype=torch.float32, device=dev)
     part_lse = torch.empty(pairs, args.plan.num_splits, args.group, dtype=torch.float32, device=dev)
     mode = _sync.sync_mode(dev)
+    # Dedicated combiners hold at most half the SMs, so the workers (which never wait) always progress.
+    combiners = 0 if config.combiners == 0 else max(1, min(pairs, config.combiners, num_sms // 2))
     state = FusedState(
         args=args, out=out, part_out=part_out, part_lse=part_lse,
         counters=torch.zeros(pairs, dtype=torch.int32, device=dev),
@@ -206,8 +358,8 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
         epoch=torch.zeros(1, dtype=torch.int32, device=dev),
         done=torch.zeros(1, dtype=torch.int32, device=dev),
         err=_sync.new_error_buffer(dev), heap_bases=heap.heap_bases.to(dev),
-        rank=ctx.rank, world_size=w, num_combiners=max(1, min(pairs, num_sms // 2)),
-        budget=_sync.spin_budget(ctx.spin_timeout_s, mode), mode=mode,
+        rank=ctx.rank, world_size=w, num_combiners=combiners,
+        budget=_sync.spin_budget(ctx.spin_timeout_s, mode), mode=mode, config=config,
     )
     from taxmodel.runtime.records import record_buffer  # the runtime's side of kernels/_trace.py
 

@@ -8,7 +8,9 @@ heads (Hq / Hkv per KV head).
 Shape keys: batch, q_heads, kv_heads, head_dim, kv_len (keys per rank), kv_len_step (rank r holds
 kv_len + r * kv_len_step keys: ragged shards), empty_rank (a rank holding no keys, -1 for none),
 fp16 (1: fp16 instead of bf16), seed (inputs; the same seed gives the same inputs everywhere),
-and optional kernel tuning (block_n, num_warps, num_stages, ctas_per_sm; 0 = default).
+optional kernel tuning (block_n, num_warps, num_stages, ctas_per_sm; 0 = default), and the fused
+kernel's structure (fused_protocol: 1 LL words, 2 flags, 0 = default LL; fused_combiners: 0 =
+each pair's last worker combines, N > 0 = N dedicated combiner CTAs; see ``fused.FusedConfig``).
 """
 from __future__ import annotations
 
@@ -63,6 +65,22 @@ def split_config(shape: Mapping[str, int], device: torch.device | str) -> SplitC
     cfg = CPU_CONFIG if torch.device(device).type == "cpu" else SplitConfig()
     tuned = {k: int(shape[k]) for k in ("block_n", "num_warps", "num_stages", "ctas_per_sm") if int(shape.get(k, 0)) > 0}
     return replace(cfg, **tuned)
+
+
+#: fused_protocol shape codes (0 = the default, LL).
+FUSED_PROTOCOL_CODES = {0: "ll", 1: "ll", 2: "flags"}
+
+
+def fused_config(shape: Mapping[str, int]) -> fused.FusedConfig:
+    """The fused kernel's structure from the shape's fused_protocol / fused_combiners keys."""
+    code = int(shape.get("fused_protocol", 0))
+    if code not in FUSED_PROTOCOL_CODES:
+        raise InputError(f"flash_decode: fused_protocol {code} unknown; use 1 (LL words) or 2 (flags)")
+    combiners = int(shape.get("fused_combiners", 0))
+    if combiners < 0:
+        raise InputError(f"flash_decode: fused_combiners {combiners} must be 0 (last worker combines) or a "
+                         "positive number of dedicated combiner CTAs")
+    return fused.FusedConfig(protocol=FUSED_PROTOCOL_CODES[code], combiners=combiners)
 
 
 def _dtype(shape: Mapping[str, int]) -> torch.dtype:
@@ -124,14 +142,15 @@ class FlashDecode(Workload):
                 roles={bsp.SPLIT_NAME: "compute", r"flash_decode_combine": "compute",
                        r"(?i)nccl|all_?gather": "comm"},
                 description="split-KV kernel, local combine, NCCL all_gather of the partials, global combine",
-                available=_bsp_available,
+                available=_bsp_available, graph_safe=True,
             ),
             "fused": Variant(
                 name="fused", run=lambda st: _run_fused(st),
                 roles={fused.KERNEL_NAME: "fused"}, needs_heap=True, fine_grained=True,
-                description="one kernel: split-KV workers, last worker per head group combines and pushes "
-                            "to peers (iris.store + epoch flags), combiners wait on the flags",
-                available=_threads_unavailable,
+                description="one kernel: split-KV workers; the last worker per head group combines its "
+                            "splits, pushes the partial to every rank as LL words (value + epoch in one "
+                            "8-byte store) and combines the ranks' partials of its group",
+                available=_threads_unavailable, graph_safe=True,
             ),
         }
 
@@ -159,7 +178,7 @@ class FlashDecode(Workload):
 
                 own_heap = make_heap(ctx, self.heap_bytes(shape, ctx.world_size))
                 ctx = replace(ctx, heap=own_heap)
-            impl = fused.make_fused_state(ctx, args, out, _num_sms(dev))
+            impl = fused.make_fused_state(ctx, args, out, _num_sms(dev), fused_config(shape))
             fused.warmup_fused(impl)
             # Every rank has zeroed its flags and compiled its kernel before any rank pushes.
             ctx.barrier()
@@ -248,4 +267,4 @@ def _bsp_available(ctx: Any) -> str | None:
     return None
 
 
-__all__ = ["FlashDecode", "FlashDecodeState", "kv_lengths", "split_config"]
+__all__ = ["FlashDecode", "FlashDecodeState", "fused_config", "kv_lengths", "split_config"]

@@ -566,6 +566,14 @@ def _record_shares(gpu, g_start, g_end, ev, offsets, role) -> tuple[np.ndarray, 
         j = np.searchsorted(g_start[kk], r_s[m], side="right") - 1
         ok = (j >= 0) & (r_s[m] < g_end[kk[np.maximum(j, 0)]])
         owner[m[ok]] = kk[j[ok]]
+    # A record belongs to a kernel of its own name: another instrumented kernel (a copy kernel on a
+    # side stream, say) can run while a fused kernel runs, and its records are not the fused kernel's.
+    has = owner >= 0
+    if has.any():
+        k_names = gpu["name"].astype(str).to_numpy()
+        r_names = rec["name"].astype(str).to_numpy()
+        same = k_names[owner[has]] == r_names[has]
+        owner[np.flatnonzero(has)[~same]] = -1
     has = owner >= 0
     if not has.any():
         return out, comm_out, recorded

@@ -15,6 +15,7 @@ import pandas as pd
 
 from taxmodel.model.categories import SUBCATEGORY_ORDER
 from taxmodel.report import compare, headline
+from taxmodel.trace.summary import launch_mode
 
 
 def _fmt(v: Any) -> str:
@@ -44,6 +45,9 @@ def render_ledger(ledger, per_rank: bool = False) -> str:
     head = (f"== {ledger.label}: {n_iter} iteration window(s) x {len(ledger.ranks)} rank(s); "
             f"mean window {compare.mean_window_ns(ledger) / 1e3:,.1f} us "
             f"(min {w['window_ns'].min() / 1e3:,.1f}, max {w['window_ns'].max() / 1e3:,.1f})")
+    launches = launch_mode(ledger.meta or {})
+    if launches:
+        head += f"; launches: {launches}"
     lines = [head, _text_table(headline.ledger_table(ledger))]
     if per_rank:
         pr = (ledger.per_rank() / 1e3).reset_index()
@@ -73,6 +77,10 @@ def render_analysis(ledgers: Sequence, per_rank: bool = False) -> str:
         ref = compare.reference_of(group)
         title = f"== {ident.workload} at {ident.shape_label}: variants side by side (us per iteration"
         title += f", reference {compare.REFERENCE_VARIANT})" if ref is not None else "; no bsp bundle to compare against)"
+        modes = [(led.meta.get("variant"), launch_mode(led.meta or {})) for led in group]
+        if len({m for _, m in modes if m}) > 1:
+            title += ("\n   launch modes differ (" + ", ".join(f"{v}: {m or 'unknown'}" for v, m in modes)
+                      + "): launch_tax is not comparable between them")
         blocks.append(title + "\n" + _text_table(headline.comparison_table(group)))
     sentences = headline.headlines(ledgers)
     if sentences:

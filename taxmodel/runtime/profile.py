@@ -40,6 +40,8 @@ class ProfileRequest:
     keep_raw: bool = True
     progress: bool = True
     instrument: bool = False  # in-kernel trace records from fused kernels (docs/records.md)
+    graph: str = "off"  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
+    graph_backend: str = "cuda"  # tests register a fake backend (taxmodel.runtime.graph.register_backend)
 
 
 @dataclass
@@ -50,6 +52,7 @@ class ProfileOutcome:
     world_size: int
     device: str
     wall_s: float
+    graph_fallbacks: list[str] = field(default_factory=list)  # variants profiled eagerly despite --graph, and why
 
 
 def default_world_size(device: str) -> int:
@@ -102,6 +105,7 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
     if inj.sleep_rank is not None and inj.sleep_rank >= world:
         raise InputError(f"--inject sleep_rank={inj.sleep_rank}: there are only {world} ranks")
     get_tracer(req.tracer)
+    _check_graph_request(req, workload, variants, device)
     spec = dict(DEFAULT_SPEC)
     spec.update({
         "workload": workload.name, "workload_modules": modules, "variants": req.variants, "preset": preset,
@@ -109,8 +113,31 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
         "inject": list(req.inject), "tracer": req.tracer, "out": str(Path(req.out).resolve()), "device": device,
         "timeout_s": req.timeout_s, "spin_timeout_s": req.spin_timeout_s, "heap_bytes": req.heap_bytes,
         "keep_raw": req.keep_raw, "progress": req.progress, "instrument": bool(req.instrument),
+        "graph": req.graph, "graph_backend": req.graph_backend,
     })
     return spec, world, device
+
+
+def _check_graph_request(req: ProfileRequest, workload: Any, variants: dict[str, Any], device: str) -> None:
+    """``--graph-strict`` that cannot be honoured stops here, before any rank starts (exit 2)."""
+    import torch
+
+    from taxmodel.runtime.graph import check_mode, get_backend
+
+    check_mode(req.graph)
+    backend = get_backend(req.graph_backend, torch.device(device))
+    if req.graph != "require":
+        return
+    why = backend.unavailable_reason()
+    if why:
+        raise InputError(f"--graph-strict: {why}; use --graph to profile with eager launches (bundles then say "
+                         "capture.graph=false), or run on GPUs")
+    unsafe = [v for v in (req.variants or list(variants)) if not getattr(variants[v], "graph_safe", False)]
+    if unsafe:
+        safe = [v for v in variants if getattr(variants[v], "graph_safe", False)]
+        raise InputError(f"--graph-strict: {workload.name} variant(s) {', '.join(unsafe)} are not graph-safe (their run() "
+                         "keeps per-iteration state on the host); choose graph-safe variants with --variants "
+                         f"({', '.join(safe) or 'none here'}), or use --graph to profile the others with eager launches")
 
 
 def profile(req: ProfileRequest, *, quiet: bool = False) -> ProfileOutcome:
@@ -121,7 +148,7 @@ def profile(req: ProfileRequest, *, quiet: bool = False) -> ProfileOutcome:
     info = result.result
     return ProfileOutcome(bundles=[Path(p) for p in info.get("bundles", [])], skipped=dict(info.get("skipped", {})),
                           shape=dict(next(iter(info.get("shapes", {}).values()), {})), world_size=world, device=device,
-                          wall_s=result.wall_s)
+                          wall_s=result.wall_s, graph_fallbacks=list(info.get("graph_fallbacks", [])))
 
 
 def bundle_path(out: str | os.PathLike, workload: str, variant: str, shape: dict[str, int]) -> Path:

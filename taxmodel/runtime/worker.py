@@ -33,7 +33,7 @@ from taxmodel.errors import InputError, RunError, TaxmodelError
 from taxmodel.runtime.heap import disable_multicast
 from taxmodel.runtime.launcher import RESULT_FILE, STATUS_DIR_ENV, write_status
 
-PHASES = ("init", "setup", "compile", "check", "capture", "gather", "write", "done")
+PHASES = ("init", "setup", "compile", "check", "graph", "capture", "gather", "write", "done")
 
 DEFAULT_SPEC: dict[str, Any] = {
     "workload": None,
@@ -55,6 +55,8 @@ DEFAULT_SPEC: dict[str, Any] = {
     "progress": True,
     "instrument": False,  # fused kernels write in-kernel trace records (taxmodel.runtime.records)
     "deadline_unix": None,  # set by the local launcher: every rank's watchdog fires at this time
+    "graph": "off",  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
+    "graph_backend": "cuda",  # tests register a fake one (taxmodel.runtime.graph.register_backend)
 }
 
 
@@ -331,14 +333,12 @@ class Progress:
 def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
     """Profile every requested variant on this rank; rank 0 returns what it wrote."""
     import torch.distributed as dist
-    from torch.profiler import record_function
 
     from taxmodel.runtime.context import RankContext
     from taxmodel.runtime.heap import make_heap
-    from taxmodel.runtime.inject import INJECTED_ROLES, Injection, Injector
+    from taxmodel.runtime.inject import Injection
     from taxmodel.runtime.workload import get_workload
-    from taxmodel.trace.bundle import write_bundle
-    from taxmodel.trace.capture import finish_events, get_tracer, iter_trace_files
+    from taxmodel.trace.capture import get_tracer
 
     spec = {**DEFAULT_SPEC, **spec}
     device_kind = resolve_device(spec["device"])
@@ -380,27 +380,33 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
         progress.write(f"skipped {workload.name}/{v}: {why}")
 
     written: list[str] = []
+    fallbacks: list[str] = []  # variants profiled eagerly although --graph asked for graphs, and why
     for preset, shape in shapes.items():
         written += _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, world, device,
-                                  injection, tracer_cls, clock, progress)
+                                  injection, tracer_cls, clock, progress, fallbacks)
     progress.close()
     if ctx.heap is not None:
         ctx.heap.close()
-    return {"bundles": written, "skipped": skipped, "workload": workload.name, "shapes": shapes, "world_size": world}
+    return {"bundles": written, "skipped": skipped, "workload": workload.name, "shapes": shapes, "world_size": world,
+            "graph_fallbacks": fallbacks}
 
 
 def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, world, device, injection,
-                   tracer_cls, clock, progress) -> list[str]:
+                   tracer_cls, clock, progress, fallbacks: list[str]) -> list[str]:
     """Check, capture and write every chosen variant at one shape; rank 0 returns the bundle paths."""
     import torch.distributed as dist
     from torch.profiler import record_function
 
+    from taxmodel.runtime.graph import EagerIteration, check_mode, eager_reason, get_backend, graph_meta
     from taxmodel.runtime.inject import INJECTED_ROLES, Injector, declare_injected_copies
     from taxmodel.trace.bundle import write_bundle
     from taxmodel.trace.capture import finish_events, iter_trace_files
 
     rank = ctx.rank
     written: list[str] = []
+    backend = get_backend(str(spec["graph_backend"]), device)
+    mode = check_mode(str(spec["graph"]))
+    iterations = int(spec["iterations"])
     for vname in chosen:
         variant = variants[vname]
         cost = declare_injected_copies(workload.cost(shape, world, vname), injection)
@@ -413,55 +419,65 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
         st = workload.setup(ctx, shape, variant)
         injector = Injector(injection, ctx, cost.intermediates) if injection.active else None
 
-        def one_iteration() -> None:
+        def step() -> None:  # one iteration's launches, no host sync (what a graph captures)
             if injector is not None:
                 injector.start_iteration()
             variant.run(st)
-            ctx.synchronize()
 
+        eager = EagerIteration(step, ctx.synchronize)
         state.enter("compile", vname)
         progress.phase(f"{vname}: compile")
         ctx.injector = injector
         for _ in range(max(int(spec["warmup"]), 1)):
             _barrier(ctx, state)
-            one_iteration()
+            eager()
         _barrier(ctx, state)
         progress.advance()
 
         state.enter("check", vname)
         progress.phase(f"{vname}: check")
-        rtol, atol = workload.tolerance(shape)
-        ref = workload.reference(ctx, shape, st)
-        problem = check_output(workload.output(st), ref, rtol, atol)
-        problems: list[Any] = [None] * world
-        dist.all_gather_object(problems, problem)
-        bad = {r: p for r, p in enumerate(problems) if p}
-        if bad:
-            detail = "; ".join(f"rank {r}: {p}" for r, p in bad.items())
-            raise RunError(f"{workload.name}/{vname} gives wrong results ({detail}); the variant has a bug, or its tolerance is too tight")
+        _check_variant(ctx, workload, vname, shape, st, world)
         progress.advance()
+
+        book = ctx.records if ctx.instrument else None  # in-kernel records: taxmodel.runtime.records
+        runner: Any = eager
+        slots = None
+        graph_note = eager_reason(mode, variant, backend)
+        if graph_note is None:
+            state.enter("graph", vname)
+            progress.phase(f"{vname}: graph capture")
+            runner, slots, graph_note = _capture_graph(spec, state, ctx, workload, vname, shape, st, world, step,
+                                                       backend, book, tracer_cls, device, mode)
+        if mode != "off" and graph_note is not None:
+            fallbacks.append(f"{workload.name}/{vname} ({preset}): eager launches: {graph_note}")
+            progress.write(f"--graph: {workload.name}/{vname} profiled with eager launches: {graph_note}")
 
         state.enter("capture", vname)
         progress.phase(f"{vname}: capture")
         raw: list[bytes] = []
-        book = ctx.records if ctx.instrument else None  # in-kernel records: taxmodel.runtime.records
         recs: list[Any] = []
         for _rep in range(int(spec["repeat"])):
             _barrier(ctx, state)
-            if book is not None:
-                book.arm(int(spec["iterations"]))  # per-iteration buffers, allocated outside the trace
+            if slots is not None:
+                slots.rearm()  # one buffer per kernel for the repetition, emptied outside the trace
+            elif book is not None:
+                book.arm(iterations)  # per-iteration buffers, allocated outside the trace
             tracer = tracer_cls(device)
             with tracer:
-                for it in range(int(spec["iterations"])):
+                for it in range(iterations):
                     _barrier(ctx, state)
-                    if book is not None:
+                    if book is not None and slots is None:
                         book.set_iteration(it)
                     with record_function(f"ProfilerStep#{it}"):
-                        one_iteration()
+                        runner()
             raw.append(tracer.export())
-            if book is not None:
+            if slots is not None:
+                recs.append(slots.drain(rank, _rep))
+            elif book is not None:
                 recs.append(book.drain(rank, _rep))
         ctx.injector = None
+        if runner.graph:  # the kernels must still be right after every replay
+            _check_variant(ctx, workload, vname, shape, st, world, when="after the traced graph replays")
         progress.advance()
 
         state.enter("gather", vname)
@@ -482,13 +498,81 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
                 device=device, cost=cost, clock=clock, injection=injection, injector=injector, tracer_cls=tracer_cls,
                 gathered=gathered, gathered_records=gathered_recs if book is not None else None,
                 roles={**INJECTED_ROLES, **dict(variant.roles)},
-                finish_events=finish_events, iter_trace_files=iter_trace_files, write_bundle=write_bundle)
+                finish_events=finish_events, iter_trace_files=iter_trace_files, write_bundle=write_bundle,
+                graph=dict(graph_meta(runner.graph, mode, graph_note, backend.name)))
             written.append(str(path))
             progress.write(f"wrote {path}")
         progress.advance()
         _barrier(ctx, state)
-        st = None  # drop this variant's tensors before the next one allocates
+        if slots is not None:
+            slots.uninstall()
+        runner.close()  # a graph's memory pool goes before the next variant allocates
+        runner = eager = st = None  # drop this variant's tensors before the next one allocates
     return written
+
+
+def _check_variant(ctx: Any, workload: Any, vname: str, shape: Mapping[str, int], st: Any, world: int,
+                   when: str = "") -> None:
+    """Compare this rank's output with the reference on every rank; RunError naming the ranks if wrong."""
+    import torch.distributed as dist
+
+    rtol, atol = workload.tolerance(shape)
+    ref = workload.reference(ctx, shape, st)
+    problem = check_output(workload.output(st), ref, rtol, atol)
+    del ref
+    problems: list[Any] = [None] * world
+    dist.all_gather_object(problems, problem)
+    bad = {r: p for r, p in enumerate(problems) if p}
+    if bad:
+        detail = "; ".join(f"rank {r}: {p}" for r, p in bad.items())
+        if when:
+            raise RunError(f"{workload.name}/{vname} gives wrong results {when} ({detail}); its run() may not be "
+                           "graph-safe (per-iteration state kept on the host): profile it without --graph")
+        raise RunError(f"{workload.name}/{vname} gives wrong results ({detail}); the variant has a bug, or its tolerance is too tight")
+
+
+def _capture_graph(spec, state, ctx, workload, vname, shape, st, world, step, backend, book, tracer_cls, device,
+                   mode) -> tuple[Any, Any, str | None]:
+    """Capture one iteration on every rank; return (runner, record slots or None, why eager or None).
+
+    Ranks agree: if the capture fails on any rank, every rank falls back to eager launches
+    (``--graph``) or stops (``--graph-strict``). A captured graph is replayed once with its
+    output poisoned first (where the state can) and checked, before anything is traced."""
+    import torch.distributed as dist
+
+    from taxmodel.runtime.graph import (EagerIteration, GraphCaptureError, GraphRecordSlots, capture_iteration,
+                                        prime_tracer)
+
+    if backend.name == "cuda":
+        prime_tracer(tracer_cls, device)
+    slots = GraphRecordSlots(book, int(spec["iterations"])) if book is not None else None
+    error: str | None = None
+    try:
+        runner = capture_iteration(step, backend=backend, between=lambda: _barrier(ctx, state),
+                                   before_capture=slots.install if slots is not None else None)
+    except GraphCaptureError as exc:
+        error, runner = str(exc), None
+    errors: list[Any] = [None] * world
+    dist.all_gather_object(errors, error)
+    failed = {r: e for r, e in enumerate(errors) if e}
+    if failed:
+        if runner is not None:
+            runner.close()  # captured here, failed elsewhere: every rank runs eagerly
+        if slots is not None:
+            slots.uninstall()
+        detail = "; ".join(f"rank {r}: {e}" for r, e in failed.items())
+        if mode == "require":
+            raise RunError(f"{workload.name}/{vname}: CUDA graph capture failed ({detail}); "
+                           "use --graph instead of --graph-strict to profile it with eager launches")
+        return EagerIteration(step, ctx.synchronize), None, f"graph capture failed ({detail})"
+    poison = getattr(st, "poison", None)
+    if callable(poison):
+        poison()  # a replay that skips part of the output cannot pass the check
+    _barrier(ctx, state)
+    runner()  # warm-up replay
+    _barrier(ctx, state)
+    _check_variant(ctx, workload, vname, shape, st, world, when="after one CUDA graph replay")
+    return runner, slots, None
 
 
 def _barrier(ctx: Any, state: RankState) -> None:
@@ -499,7 +583,7 @@ def _barrier(ctx: Any, state: RankState) -> None:
 
 def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, world, device, cost, clock, injection,
                           injector, tracer_cls, gathered, roles, finish_events, iter_trace_files, write_bundle,
-                          gathered_records=None) -> Path:
+                          gathered_records=None, graph: Mapping[str, Any] | None = None) -> Path:
     import tempfile
 
     emulated = device.type != "cuda"
@@ -511,23 +595,49 @@ def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, worl
             per_rep.append(events)
             raw_files.extend(paths)
         events = finish_events(per_rep, roles, emulated=emulated)
+        graph = dict(graph or {"graph": False, "graph_mode": "off"})
         records_info = None
         if gathered_records is not None:
             from taxmodel.runtime.records import merge_gathered
 
-            events, records_info = merge_gathered(events, [g[0] for g in gathered_records],
-                                                  [g[1] for g in gathered_records])
+            per_rank = [g[0] for g in gathered_records]
+            unplaced = 0
+            if graph["graph"]:  # one buffer per repetition: iterations told apart by time
+                from taxmodel.runtime.graph import assign_graph_record_iterations
+
+                placed = []
+                for frames in per_rank:
+                    row = []
+                    for frame in frames:
+                        frame, n = assign_graph_record_iterations(events, frame)
+                        unplaced += n
+                        row.append(frame)
+                    placed.append(row)
+                per_rank = placed
+            events, records_info = merge_gathered(events, per_rank, [g[1] for g in gathered_records])
+            if graph["graph"]:
+                records_info["iterations_from"] = ("one buffer per repetition under a graph: each record placed in the traced "
+                                                   "launch it fits at its rank's clock offset")
+                records_info["unplaced"] = unplaced
         hardware = {**(imported_meta.get("hardware") or {}), **_hardware(device, world)}
         software = {**(imported_meta.get("software") or {}), **_versions()}
         notes = list(imported_meta.get("notes") or []) + (injector.notes if injector is not None else [])
         if emulated:
             notes.append("CPU capture: kernel rows are the host ranges of kernels run synchronously in Triton's "
                           "interpreter or torch on CPU, collectives are gloo's; times say nothing about GPUs")
+        if graph["graph"]:
+            from taxmodel.runtime.graph import GRAPH_NOTE, graph_trace_notes
+
+            notes.append(GRAPH_NOTE)
+            notes.extend(graph_trace_notes(events, str(graph.get("graph_backend"))))
+        elif graph.get("graph_note"):
+            notes.append(f"profiled with eager launches although --graph was given: {graph['graph_note']}")
         meta = {
             "source": "capture",
             "workload": workload.name,
             "variant": vname,
             "description": variant.description,
+            "workload_config": workload.config_summary(device) if hasattr(workload, "config_summary") else None,
             "fine_grained": bool(variant.fine_grained),
             "shape": dict(shape),
             "preset": preset,
@@ -553,6 +663,7 @@ def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, worl
                 "roles": dict(roles),
                 "iteration_pattern": r"^ProfilerStep#(\d+)$",
                 "instrument": gathered_records is not None,
+                **graph,
             },
             "repetitions": int(spec["repeat"]),
             "cost": cost.to_dict(),
@@ -585,6 +696,9 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     p.add_argument("--timeout", type=float, dest="timeout_s")
     p.add_argument("-o", "--out")
     p.add_argument("--instrument", action="store_true", help="in-kernel trace records from fused kernels")
+    p.add_argument("--graph", choices=("off", "auto", "require"),
+                   help="replay one captured CUDA graph per iteration: auto falls back to eager launches for "
+                        "variants that are not graph-safe, require stops instead (taxmodel profile --graph/--graph-strict)")
     a = p.parse_args(argv)
     spec: dict[str, Any] = dict(DEFAULT_SPEC)
     if a.spec:
@@ -602,6 +716,8 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
         spec["inject"] = list(spec["inject"]) + a.inject
     if a.instrument:
         spec["instrument"] = True
+    if a.graph:
+        spec["graph"] = a.graph
     if not spec["workload"]:
         p.error("give --spec or --workload")
     return spec

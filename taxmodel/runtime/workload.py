@@ -60,6 +60,8 @@ class Variant:
     ``run(state)`` enqueues one iteration's kernels (no host sync inside); ``roles`` maps a
     kernel-name regex to a role (compute/comm/fused/copy); ``needs_heap`` says whether inputs
     must live on the symmetric heap; ``fine_grained`` marks in-kernel communication variants.
+    ``graph_safe``: the variant's ``run`` reads all per-iteration state from device memory, so
+    one captured iteration can be replayed (``taxmodel profile --graph`` captures it).
     """
 
     name: str
@@ -69,6 +71,7 @@ class Variant:
     fine_grained: bool = False
     description: str = ""
     available: Callable[[Any], str | None] = lambda ctx: None  # returns why not, or None
+    graph_safe: bool = False
 
 
 class Workload:

@@ -49,6 +49,9 @@ def meta_table(bundle: Bundle) -> pd.DataFrame:
         ("world size", bundle.world_size),
         ("device", _device(hw)),
     ]
+    launches = launch_mode(meta, detail=True)
+    if launches:
+        rows.append(("launches", launches))
     for name, version in sorted((meta.get("software") or {}).items()):
         rows.append((name, version))
     if meta.get("created"):
@@ -56,6 +59,18 @@ def meta_table(bundle: Bundle) -> pd.DataFrame:
     for note in meta.get("notes") or []:
         rows.append(("note", note))
     return pd.DataFrame(rows, columns=["field", "value"]).astype({"value": str})
+
+
+def launch_mode(meta: dict, detail: bool = False) -> str | None:
+    """How a ``taxmodel profile`` bundle's iterations were launched: "CUDA graph" (one replay per
+    iteration, ``--graph``) or "eager"; None when the capture does not say (imported traces)."""
+    capture = meta.get("capture") or {}
+    if "graph" not in capture:  # captures made before --graph existed were all eager
+        return "eager" if meta.get("source") == "capture" else None
+    if capture["graph"]:
+        return "CUDA graph (one replay per iteration)" if detail else "CUDA graph"
+    note = capture.get("graph_note")
+    return f"eager (--graph fell back: {note})" if detail and note else "eager"
 
 
 def _device(hw: dict) -> str:

@@ -46,7 +46,8 @@ def _scenario(ctx, name: str, variant: str, shape_over: dict, steps: int, seeds:
                            max_ref=float(want.abs().max()), close=bool(torch.allclose(got, want, rtol=2e-2, atol=2e-2))))
     extra = {}
     if variant == "fused":
-        extra = dict(epoch=int(state.impl.epoch.item()), flags=state.impl.flags.clone(),
+        extra = dict(epoch=int(state.impl.epoch.item()), arrived=state.impl.arrived_epochs(),
+                     config=state.impl.config.label(),
                      counters=state.impl.counters.clone(), splits=state.args.plan.num_splits)
     ctx.barrier()
     return dict(name=name, steps=errors, kv_lens=state.kv_lens, **extra)

@@ -9,10 +9,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxmodel.kernels.flash_decode import combine as cb
+from taxmodel.kernels.flash_decode import ll
 from taxmodel.kernels.flash_decode import split_kv as sk
 from taxmodel.kernels.flash_decode.reference import make_kv_shard, make_query, reference_output
 from taxmodel.kernels.flash_decode.workload import FlashDecode, kv_lengths
@@ -142,11 +145,17 @@ def _single_rank_ctx() -> RankContext:
                        heap=heap, interpret=True, spin_timeout_s=20.0)
 
 
-@pytest.mark.parametrize("variant", ["bsp", "fused"])
-def test_world_size_one_matches_reference_over_steps(variant):
+@pytest.mark.parametrize("variant,structure", [
+    ("bsp", {}),
+    ("fused", {}),  # default: LL words, the last worker of a pair combines
+    ("fused", dict(fused_protocol=1, fused_combiners=1)),  # LL, 1 dedicated combiner for the 4 pairs
+    ("fused", dict(fused_protocol=2)),  # flags, last worker combines
+    ("fused", dict(fused_protocol=2, fused_combiners=9)),  # flags, dedicated (capped at half the SMs)
+])
+def test_world_size_one_matches_reference_over_steps(variant, structure):
     wl = get_workload("flash_decode")
     ctx = _single_rank_ctx()
-    shape = wl.shape("tiny", seed=_fresh_seed())
+    shape = wl.shape("tiny", seed=_fresh_seed(), **structure)
     v = wl.variants()[variant]
     assert v.available(ctx) is None
     state = wl.setup(ctx, shape, v)
@@ -157,8 +166,47 @@ def test_world_size_one_matches_reference_over_steps(variant):
         got = wl.output(state)
         torch.testing.assert_close(got.float(), wl.reference(ctx, shape, state), rtol=2e-2, atol=2e-2)
     if variant == "fused":
-        assert int(state.impl.epoch.item()) == 3  # one epoch per step
-        assert torch.all(state.impl.flags == 3) and torch.all(state.impl.counters == 0)
+        impl = state.impl
+        pairs = shape["batch"] * shape["kv_heads"]
+        assert impl.config.protocol == ("flags" if structure.get("fused_protocol") == 2 else "ll")
+        # dedicated combiners: at most one per pair and half the SMs (the CPU stand-in has 4)
+        assert impl.num_combiners == min(structure.get("fused_combiners", 0), pairs, sk.device_sm_count("cpu") // 2)
+        assert impl.grid == (pairs * state.args.plan.num_splits + impl.num_combiners,)
+        assert int(impl.epoch.item()) == 3  # one epoch per step
+        assert torch.all(impl.arrived_epochs() == 3) and torch.all(impl.counters == 0)
+        assert int(impl.done.item()) == 0
+
+
+def test_fused_config_from_shape_rejects_unknown_codes():
+    from taxmodel.errors import InputError
+    from taxmodel.kernels.flash_decode.workload import fused_config
+
+    assert fused_config({}).label() == "ll-last"
+    assert fused_config({"fused_protocol": 2, "fused_combiners": 4}).label() == "flags-c4"
+    with pytest.raises(InputError, match="fused_protocol"):
+        fused_config({"fused_protocol": 3})
+    with pytest.raises(InputError, match="fused_combiners"):
+        fused_config({"fused_combiners": -1})
+
+
+@triton.jit
+def _ll_round_trip(x_ptr, words_ptr, back_ptr, epoch, N: tl.constexpr):
+    i = tl.arange(0, N)
+    w = ll.pack(tl.load(x_ptr + i), epoch)
+    tl.store(words_ptr + i, w)
+    tl.store(back_ptr + i, ll.unpack(w))
+
+
+def test_ll_words_round_trip_values_and_epochs():
+    """pack/unpack keep every fp32 bit pattern (negative, -inf, subnormal) and tag the epoch."""
+    x = torch.randn(64) * 1e3
+    x[:4] = torch.tensor([float("-inf"), -0.0, 1e-40, -3.5])
+    words = torch.zeros(64, dtype=torch.int64)
+    back = torch.zeros(64)
+    _ll_round_trip[(1,)](x, words, back, 123457, N=64)
+    assert torch.equal(back.view(torch.int32), x.view(torch.int32))
+    assert torch.all((words >> 32) == 123457)
+    assert torch.equal((words & 0xFFFFFFFF).to(torch.int64), x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF)
 
 
 def test_cost_is_the_kv_floor_and_declares_the_intermediates():

@@ -20,22 +20,30 @@ def four_ranks(tmp_path_factory):
         ("uniform-fused", "fused", {}, 2, _seeds(2)),
         ("ragged-bsp", "bsp", ragged, 1, _seeds(1)),
         ("ragged-fused", "fused", ragged, 1, _seeds(1)),
+        # the other structures: flags protocol with dedicated combiners (the old kernel), LL with
+        # one dedicated combiner for both pairs, flags with the last worker combining
+        ("uniform-flags-c2", "fused", dict(fused_protocol=2, fused_combiners=2), 2, _seeds(2)),
+        ("ragged-ll-c1", "fused", dict(ragged, batch=2, fused_combiners=1), 1, _seeds(1)),
+        ("ragged-flags-last", "fused", dict(ragged, fused_protocol=2), 1, _seeds(1)),
     ]
     return _spawn(4, plan, tmp)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["uniform-bsp", "uniform-fused", "ragged-bsp", "ragged-fused"])
+@pytest.mark.parametrize("name", ["uniform-bsp", "uniform-fused", "ragged-bsp", "ragged-fused", "uniform-flags-c2",
+                                  "ragged-ll-c1", "ragged-flags-last"])
 def test_four_ranks_match_reference(four_ranks, name):
     _assert_matches(four_ranks, name)
 
 
 @pytest.mark.slow
-def test_fused_flags_hold_the_epoch_and_counters_reset(four_ranks):
+@pytest.mark.parametrize("name,config", [("uniform-fused", "ll-last"), ("uniform-flags-c2", "flags-c2")])
+def test_fused_pushes_hold_the_epoch_and_counters_reset(four_ranks, name, config):
     for res in four_ranks:
-        (item,) = [i for i in res if i["name"] == "uniform-fused"]
+        (item,) = [i for i in res if i["name"] == name]
+        assert item["config"] == config
         assert item["epoch"] == 2
-        assert torch.all(item["flags"] == 2)  # every pair's flag from every rank saw step 2
+        assert torch.all(item["arrived"] == 2)  # every pair's partial from every rank arrived at step 2
         assert torch.all(item["counters"] == 0)
         assert item["splits"] > 1  # the tiny preset really exercises the split combine
 

@@ -150,6 +150,21 @@ def test_fused_kernels_missing_records_are_named():
     assert _sub(led, "flag_wait", 1) == 0 and _sub(led, "flag_wait", 0) == 3000
 
 
+def test_records_of_a_concurrent_kernel_are_not_the_fused_kernels():
+    """A copy kernel on a side stream records store_push while the fused GEMM runs: those records
+    carry the copy kernel's name and must not become the GEMM's exposed communication."""
+    case = synthetic_bundle(variant="fused", flag_wait_ns=3000)
+    plain = compute_ledger(case.bundle, case.hardware)
+    ev = case.bundle.events
+    waits = ev[(ev["kind"] == "record") & (ev["phase"] == "flag_wait")]
+    foreign = waits.assign(name="copy_blocks_kernel", phase="store_push", cta=waits["cta"] + 1000)
+    case.bundle.events = schema.normalize_events(pd.concat([ev, foreign], ignore_index=True))
+    led = compute_ledger(case.bundle, case.hardware)
+    for r in (0, 1):
+        assert _sub(led, "exposed_comm", r) == _sub(plain, "exposed_comm", r)
+        assert _sub(led, "flag_wait", r) == _sub(plain, "flag_wait", r) == 3000
+
+
 # --- end to end on CPU ranks --------------------------------------------------------------------
 
 

@@ -39,7 +39,7 @@ class ToyWorkload(Workload):
     def variants(self):
         return {
             "bsp": Variant("bsp", self._run_bsp, roles={r"^scale$": "compute", r"^sum$": "compute"},
-                           description="scale, gloo/NCCL all_gather, sum"),
+                           description="scale, gloo/NCCL all_gather, sum", graph_safe=True),
             "ring": Variant("ring", self._run_ring, roles={r"ring_push": "fused"}, needs_heap=True, fine_grained=True,
                             description="push the shard to the next rank with iris.store + flag"),
             "never": Variant("never", self._run_bsp, available=lambda ctx: "needs hardware nobody has"),

@@ -10,9 +10,10 @@ Triton streaming efficiency of the HBM bandwidth, plus the fixed kernel overhead
   global combine (W packed partials in, the output out). Four launches: at small sizes the
   host's launch cost per kernel exceeds the kernels, and the launch tax dominates.
 - fused: one kernel; workers do the split and the local combine, the last worker per head group
-  stores the combined partial into every peer and release-sets its flag; combiners wait for
-  every rank's flag (the slowest rank's work + half a flag round trip), then combine (a synced
-  fused kernel in the timeline).
+  stores the combined partial into every peer (LL words: value and epoch in one store, no fence)
+  and then waits for every rank's partial of its group (the slowest rank's work + a one-way
+  latency, modelled as half a flag round trip), then combines (a synced fused kernel in the
+  timeline).
 """
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
             work = c.stream_time(kv + 2 * partials + packed, hw, params) + push
             out.append([c.KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag)])
         det.update({"fused_work": mean([p[0].duration_s for p in out]), "push": push, "flag": flag, "combine": post})
-        notes.append("fused: combiners wait for the slowest rank's partials plus half a flag round trip")
+        notes.append("fused: each head group's combine waits for the slowest rank's partial plus a one-way "
+                     "latency (half a flag round trip)")
         return out, det, notes
     raise InputError(f"flash_decode has no variant '{variant}'; choose one of {', '.join(VARIANTS)}")
 

@@ -1,0 +1,91 @@
+"""Graph safety of the fine-grained All-Gather+GEMM variants, without a GPU.
+
+A CUDA graph freezes every kernel argument of the captured iteration. Here one iteration's Triton
+launches are recorded (kernel, grid, arguments) and then replayed verbatim for later iterations,
+with fresh inputs written in place and C poisoned before each replay: the variants that declare
+``graph_safe`` must stay correct (epoch and parity come from device memory), on thread ranks in
+Triton's interpreter.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import replace
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pytest
+import torch
+
+from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.ag_gemm import gemm_tiles, push
+from taxmodel.kernels.ag_gemm.workload import AgGemm
+from taxmodel.runtime.context import RankContext, run_in_threads
+from taxmodel.runtime.workload import get_workload
+
+pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",
+                                reason="kernels were imported without TRITON_INTERPRET=1")
+
+
+class _Recorder:
+    """Stands in for a kernel: launches it, and while a thread records, keeps (grid, args, kwargs)."""
+
+    def __init__(self, kernel, tape: threading.local) -> None:
+        self.kernel, self.tape = kernel, tape
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            log = getattr(self.tape, "log", None)
+            if log is not None:
+                log.append((self.kernel, grid, args, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_variants_declare_graph_safety_per_transport() -> None:
+    def flags(transport: str) -> dict[str, bool]:
+        wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport))
+        return {n: v.graph_safe for n, v in wl.variants().items()}
+
+    assert flags("sm") == {"bsp": True, "pull": True, "push": True, "torch_fused": False}
+    assert flags("ce") == {"bsp": True, "pull": False, "push": False, "torch_fused": False}
+    assert flags("direct")["pull"] is True
+    assert get_workload("ag_gemm").variants()["push"].graph_safe is False  # default transport: copy engines
+
+
+@pytest.mark.parametrize("variant", ["push", "pull"])
+def test_replaying_one_recorded_iteration_stays_correct(variant: str, monkeypatch) -> None:
+    tape = threading.local()
+    monkeypatch.setattr(gemm_tiles, "ag_gemm_kernel", _Recorder(gemm_tiles.ag_gemm_kernel, tape))
+    monkeypatch.setattr(push, "copy_blocks_kernel", _Recorder(push.copy_blocks_kernel, tape))
+    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport="sm"))
+    shape = {"M": 64, "N": 40, "K": 40, "tp": 0, "seed": 1}
+    replays = 3  # odd and even epochs: push's parity must flip on the device
+
+    def body(ctx: RankContext) -> list[float]:
+        v = wl.variants()[variant]
+        assert v.graph_safe
+        st = wl.setup(ctx, shape, v)
+        tape.log = []
+        v.run(st)  # "capture": the launches of one iteration, arguments frozen from here on
+        captured, tape.log = tape.log, None
+        assert len(captured) == 2  # the copy kernel and the GEMM
+        errs = []
+        for i in range(replays):
+            ctx.barrier()
+            st.reseed(100 + i)  # fresh inputs in place, as a graph's user refreshes them
+            st.poison()
+            ctx.barrier()
+            for kernel, grid, args, kwargs in captured:
+                kernel[grid](*args, **kwargs)
+            check_errors(st.err, variant, ctx)
+            ref = wl.reference(ctx, st.shape, st)
+            out = wl.output(st).float()
+            assert not torch.isnan(out).any(), f"replay {i}: a tile was never written"
+            errs.append(float((out - ref).abs().max()))
+        assert st.epochs.tolist() == [1 + replays, 0, 1 + replays, 0]  # both kernels counted every launch
+        return errs
+
+    errs = run_in_threads(2, body, heap_bytes=1 << 20, timeout_s=300, spin_timeout_s=60)
+    assert max(max(e) for e in errs) < 1e-4

@@ -1,0 +1,199 @@
+"""In-kernel trace records of the fine-grained All-Gather+GEMM kernels (pull and push with the
+``sm`` transport), in Triton's interpreter: every record where it should be, each CTA's phases
+chained inside its kernel's launch, outputs still right, and a late producer rank seen as
+flag_wait on its consumer."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
+
+import pandas as pd
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.ag_gemm import gemm_tiles, push
+from taxmodel.kernels.ag_gemm.workload import AgGemm
+from taxmodel.runtime.context import RankContext, run_in_threads
+
+pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",
+                                reason="kernels were imported without TRITON_INTERPRET=1")
+
+GEMM, COPY = "ag_gemm_kernel", "copy_blocks_kernel"
+SM = replace(gemm_tiles.CPU_CONFIG, transport="sm")
+SHAPE = {**AgGemm.presets["tiny"], "seed": 4}  # world 2: M_loc 48 (3 blocks of 16), N 40 (3 tiles), K 40 (2 pieces)
+
+
+class _Timed:
+    """Stands in for a kernel: launches it and notes (name, host start, host end) of each launch."""
+
+    def __init__(self, kernel, name: str, spans: threading.local) -> None:
+        self.kernel, self.name, self.spans = kernel, name, spans
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            t0 = time.perf_counter_ns()
+            self.kernel[grid](*args, **kwargs)
+            self.spans.log.append((self.name, t0, time.perf_counter_ns()))
+
+        return launch
+
+
+def _chained_per_cta(rec: pd.DataFrame) -> None:
+    """Each CTA's records of one launch follow each other without gap or overlap."""
+    assert (rec["end_ns"] >= rec["start_ns"]).all()
+    for _, g in rec.groupby(["iteration", "name", "cta"]):
+        g = g.sort_values(["start_ns", "end_ns"], kind="stable")
+        assert (g["start_ns"].to_numpy()[1:] == g["end_ns"].to_numpy()[:-1]).all()
+
+
+@pytest.mark.parametrize("variant,copy_phase", [("push", "store_push"), ("pull", "remote_load")])
+def test_records_are_complete_chained_and_inside_their_kernels(variant: str, copy_phase: str, monkeypatch) -> None:
+    spans = threading.local()
+    monkeypatch.setattr(gemm_tiles, "ag_gemm_kernel", _Timed(gemm_tiles.ag_gemm_kernel, GEMM, spans))
+    monkeypatch.setattr(push, "copy_blocks_kernel", _Timed(push.copy_blocks_kernel, COPY, spans))
+    wl = AgGemm(SM)
+    iterations = 2
+
+    def body(ctx: RankContext):
+        ctx.instrument = True
+        spans.log = []
+        v = wl.variants()[variant]
+        st = wl.setup(ctx, SHAPE, v)
+        ref = wl.reference(ctx, SHAPE, st)
+        book = ctx.records
+        book.arm(iterations)
+        launches = []
+        for it in range(iterations):
+            book.set_iteration(it)
+            st.poison()
+            spans.log = []
+            v.run(st)
+            check_errors(st.err, variant, ctx)
+            torch.testing.assert_close(st.c.float(), ref, rtol=1e-4, atol=1e-4)  # records change nothing
+            launches += [(it, *s) for s in spans.log]
+            ctx.barrier()
+        return book.drain(ctx.rank), launches, book.dropped
+
+    for rank, (rec, launches, dropped) in enumerate(run_in_threads(2, body, heap_bytes=1 << 20, timeout_s=300)):
+        assert dropped == {}
+        # world 2, 16x16 tiles, 32-column pieces: 3 remote M-blocks x 3 N-tiles, K=40 in 2 pieces;
+        # the GEMM's 3 programs, the copy kernel's 2 programs over 3 blocks x 2 pieces x 1 peer.
+        remote, pieces, items = 9, 2, 6
+        for it in range(iterations):
+            g = rec[rec["iteration"] == it]
+            gemm, copy = g[g["name"] == GEMM], g[g["name"] == COPY]
+            # Records only at phase changes: per CTA compute, (flag_wait, compute) per wait that spun.
+            for cta, c in gemm.sort_values("start_ns", kind="stable").groupby("cta"):
+                phases = c["phase"].tolist()
+                assert phases == ["compute"] + ["flag_wait", "compute"] * ((len(phases) - 1) // 2), (cta, phases)
+            assert (gemm["phase"] == "flag_wait").sum() <= remote * pieces
+            assert sorted(gemm["cta"].unique()) == [0, 1, 2]
+            assert copy["phase"].value_counts().to_dict() == {copy_phase: items}
+            assert sorted(copy["cta"].unique()) == [0, 1]
+            for name, start, end in [(n, s, e) for i, n, s, e in launches if i == it]:
+                k = g[g["name"] == name]
+                assert k["start_ns"].min() >= start and k["end_ns"].max() <= end, (rank, it, name)
+        _chained_per_cta(rec)
+
+
+def test_no_records_without_instrument() -> None:
+    wl = AgGemm(SM)
+
+    def body(ctx: RankContext):
+        st = wl.setup(ctx, SHAPE, wl.variants()["push"])
+        return st.records, ctx.records
+
+    for records, book in run_in_threads(2, body, heap_bytes=1 << 20, timeout_s=120):
+        assert records == {} and book is None
+
+
+# --- a delayed producer, ranks as processes ---------------------------------------------------
+
+DELAY_S = 2.0  # long against the interpreter's own jitter on a loaded 2-core machine
+
+
+def _delay_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
+    os.environ["TRITON_INTERPRET"] = "1"
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    from taxmodel.kernels.ag_gemm.gemm_tiles import CPU_CONFIG
+    from taxmodel.kernels.ag_gemm.workload import AgGemm as Workload
+    from taxmodel.runtime.context import RankContext as Context
+    from taxmodel.runtime.heap import SharedMemoryHeap
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    heap = SharedMemoryHeap(rank, world, 1 << 20)
+    ctx = Context(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"), backend="gloo",
+                  group=None, heap=heap, interpret=True, spin_timeout_s=60.0, instrument=True)
+    out: dict = {}
+    try:
+        wl = Workload(replace(CPU_CONFIG, transport="sm"))
+        v = wl.variants()["push"]
+        st = wl.setup(ctx, SHAPE, v)
+        ctx.records.arm(2)
+        for it in range(2):  # iteration 0: no delay; 1: rank 1 (the producer of rank 0's remote rows) starts late
+            ctx.barrier()
+            ctx.records.set_iteration(it)
+            if it == 1 and rank == 1:
+                time.sleep(DELAY_S)
+            v.run(st)
+        check_errors(st.err, "push", ctx)
+        out["records"] = ctx.records.drain(rank)
+        ctx.barrier()
+    except Exception as exc:  # noqa: BLE001 - reported by the test
+        import traceback
+
+        out["error"] = traceback.format_exc() + str(exc)
+    torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def delayed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("delay")
+    pc = mp.start_processes(_delay_rank, args=(2, str(tmp / "init"), str(tmp)), nprocs=2, join=False,
+                            start_method="spawn")
+    deadline = time.monotonic() + 150
+    while not pc.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in pc.processes:
+                p.kill()
+            pytest.fail("ranks still running after 150 s")
+    res = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r, item in enumerate(res):
+        assert "error" not in item, f"rank {r}: {item['error']}"
+    return [item["records"] for item in res]
+
+
+def _gemm_flag_wait_per_cta(rec: pd.DataFrame, iteration: int) -> pd.Series:
+    """Seconds each GEMM CTA spent in flag_wait records (0 for CTAs with none)."""
+    g = rec[(rec["iteration"] == iteration) & (rec["name"] == GEMM)]
+    wait = (g["end_ns"] - g["start_ns"]).where(g["phase"] == "flag_wait", 0)
+    return wait.groupby(g["cta"]).sum() / 1e9
+
+
+@pytest.mark.slow
+def test_a_delayed_producer_is_flag_wait_on_its_consumer(delayed):
+    rank0, rank1 = delayed
+    waited = _gemm_flag_wait_per_cta(rank0, 1)
+    # rank 0's first GEMM program reaches rank 1's rows after its own tiles and waits until rank 1,
+    # DELAY_S late, has pushed them (less the time rank 0 spent on its own tiles and push). A loaded
+    # machine can delay rank 0 too, shortening its wait: hence the loose lower bound.
+    assert waited.max() >= 0.25 * DELAY_S, waited
+    assert waited.sum() <= DELAY_S + 30.0
+    # the late rank finds every flag already set: it waits much less than the early one
+    late = _gemm_flag_wait_per_cta(rank1, 1).sum()
+    assert late < 0.3 * DELAY_S and late < waited.max(), late
+    # iteration 0 (no delay) waited far less on rank 0 too
+    assert _gemm_flag_wait_per_cta(rank0, 0).max() < 0.5 * waited.max()
+    for rec in delayed:
+        assert set(rec["phase"]) <= {"compute", "flag_wait", "store_push"}
+        _chained_per_cta(rec)
