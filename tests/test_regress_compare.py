@@ -136,6 +136,16 @@ def test_mismatched_devices_cannot_be_compared(sides, tmp_path):
     assert "device differs (baseline H200 SXM, candidate NVIDIA H100)" in out
 
 
+def test_graph_and_eager_captures_cannot_be_compared(sides, tmp_path):
+    cand = tmp_path / "graph"
+    cand.mkdir()
+    for v in VARIANTS:
+        write_case(cand, v, variant=v, seed=7, meta_update={"capture": {"graph": True}}, **NOISE)
+    code, out = run("compare", sides["baseline"], cand)
+    assert code == 2
+    assert "launches differs (baseline eager, candidate CUDA graph)" in out
+
+
 def test_mismatched_world_sizes_cannot_be_compared(sides, tmp_path):
     cand = write_side(tmp_path / "ws4", seed=8, **{"world_size": 4, "repetitions": 2})
     code, out = run("compare", sides["baseline"], cand)

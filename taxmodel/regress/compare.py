@@ -130,7 +130,7 @@ def check_setups(base: dict[RowKey, RowSamples], cand: dict[RowKey, RowSamples],
     """Raise MismatchError naming every field that differs between the sides of a common row."""
     problems = []
     for key in common:
-        for fieldname in ("schema_version", "device", "world_size"):
+        for fieldname in ("schema_version", "device", "world_size", "launches"):
             left = {describe_meta(m)[fieldname] for m in base[key].metas}
             right = {describe_meta(m)[fieldname] for m in cand[key].metas}
             if len(left) > 1 or len(right) > 1:
@@ -141,7 +141,7 @@ def check_setups(base: dict[RowKey, RowSamples], cand: dict[RowKey, RowSamples],
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise MismatchError("cannot compare, mismatched setups: " + "; ".join(problems[:5]) + more +
-                            ". Compare captures of the same device, world size and schema version, or record a new "
+                            ". Compare captures of the same device, world size, launch mode and schema version, or record a new "
                             "baseline with `taxmodel baseline update`")
 
 

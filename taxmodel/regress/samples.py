@@ -148,4 +148,6 @@ def describe_meta(meta: dict[str, Any]) -> dict[str, Any]:
         "schema_version": meta.get("schema_version"),
         "device": hardware.get("name") or None,
         "world_size": meta.get("world_size"),
+        # CUDA-graph replays and eager launches have different launch taxes by construction
+        "launches": "CUDA graph" if (meta.get("capture") or {}).get("graph") else "eager",
     }
