@@ -40,6 +40,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -138,7 +139,6 @@ def _batch_ms(ctx: Any, variant: Any, state: Any, iters: int, instrumented: bool
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
     else:
-        import time
         t0 = time.perf_counter()
     for i in range(iters):
         if book is not None:
@@ -292,7 +292,14 @@ def _check_output(ctx: Any, wl: Any, shape: dict, st: Any, case: Case, which: st
         raise RuntimeError(f"{case.label}: wrong output or in-kernel error on some rank ({which})")
 
 
+def _progress(ctx: Any, case: Case, what: str) -> None:
+    """A timestamped line from rank 0 (where a slow or stuck case spends its time)."""
+    if ctx.rank == 0:
+        print(f"[{time.strftime('%H:%M:%S')}] {case.label}: {what}", flush=True)
+
+
 def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
+    _progress(ctx, case, "setup")
     wl = make_workload(case, ctx)
     v = wl.variants()[case.variant]
     shape = wl.shape(case.size)
@@ -307,6 +314,7 @@ def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
             v.run(st)
         ctx.synchronize()
         _check_output(ctx, wl, shape, st, case, which)
+    _progress(ctx, case, "eager timing")
     times: dict[str, list[float]] = {"plain": [], "instrumented": []}
     for _ in range(args.reps):
         times["plain"].append(_batch_ms(ctx, v, plain, args.iters, False))
@@ -319,7 +327,13 @@ def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
         "plain_all_ms": times["plain"], "instrumented_all_ms": times["instrumented"],
     }
     if case.graphs:
+        _progress(ctx, case, "graph timing")
         row.update(_graph_overhead(ctx, v, plain, inst, args.iters, args.reps))
+    if ctx.is_cuda:  # calibrate the GPU sleep now, on every rank, not inside a traced step
+        from taxmodel.runtime.timing import spin_cycles_per_us
+
+        spin_cycles_per_us(ctx.device)
+    _progress(ctx, case, "traced step")
     merged, _, info = _traced_step(ctx, v, inst)
     cons = _consistency(merged, info, case.kernels)
     conss = [None] * ctx.world_size
@@ -327,20 +341,28 @@ def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
     row.update(consistency=conss, consistent=all(c["ok"] for c in conss))
     row.update(delay_us=args.delay_us, consumer_extra_wait_us=[], delay_seen=None, late_note="")
     if case.late_producer:
+        _progress(ctx, case, "late producer")
         # a late producer: rank 1 sleeps on its GPU before its kernels
         wait_kernel = case.kernels[0]
-        _, rec0, _ = _traced_step(ctx, v, inst)
+        m0, rec0, _ = _traced_step(ctx, v, inst)
         _, rec1, _ = _traced_step(ctx, v, inst, sleep_us=args.delay_us if ctx.rank == 1 else 0.0)
         extra = _max_cta_wait_us(rec1, wait_kernel) - _max_cta_wait_us(rec0, wait_kernel)
-        extras = [None] * ctx.world_size
-        dist.all_gather_object(extras, extra)
-        consumers = [e for r, e in enumerate(extras) if r != 1]
+        k0 = m0[(m0["kind"] == "kernel") & (m0["name"] == wait_kernel)]
+        own_us = float((k0["end_ns"] - k0["start_ns"]).max() / 1e3) if len(k0) else 0.0
+        pairs = [None] * ctx.world_size
+        dist.all_gather_object(pairs, (extra, own_us))
+        consumers = [e for r, (e, _) in enumerate(pairs) if r != 1]
         row["consumer_extra_wait_us"] = consumers
+        row["consumer_step0_kernel_us"] = [k for r, (_, k) in enumerate(pairs) if r != 1]
         if _own_rows_hide_delay(case, inst):
             row["late_note"] = "n/a: own rows cover more than a wave and hide part of the delay"
         else:
-            row["delay_seen"] = bool(consumers) and all(abs(e - args.delay_us) <= 0.25 * args.delay_us + 20.0
-                                                        for e in consumers)
+            # A consumer keeps working on its own share while the producer is late, so its extra
+            # wait lies between the delay minus its own undelayed kernel time and the delay
+            # (plus 20 us for launch and clock jitter).
+            row["delay_seen"] = bool(consumers) and all(
+                args.delay_us - k - 20.0 <= e <= args.delay_us + 20.0 for e, k in
+                ((e, k) for r, (e, k) in enumerate(pairs) if r != 1))
     plain = inst = None
     ctx.barrier()
     return row
@@ -356,7 +378,7 @@ def _fmt(v: Any, spec: str = ".4f", suffix: str = "") -> str:
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# In-kernel records: overhead and consistency ({meta['device']}, {meta['world_size']} ranks)", "",
              f"eager: {meta['iters']} back-to-back iterations, CUDA events, max over ranks, median of {meta['reps']} "
-             "interleaved batches; graph: the same iterations in one CUDA graph (AG+GEMM only).", "",
+             "interleaved batches; graph: the same iterations in one CUDA graph.", "",
              "| case | plain ms | instrumented ms | overhead | graph plain ms | graph instr. ms | graph overhead | "
              "phases = lifetime, inside kernel | delay | consumers' extra flag_wait (us) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -394,6 +416,11 @@ def _resize_heap(ctx: Any, nbytes: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    dump_after = float(os.environ.get("TAXMODEL_DUMP_STACKS_AFTER_S", "0") or 0)
+    if dump_after > 0:  # where a stuck run is stuck: every thread's stack, to stderr
+        import faulthandler
+
+        faulthandler.dump_traceback_later(dump_after, repeat=False)
     _ensure_taxmodel_kernels()
     ctx = init(args)
     args.iters = args.iters or (2 if args.cpu else 50)
