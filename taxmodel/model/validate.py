@@ -33,9 +33,30 @@ TAX_TOLERANCE = 0.25
 TAX_ABS_US = 20.0
 QUANTITIES = ("latency",) + TAXES
 MARK_START, MARK_END = "<!-- validation:start -->", "<!-- validation:end -->"
-FIT_VARIANTS = ("pull", "push")
-IN_SAMPLE_RULE = ("ag_gemm pull/push bundles at the largest M of their (N, K, tp, world size) group fit the Triton GEMM "
-                  "efficiency (median of the per-case values that make the predicted latency equal the measured one)")
+@dataclass(frozen=True)
+class FitRule:
+    """One fitted model parameter: which bundles fit it (the in-sample subset) and its range."""
+
+    param: str
+    workload: str
+    variants: tuple[str, ...]
+    group_keys: tuple[str, ...]  # shape keys that define a group (plus world size and hardware)
+    top_key: str  # in each group, the bundles with the largest value of this key are in-sample
+    low: float
+    high: float
+    text: str
+
+
+FIT_RULES = (
+    FitRule("triton_gemm_efficiency", "ag_gemm", ("pull", "push"), ("N", "K", "tp"), "M", 0.3, 1.3,
+            "ag_gemm pull/push bundles at the largest M of their (N, K, tp, world size) group fit the Triton GEMM "
+            "efficiency"),
+    FitRule("triton_stream_efficiency", "flash_decode", ("bsp",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
+            0.3, 1.5, "flash_decode bsp bundles at the longest KV of their (batch, heads, world size) group fit the "
+            "streaming efficiency of the Triton decode kernels (relative to the calibrated HBM copy bandwidth)"),
+)
+IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
+                                                          "predicted latency equal the measured one)")
 
 
 @dataclass
@@ -53,6 +74,8 @@ class Case:
     measured: dict[str, float]  # window + categories + sub-categories, mean ns
     instrumented: bool = False
     in_sample: bool = False
+    graph_launch: bool = False  # captured with `taxmodel profile --graph` (one graph launch per iteration)
+    transport: str | None = None  # AG+GEMM fine-grained transport the bundle ran with, when recorded
 
     @property
     def label(self) -> str:
@@ -103,8 +126,10 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
         return f"{path}: {exc}"
     ledger = compute_ledger(bundle, hw, lenient=True)
     records = bool((bundle.events["kind"] == "record").any())
+    config = meta.get("workload_config") or {}
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
-                meta.get("cost"), hw, note, _measured(ledger), instrumented=records)
+                meta.get("cost"), hw, note, _measured(ledger), instrumented=records,
+                graph_launch=bool(capture.get("graph")), transport=config.get("transport"))
 
 
 def _intlike(v: Any) -> bool:
@@ -133,21 +158,32 @@ def find_cases(root: str | os.PathLike) -> tuple[list[Case], list[str]]:
 
 # --- fitting ---------------------------------------------------------------------------------------
 
+def _rule_of(case: Case) -> FitRule | None:
+    return next((r for r in FIT_RULES if case.workload == r.workload and case.variant in r.variants), None)
+
+
 def mark_in_sample(cases: list[Case]) -> None:
-    """Apply IN_SAMPLE_RULE: flag the fitting subset."""
+    """Apply FIT_RULES: flag each rule's fitting subset."""
     groups: dict[tuple, list[Case]] = {}
     for c in cases:
-        if c.workload == "ag_gemm" and c.variant in FIT_VARIANTS:
-            key = (c.variant, c.shape.get("N"), c.shape.get("K"), c.shape.get("tp", 0), c.world_size, c.hardware.name)
+        rule = _rule_of(c)
+        if rule is not None:
+            key = (rule.param, c.variant, *(c.shape.get(k, 0) for k in rule.group_keys), c.world_size,
+                   c.hardware.name, c.graph_launch)
             groups.setdefault(key, []).append(c)
-    for group in groups.values():
-        top = max(c.shape.get("M", 0) for c in group)
+    for key, group in groups.items():
+        rule = next(r for r in FIT_RULES if r.param == key[0])
+        top = max(c.shape.get(rule.top_key, 0) for c in group)
         for c in group:
-            c.in_sample = c.shape.get("M", 0) == top
+            c.in_sample = c.shape.get(rule.top_key, 0) == top
 
 
 def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:
-    return ModelParams.from_hardware(case.hardware, instrumented=case.instrumented, **dict(fitted))
+    """The model's parameters for one bundle: its hardware, plus how it was captured (records, a
+    graph per iteration, the AG+GEMM transport; bundles from before the transport was recorded ran
+    the default, the copy engines)."""
+    return ModelParams.from_hardware(case.hardware, instrumented=case.instrumented, graph_launch=case.graph_launch,
+                                     ag_transport=case.transport, **dict(fitted))
 
 
 def _predict(case: Case, fitted: Mapping[str, float]):
@@ -156,30 +192,30 @@ def _predict(case: Case, fitted: Mapping[str, float]):
 
 
 def fit_params(cases: list[Case]) -> dict[str, float]:
-    """The Triton GEMM efficiency from the in-sample cases (bisection per case on the predicted
-    latency; the median of the per-case values). Empty when there is no in-sample case or no
-    case whose latency the efficiency explains (e.g. a link-bound pull)."""
-    values = []
-    for case in [c for c in cases if c.in_sample]:
-        target = case.measured["latency"]
-        f = lambda e: _predict(case, {"triton_gemm_efficiency": e}).window_ns - target  # noqa: E731
-        lo, hi = 0.3, 1.3
-        flo, fhi = f(lo), f(hi)
-        if flo < 0 or fhi > 0:  # the efficiency cannot explain this case's latency
-            continue
-        for _ in range(18):
-            mid = 0.5 * (lo + hi)
-            if f(mid) > 0:
-                lo = mid
-            else:
-                hi = mid
-        values.append(0.5 * (lo + hi))
-    if not values:
-        return {}
-    values.sort()
-    mid = len(values) // 2
-    med = values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
-    return {"triton_gemm_efficiency": round(med, 3)}
+    """Each FIT_RULES parameter from its in-sample cases (bisection per case on the predicted
+    latency; the median of the per-case values). A parameter is left out when no in-sample case's
+    latency it can explain (e.g. a link-bound pull)."""
+    fitted: dict[str, float] = {}
+    for rule in FIT_RULES:
+        values = []
+        for case in [c for c in cases if c.in_sample and _rule_of(c) is rule]:
+            target = case.measured["latency"]
+            f = lambda e: _predict(case, {rule.param: e}).window_ns - target  # noqa: E731
+            lo, hi = rule.low, rule.high
+            if f(lo) < 0 or f(hi) > 0:  # the parameter cannot explain this case's latency
+                continue
+            for _ in range(18):
+                mid = 0.5 * (lo + hi)
+                if f(mid) > 0:
+                    lo = mid
+                else:
+                    hi = mid
+            values.append(0.5 * (lo + hi))
+        if values:
+            values.sort()
+            mid = len(values) // 2
+            fitted[rule.param] = round(values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid]), 3)
+    return fitted
 
 
 # --- the table -------------------------------------------------------------------------------------

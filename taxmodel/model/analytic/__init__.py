@@ -18,7 +18,7 @@ from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec, find_preset, load_hardware, presets
 
 from . import ag_gemm, flash_decode, gemm_rs
-from .common import CollectiveModel, ModelParams, Prediction, predicted_ledger, standard_assumptions, topology
+from .common import CollectiveModel, ModelParams, as_graph_launch, Prediction, predicted_ledger, standard_assumptions, topology
 
 MODELS = {"ag_gemm": ag_gemm, "flash_decode": flash_decode, "gemm_rs": gemm_rs}
 
@@ -111,6 +111,9 @@ def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: i
     coll = CollectiveModel.from_hardware(hardware, topo, params)
     shape = {k: int(v) for k, v in dict(shape).items()}
     plans, details, notes = mod.plans(variant, shape, int(world_size), hardware, params, coll)
+    if params.graph_launch:
+        plans = as_graph_launch(plans, params)
+        notes = list(notes) + ["launches: each iteration is one CUDA graph launch (all kernels queued behind it)"]
     cost = dict(cost) if cost else mod.cost(shape, int(world_size), variant)
     ledger, _ = predicted_ledger(plans, cost, hardware, params, workload=workload, variant=variant, shape=shape)
     assumptions = ([hw_note] if hw_note else []) + standard_assumptions(hardware, topo, params) + notes

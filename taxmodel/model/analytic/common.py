@@ -84,6 +84,9 @@ class ModelParams:
     #: Whether fused kernels write in-kernel trace records (then their waits are flag_wait; without
     #: records the ledger cannot see them and counts them as compute time).
     instrumented: bool = False
+    #: Whether each iteration is one CUDA/HIP graph launch (``taxmodel profile --graph``): one host
+    #: launch call (``host_launch_torch_s``) per iteration, every kernel queued behind it.
+    graph_launch: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @staticmethod
@@ -363,6 +366,14 @@ class KernelPlan:
     sync_after_s: float | None = None
     flag_latency_s: float = 0.0
     after: int | None = None
+
+
+def as_graph_launch(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> list[list[KernelPlan]]:
+    """The plans as one captured graph per iteration: the host spends one launch call (a graph
+    launch costs about a torch launch) before the first kernel and nothing before the others, so
+    every later kernel is queued (the ledger's kernel_gap, never host_starved)."""
+    return [[replace(p, host_s=params.host_launch_torch_s if k == 0 else 0.0) for k, p in enumerate(rank)]
+            for rank in plans]
 
 
 @dataclass
