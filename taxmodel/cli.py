@@ -128,7 +128,8 @@ def _us_columns(df, columns):
               help="Each traced iteration replays one captured CUDA graph (as decode loops run), so the trace is not "
                    "host-bound by the profiler. Variants that are not graph-safe, a failed capture, and CPU runs "
                    "(no CUDA graphs) use eager launches instead, with a message; each bundle says which in "
-                   "meta capture.graph (true/false) and capture.graph_note.")
+                   "meta capture.graph (true/false) and capture.graph_note. ag_gemm's pull/push are graph-safe with the "
+                   "Triton copy-kernel transport: set TAXMODEL_AG_GEMM_TRANSPORT=sm (the default, copy engines, is not).")
 @click.option("--graph-strict", is_flag=True, default=False,
               help="Like --graph, but never fall back: exit 2 before starting if a chosen variant is not graph-safe "
                    "or this is a CPU run, and fail if a capture fails.")
@@ -220,7 +221,13 @@ def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
 @click.option("--sweep", "sweep_", default=None, metavar="KEY=LO:HI[:STEP]", help="Predict a curve over one shape key.")
 @click.option("--plot", type=click.Path(dir_okay=False, writable=True), default=None, help="With --sweep: write a figure (PNG/SVG/PDF).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
-def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_, plot, as_json) -> None:
+@click.option("--graph", "graph_launch", is_flag=True,
+              help="Each iteration is one CUDA graph launch (as `taxmodel profile --graph` captures it): no host launch "
+                   "cost between kernels.")
+@click.option("--transport", type=click.Choice(["ce", "sm", "direct"]), default=None,
+              help="ag_gemm fine-grained transport: copy engines (default), a Triton copy kernel, or direct peer loads.")
+def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_, plot, as_json, graph_launch,
+                transport) -> None:
     """Predicted ledger (latency and each tax) of WORKLOAD from shapes and hardware, with its assumptions."""
     import json
 
@@ -232,9 +239,10 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
     shp = wl.shape(preset, **_shape_option(shape))
     hw, note = analytic.resolve_model_hardware(hardware)
     names = [v for v in variants_.split(",") if v] if variants_ else list(analytic.variants(workload))
+    params = analytic.ModelParams.from_hardware(hw, graph_launch=graph_launch or None, ag_transport=transport)
     if sweep_:
         key, values = analytic.parse_range(sweep_)
-        tables = {v: analytic.sweep(workload, v, shp, world_size, hw, key, values) for v in names}
+        tables = {v: analytic.sweep(workload, v, shp, world_size, hw, key, values, params) for v in names}
         if as_json:
             click.echo(json.dumps({"hardware": note, "sweep": {v: t.to_dict(orient="records") for v, t in tables.items()}}, indent=2))
         else:
@@ -243,7 +251,7 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
         if plot:
             click.echo(f"wrote {plot_sweep(tables, key, plot, title=f'{workload}, {world_size} x {hw.name}')}")
         return
-    preds = [analytic.predict(workload, v, shp, world_size, hw) for v in names]
+    preds = [analytic.predict(workload, v, shp, world_size, hw, params) for v in names]
     preds[0].assumptions.insert(0, note)
     if as_json:
         click.echo(json.dumps([p.to_dict() for p in preds], indent=2, default=float))

@@ -538,10 +538,11 @@ def _matches(names: pd.Series, role: np.ndarray, pattern: str) -> np.ndarray:
 
 
 def _record_shares(gpu, g_start, g_end, ev, offsets, role) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per GPU row, from the in-kernel records inside it (fused kernels only): the mean flag_wait
-    time per CTA, the mean time per CTA in communication-only phases (``COMM_PHASES``) -- each the
-    sum of those record durations divided by the kernel's number of recorded CTAs -- and whether
-    any record lies in it."""
+    """Per GPU row, from the in-kernel records inside it (fused kernels only): the flag_wait time --
+    the larger of the mean flag_wait time per CTA and the time in which every running CTA waited
+    (``_all_waiting_time``) --, the mean time per CTA in communication-only phases
+    (``COMM_PHASES``; sum of those record durations divided by the kernel's number of recorded
+    CTAs), and whether any record lies in it."""
     out = np.zeros(len(gpu))
     comm_out = np.zeros(len(gpu))
     recorded = np.zeros(len(gpu), bool)
@@ -585,7 +586,30 @@ def _record_shares(gpu, g_start, g_end, ev, offsets, role) -> tuple[np.ndarray, 
     with np.errstate(divide="ignore", invalid="ignore"):
         out = np.where(ncta > 0, wsum / np.where(ncta > 0, ncta, 1), 0.0)
         comm_out = np.where(ncta > 0, csum / np.where(ncta > 0, ncta, 1), 0.0)
+    out = np.maximum(out, _all_waiting_time(owner[has], r_s[has], np.minimum(r_e, g_end[np.maximum(owner, 0)])[has],
+                                            r_flag[has], len(gpu)))
     return out, comm_out, ncta > 0
+
+
+def _all_waiting_time(owner: np.ndarray, start: np.ndarray, end: np.ndarray, waiting: np.ndarray, n: int) -> np.ndarray:
+    """Per kernel row: how long every CTA that was running (had a record open) was in a
+    flag_wait record -- the kernel's time in which nothing but waiting happened (e.g. a few CTAs
+    waiting for a late peer after the others finished). One sweep over the records' boundaries."""
+    if not len(owner):
+        return np.zeros(n)
+    end = np.maximum(end, start)
+    times = np.concatenate([start, end])
+    own = np.concatenate([owner, owner])
+    w = waiting.astype(np.int64)
+    d_wait = np.concatenate([w, -w])
+    d_other = np.concatenate([1 - w, -(1 - w)])
+    order = np.lexsort((times, own))
+    times, own = times[order], own[order]
+    n_wait, n_other = np.cumsum(d_wait[order]), np.cumsum(d_other[order])  # each kernel's events net to 0
+    same = own[1:] == own[:-1]
+    seg = (times[1:] - times[:-1]).astype(np.float64)
+    only_waiting = same & (n_wait[:-1] > 0) & (n_other[:-1] == 0)
+    return np.bincount(own[:-1][only_waiting], weights=seg[only_waiting], minlength=n)
 
 
 def _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, wrank) -> pd.DataFrame:

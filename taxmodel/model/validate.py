@@ -56,7 +56,9 @@ FIT_RULES = (
             "streaming efficiency of the Triton decode kernels (relative to the calibrated HBM copy bandwidth)"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
-                                                          "predicted latency equal the measured one)")
+                                                          "predicted latency equal the measured one; only CUDA-graph "
+                                                          "captures when the subset has any, since eager captures carry "
+                                                          "the profiler's host cost)")
 
 
 @dataclass
@@ -198,7 +200,10 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
     fitted: dict[str, float] = {}
     for rule in FIT_RULES:
         values = []
-        for case in [c for c in cases if c.in_sample and _rule_of(c) is rule]:
+        subset = [c for c in cases if c.in_sample and _rule_of(c) is rule]
+        if any(c.graph_launch for c in subset):  # host-free captures, when there are any, fit the GPU-side rate
+            subset = [c for c in subset if c.graph_launch]
+        for case in subset:
             target = case.measured["latency"]
             f = lambda e: _predict(case, {rule.param: e}).window_ns - target  # noqa: E731
             lo, hi = rule.low, rule.high
@@ -233,7 +238,8 @@ def compare(case: Case, fitted: Mapping[str, float]) -> list[dict[str, Any]]:
                      "shape": ",".join(f"{k}={v}" for k, v in case.shape.items()), "world_size": case.world_size,
                      "hardware": f"{case.hardware.name} ({case.hardware.source})", "quantity": q,
                      "measured_us": m / 1e3, "predicted_us": p / 1e3, "error_us": err_us, "error_pct": rel * 100.0,
-                     "ok": bool(ok), "sample": "in" if case.in_sample else "out", "bundle": case.path.name})
+                     "ok": bool(ok), "sample": "in" if case.in_sample else "out", "bundle": case.path.name,
+                     "launches": "graph" if case.graph_launch else "eager"})
     return rows
 
 
@@ -245,7 +251,8 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True) -> Valid
     fitted = fit_params(cases) if fit else {}
     rows = [r for c in cases for r in compare(c, fitted)]
     table = pd.DataFrame(rows, columns=["workload", "variant", "shape", "world_size", "hardware", "quantity",
-                                        "measured_us", "predicted_us", "error_us", "error_pct", "ok", "sample", "bundle"])
+                                        "measured_us", "predicted_us", "error_us", "error_pct", "ok", "sample", "bundle",
+                                        "launches"])
     notes = [f"fitting subset: {IN_SAMPLE_RULE}"]
     if fitted:
         notes.append("fitted: " + ", ".join(f"{k} = {v}" for k, v in fitted.items()))
@@ -260,16 +267,22 @@ def markdown_table(v: Validation) -> str:
     if v.table.empty:
         lines.append("No measured bundles to validate against yet.")
     else:
-        lines.append("| workload/variant | shape | W | quantity | measured us | predicted us | error | within target | fit |")
-        lines.append("|---|---|---:|---|---:|---:|---:|---|---|")
+        lines.append("| workload/variant | shape | W | launches | quantity | measured us | predicted us | error | within target | fit |")
+        lines.append("|---|---|---:|---|---|---:|---:|---:|---|---|")
         for r in v.table.itertuples(index=False):
             err = f"{r.error_pct:+.1f}%" if math.isfinite(r.error_pct) else "n/a"
-            lines.append(f"| {r.workload}/{r.variant} | {r.shape} | {r.world_size} | {r.quantity} | {r.measured_us:.1f} | "
-                         f"{r.predicted_us:.1f} | {err} ({r.error_us:+.1f} us) | {'yes' if r.ok else '**no**'} | "
-                         f"{'in-sample' if r.sample == 'in' else 'out-of-sample'} |")
+            lines.append(f"| {r.workload}/{r.variant} | {r.shape} | {r.world_size} | {r.launches} | {r.quantity} | "
+                         f"{r.measured_us:.1f} | {r.predicted_us:.1f} | {err} ({r.error_us:+.1f} us) | "
+                         f"{'yes' if r.ok else '**no**'} | {'in-sample' if r.sample == 'in' else 'out-of-sample'} |")
         n_ok = int(v.table["ok"].sum())
         lines.append("")
         lines.append(f"{n_ok} of {len(v.table)} comparisons within target (latency 15%; each tax 25% or 20 us).")
+        for mode, g in v.table.groupby("launches", sort=True):
+            lat = g[g["quantity"] == "latency"]
+            lines.append(f"- {mode} launches: {int(g['ok'].sum())} of {len(g)} comparisons, latency {int(lat['ok'].sum())} "
+                         f"of {len(lat)}; by workload/variant (latency within target / cases): " + ", ".join(
+                             f"{wv} {int(x['ok'].sum())}/{len(x)}" for wv, x in
+                             lat.assign(wv=lat["workload"] + "/" + lat["variant"]).groupby("wv", sort=True)))
     lines.append("")
     lines.extend(f"- {n}" for n in v.notes)
     hws = sorted({c.hardware_note for c in v.cases})

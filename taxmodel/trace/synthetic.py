@@ -202,11 +202,11 @@ def synthetic_bundle(*, world_size: int = 2, iterations: int = 3, repetitions: i
                     cursor[r] = k.end
                     for cta in range(CTAS_PER_FUSED_KERNEL):
                         # one flag_wait record per CTA at a different offset, and a compute record
-                        # that the ledger must ignore
+                        # chained to it (as real kernels record phases) that the ledger must ignore
                         off = k.start + 100 + cta * 50
                         if flag_wait_ns:
                             records.append({"rank": r, "name": FUSED, "start": off, "end": off + flag_wait_ns, "cta": cta, "phase": "flag_wait"})
-                        records.append({"rank": r, "name": FUSED, "start": off + flag_wait_ns + 10, "end": k.end - 10, "cta": cta, "phase": "compute"})
+                        records.append({"rank": r, "name": FUSED, "start": off + flag_wait_ns, "end": k.end - 10, "cta": cta, "phase": "compute"})
             after_sync = {}
             if sync_ns:
                 for r in active:

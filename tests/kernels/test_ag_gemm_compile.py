@@ -9,59 +9,18 @@ by 16 marked so, tensor descriptors for the TMA loads) at the GPU configs the be
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from aot import assert_fits_an_sm, compile_report
+
 SCRIPT = r'''
-import json, os, re, subprocess, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from taxmodel.kernels.ag_gemm import gemm_tiles as gt, push
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TARGET = GPUTarget("cuda", 90, 32)
-OUT = sys.argv[1]
+PATTERNS = {"globaltimer": r"%globaltimer", "tma_loads": r"cp\.async\.bulk\.tensor", "wgmma": r"wgmma\.mma_async",
+            "sys_release": r"atom[\w.]*\.sys[\w.]*\.release|atom[\w.]*\.release[\w.]*\.sys",
+            "st_v4": r"st\.global[\w.]*\.v4", "ld_v4": r"ld\.global[\w.]*\.v4", "scalar_b16_st": r"st\.global\.b16"}
+BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b"}
 
-def build(fn, args, consts, num_warps, num_stages, tag):
-    sig, attrs, constexprs = {}, {}, dict(consts)
-    for name, ty, val in args:
-        i = fn.arg_names.index(name)
-        if ty == "none":
-            sig[name], constexprs[name] = "constexpr", None
-        elif ty.startswith("*"):
-            sig[name], attrs[(i,)] = ty, [["tt.divisibility", 16]]
-        elif ty.startswith("tensordesc"):
-            sig[name] = ty
-        elif ty in ("i32", "i64") and val == 1:
-            sig[name], constexprs[name] = "constexpr", 1
-        else:
-            sig[name] = ty
-            if ty in ("i32", "i64") and val % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    for k in consts:
-        sig[k] = "constexpr"
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=TARGET,
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
-    cubin = os.path.join(OUT, tag + ".cubin")
-    with open(cubin, "wb") as f:
-        f.write(k.asm["cubin"])
-    res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True).stdout
-    usage = dict(re.findall(r"(REG|LOCAL|SHARED):(\d+)", res))
-    ptx, ttir = k.asm["ptx"], k.asm["ttir"]
-    body = ttir.split("tt.func public @" + fn.__name__, 1)[1].partition("\n")[2]  # after the signature line
-    count = lambda pat, text=ptx: len(re.findall(pat, text))
-    return dict(regs=int(usage.get("REG", -1)), local=int(usage.get("LOCAL", -1)), shared=k.metadata.shared,
-                rec_uses=count(r"%rec_ptr\b", body), globaltimer=count(r"%globaltimer"),
-                tma_loads=count(r"cp\.async\.bulk\.tensor"), wgmma=count(r"wgmma\.mma_async"),
-                sys_release=count(r"atom[\w.]*\.sys[\w.]*\.release|atom[\w.]*\.release[\w.]*\.sys"),
-                st_v4=count(r"st\.global[\w.]*\.v4"), ld_v4=count(r"ld\.global[\w.]*\.v4"),
-                scalar_b16_st=count(r"st\.global\.b16"))
 
 M_LOC, N, K = 256, 8192, 8192
 def gemm_args(block_m, block_n, block_k, tma_store, epi):
@@ -106,25 +65,10 @@ print(json.dumps(report))
 '''
 
 
-def _nvidia_backend_present() -> bool:
-    try:
-        import triton
-    except ImportError:
-        return False
-    base = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    return (base / "cuobjdump").exists() and (base / "ptxas").exists()
-
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    if not _nvidia_backend_present():
-        pytest.skip("Triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
-    out = tmp_path_factory.mktemp("cubins")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return compile_report(SCRIPT, tmp_path_factory)
 
 
 KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "copy_push", "copy_push_inst", "copy_pull", "copy_pull_inst"]
@@ -133,10 +77,7 @@ KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "copy_push", "copy_push_inst", "
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_no_spills_and_shared_memory_fits(report, kernel):
-    r = report[kernel]
-    assert r["local"] == 0, f"{kernel} spills registers: {r}"
-    assert 0 < r["regs"] <= 255
-    assert r["shared"] <= 227 * 1024
+    assert_fits_an_sm(report, kernel)
 
 
 @pytest.mark.slow

@@ -10,54 +10,19 @@ launch specializes them (16-byte-aligned pointers, integers divisible by 16 mark
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from aot import assert_fits_an_sm, compile_report
+
 SCRIPT = r'''
-import json, os, re, subprocess, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from taxmodel.kernels.flash_decode import combine as cb, fused as fu, split_kv as sk
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TARGET = GPUTarget("cuda", 90, 32)
-OUT = sys.argv[1]
+PATTERNS = {"cp_async_16": r"cp\.async\.cg\.shared\.global[^\n]*0x10", "mma_bf16": r"mma\.sync[\w.]*bf16",
+            "cg_v4": r"ld\.global\.cg\.v4", "sys_release": r"atom\.global\.sys\.release", "globaltimer": r"%globaltimer",
+            "scalar_b16": r"ld\.global\.b16", "sys_scope": r"\.sys\b", "volatile_b64": r"ld\.volatile\.global[\w.]*\.b64",
+            "nanosleep": r"nanosleep"}
+BODY_PATTERNS = {}
 
-def build(fn, args, consts, num_warps, num_stages, tag):
-    sig, attrs, constexprs = {}, {}, dict(consts)
-    for name, ty, val in args:
-        i = fn.arg_names.index(name)
-        if ty.startswith("*"):
-            sig[name], attrs[(i,)] = ty, [["tt.divisibility", 16]]
-        elif ty in ("i32", "i64") and val == 1:
-            sig[name], constexprs[name] = "constexpr", 1
-        else:
-            sig[name] = ty
-            if ty in ("i32", "i64") and val % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    for k in consts:
-        sig[k] = "constexpr"
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=TARGET,
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
-    cubin = os.path.join(OUT, tag + ".cubin")
-    with open(cubin, "wb") as f:
-        f.write(k.asm["cubin"])
-    res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True).stdout
-    usage = dict(re.findall(r"(REG|LOCAL|SHARED):(\d+)", res))
-    ptx = k.asm["ptx"]
-    count = lambda pat: len(re.findall(pat, ptx))
-    return dict(regs=int(usage.get("REG", -1)), local=int(usage.get("LOCAL", -1)), shared=k.metadata.shared,
-                cp_async_16=count(r"cp\.async\.cg\.shared\.global[^\n]*0x10"), mma_bf16=count(r"mma\.sync[\w.]*bf16"),
-                cg_v4=count(r"ld\.global\.cg\.v4"), sys_release=count(r"atom\.global\.sys\.release"),
-                globaltimer=count(r"%globaltimer"), scalar_b16=count(r"ld\.global\.b16"),
-                sys_scope=count(r"\.sys\b"), volatile_b64=count(r"ld\.volatile\.global[\w.]*\.b64"),
-                nanosleep=count(r"nanosleep"))
 
 D, L, HKV, HQ = 128, 262144, 4, 32
 split_args = [("q_ptr", "*bf16", 0), ("k_ptr", "*bf16", 0), ("v_ptr", "*bf16", 0), ("part_out_ptr", "*fp32", 0),
@@ -89,35 +54,16 @@ print(json.dumps(report))
 '''
 
 
-def _nvidia_backend_present() -> bool:
-    try:
-        import triton
-    except ImportError:
-        return False
-    base = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    return (base / "cuobjdump").exists() and (base / "ptxas").exists()
-
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    if not _nvidia_backend_present():
-        pytest.skip("Triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    out = tmp_path_factory.mktemp("cubins")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return compile_report(SCRIPT, tmp_path_factory)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["split", "fused", "fused_flags", "combine_local", "combine_global"])
 def test_no_spills_and_shared_memory_fits(report, kernel):
-    r = report[kernel]
-    assert r["local"] == 0, f"{kernel} spills registers: {r}"
-    assert 0 < r["regs"] <= 255
-    assert r["shared"] <= 227 * 1024
+    assert_fits_an_sm(report, kernel)
 
 
 @pytest.mark.slow

@@ -8,63 +8,23 @@ and bf16 tensor-core MMAs in the GEMM, the peers' flags released system-wide and
 bounded by %globaltimer, and the plain build holding no record code (the record pointer unused,
 no extra clock reads).
 
-Ahead-of-time compilation runs in a subprocess (the test session imports the kernels under
-``TRITON_INTERPRET=1``). ``TAXMODEL_COMPILE_TRITON_PATHS`` (os.pathsep-separated directories, each
-holding another Triton, e.g. ``pip install --target DIR triton==3.6.0``, the GPU machines'
-version) adds one more run per directory with that Triton first on the path.
+Ahead-of-time compilation: tests/kernels/aot.py (``TAXMODEL_COMPILE_TRITON_PATHS`` adds a run with
+another Triton, e.g. 3.6.0, the GPU machines' version).
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from aot import assert_fits_an_sm, compile_report, tritons
+
 SCRIPT = r'''
-import json, os, re, subprocess, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from taxmodel.kernels.gemm_rs import tiles as t
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TARGET = GPUTarget("cuda", 90, 32)
-OUT = sys.argv[1]
+PATTERNS = {"tma": r"cp\.async\.bulk\.tensor", "mma": r"wgmma[\w.]*bf16|mma\.sync[\w.]*bf16",
+            "sys_release": r"atom[\w.]*\.sys\.release|atom\.release\.sys|atom\.global\.sys\.release",
+            "globaltimer": r"%globaltimer"}
+BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b"}
 
-def build(fn, args, consts, num_warps, num_stages, tag):
-    """Compile as a launch specializes: 16-byte aligned pointers, integers divisible by 16 marked."""
-    sig, attrs, constexprs = {}, {}, dict(consts)
-    for name, ty, val in args:
-        i = fn.arg_names.index(name)
-        if ty.startswith("*"):
-            sig[name], attrs[(i,)] = ty, [["tt.divisibility", 16]]
-        elif ty == "none":
-            sig[name], constexprs[name] = "constexpr", None
-        elif ty in ("i32", "i64") and val == 1:
-            sig[name], constexprs[name] = "constexpr", 1
-        else:
-            sig[name] = ty
-            if ty in ("i32", "i64") and val % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    for k in consts:
-        sig[k] = "constexpr"
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs), target=TARGET,
-                       options=dict(num_warps=num_warps, num_stages=num_stages))
-    cubin = os.path.join(OUT, tag + ".cubin")
-    with open(cubin, "wb") as f:
-        f.write(k.asm["cubin"])
-    res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True).stdout
-    usage = dict(re.findall(r"(REG|LOCAL|SHARED):(\d+)", res))
-    ptx, ttir = k.asm["ptx"], k.asm["ttir"]
-    body = ttir.split("tt.func public @" + fn.__name__, 1)[1].partition("\n")[2]  # after the signature line
-    count = lambda pat, text=ptx: len(re.findall(pat, text))
-    return dict(regs=int(usage.get("REG", -1)), local=int(usage.get("LOCAL", -1)), shared=k.metadata.shared,
-                tma=count(r"cp\.async\.bulk\.tensor"), mma=count(r"wgmma[\w.]*bf16|mma\.sync[\w.]*bf16"),
-                sys_release=count(r"atom[\w.]*\.sys\.release|atom\.release\.sys|atom\.global\.sys\.release"),
-                globaltimer=count(r"%globaltimer"), rec_uses=count(r"%rec_ptr\b", body))
 
 W, M_LOC, N, K_LOC = 4, 2048, 8192, 2048
 common = [("recv_ptr", "*bf16", 0), ("out_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0)]
@@ -99,53 +59,18 @@ report["gemm_ptr"] = build(t.gemm_rs_kernel, gemm_args(False),
 print(json.dumps(report))
 '''
 
-REPO = Path(__file__).resolve().parents[2]
 KERNELS = [f"{k}_{inst}" for k in ("gemm_kernel", "gemm_tail", "reduce") for inst in (False, True)] + ["gemm_ptr"]
 
 
-def _tools_present(triton_dir: Path) -> bool:
-    base = triton_dir / "backends" / "nvidia" / "bin"
-    return (base / "cuobjdump").exists() and (base / "ptxas").exists()
-
-
-def _tritons() -> list[str]:
-    extra = [p for p in os.environ.get("TAXMODEL_COMPILE_TRITON_PATHS", "").split(os.pathsep) if p]
-    return ["local"] + extra
-
-
-def _compile(tmp_path_factory, path: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path_factory.mktemp("triton_cache"))
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    if path == "local":
-        import triton
-
-        if not _tools_present(Path(triton.__file__).parent):
-            pytest.skip("Triton's NVIDIA backend tools (ptxas, cuobjdump) are not installed")
-    else:
-        if not _tools_present(Path(path) / "triton"):
-            pytest.skip(f"no Triton with NVIDIA backend tools under {path}")
-        # That Triton first; our kernel modules (and torch, iris) from this interpreter's paths.
-        env["PYTHONPATH"] = os.pathsep.join([path, str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    out = tmp_path_factory.mktemp("cubins")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(out)], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=str(REPO))
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture(scope="module", params=_tritons())
+@pytest.fixture(scope="module", params=tritons())
 def report(request, tmp_path_factory):
-    return _compile(tmp_path_factory, request.param)
+    return compile_report(SCRIPT, tmp_path_factory, request.param)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_compiles_without_spills_within_shared_memory(report, kernel):
-    r = report[kernel]
-    assert r["local"] == 0, f"{kernel} spills registers: {r} (triton {report['triton']})"
-    assert 0 < r["regs"] <= 255
-    assert r["shared"] <= 227 * 1024
+    assert_fits_an_sm(report, kernel)
 
 
 @pytest.mark.slow

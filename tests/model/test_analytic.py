@@ -217,3 +217,16 @@ def test_instrumented_fused_waits_become_flag_wait():
     assert plain["flag_wait"] == 0 and inst["flag_wait"] > 0
     assert inst["window"] == pytest.approx(plain["window"])
     assert not math.isnan(inst["compute_inefficiency"])
+
+
+def test_a_graph_launch_has_one_host_launch_and_no_host_starved_gaps():
+    """bsp flash decode is four launches: eagerly the host's launch costs show as launch tax; as one
+    CUDA graph per iteration every kernel after the first is queued (kernel_gap only)."""
+    shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
+    hw = find_preset("h200")
+    eager = predict("flash_decode", "bsp", shape, 4, hw, c.ModelParams.from_hardware(hw)).taxes_ns()
+    graph = predict("flash_decode", "bsp", shape, 4, hw, c.ModelParams.from_hardware(hw, graph_launch=True)).taxes_ns()
+    assert graph["host_starved"] == 0.0 and graph["launch_latency"] == 0.0
+    assert graph["kernel_gap"] == pytest.approx(3 * hw.kernel_gap_s * 1e9, rel=1e-6)  # three queued gaps per rank
+    assert eager["launch_tax"] > graph["launch_tax"]
+    assert graph["window"] < eager["window"]

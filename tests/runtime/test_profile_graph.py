@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 from click.testing import CliRunner
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import taxmodel
@@ -229,6 +229,7 @@ def test_records_that_cannot_be_split_are_left_unplaced():
 @settings(max_examples=60, deadline=None)
 @given(n_iter=st.integers(1, 6), ctas=st.integers(1, 5), seed=st.integers(0, 2**31 - 1),
        offset=st.integers(-10**12, 10**12))
+@example(n_iter=2, ctas=2, seed=2661255, offset=0)  # ambiguous: a 1.5 us shift fits every record as well
 def test_random_launches_place_exactly(n_iter, ctas, seed, offset):
     """Launch gaps (barriers) may be shorter than pauses inside a launch (CTAs one after another,
     as in Triton's interpreter); a launch's records start and end within 2 us of it (CTAs begin
@@ -254,8 +255,34 @@ def test_random_launches_place_exactly(n_iter, ctas, seed, offset):
         return
     rec = pd.DataFrame(_record_rows(2, 1, "k", rows))
     out, unplaced = g.assign_graph_record_iterations(ev, rec)
-    assert unplaced == 0
+    if unplaced:  # allowed only when another clock offset fits every record as well: then nothing is guessed
+        assert unplaced == len(rows)
+        spans = sorted((int(s), int(s + d)) for s, d in zip(starts, durs))
+        assert len(_assignments_fitting_all(rows, spans, offset)) > 1
+        return
     assert out["iteration"].tolist() == want
+
+
+def _assignments_fitting_all(rows, spans, offset) -> set[tuple[int, ...]]:
+    """Brute force: every launch assignment under which some single clock offset puts every record
+    inside a launch (with the placement's tolerance of a quarter of the smallest gap)."""
+    gaps = [b[0] - a[1] for a, b in zip(spans, spans[1:])]
+    tol = max(min(gaps), 0) // 4 if gaps else 0
+    found = set()
+    candidates = {lo - (a - offset) for _, a, _b in rows for lo, _hi in spans} | \
+                 {hi - (b - offset) for _, _a, b in rows for _lo, hi in spans}
+    for x in candidates:
+        for shift in (x - tol, x + tol, x):
+            where = []
+            for _, a, b in rows:
+                a2, b2 = a - offset + shift, b - offset + shift
+                j = [k for k, (lo, hi) in enumerate(spans) if lo - tol <= a2 and b2 <= hi + tol]
+                if not j:
+                    break
+                where.append(j[0])
+            else:
+                found.add(tuple(where))
+    return found
 
 
 # --- graph-launched kernels: Kineto importer and ledger -----------------------------------------------

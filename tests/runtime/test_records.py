@@ -165,6 +165,26 @@ def test_records_of_a_concurrent_kernel_are_not_the_fused_kernels():
         assert _sub(led, "flag_wait", r) == _sub(plain, "flag_wait", r) == 3000
 
 
+def test_a_tail_where_only_waiting_ctas_run_is_flag_wait():
+    """One CTA waits for a late peer after every other CTA finished: the kernel did nothing but
+    wait for that long, although the average CTA waited only a fraction of it."""
+    case = synthetic_bundle(variant="fused")
+    ev = case.bundle.events
+    kern = ev[(ev["kind"] == "kernel") & (ev["role"] == "fused")]
+    recs = []
+    for k in kern.itertuples(index=False):
+        for cta in range(8):
+            recs.append({"rank": k.rank, "device": k.device, "stream": k.stream, "kind": "record", "role": "fused",
+                         "name": k.name, "start_ns": k.start_ns + 100, "end_ns": k.end_ns - 5000, "repetition": k.repetition,
+                         "iteration": k.iteration, "cta": cta, "phase": "compute"})
+        recs.append({**recs[-8], "start_ns": k.end_ns - 5000, "end_ns": k.end_ns - 10, "phase": "flag_wait"})
+    case.bundle.events = schema.normalize_events(pd.concat([ev[ev["kind"] != "record"], pd.DataFrame(recs)],
+                                                           ignore_index=True))
+    led = compute_ledger(case.bundle, case.hardware)
+    for r in (0, 1):
+        assert _sub(led, "flag_wait", r) == 4990  # not 4990 / 8
+
+
 # --- end to end on CPU ranks --------------------------------------------------------------------
 
 
