@@ -8,19 +8,19 @@ import os
 import threading
 import time
 from dataclasses import replace
-from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
 import pandas as pd
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles, push
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
+
+from late_producer import DELAY_S, late_producer_records
 
 pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",
                                 reason="kernels were imported without TRITON_INTERPRET=1")
@@ -116,61 +116,17 @@ def test_no_records_without_instrument() -> None:
 
 # --- a delayed producer, ranks as processes ---------------------------------------------------
 
-DELAY_S = 2.0  # long against the interpreter's own jitter on a loaded 2-core machine
-
-
-def _delay_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    os.environ["TRITON_INTERPRET"] = "1"
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-
-    from taxmodel.kernels.ag_gemm.gemm_tiles import CPU_CONFIG
-    from taxmodel.kernels.ag_gemm.workload import AgGemm as Workload
-    from taxmodel.runtime.context import RankContext as Context
-    from taxmodel.runtime.heap import SharedMemoryHeap
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    heap = SharedMemoryHeap(rank, world, 1 << 20)
-    ctx = Context(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"), backend="gloo",
-                  group=None, heap=heap, interpret=True, spin_timeout_s=60.0, instrument=True)
-    out: dict = {}
-    try:
-        wl = Workload(replace(CPU_CONFIG, transport="sm"))
-        v = wl.variants()["push"]
-        st = wl.setup(ctx, SHAPE, v)
-        ctx.records.arm(2)
-        for it in range(2):  # iteration 0: no delay; 1: rank 1 (the producer of rank 0's remote rows) starts late
-            ctx.barrier()
-            ctx.records.set_iteration(it)
-            if it == 1 and rank == 1:
-                time.sleep(DELAY_S)
-            v.run(st)
-        check_errors(st.err, "push", ctx)
-        out["records"] = ctx.records.drain(rank)
-        ctx.barrier()
-    except Exception as exc:  # noqa: BLE001 - reported by the test
-        import traceback
-
-        out["error"] = traceback.format_exc() + str(exc)
-    torch.save(out, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+def _prepare_push(ctx):
+    """Push (sm transport) on this rank: rank 1 produces rank 0's remote rows."""
+    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport="sm"))
+    v = wl.variants()["push"]
+    st = wl.setup(ctx, SHAPE, v)
+    return (lambda: v.run(st)), (lambda: check_errors(st.err, "push", ctx))
 
 
 @pytest.fixture(scope="module")
 def delayed(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("delay")
-    pc = mp.start_processes(_delay_rank, args=(2, str(tmp / "init"), str(tmp)), nprocs=2, join=False,
-                            start_method="spawn")
-    deadline = time.monotonic() + 150
-    while not pc.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in pc.processes:
-                p.kill()
-            pytest.fail("ranks still running after 150 s")
-    res = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    for r, item in enumerate(res):
-        assert "error" not in item, f"rank {r}: {item['error']}"
-    return [item["records"] for item in res]
+    return late_producer_records(_prepare_push, tmp_path_factory.mktemp("delay"))
 
 
 def _gemm_flag_wait_per_cta(rec: pd.DataFrame, iteration: int) -> pd.Series:

@@ -15,12 +15,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pandas as pd
 import pytest
 import torch
-import torch.multiprocessing as mp
 import triton
 import triton.language as tl
 
 from taxmodel.kernels import _trace
 from taxmodel.runtime import records
+
+from late_producer import DELAY_S, late_producer_records
 
 interpreted = pytest.mark.skipif(type(_trace.mark).__name__ != "InterpretedFunction",
                                  reason="kernels were imported without TRITON_INTERPRET=1")
@@ -120,60 +121,19 @@ def test_fused_flash_decode_records_on_one_rank():
 
 # --- a delayed producer, ranks as processes ---------------------------------------------------
 
-DELAY_S = 2.0  # long against the interpreter's own jitter on a loaded 2-core machine
-
-
-def _delay_rank(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    os.environ["TRITON_INTERPRET"] = "1"
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-
-    from taxmodel.runtime.context import RankContext
-    from taxmodel.runtime.heap import SharedMemoryHeap
+def _prepare_fused(ctx):
+    """Flash decode fused on this rank (rank 1 is a producer of every pair)."""
     from taxmodel.runtime.workload import get_workload
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    heap = SharedMemoryHeap(rank, world, 1 << 20)
-    ctx = RankContext(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"), backend="gloo",
-                      group=None, heap=heap, interpret=True, spin_timeout_s=60.0, instrument=True)
-    out: dict = {}
-    try:
-        wl = get_workload("flash_decode")
-        v = wl.variants()["fused"]
-        st = wl.setup(ctx, wl.shape("tiny"), v)
-        ctx.records.arm(2)
-        for it in range(2):  # step 0: no delay; step 1: rank 1 (a producer of every pair) starts late
-            ctx.barrier()
-            ctx.records.set_iteration(it)
-            if it == 1 and rank == 1:
-                time.sleep(DELAY_S)
-            v.run(st)
-        wl.output(st)  # raises if a combiner gave up
-        out["records"] = ctx.records.drain(rank)
-        ctx.barrier()
-    except Exception as exc:  # noqa: BLE001 - reported by the test
-        import traceback
-
-        out["error"] = traceback.format_exc() + str(exc)
-    torch.save(out, Path(out_dir) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    wl = get_workload("flash_decode")
+    v = wl.variants()["fused"]
+    st = wl.setup(ctx, wl.shape("tiny"), v)
+    return (lambda: v.run(st)), (lambda: wl.output(st))  # output() raises if a combiner gave up
 
 
 @pytest.fixture(scope="module")
 def delayed(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("delay")
-    pc = mp.start_processes(_delay_rank, args=(2, str(tmp / "init"), str(tmp)), nprocs=2, join=False,
-                            start_method="spawn")
-    deadline = time.monotonic() + 150
-    while not pc.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in pc.processes:
-                p.kill()
-            pytest.fail("ranks still running after 150 s")
-    res = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    for r, item in enumerate(res):
-        assert "error" not in item, f"rank {r}: {item['error']}"
-    return [item["records"] for item in res]
+    return late_producer_records(_prepare_fused, tmp_path_factory.mktemp("delay"))
 
 
 def _flag_wait_per_combiner(rec: pd.DataFrame, iteration: int) -> pd.Series:
