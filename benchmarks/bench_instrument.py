@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", default=None, help="flash decode presets ('' for none)")
     p.add_argument("--ag-sizes", default=None, help="AG+GEMM presets ('' for none)")
     p.add_argument("--ag-variants", default="push,pull", help="AG+GEMM variants (sm transport)")
+    p.add_argument("--ag-reserve-sms", action="store_true",
+                   help="AG+GEMM: leave the copy kernel SMs of its own (GemmConfig.reserve_sms), so the persistent "
+                        "GEMM can never occupy every SM while it waits for copies that have nowhere to run")
     p.add_argument("--iters", type=int, default=None, help="steps per timed batch")
     p.add_argument("--reps", type=int, default=None, help="timed batches per variant (median reported)")
     p.add_argument("--delay-us", type=float, default=200.0)
@@ -102,7 +105,7 @@ def ag_gemm_cases(sizes: list[str], variants: list[str]) -> list[Case]:
     return [Case("ag_gemm", v, s, kernels[v], v == "push", True) for s in sizes for v in variants]
 
 
-def make_workload(case: Case, ctx: Any) -> Any:
+def make_workload(case: Case, ctx: Any, reserve_sms: bool = False) -> Any:
     """The workload object of a case: AG+GEMM with the graph-safe, instrumented ``sm`` transport."""
     from taxmodel.runtime.workload import get_workload
 
@@ -110,7 +113,7 @@ def make_workload(case: Case, ctx: Any) -> Any:
         from taxmodel.kernels.ag_gemm.gemm_tiles import default_config
         from taxmodel.kernels.ag_gemm.workload import AgGemm
 
-        return AgGemm(replace(default_config(ctx.device), transport="sm"))
+        return AgGemm(replace(default_config(ctx.device), transport="sm", reserve_sms=reserve_sms))
     return get_workload(case.workload)
 
 
@@ -300,7 +303,7 @@ def _progress(ctx: Any, case: Case, what: str) -> None:
 
 def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
     _progress(ctx, case, "setup")
-    wl = make_workload(case, ctx)
+    wl = make_workload(case, ctx, args.ag_reserve_sms)
     v = wl.variants()[case.variant]
     shape = wl.shape(case.size)
     ctx.heap.reset()
@@ -378,7 +381,8 @@ def _fmt(v: Any, spec: str = ".4f", suffix: str = "") -> str:
 def markdown(rows: list[dict], meta: dict) -> str:
     lines = [f"# In-kernel records: overhead and consistency ({meta['device']}, {meta['world_size']} ranks)", "",
              f"eager: {meta['iters']} back-to-back iterations, CUDA events, max over ranks, median of {meta['reps']} "
-             "interleaved batches; graph: the same iterations in one CUDA graph.", "",
+             "interleaved batches; graph: the same iterations in one CUDA graph"
+             + ("; AG+GEMM with SMs reserved for the copy kernel" if meta.get("ag_reserve_sms") else "") + ".", "",
              "| case | plain ms | instrumented ms | overhead | graph plain ms | graph instr. ms | graph overhead | "
              "phases = lifetime, inside kernel | delay | consumers' extra flag_wait (us) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -439,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     log: Callable[[str], None] = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
     rows, failures = [], 0
     meta = {"device": torch.cuda.get_device_name() if ctx.is_cuda else "cpu (interpreter)",
-            "world_size": ctx.world_size, "iters": args.iters, "reps": args.reps, "torch": torch.__version__}
+            "world_size": ctx.world_size, "iters": args.iters, "reps": args.reps, "torch": torch.__version__,
+            "ag_reserve_sms": bool(args.ag_reserve_sms)}
     for case in cases:
         stop = False
         try:
