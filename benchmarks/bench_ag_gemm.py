@@ -384,18 +384,24 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     return rows
 
 
-def write_results(rows: list[dict], out: Path, meta: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+def results_frames(rows: list[dict], out: Path, meta: dict) -> tuple[Any, Any]:
+    """Write results.json and results.csv under ``out``; return (all rows, ms per size x variant
+    without the tuning rows) as DataFrames, for the Markdown table each benchmark writes."""
     import pandas as pd
 
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     df = pd.DataFrame(rows)
     for col in ("size", "variant", "ms"):
         if col not in df.columns:
             df[col] = None
     df.to_csv(out / "results.csv", index=False)
     main = df[~df["variant"].astype(str).str.endswith("@tune")]
-    table = main.pivot_table(index="size", columns="variant", values="ms", aggfunc="first", sort=False)
+    return df, main.pivot_table(index="size", columns="variant", values="ms", aggfunc="first", sort=False)
+
+
+def write_results(rows: list[dict], out: Path, meta: dict) -> None:
+    _, table = results_frames(rows, out, meta)
     lines = ["# All-Gather + GEMM (ms per iteration, max over ranks, median of batches)", "",
              f"world size {meta['world_size']}, device {meta['device']}, torch {meta['torch']}, triton {meta['triton']}", ""]
     cols = list(table.columns)
@@ -404,9 +410,9 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
     lines.append("| size | " + " | ".join(cols + extra) + " |")
     lines.append("|---" * (len(cols) + len(extra) + 1) + "|")
     for size, r in table.iterrows():
-        speeds = [_speed(r, ("pull", "push"), "bsp")]
+        speeds = [speed_cell(r, ("pull", "push"), "bsp")]
         if graphs:
-            speeds.append(_speed(r, ("pull@graph", "push@graph"), "bsp@graph"))
+            speeds.append(speed_cell(r, ("pull@graph", "push@graph"), "bsp@graph"))
         cells = ["" if v != v else f"{v:.4f}" for v in (r[c] for c in cols)]
         lines.append(f"| {size} | " + " | ".join(cells + speeds) + " |")
     if graphs:
@@ -415,7 +421,7 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
-def _speed(r: Any, fine: tuple[str, ...], base: str) -> str:
+def speed_cell(r: Any, fine: tuple[str, ...], base: str) -> str:
     """How much faster the best of the ``fine`` columns is than ``base`` (bsp time / best time - 1)."""
     fg = [r[c] for c in fine if c in r and r[c] == r[c]]
     if not fg or base not in r or r[base] != r[base]:

@@ -29,7 +29,6 @@ Exit code 1 if any variant was wrong or a size failed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -44,7 +43,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import all_max, check, init, run_sizes, time_batches  # noqa: E402
+from bench_ag_gemm import all_max, check, init, results_frames, run_sizes, speed_cell, time_batches  # noqa: E402
 
 from taxmodel.runtime.heap import make_heap  # noqa: E402
 
@@ -292,17 +291,7 @@ def unique_gemms(configs: list[Any]) -> list[Any]:
 
 
 def write_results(rows: list[dict], out: Path, meta: dict) -> None:
-    import pandas as pd
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-    df = pd.DataFrame(rows)
-    for col in ("size", "variant", "ms"):
-        if col not in df.columns:
-            df[col] = None
-    df.to_csv(out / "results.csv", index=False)
-    main = df[~df["variant"].astype(str).str.endswith("@tune")]
-    table = main.pivot_table(index="size", columns="variant", values="ms", aggfunc="first", sort=False)
+    df, table = results_frames(rows, out, meta)
     lines = ["# GEMM + Reduce-Scatter (ms per iteration, max over ranks, median of batches)", "",
              f"world size {meta['world_size']}, device {meta['device']}, torch {meta['torch']}, "
              f"triton {meta['triton']}, {meta['seconds']} s", ""]
@@ -310,10 +299,7 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
     lines.append("| size | " + " | ".join(cols) + " | fused vs bsp |")
     lines.append("|---" * (len(cols) + 2) + "|")
     for size, r in table.iterrows():
-        speed = ""
-        fused, bsp = r.get("fused"), r.get("bsp")
-        if fused == fused and bsp == bsp and fused is not None and bsp is not None:
-            speed = (f"{(bsp / fused - 1) * 100:+.1f}% faster" if fused < bsp else f"{(fused / bsp - 1) * 100:.1f}% slower")
+        speed = speed_cell(r, ("fused",), "bsp")
         cells = ["" if v is None or v != v else f"{v:.4f}" for v in (r[c] for c in cols)]
         lines.append(f"| {size} | " + " | ".join(cells) + f" | {speed} |")
     best = df[df["variant"] == "fused"][["size", "config"]]
