@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from taxmodel.errors import InputError
-from taxmodel.runtime.workload import Cost, Intermediate, Variant, Workload, register
+from taxmodel.runtime.workload import Cost, Intermediate, RankBound, Variant, Workload, register
 
 from .gemm_tiles import GemmConfig, default_config
 
@@ -95,7 +95,7 @@ def make_weight(seed: int, rank: int, k: int, n: int, n_loc: int, tp: bool, dtyp
 
 
 @dataclass
-class AgGemmState:
+class AgGemmState(RankBound):
     """One rank's buffers for one variant.
 
     ``epoch`` counts on the host the iterations enqueued (the copy engines write it into flags);
@@ -128,14 +128,6 @@ class AgGemmState:
     count: torch.Tensor | None = None  # debug: per-output-tile compute count (A_WAIT/A_PULL kernels)
     seen: torch.Tensor | None = None  # debug: flag epoch each tile saw before reading A
     cache: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rank(self) -> int:
-        return self.ctx.rank
-
-    @property
-    def world(self) -> int:
-        return self.ctx.world_size
 
     def new_epochs(self) -> None:
         """Zeroed device epoch words (fine-grained variants, at setup)."""

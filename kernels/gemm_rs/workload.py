@@ -24,7 +24,7 @@ from taxmodel.kernels.ag_gemm.gemm_tiles import CPU_CONFIG, GPU_CONFIG, GemmConf
 from taxmodel.kernels.ag_gemm import workload as ag_workload
 from taxmodel.kernels.ag_gemm.workload import DTYPE_CODES, DTYPE_NAMES
 from taxmodel.kernels.ag_gemm.workload import symmetric_heap  # noqa: F401  (duck-typed: any state with ctx/heap)
-from taxmodel.runtime.workload import Cost, Intermediate, Variant, Workload, register
+from taxmodel.runtime.workload import Cost, Intermediate, RankBound, Variant, Workload, register
 
 #: Kernel names (regex). The bulk-synchronous pair: the partial-product GEMM (cuBLAS/hipBLASLt on
 #: GPUs, "matmul" on CPU) and the collective (NCCL/RCCL, "reduce_scatter" on CPU).
@@ -114,7 +114,7 @@ def make_b_shard(seed: int, rank: int, k_loc: int, n: int, k: int, dtype: torch.
 
 
 @dataclass
-class GemmRsState:
+class GemmRsState(RankBound):
     """One rank's buffers for one variant; ``epoch`` counts the iterations run (flags hold it)."""
 
     ctx: Any
@@ -143,14 +143,6 @@ class GemmRsState:
     rec_gemm: Any = None  # fused, instrumented: taxmodel.runtime.records.RecordBuffer of gemm_rs_kernel
     rec_reduce: Any = None  # ... and of rs_reduce_kernel (None with the tail reduction)
     cache: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def rank(self) -> int:
-        return self.ctx.rank
-
-    @property
-    def world(self) -> int:
-        return self.ctx.world_size
 
     def poison(self) -> None:
         """Fill the output with NaN so that a row the variant never wrote fails the reference check."""

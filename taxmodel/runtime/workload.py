@@ -53,6 +53,21 @@ class Cost:
         return Cost(int(d["flops"]), int(d["hbm_bytes"]), int(d["link_bytes"]), inter, d.get("dtype", "bf16"))
 
 
+class RankBound:
+    """Mixin for a workload's per-rank state that keeps its ``RankContext`` as ``ctx``: the rank
+    and world size kernels launch with (not a dataclass field: subclasses declare ``ctx``)."""
+
+    ctx: Any
+
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def world(self) -> int:
+        return self.ctx.world_size
+
+
 @dataclass
 class Variant:
     """One way of computing the workload.
