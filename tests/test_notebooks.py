@@ -24,12 +24,13 @@ NOTEBOOKS = ROOT / "notebooks"
 PROFILES = ROOT / "profiles" / "h200x4"  # what every notebook's first code cell names
 FALLBACK = NOTEBOOKS / "data" / "cpu"
 KINETO = ROOT / "tests" / "data" / "kineto"
+GRAPH_PROFILES = ROOT / "profiles" / "h200x4-graph"  # notebook 06: CUDA-graph captures
 EXPECTED = ["01_bsp_ag_gemm", "02_fine_grained_ag_gemm", "03_flash_decode", "04_model_accuracy",
-            "05_bring_your_own_trace"]
+            "05_bring_your_own_trace", "06_graph_captures_and_records"]
 KERNEL = "taxmodel-nbtest"
 
 
-def test_the_five_notebooks_exist():
+def test_the_notebooks_exist():
     assert sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb")) == EXPECTED
 
 
@@ -42,7 +43,9 @@ def test_committed_without_outputs(name):
         assert cell["outputs"] == [], f"{name}: a code cell has outputs; clear them before committing"
         assert cell["execution_count"] is None, f"{name}: a code cell has an execution count; clear outputs"
     first = "".join(code[0]["source"])
-    if name != "05_bring_your_own_trace":  # the input directory is one variable in the first code cell
+    if name == "06_graph_captures_and_records":
+        assert 'PROFILES = "../profiles/h200x4-graph"' in first
+    elif name != "05_bring_your_own_trace":  # the input directory is one variable in the first code cell
         assert 'PROFILES = "../profiles/h200x4"' in first
 
 
@@ -196,3 +199,32 @@ def test_05_bring_your_own_trace(kernel_env, monkeypatch):
     spread = arrivals.groupby(level=[0, 1]).agg(lambda s: s.max() - s.min())
     assert float(r["max_skew_us"]) == pytest.approx(float(spread.max()) / 1e3, abs=2e-3)
     assert re.search(r"ag_gemm/bsp at M=4096 N=8192 K=8192 tp=0: [\d.]+ us per iteration", "\n".join(lines))
+
+
+def test_06_graph_captures_and_records(kernel_env, monkeypatch):
+    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.trace.bundle import find_bundles, load_bundle
+
+    lines, images = _run("06_graph_captures_and_records", kernel_env, monkeypatch)
+    assert images >= 2
+    bundles = {b.label: b for b in (load_bundle(p) for p in find_bundles(GRAPH_PROFILES))}
+    assert all(b.meta["capture"]["graph"] for b in bundles.values())
+    results = _results(lines)
+    ag = [r for r in results if r["kind"] == "ag"]
+    assert len(ag) == 8  # pull and push against bsp at four sizes
+    for r in ag:
+        ref, cand = (compute_ledger(bundles[r[k]], lenient=True) for k in ("reference", "candidate"))
+        assert float(r["saved_us"]) == pytest.approx(_window_us(ref) - _window_us(cand), abs=2e-3)
+        assert float(r["bsp_tax_saved_us"]) == pytest.approx((_mean(ref, "bsp_tax") - _mean(cand, "bsp_tax")) / 1e3,
+                                                             abs=2e-3)
+    (fd,) = [r for r in results if r["kind"] == "fd"]
+    ev = bundles[fd["label"]].events
+    kern = ev[(ev["kind"] == "kernel") & (ev["iteration"] >= 0)].set_index(["rank", "repetition", "iteration"])["start_ns"]
+    rec = ev[ev["kind"] == "record"]
+    key = list(zip(rec["rank"], rec["repetition"], rec["iteration"]))
+    end_us = (rec["end_ns"].to_numpy() - kern.reindex(key).to_numpy()) / 1e3
+    last = rec.assign(end_us=end_us).groupby(["rank", "repetition", "iteration", "phase"])["end_us"].max()
+    for phase, field in (("compute", "compute_end_us"), ("store_push", "push_end_us"), ("flag_wait", "wait_end_us")):
+        assert float(fd[field]) == pytest.approx(float(last.xs(phase, level="phase").median()), abs=2e-3)
+    # the workers finish long before the pushes, which finish before the waits end
+    assert float(fd["compute_end_us"]) < float(fd["push_end_us"]) < float(fd["wait_end_us"])
