@@ -41,7 +41,10 @@ import torch
 import torch.distributed as dist
 
 from taxmodel.runtime.context import RankContext
-from taxmodel.runtime.heap import disable_multicast, make_heap
+from taxmodel.runtime.heap import make_heap
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import all_max, init  # noqa: E402
 
 GPU_SIZES = ["m1024", "m4096", "m8192", "m16384", "m1024_n4096", "m8192_n4096", "m1024_tp", "m8192_tp"]
 CPU_SIZES = ["tiny", "tiny_tp"]
@@ -130,33 +133,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def init(args: argparse.Namespace) -> RankContext:
-    disable_multicast()
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    if args.cpu:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        device, backend = torch.device("cpu"), "gloo"
-    else:
-        torch.cuda.set_device(local)
-        device, backend = torch.device("cuda", local), "nccl"
-    if world > 1 or "MASTER_ADDR" in os.environ:
-        kw = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend, rank=rank, world_size=world, **kw)
-    group = dist.group.WORLD if dist.is_initialized() else None
-    return RankContext(rank=rank, world_size=world, local_rank=local, device=device, backend=backend, group=group,
-                       heap=None, interpret=args.cpu, spin_timeout_s=args.spin_timeout)
-
-
-def all_max(ctx: RankContext, value: float) -> float:
-    if ctx.world_size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
-    return float(t.item())
-
-
 def time_batches(ctx: RankContext, fn: Callable[[], Any], iters: int, reps: int, warmup: int) -> float:
     """Median over ``reps`` of (max over ranks of the per-iteration time of a batch), in ms."""
     for _ in range(warmup):
@@ -222,7 +198,6 @@ def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: to
 def graph_timer(ctx: RankContext, iters: int, reps: int) -> Any:
     """bench_flash_decode's timer: ``iters`` iterations in one CUDA graph, replays timed (max over
     ranks), the same method for every workload."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_flash_decode import Timer
 
     return Timer(ctx, iters, reps)

@@ -42,6 +42,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import all_max, init as harness_init  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -112,31 +115,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def init(args: argparse.Namespace):
-    from taxmodel.runtime.context import RankContext
-    from taxmodel.runtime.heap import disable_multicast, make_heap
+    """The shared rank context (harness.init) with a 64 MiB symmetric heap for the fused variant."""
+    from taxmodel.runtime.heap import make_heap
 
-    disable_multicast()
-    rank = int(os.environ.get("RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    if args.cpu:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        device, backend = torch.device("cpu"), "gloo"
-    else:
-        torch.cuda.set_device(local)
-        device, backend = torch.device("cuda", local), "nccl"
-    kw = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, rank=rank, world_size=world, **kw)
-    ctx = RankContext(rank=rank, world_size=world, local_rank=local, device=device, backend=backend,
-                      group=dist.group.WORLD, heap=None, interpret=args.cpu, spin_timeout_s=args.spin_timeout)
+    ctx = harness_init(args)
     ctx.heap = make_heap(ctx, 64 << 20)
     return ctx
-
-
-def all_max(value: float, ctx: Any) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def broadcast_int(value: int, ctx: Any) -> int:
@@ -172,7 +156,7 @@ class Timer:
         for _ in range(self.reps):
             self.ctx.barrier()
             ms = self._elapsed(run) / self.iters
-            out.append(all_max(ms, self.ctx))
+            out.append(all_max(self.ctx, ms))
         return out
 
     def eager(self, step: Callable[[], None]) -> list[float]:
@@ -206,7 +190,7 @@ class Timer:
                     step()
         except Exception as exc:  # noqa: BLE001 - reported in the results, the eager timings still stand
             error = f"{type(exc).__name__}: {exc}"[:300]
-        if all_max(1.0 if error else 0.0, self.ctx) > 0:
+        if all_max(self.ctx, 1.0 if error else 0.0) > 0:
             torch.cuda.synchronize()
             self.ctx.barrier()
             return None, step, error or "capture failed on another rank"
@@ -296,7 +280,7 @@ def check(wl: Any, ctx: Any, shape: dict, state: Any, ref: torch.Tensor) -> tupl
             err = float((got - ref).abs().max())
             if not torch.allclose(got, ref, rtol=rtol, atol=atol):
                 problem = f"max error {err:.3g} over tolerance"
-    ok = all_max(1.0 if problem else 0.0, ctx) == 0
+    ok = all_max(ctx, 1.0 if problem else 0.0) == 0
     return ok, err, problem
 
 

@@ -43,7 +43,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import all_max, check, init, results_frames, run_sizes, speed_cell, time_batches  # noqa: E402
+from bench_ag_gemm import check, results_frames, run_sizes, speed_cell, time_batches  # noqa: E402
+from harness import all_max, init  # noqa: E402
 
 from taxmodel.runtime.heap import make_heap  # noqa: E402
 

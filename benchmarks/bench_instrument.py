@@ -50,7 +50,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_flash_decode import Timer, _ensure_taxmodel_kernels, all_max, init  # noqa: E402
+from bench_flash_decode import Timer, _ensure_taxmodel_kernels, init  # noqa: E402
+from harness import all_max  # noqa: E402
 
 GPU_SIZES = ["b16-kv16k", "b1-kv16k", "b16-kv64k", "b16-kv1k"]
 CPU_SIZES = ["tiny"]
@@ -155,7 +156,7 @@ def _batch_ms(ctx: Any, variant: Any, state: Any, iters: int, instrumented: bool
         ms = (time.perf_counter() - t0) * 1e3 / iters
     if book is not None:
         book.drain(ctx.rank)
-    return all_max(ms, ctx)
+    return all_max(ctx, ms)
 
 
 def _graph_overhead(ctx: Any, variant: Any, plain: Any, inst: Any, iters: int, reps: int) -> dict:
@@ -291,7 +292,7 @@ def _check_output(ctx: Any, wl: Any, shape: dict, st: Any, case: Case, which: st
         problem = str(exc)
     if problem:
         print(f"rank {ctx.rank}: {case.label} ({which}): {problem}", flush=True)
-    if all_max(1.0 if problem else 0.0, ctx) > 0:
+    if all_max(ctx, 1.0 if problem else 0.0) > 0:
         raise RuntimeError(f"{case.label}: wrong output or in-kernel error on some rank ({which})")
 
 

@@ -25,11 +25,9 @@ Each injected capture is compared with the un-injected capture of the same shape
 from __future__ import annotations
 
 import argparse
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from taxmodel.model.hardware import resolve_hardware
