@@ -74,9 +74,10 @@ CPU_SIZES = ["tiny"]
 #: Configs tried per size: (block_n, num_warps, num_stages, programs per SM the split plan assumes).
 #: Shared memory per program on sm_90: 64/4/3 70 KB (3 fit per SM), 64/4/2 38 KB (5), 128/8/2 72 KB (3).
 #: The assumption must hold for the fused kernel too, whose combine code takes more registers
-#: (Triton 3.6, sm_90: ~161 per thread against the split kernel's ~80): 3 programs of 4 warps fit
-#: per SM, but only 1 of 8 warps, and never 5. So 4-warp configs assume at most 3, 8-warp ones 1.
-GPU_CANDIDATES = [(64, 4, 3, 3), (64, 4, 3, 2), (64, 4, 3, 1), (64, 4, 2, 3), (64, 4, 2, 2),
+#: (Triton 3.6, sm_90, 4 warps: 96 per thread since the combines keep rows first, against the split
+#: kernel's 80; it was ~161 before): 5 programs of 4 warps fit per SM by registers (and by shared
+#: memory at 2 stages), and 1 of 8 warps is what the 8-warp build was checked for.
+GPU_CANDIDATES = [(64, 4, 3, 3), (64, 4, 3, 2), (64, 4, 3, 1), (64, 4, 2, 3), (64, 4, 2, 2), (64, 4, 2, 5),
                   (128, 8, 2, 1),
                   # deeper pipelines at one or two programs per SM (104 KB at 4 stages, 137 KB at 5):
                   # more KV bytes in flight per SM with few splits (batch 1, long KV)
@@ -93,7 +94,13 @@ FUSED_SWEEP = {
     "ll-dedicated": dict(fused_protocol=1, fused_combiners=DEDICATED),
     "flags-last": dict(fused_protocol=2, fused_combiners=0),
     "flags-dedicated": dict(fused_protocol=2, fused_combiners=DEDICATED),
+    "ll-s2": dict(fused_protocol=1, fused_slices=2),
+    "ll-s4": dict(fused_protocol=1, fused_slices=4),
+    "ll-s8": dict(fused_protocol=1, fused_slices=8),
 }
+
+#: BSP combine programs per KV head tried with the fastest tile (each takes G / slices query rows).
+BSP_SLICES = (1, 2, 4, 8)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -240,24 +247,32 @@ def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple
     dtype = torch.float16 if shape.get("fp16", 0) else torch.bfloat16
     q = make_query(shape["seed"], b, hq, d, dtype, ctx.device)
     k, v = make_kv_shard(shape["seed"], ctx.rank, b, hkv, n, d, dtype, ctx.device)
-    rows = []
-    for cfg in cands:
+    send = torch.empty(cb.packed_size(b * hq, d), dtype=torch.float32, device=ctx.device)
+
+    def time_config(cfg: Any, slices: int) -> dict:
         plan = sk.plan_splits(b, hkv, n, _num_sms(ctx.device), cfg)
         a = sk.SplitKVArgs(q, k, v, n, plan, cfg)
         po, pl = sk.partial_buffers(a)
-        send = torch.empty(cb.packed_size(b * hq, d), dtype=torch.float32, device=ctx.device)
 
         def step() -> None:
             sk.launch_split_kv(a, po, pl)
-            cb.launch_combine_local(a, po, pl, send)
+            cb.launch_combine_local(a, po, pl, send, slices=slices)
 
         times, _, _ = timer.graph(step)
         if times is None:  # no graphs here: eager launches (host-bound at short KV, but the same for all)
             times = timer.eager(step)
-        rows.append(dict(config=cfg.label(), splits=plan.num_splits, ms=statistics.median(times)))
+        return dict(config=cfg.label(), splits=plan.num_splits, combine_slices=slices, ms=statistics.median(times))
+
+    rows = [time_config(cfg, 1) for cfg in cands]
     best = broadcast_int(min(range(len(rows)), key=lambda i: rows[i]["ms"]), ctx)
     cfg = cands[best]
-    chosen = dict(block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, ctas_per_sm=cfg.ctas_per_sm)
+    # The combine's programs per KV head, with that tile (both BSP combines use the choice).
+    group = hq // hkv
+    slice_rows = [rows[best]] + [time_config(cfg, k) for k in BSP_SLICES if k > 1 and group % k == 0]
+    rows += slice_rows[1:]
+    pick = broadcast_int(min(range(len(slice_rows)), key=lambda i: slice_rows[i]["ms"]), ctx)
+    chosen = dict(block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, ctas_per_sm=cfg.ctas_per_sm,
+                  bsp_slices=slice_rows[pick]["combine_slices"])
     del q, k, v
     return chosen, rows
 
@@ -298,7 +313,10 @@ def run_variant(ctx: Any, wl: Any, variant: Any, shape: dict, timer: Timer, args
     try:
         state = wl.setup(ctx, shape, variant)
     except Exception as exc:  # noqa: BLE001 - a failing structure is logged and skipped
+        from taxmodel.errors import InputError
+
         res["problem"] = f"setup: {type(exc).__name__}: {exc}"[:300]
+        res["inapplicable"] = isinstance(exc, InputError)  # e.g. slices that do not divide this size's group
         log(f"{name}: setup failed ({res['problem']}); skipped")
         return res
     if variant.name == "fused":
@@ -383,7 +401,7 @@ def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, l
                     "graph_reps_ms"):
             if key in res:
                 row[f"{name}_{key}"] = res[key]
-    row["fused_correct"] = best is not None and all(r.get("correct") for r in runs.values())
+    row["fused_correct"] = best is not None and all(r.get("correct") or r.get("inapplicable") for r in runs.values())
     b, hkv, d = shape["batch"], shape["kv_heads"], shape["head_dim"]
     kv_bytes = 2 * b * hkv * lens[ctx.rank] * d * dtype.itemsize
     row["kv_bytes_per_rank"] = kv_bytes
@@ -413,7 +431,7 @@ def _verdict(row: dict) -> str:
     """'yes', or which variant/structure was wrong; notes graph captures that fell back to eager."""
     runs = row.get("fused_runs", {})
     wrong = (["bsp"] if not row.get("bsp_correct", False) else []) + [
-        f"fused {k}" for k, r in runs.items() if not r.get("correct", False)]
+        f"fused {k}" for k, r in runs.items() if not r.get("correct", False) and not r.get("inapplicable")]
     text = "yes" if not wrong else "WRONG: " + ", ".join(wrong)
     fell_back = (["bsp"] if "bsp_graph_error" in row else []) + [
         f"fused {k}" for k, r in runs.items() if "graph_error" in r]
@@ -434,7 +452,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"HBM copy bandwidth {meta['hbm_tbs']:.2f} TB/s (device-to-device copy, read + write). "
              f"Graph: {meta['iters']} steps per CUDA graph, eager: {meta['iters']} back-to-back launches; "
              f"per-step time, max over ranks, median of {meta['reps']}. The fused columns are the fastest "
-             "correct fused structure of the sweep below (its eager time is that structure's).", "", head,
+             "correct fused structure of the sweep below (its eager time is that structure's). Tile: the "
+             "split kernel's block_n, warps, stages, programs per SM, and kK: the BSP combines' programs per "
+             "KV head, all tuned on split + local combine alone.", "", head,
              "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         eager = (f"{_us(r['bsp_eager_ms'])} | {_us(r['fused_eager_ms'])} | "
@@ -444,7 +464,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
             f"| {r['size']} | {r['kv_bytes_per_rank'] / 1e6:.1f} | {r['floor_ms'] * 1e3:.1f} | "
             f"{r['split_only_ms'] * 1e3:.1f} | {_us(r['bsp_graph_ms'])} | {_us(r['fused_graph_ms'])} | "
             f"{r['fused_config']} | {r['speedup_graph']:.2f} | {r['fused_pct_floor']:.0f}% | {r['fused_bw_tbs']:.2f} | "
-            f"{eager} | n{t['block_n']} w{t['num_warps']} s{t['num_stages']} c{t['ctas_per_sm']} | {_verdict(r)} |")
+            f"{eager} | n{t['block_n']} w{t['num_warps']} s{t['num_stages']} c{t['ctas_per_sm']} "
+            f"k{t.get('bsp_slices', 1)} | {_verdict(r)} |")
     labels = list(dict.fromkeys(k for r in rows for k in r.get("fused_runs", {})))
     if labels:
         lines += ["", "## Fused structures", "",
@@ -452,7 +473,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
                   "(value + epoch in one 8-byte store, no fence); flags: fp32 pushes, a system-scope release "
                   "flag per peer, an acquire per peer. last: each head group's last worker combines the ranks' "
                   "partials; dedicated: one combiner CTA per head group (at most half the SMs) spinning from "
-                  "the kernel's start. flags-dedicated is the first session's kernel.", "",
+                  "the kernel's start. flags-dedicated is the first session's kernel. sK: spread, K slice "
+                  "combiner CTAs per head group, each combining, pushing and merging G/K query heads.", "",
                   "| size | bsp | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 2)]
         for r in rows:
             cells = []
@@ -460,6 +482,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
                 run = r.get("fused_runs", {}).get(k)
                 if run is None:
                     cells.append("-")
+                elif run.get("inapplicable"):
+                    cells.append("n/a")
                 elif not run.get("correct"):
                     cells.append("WRONG")
                 else:

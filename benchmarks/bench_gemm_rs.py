@@ -193,7 +193,7 @@ def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, 
     """Fused ``cfg`` plain and with in-kernel records: interleaved batches, medians (ms per iteration,
     max over ranks), the instrumented output checked, and the records of every timed iteration
     counted and checked for form (chained, none dropped)."""
-    from taxmodel.kernels.gemm_rs.tiles import gemm_record_capacity, reduce_record_capacity
+    from taxmodel.kernels.gemm_rs.tiles import records_per_iteration
 
     heap.reset()
     ctx.heap = heap
@@ -206,9 +206,7 @@ def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, 
         ctx.instrument = False
     book = ctx.records
     ok, err = check(ctx, wl, shape, inst, variant, ref)
-    tail = cfg.reduce == "tail"
-    expect = gemm_record_capacity(inst.m_loc, inst.n, ctx.world_size, cfg.gemm, tail) \
-        + (0 if tail else reduce_record_capacity(inst.m_loc, inst.n, cfg.gemm))
+    expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm)
 
     def batch(st: Any, instrumented: bool) -> tuple[float, Any]:
         if instrumented:

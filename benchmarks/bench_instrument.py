@@ -15,8 +15,8 @@ plain (``INSTRUMENT=False``) and instrumented (records on), over the same inputs
    plain and instrumented interleaved, ``--reps`` times; medians and their ratio (target: < 3 %).
    AG+GEMM also in CUDA graphs (``--iters`` iterations per graph, replays interleaved), because its
    eager time at small M is host-bound and would hide a GPU-side cost. (In a graph the record
-   pointer is frozen: launches after the first find the buffer full and skip the record stores,
-   keeping the clock reads, barriers and slot atomics: a slight underestimate.)
+   pointer is frozen; records have fixed slots per CTA (kernels/_trace.py), so every replay
+   rewrites the same slots with the full cost: clock reads, barriers, header loads and stores.)
 2. Consistency: one instrumented iteration under torch.profiler; the records are drained,
    aligned to the trace's kernels (taxmodel.runtime.records.merge_records) and checked per
    instrumented kernel: each CTA's phases sum to its lifetime, every CTA lies inside its kernel,
@@ -28,6 +28,20 @@ plain (``INSTRUMENT=False``) and instrumented (records on), over the same inputs
    in the first wave of tiles, e.g. M=1024 on 4 ranks); at larger M the own rows hide part of the
    delay, so the check is reported as not applicable there. (Pull has no late-producer case: it
    reads peers' slabs that are in place since setup.)
+
+Order and bounds (why: one stuck phase must not cost the numbers of the others). Per case the
+graph timing runs first, then the eager timing, then the traced steps (``--skip-trace`` drops
+them). After each phase every rank reads its in-kernel error words: a wait that gave up (after
+``--spin-timeout``; it ends that wait at once and every later wait of the state returns at once,
+so a give-up costs one timeout, not one per launch) marks that phase failed, the error words are
+cleared after a barrier, and the next phase still runs. ``--case-timeout`` arms a watchdog
+(faulthandler, no GIL needed) that dumps every thread's stack and ends the process if a case
+runs longer: a kernel that never returns cannot be cancelled from the host. Rank 0 writes the
+results after every phase (a case still running is marked so), and ``--resume`` skips the cases
+already in the results file, so a wrapper can start the script again after a watchdog exit:
+
+    for i in 1 2 3; do timeout -k 5 60 torchrun ... bench_instrument.py --case-timeout 40 --resume && break; done
+    python benchmarks/bench_instrument.py --summary --out DIR    # the table of what came out
 
 Results: results.json and results.md under ``$OUT`` (or ``--out``); rank 0 prints the table. A
 failing case is logged and skipped; the exit code is 1 if any case failed.
@@ -53,6 +67,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_flash_decode import Timer, _ensure_taxmodel_kernels, init  # noqa: E402
 from harness import all_max  # noqa: E402
 
+from taxmodel.runtime.timing import SLEEP_KERNEL_PATTERN  # noqa: E402
+
 GPU_SIZES = ["b16-kv16k", "b1-kv16k", "b16-kv64k", "b16-kv1k"]
 CPU_SIZES = ["tiny"]
 AG_GPU_SIZES = ["m1024", "m8192"]
@@ -72,6 +88,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None, help="timed batches per variant (median reported)")
     p.add_argument("--delay-us", type=float, default=200.0)
     p.add_argument("--spin-timeout", type=float, default=30.0)
+    p.add_argument("--case-timeout", type=float, default=0.0,
+                   help="seconds a case may take before the process dumps its stacks and exits (0: no limit)")
+    p.add_argument("--resume", action="store_true", help="skip the cases already in the results file")
+    p.add_argument("--skip-trace", action="store_true", help="timings only: no traced consistency/late-producer steps")
+    p.add_argument("--summary", action="store_true", help="print the table of the results file in --out and exit")
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_instrument"))
     return p.parse_args(argv)
 
@@ -302,8 +323,70 @@ def _progress(ctx: Any, case: Case, what: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {case.label}: {what}", flush=True)
 
 
-def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
+def _phase_errors(ctx: Any, states: dict[str, Any], case: Case, phase: str) -> str:
+    """After a phase: the in-kernel give-ups of every rank's states ("" when none anywhere). The
+    error words are then cleared on every rank (after a barrier: no kernel of the phase still runs,
+    and the device epochs counted every launch, so the next phase starts consistent)."""
+    from taxmodel.errors import RunError
+    from taxmodel.kernels._sync import check_errors
+
+    ctx.synchronize()
+    problem = ""
+    for which, st in states.items():
+        err = getattr(st, "err", None)
+        if err is None:
+            continue
+        try:
+            check_errors(err, case.variant, ctx)
+        except RunError as exc:
+            problem = problem or f"{which}: {exc}"
+    if problem:
+        print(f"rank {ctx.rank}: {case.label} ({phase}): {problem}", flush=True)
+    bad = all_max(ctx, 1.0 if problem else 0.0) > 0
+    if bad:
+        ctx.barrier()
+        for st in states.values():
+            if getattr(st, "err", None) is not None:
+                st.err.zero_()
+        ctx.barrier()
+    return (problem or "in-kernel wait gave up on another rank") if bad else ""
+
+
+def _eager_overhead(ctx: Any, variant: Any, plain: Any, inst: Any, iters: int, reps: int) -> dict:
+    """Back-to-back eager batches, plain and instrumented interleaved (medians, ms per step)."""
+    times: dict[str, list[float]] = {"plain": [], "instrumented": []}
+    for _ in range(reps):
+        times["plain"].append(_batch_ms(ctx, variant, plain, iters, False))
+        times["instrumented"].append(_batch_ms(ctx, variant, inst, iters, True))
+    med = {k: statistics.median(x) for k, x in times.items()}
+    return {"plain_ms": med["plain"], "instrumented_ms": med["instrumented"],
+            "overhead_pct": (med["instrumented"] / med["plain"] - 1.0) * 100.0,
+            "plain_all_ms": times["plain"], "instrumented_all_ms": times["instrumented"]}
+
+
+#: The timing columns of each phase, dropped when a wait of that phase gave up.
+TIMING_KEYS = {"graph": ("graph_plain_ms", "graph_instrumented_ms", "graph_overhead_pct"),
+               "eager": ("plain_ms", "instrumented_ms", "overhead_pct")}
+
+
+def _timing_phase(ctx: Any, row: dict, states: Any, case: "Case", phase: str, timings: dict) -> None:
+    """Add a timing phase's results to ``row``, unless one of its waits gave up on some rank: then
+    the phase's error instead of numbers that include a timed-out wait."""
+    row.update(timings)
+    problem = _phase_errors(ctx, states, case, phase)
+    if problem:
+        row["phase_errors"][phase] = problem
+        for key in TIMING_KEYS[phase]:
+            row.pop(key, None)
+
+
+def bench_case(ctx: Any, case: Case, args: argparse.Namespace,
+               save: Callable[[dict], None] = lambda row: None) -> dict:
+    """One case: setup and checks, graph timing, eager timing, traced steps (in this order, each
+    phase's in-kernel errors checked and reported in the row). ``save`` gets the row after each
+    phase (rank 0 writes it, so a later hang leaves the earlier numbers on disk)."""
     _progress(ctx, case, "setup")
+    save({"case": case.label, "running": "setup and checks"})
     wl = make_workload(case, ctx, args.ag_reserve_sms)
     v = wl.variants()[case.variant]
     shape = wl.shape(case.size)
@@ -313,26 +396,27 @@ def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
     ctx.instrument = True
     inst = wl.setup(ctx, shape, v)
     ctx.instrument = False
-    for st, which in ((plain, "plain"), (inst, "instrumented")):  # warm-up and correctness, both builds
+    states = {"plain": plain, "instrumented": inst}
+    for which, st in states.items():  # warm-up and correctness, both builds
         for _ in range(2):
             v.run(st)
         ctx.synchronize()
         _check_output(ctx, wl, shape, st, case, which)
-    _progress(ctx, case, "eager timing")
-    times: dict[str, list[float]] = {"plain": [], "instrumented": []}
-    for _ in range(args.reps):
-        times["plain"].append(_batch_ms(ctx, v, plain, args.iters, False))
-        times["instrumented"].append(_batch_ms(ctx, v, inst, args.iters, True))
-    med = {k: statistics.median(x) for k, x in times.items()}
-    row: dict[str, Any] = {
-        "case": case.label, "workload": case.workload, "variant": case.variant, "size": case.size, "shape": shape,
-        "plain_ms": med["plain"], "instrumented_ms": med["instrumented"],
-        "overhead_pct": (med["instrumented"] / med["plain"] - 1.0) * 100.0,
-        "plain_all_ms": times["plain"], "instrumented_all_ms": times["instrumented"],
-    }
-    if case.graphs:
+    row: dict[str, Any] = {"case": case.label, "workload": case.workload, "variant": case.variant, "size": case.size,
+                           "shape": shape, "phase_errors": {}, "running": "graph timing"}
+    save(row)
+    if case.graphs and ctx.is_cuda:
         _progress(ctx, case, "graph timing")
-        row.update(_graph_overhead(ctx, v, plain, inst, args.iters, args.reps))
+        _timing_phase(ctx, row, states, case, "graph", _graph_overhead(ctx, v, plain, inst, args.iters, args.reps))
+        save({**row, "running": "eager timing"})
+    _progress(ctx, case, "eager timing")
+    _timing_phase(ctx, row, states, case, "eager", _eager_overhead(ctx, v, plain, inst, args.iters, args.reps))
+    row.update(consistency=[], consistent=None, delay_us=args.delay_us, consumer_extra_wait_us=[], delay_seen=None,
+               late_note="")
+    if args.skip_trace:
+        row.pop("running", None)
+        return row
+    save({**row, "running": "traced steps"})
     if ctx.is_cuda:  # calibrate the GPU sleep now, on every rank, not inside a traced step
         from taxmodel.runtime.timing import spin_cycles_per_us
 
@@ -343,31 +427,48 @@ def bench_case(ctx: Any, case: Case, args: argparse.Namespace) -> dict:
     conss = [None] * ctx.world_size
     dist.all_gather_object(conss, cons)
     row.update(consistency=conss, consistent=all(c["ok"] for c in conss))
-    row.update(delay_us=args.delay_us, consumer_extra_wait_us=[], delay_seen=None, late_note="")
     if case.late_producer:
         _progress(ctx, case, "late producer")
         # a late producer: rank 1 sleeps on its GPU before its kernels
         wait_kernel = case.kernels[0]
         m0, rec0, _ = _traced_step(ctx, v, inst)
-        _, rec1, _ = _traced_step(ctx, v, inst, sleep_us=args.delay_us if ctx.rank == 1 else 0.0)
+        m1, rec1, _ = _traced_step(ctx, v, inst, sleep_us=args.delay_us if ctx.rank == 1 else 0.0)
         extra = _max_cta_wait_us(rec1, wait_kernel) - _max_cta_wait_us(rec0, wait_kernel)
         k0 = m0[(m0["kind"] == "kernel") & (m0["name"] == wait_kernel)]
         own_us = float((k0["end_ns"] - k0["start_ns"]).max() / 1e3) if len(k0) else 0.0
-        pairs = [None] * ctx.world_size
-        dist.all_gather_object(pairs, (extra, own_us))
+        # The delay the producer really had: its sleep kernel in the trace (torch.cuda._sleep
+        # spins a cycle count calibrated at one clock; the SM clock can differ in the step).
+        sleeps = m1[(m1["kind"] == "kernel") & m1["name"].str.contains(SLEEP_KERNEL_PATTERN, regex=True)]
+        slept_us = float((sleeps["end_ns"] - sleeps["start_ns"]).sum() / 1e3) if len(sleeps) else 0.0
+        triples = [None] * ctx.world_size
+        dist.all_gather_object(triples, (extra, own_us, slept_us))
+        pairs = [(e, k) for e, k, _ in triples]
+        delay = triples[1][2] if ctx.world_size > 1 and triples[1][2] > 0 else args.delay_us
+        row["producer_sleep_us"] = delay
         consumers = [e for r, (e, _) in enumerate(pairs) if r != 1]
         row["consumer_extra_wait_us"] = consumers
         row["consumer_step0_kernel_us"] = [k for r, (_, k) in enumerate(pairs) if r != 1]
+        floors = [delay - k - 20.0 for r, (_, k) in enumerate(pairs) if r != 1]
         if _own_rows_hide_delay(case, inst):
             row["late_note"] = "n/a: own rows cover more than a wave and hide part of the delay"
+        elif any(f <= 0.0 for f in floors):
+            # The window below would start at or under zero: any extra wait, none included, would
+            # pass. Not a check; say so instead of reporting "seen".
+            row["late_note"] = (f"inconclusive: a consumer's undelayed kernel "
+                                f"({max(k for r, (_, k) in enumerate(pairs) if r != 1):.0f} us) is not shorter than "
+                                f"the delay; raise --delay-us")
         else:
             # A consumer keeps working on its own share while the producer is late, so its extra
             # wait lies between the delay minus its own undelayed kernel time and the delay
             # (plus 20 us for launch and clock jitter).
             row["delay_seen"] = bool(consumers) and all(
-                args.delay_us - k - 20.0 <= e <= args.delay_us + 20.0 for e, k in
+                delay - k - 20.0 <= e <= delay + 20.0 for e, k in
                 ((e, k) for r, (e, k) in enumerate(pairs) if r != 1))
-    plain = inst = None
+    problem = _phase_errors(ctx, states, case, "trace")
+    if problem:
+        row["phase_errors"]["trace"] = problem
+    row.pop("running", None)
+    plain = inst = states = None
     ctx.barrier()
     return row
 
@@ -385,22 +486,34 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "interleaved batches; graph: the same iterations in one CUDA graph"
              + ("; AG+GEMM with SMs reserved for the copy kernel" if meta.get("ag_reserve_sms") else "") + ".", "",
              "| case | plain ms | instrumented ms | overhead | graph plain ms | graph instr. ms | graph overhead | "
-             "phases = lifetime, inside kernel | delay | consumers' extra flag_wait (us) |",
+             "phases = lifetime, inside kernel | delay asked (slept) | consumers' extra flag_wait (us) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['case']} | FAILED: {r['error'][:120]} |||||||||")
             continue
-        late = ", ".join(f"{e:.1f}" for e in r["consumer_extra_wait_us"]) or "-"
+        late = ", ".join(f"{e:.1f}" for e in r.get("consumer_extra_wait_us", [])) or "-"
         if r.get("late_note"):
             late += f" ({r['late_note']})"
         elif r.get("delay_seen") is not None:
             late += " (seen)" if r["delay_seen"] else " (NOT seen)"
-        lines.append(f"| {r['case']} | {r['plain_ms']:.4f} | {r['instrumented_ms']:.4f} | {r['overhead_pct']:+.2f} % | "
-                     f"{_fmt(r.get('graph_plain_ms')) or ('capture failed' if r.get('graph_error') else '')} | "
+        consistent = {None: "not run", True: "yes", False: "NO"}[r.get("consistent")]
+        graph = _fmt(r.get("graph_plain_ms")) or ("capture failed" if r.get("graph_error") else "")
+        if "graph" in r.get("phase_errors", {}):
+            graph = "wait gave up"
+        eager = _fmt(r.get("plain_ms")) or ("wait gave up" if "eager" in r.get("phase_errors", {}) else "")
+        if r.get("running"):  # the process ended (watchdog, time limit) inside this phase
+            late += f" (stopped during {r['running']})"
+        lines.append(f"| {r['case']} | {eager} | {_fmt(r.get('instrumented_ms'))} | "
+                     f"{_fmt(r.get('overhead_pct'), '+.2f', ' %')} | {graph} | "
                      f"{_fmt(r.get('graph_instrumented_ms'))} | "
-                     f"{_fmt(r.get('graph_overhead_pct'), '+.2f', ' %')} | {'yes' if r['consistent'] else 'NO'} | "
-                     f"{r['delay_us']:.0f} us | {late} |")
+                     f"{_fmt(r.get('graph_overhead_pct'), '+.2f', ' %')} | {consistent} | "
+                     f"{_fmt(r.get('delay_us'), '.0f', ' us')}"
+                     + (f" ({r['producer_sleep_us']:.0f} us)" if r.get("producer_sleep_us") else "") + f" | {late} |")
+        notes += [f"- {r['case']} ({phase}): {text[:300]}" for phase, text in r.get("phase_errors", {}).items()]
+    if notes:
+        lines += ["", "In-kernel give-ups (that phase's numbers are left out):", *notes]
     return "\n".join(lines) + "\n"
 
 
@@ -419,12 +532,40 @@ def _resize_heap(ctx: Any, nbytes: int) -> None:
         ctx.heap = make_heap(ctx, nbytes + (1 << 20))
 
 
+def _summary_line(row: dict, delay_us: float) -> str:
+    """One progress line per finished case (rank 0)."""
+    graph = (f", graph {row['graph_plain_ms']:.4f} -> {row['graph_instrumented_ms']:.4f} ms "
+             f"({row['graph_overhead_pct']:+.2f} %)" if "graph_plain_ms" in row else "")
+    errors = f", gave up in {sorted(row['phase_errors'])}" if row.get("phase_errors") else ""
+    nan = float("nan")
+    return (f"{row['case']}: plain {row.get('plain_ms', nan):.4f} ms, instrumented "
+            f"{row.get('instrumented_ms', nan):.4f} ms ({row.get('overhead_pct', nan):+.2f} %){graph}{errors}, "
+            f"consistent={row['consistent']}, extra flag_wait on "
+            f"consumers {[round(e, 1) for e in row['consumer_extra_wait_us']]} us for a {delay_us} us delay "
+            f"{row['late_note']}")
+
+
+def _read_results(out: Path) -> tuple[list[dict], dict]:
+    path = out / "results.json"
+    if not path.exists():
+        return [], {}
+    data = json.loads(path.read_text())
+    return list(data.get("rows", [])), dict(data.get("meta", {}))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.summary:  # no GPU, no process group: the table of what a (possibly interrupted) run wrote
+        rows, meta = _read_results(Path(args.out))
+        if not rows:
+            print(f"no results under {args.out}")
+            return 1
+        print(markdown(rows, meta))
+        return 0 if all("error" not in r and not r.get("running") and not r.get("phase_errors") for r in rows) else 1
+    import faulthandler
+
     dump_after = float(os.environ.get("TAXMODEL_DUMP_STACKS_AFTER_S", "0") or 0)
     if dump_after > 0:  # where a stuck run is stuck: every thread's stack, to stderr
-        import faulthandler
-
         faulthandler.dump_traceback_later(dump_after, repeat=False)
     _ensure_taxmodel_kernels()
     ctx = init(args)
@@ -440,16 +581,33 @@ def main(argv: list[str] | None = None) -> int:
     ag_sizes = pick(args.ag_sizes, AG_CPU_SIZES, AG_GPU_SIZES)
     ag_variants = [v for v in args.ag_variants.split(",") if v]
     cases = flash_decode_cases(fd_sizes) + ag_gemm_cases(ag_sizes, ag_variants)
+    out = Path(args.out)
+    found = [_read_results(out)[0] if args.resume and ctx.rank == 0 else []]
+    if dist.is_initialized():  # rank 0's view for everyone: every rank must run the same cases
+        dist.broadcast_object_list(found, src=0)
+    rows: list[dict] = found[0]
+    done = {r["case"] for r in rows}
+    cases = [c for c in cases if c.label not in done]
     _resize_heap(ctx, heap_bytes_needed(ag_sizes, ag_variants, ctx.world_size, ctx.device))
     log: Callable[[str], None] = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
-    rows, failures = [], 0
+    if done:
+        log(f"resuming: {len(done)} case(s) already in {out / 'results.json'}, {len(cases)} to run")
+    failures = 0
     meta = {"device": torch.cuda.get_device_name() if ctx.is_cuda else "cpu (interpreter)",
             "world_size": ctx.world_size, "iters": args.iters, "reps": args.reps, "torch": torch.__version__,
-            "ag_reserve_sms": bool(args.ag_reserve_sms)}
+            "ag_reserve_sms": bool(args.ag_reserve_sms), "spin_timeout_s": args.spin_timeout,
+            "case_timeout_s": args.case_timeout}
+
+    def save(partial: dict) -> None:  # rank 0: the finished rows and the running case's numbers so far
+        if ctx.rank == 0:
+            write_results(rows + [partial], meta, out)
+
     for case in cases:
         stop = False
+        if args.case_timeout > 0:  # a kernel that never returns cannot be cancelled: end the process
+            faulthandler.dump_traceback_later(args.case_timeout, repeat=False, exit=True)
         try:
-            row = bench_case(ctx, case, args)
+            row = bench_case(ctx, case, args, save)
         except Exception as exc:  # one failing case must not hide the others
             failures += 1
             print(f"rank {ctx.rank}: {case.label}: FAILED: {type(exc).__name__}: {exc}\n{traceback.format_exc()}",
@@ -457,15 +615,13 @@ def main(argv: list[str] | None = None) -> int:
             row = {"case": case.label, "error": f"{type(exc).__name__}: {exc}"}
             stop = ctx.is_cuda and case.workload == "ag_gemm"  # peers may be left spinning: stop cleanly
         else:
-            graph = (f", graph {row['graph_plain_ms']:.4f} -> {row['graph_instrumented_ms']:.4f} ms "
-                     f"({row['graph_overhead_pct']:+.2f} %)" if "graph_plain_ms" in row else "")
-            log(f"{case.label}: plain {row['plain_ms']:.4f} ms, instrumented {row['instrumented_ms']:.4f} ms "
-                f"({row['overhead_pct']:+.2f} %){graph}, consistent={row['consistent']}, extra flag_wait on "
-                f"consumers {[round(e, 1) for e in row['consumer_extra_wait_us']]} us for a {args.delay_us} us "
-                f"delay {row['late_note']}")
+            failures += bool(row.get("phase_errors"))
+            log(_summary_line(row, args.delay_us))
+        if args.case_timeout > 0:
+            faulthandler.cancel_dump_traceback_later()
         rows.append(row)
         if ctx.rank == 0:  # what is done so far survives a later hang or time limit
-            write_results(rows, meta, Path(args.out))
+            write_results(rows, meta, out)
         if stop:
             break
     if ctx.rank == 0:

@@ -148,8 +148,10 @@ def now(MODE: tl.constexpr):
 
 
 @triton.jit
-def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE: tl.constexpr):
-    """Spin until ``*flag_ptr >= target`` with acquire semantics (system scope); bounded by ``budget``.
+def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE: tl.constexpr,
+             GPU_SCOPE: tl.constexpr = False):
+    """Spin until ``*flag_ptr >= target`` with acquire semantics (system scope, or GPU scope with
+    ``GPU_SCOPE`` for a flag only this GPU's programs release); bounded by ``budget``.
 
     Returns 1 if the flag arrived, 0 if this wait (or an earlier one of this launch sharing
     ``err_ptr``) gave up; on a give-up the first failure is recorded in ``err_ptr``.
@@ -166,24 +168,34 @@ def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_i
         else:
             waited = now(MODE) - start
         failed = tl.load(err_ptr, volatile=True)
-    ok = seen >= target64
-    if ok:
-        # Acquire: order this program's later reads after the producer's release-set.
-        seen = tl.atomic_add(flag_ptr, tl.cast(0, flag_ptr.dtype.element_ty), sem="acquire", scope="sys").to(tl.int64)
+    # The loop ran in every thread on its own (a scalar lives in every thread), so threads can leave
+    # it disagreeing: one saw the flag land, another timed out or saw another program's give-up.
+    # Branching on such a per-thread outcome put CTA barriers (the atomics' broadcasts, the
+    # caller's pipeline) in divergent code: misaligned barriers, and a CTA that hangs for good
+    # instead of giving up. So the outcome is decided once per program: after a barrier the flag is
+    # read again by a scalar atomic (one thread, broadcast to all), which is also the acquire and,
+    # its result being used, one that no compiler drops (Triton 3.6 dropped the unused one). Flags
+    # only grow, so a flag any thread saw is seen again.
+    tl.debug_barrier()
+    if GPU_SCOPE:
+        seen = tl.atomic_add(flag_ptr, tl.cast(0, flag_ptr.dtype.element_ty), sem="acquire", scope="gpu")
     else:
-        if failed == 0:
-            old = tl.atomic_cas(err_ptr, tl.full((), 0, tl.int64), tl.full((), 1, tl.int64), sem="acq_rel",
-                                scope="gpu")
-            if old == 0:
-                tl.store(err_ptr + 1, tl.cast(rank, tl.int64))
-                tl.store(err_ptr + 2, tl.cast(peer, tl.int64))
-                tl.store(err_ptr + 3, tl.cast(flag_index, tl.int64))
-                tl.store(err_ptr + 4, tl.cast(kernel_id, tl.int64))
-                tl.store(err_ptr + 5, target64)
-                tl.store(err_ptr + 6, seen)
-                tl.store(err_ptr + 7, waited)
-    # The acquire is issued once per program: make every thread's later reads follow it. (Outside
-    # the branches: threads may disagree on ``ok`` in a race with the deadline.)
+        seen = tl.atomic_add(flag_ptr, tl.cast(0, flag_ptr.dtype.element_ty), sem="acquire", scope="sys")
+    seen = seen.to(tl.int64)
+    ok = seen >= target64  # the same in every thread of the program
+    if not ok:
+        # First failure wins (the swap fails once err is set); the result is broadcast, too.
+        old = tl.atomic_cas(err_ptr, tl.full((), 0, tl.int64), tl.full((), 1, tl.int64), sem="acq_rel",
+                            scope="gpu")
+        if old == 0:
+            tl.store(err_ptr + 1, tl.cast(rank, tl.int64))
+            tl.store(err_ptr + 2, tl.cast(peer, tl.int64))
+            tl.store(err_ptr + 3, tl.cast(flag_index, tl.int64))
+            tl.store(err_ptr + 4, tl.cast(kernel_id, tl.int64))
+            tl.store(err_ptr + 5, target64)
+            tl.store(err_ptr + 6, seen)
+            tl.store(err_ptr + 7, waited)
+    # Every thread's later reads follow the acquire (issued by one thread).
     tl.debug_barrier()
     return ok
 

@@ -2,18 +2,43 @@
 
 A kernel-level trace sees a fused kernel as one opaque block: the time its CTAs spend waiting on
 flags, or only moving data, is invisible. With ``INSTRUMENT`` set (a ``tl.constexpr``, so the
-normal build compiles none of this), each CTA appends records ``(cta, phase id, start, end)`` to
+normal build compiles none of this), each CTA writes records ``(cta, phase id, start, end)`` to
 a device buffer; the host (``taxmodel.runtime.records``) drains them and the ledger turns
 flag waits and communication-only phases into bulk-synchronous tax.
 
-Buffer layout (int64, allocated by ``taxmodel.runtime.records.RecordBuffer``)::
+Buffer layout (int64, allocated by ``taxmodel.runtime.records.new_buffer``)::
 
-    buf[0]                      cursor: records appended so far (may exceed the capacity)
-    buf[1]                      capacity in records
-    buf[HEADER + 4*i + 0..3]    record i: cta, phase id, start, end
+    buf[0]                      records dropped (fixed slots) / cursor (append mode)
+    buf[1]                      logical CTA ids (``ctas``)
+    buf[2]                      records per CTA id (``per_cta``)
+    buf[3]                      0: fixed slots, 1: append mode
+    buf[4 .. HEADER-1]          unused (the header fills one 128-byte line of its own)
+    buf[HEADER + 4*s + 0..3]    slot s: cta, phase id + 1 (0: never written), start (low 48 bits), end
 
-A record takes a slot with one atomic add on the cursor; a CTA whose slot lies past the capacity
-drops its record (the host reports how many were dropped: ``cursor - capacity``).
+Fixed slots (the default; why: a record must cost almost nothing on the critical path). Logical
+CTA id ``cta`` owns the ``per_cta`` slots from ``cta * per_cta``; the CTA's k-th record goes to
+slot ``cta * per_cta + k``. Nothing is shared between CTAs, so no atomic: the slot index comes
+from the CTA's own count, threaded through the clock value ``t`` that ``begin``/``mark`` already
+pass along (``t = (clock low 48 bits << 16) | k``; 2^48 ns is 78 hours). A record with
+``k >= per_cta`` or ``cta`` outside ``[0, ctas)`` is dropped, never written out of bounds; each
+drop adds one to ``buf[0]`` (an atomic only on that rare path). The bounds come from the header:
+three loads issued before the CTA barrier and the clock read, so their latency overlaps those; the
+header's cache line (no record shares it) is read by every record of every CTA, so after the
+first CTA on an SM it normally hits L1. (A bound without any load would need the sizes as kernel
+arguments or constexprs: a new parameter in every kernel and call site, or a recompilation per
+shape.) A buffer holds the last launch's records: a second
+launch into the same buffer rewrites the slots (a CUDA-graph replay rewrites the same slots, so
+its overhead is the real cost), and slots a later launch did not reach keep older records.
+
+Append mode (``buf[3] = 1``; only ``taxmodel.runtime.graph.GraphRecordSlots``): one buffer
+collects every replay of a captured graph over a repetition, which fixed slots cannot (each
+replay would overwrite the previous one). A record takes the next slot with one atomic add on
+the cursor ``buf[0]`` (a round trip to L2 on the critical path: the old cost) and is dropped
+when the cursor passes ``ctas * per_cta``; the host counts ``cursor - capacity`` as dropped.
+
+Record words: ``end`` is the full clock at the mark, ``start`` the low 48 bits of the phase's start
+(all ``t`` keeps); the host restores it as ``end - ((end - start) mod 2^48)``, exact for phases
+shorter than 2^48 ticks, so every record carries absolute device times.
 
 Timestamps come from ``_sync.now(MODE)``: %globaltimer ns on NVIDIA, s_memrealtime 10-ns ticks on
 AMD, the host's monotonic ns under Triton's interpreter. Phases are chained: a CTA reads the
@@ -21,11 +46,14 @@ clock once per boundary and each phase ends where the next starts, so a CTA's ph
 overlap and sum to its lifetime (first start to last end).
 
 Device functions:
-    begin(INSTRUMENT, MODE) -> t0                        first timestamp of a CTA (0 when off)
+    begin(INSTRUMENT, MODE) -> t0                        first timestamp of a CTA, k = 0 (0 when off)
     mark(rec_ptr, cta, phase, t_start, INSTRUMENT, MODE) -> t_end
-                                                         record [t_start, now) as ``phase``; returns now
+                                                         record [t_start, now) as ``phase`` in the
+                                                         CTA's slot k; returns (now, k + 1)
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import triton
 import triton.language as tl
@@ -44,17 +72,58 @@ COMPUTE: tl.constexpr = tl.constexpr(PHASE_ID["compute"])
 STORE_PUSH: tl.constexpr = tl.constexpr(PHASE_ID["store_push"])
 COMBINE: tl.constexpr = tl.constexpr(PHASE_ID["combine"])
 
-#: int64 words before the first record; one record is RECORD_WORDS words.
-HEADER = 2
+#: int64 words before the first slot: the header has a 128-byte cache line to itself (record
+#: stores never touch the line every mark reads), and every 4-word record is one 32-byte sector.
+HEADER = 16
 RECORD_WORDS = 4
-HEADER_C: tl.constexpr = tl.constexpr(HEADER)
+#: Header words.
+DROPPED_WORD, CTAS_WORD, PER_CTA_WORD, APPEND_WORD = 0, 1, 2, 3
+#: Bits of ``t`` below the clock: the CTA's record count k (saturates at K_MAX).
+K_BITS = 16
+K_MAX = (1 << K_BITS) - 1
+#: Bits of the clock a record's start keeps (the host unwraps modulo 2^48).
+CLOCK_BITS = 64 - K_BITS
+#: Default records per logical CTA id, for kernels whose CTAs write a handful of records each
+#: (the fused flash decode: a worker 3, a pair's last worker 5 along its chain, a combiner 2).
+RECORDS_PER_CTA = 8
+
+_HEADER_C: tl.constexpr = tl.constexpr(HEADER)
+_K_MASK: tl.constexpr = tl.constexpr(K_MAX)
+_K_BITS_C: tl.constexpr = tl.constexpr(K_BITS)
+_CLOCK_MASK: tl.constexpr = tl.constexpr((1 << CLOCK_BITS) - 1)
+
+
+@dataclass(frozen=True)
+class RecordLayout:
+    """The slots a kernel's record buffer needs: ``ctas`` logical CTA ids (the ids the kernel
+    passes to ``mark``, 0 .. ctas-1) with ``per_cta`` records each (the most one id writes per
+    launch)."""
+
+    ctas: int
+    per_cta: int = RECORDS_PER_CTA
+
+    def __post_init__(self) -> None:
+        if self.ctas < 1 or self.per_cta < 1:
+            raise ValueError(f"a record layout needs at least one CTA id and one record each, got {self}")
+        if self.per_cta >= K_MAX:
+            raise ValueError(f"at most {K_MAX - 1} records per CTA id (k is {K_BITS} bits of the clock value), "
+                             f"got {self.per_cta}")
+
+    @property
+    def slots(self) -> int:
+        return self.ctas * self.per_cta
+
+    def union(self, other: "RecordLayout") -> "RecordLayout":
+        """A layout with room for both (kernels read the sizes from the header)."""
+        return RecordLayout(max(self.ctas, other.ctas), max(self.per_cta, other.per_cta))
 
 
 @triton.jit
 def begin(INSTRUMENT: tl.constexpr, MODE: tl.constexpr):
-    """The CTA's first timestamp (a constant 0 when not instrumented, which the compiler drops)."""
+    """The CTA's first timestamp with record count k = 0 (a constant 0 when not instrumented,
+    which the compiler drops)."""
     if INSTRUMENT:
-        t = _sync.now(MODE)
+        t = _sync.now(MODE) << _K_BITS_C
     else:
         t = tl.full((), 0, tl.int64)
     return t
@@ -62,22 +131,37 @@ def begin(INSTRUMENT: tl.constexpr, MODE: tl.constexpr):
 
 @triton.jit
 def mark(rec_ptr, cta, phase, t_start, INSTRUMENT: tl.constexpr, MODE: tl.constexpr):
-    """Append the record (cta, phase, t_start, now) and return now, the next phase's start.
+    """Record (cta, phase, t_start, now) in the CTA's slot k and return (now, k + 1), the next
+    phase's start.
 
     Every thread of the CTA must be done with the phase first (a barrier), so the end time covers
-    the slowest thread; the slot is taken once per CTA (scalar atomic).
+    the slowest thread. In fixed-slot mode nothing waits on memory but the header loads (issued
+    before the barrier; normally L1 hits); the stores are fire-and-forget.
     """
     if INSTRUMENT:
+        ctas = tl.load(rec_ptr + 1)
+        per_cta = tl.load(rec_ptr + 2)
+        append = tl.load(rec_ptr + 3)
         tl.debug_barrier()
-        t_end = _sync.now(MODE)
-        slot = tl.atomic_add(rec_ptr, tl.full((), 1, tl.int64), sem="relaxed", scope="gpu")
-        cap = tl.load(rec_ptr + 1)
-        if slot < cap:
-            base = rec_ptr + HEADER_C + slot * 4
-            tl.store(base, tl.cast(cta, tl.int64))
-            tl.store(base + 1, tl.cast(phase, tl.int64))
-            tl.store(base + 2, tl.cast(t_start, tl.int64))
-            tl.store(base + 3, t_end)
+        now = _sync.now(MODE)
+        k = t_start & _K_MASK
+        start = (t_start >> _K_BITS_C) & _CLOCK_MASK
+        cta64 = tl.cast(cta, tl.int64)
+        if append != 0:
+            slot = tl.atomic_add(rec_ptr, tl.full((), 1, tl.int64), sem="relaxed", scope="gpu")
+            ok = slot < ctas * per_cta
+        else:
+            slot = cta64 * per_cta + k
+            ok = (k < per_cta) & (cta64 >= 0) & (cta64 < ctas)
+        if ok:
+            base = rec_ptr + _HEADER_C + slot * 4
+            tl.store(base, cta64)
+            tl.store(base + 1, tl.cast(phase, tl.int64) + 1)
+            tl.store(base + 2, start)
+            tl.store(base + 3, now)
+        elif append == 0:
+            tl.atomic_add(rec_ptr, tl.full((), 1, tl.int64), sem="relaxed", scope="gpu")  # count the drop
+        t_end = (now << _K_BITS_C) | tl.minimum(k + 1, _K_MASK)
     else:
         t_end = t_start
     return t_end

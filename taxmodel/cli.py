@@ -196,11 +196,17 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True), help="Hardware JSON file to write.")
 @click.option("-n", "--world-size", type=int, default=None, help="GPUs to measure collectives and peer access over (default: every GPU here).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
-def calibrate_cmd(output, world_size, timeout_s) -> None:
+@click.option("--only", default=None, metavar="STEP[,STEP]",
+              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p (default: all). "
+                   "Without hbm and gemm it needs --update.")
+@click.option("--update", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
+              help="An earlier calibration's hardware JSON: the steps not run keep its measurements and every number is "
+                   "refit, e.g. --only collectives --update taxmodel/data/hardware/h200-calibrated.json.")
+def calibrate_cmd(output, world_size, timeout_s, only, update) -> None:
     """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches) into a hardware file."""
     from taxmodel.runtime.calibrate import run_calibration
 
-    spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s)
+    spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update)
     click.echo(f"wrote {output}: {spec.name} ({spec.source}); use it with --hardware {output}")
 
 

@@ -32,11 +32,13 @@ and flags by epoch parity: ``parity_rows`` and ``flag_parity_stride`` are the of
 parity (0 when there is a single buffer); own rows are always read from parity 0.
 
 In-kernel records (``INSTRUMENT``, kernels/_trace.py), only at phase changes because a record
-costs an atomic round trip: before each wait on a K piece the flag is read once; if it is not
+costs a CTA barrier and a clock read (and a GEMM waits on up to ``K_PIECES`` flags per remote tile,
+most already set): before each wait on a K piece the flag is read once; if it is not
 there yet, the CTA records ``compute`` (everything since its previous record: MMA loops,
 epilogues, waits that did not spin) and, once the flag arrived, ``flag_wait``. The CTA's last
 record is ``compute`` up to its last tile's end. So a CTA writes ``1 + 2 x (waits that spun)``
-records, alternating compute / flag_wait. With ``INSTRUMENT=False`` no record code is compiled.
+records, alternating compute / flag_wait (``gemm_record_layout``). With ``INSTRUMENT=False`` no
+record code is compiled.
 
 The persistent grid is ``NUM_PROGS`` programs (at most the SM count), each looping over tiles with
 stride ``NUM_PROGS``, so a launch never needs more programs than fit at once (no program waits on
@@ -164,9 +166,12 @@ def ag_gemm_kernel(
             if waits:
                 piece_flag = flag_idx * K_PIECES + kp
                 if INSTRUMENT:
-                    # Records only at phase changes (a record costs an atomic round trip): a wait
-                    # that will spin closes the compute run so far and gets its own record.
-                    late = tl.load(flags_base + piece_flag, volatile=True) < epoch
+                    # Records only at phase changes (a record costs a CTA barrier): a wait that
+                    # will spin closes the compute run so far and gets its own record. ``late`` must
+                    # be the same in every thread (the records hold barriers): a scalar atomic reads
+                    # the flag once and broadcasts it, where a plain load in every thread could
+                    # straddle the flag's arrival and split the CTA (misaligned barriers, a hang).
+                    late = tl.atomic_add(flags_base + piece_flag, 0, sem="relaxed", scope="sys") < epoch
                     if late:
                         t_rec = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
                 wait_geq(flags_base + piece_flag, epoch, budget, err_ptr, rank, src, piece_flag, kernel_id, SYNC_MODE)
@@ -366,13 +371,16 @@ def tile_counts(m_loc: int, n: int, world: int, cfg: GemmConfig) -> tuple[int, i
     return triton.cdiv(m_loc, cfg.block_m), triton.cdiv(n, cfg.block_n)
 
 
-def gemm_record_capacity(m_loc: int, n: int, world: int, cfg: GemmConfig, pieces: int) -> int:
-    """Most records one ``A_WAIT`` launch can write: one per program, two per remote tile and K
-    piece (if every wait spun)."""
+def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, pieces: int, device: torch.device,
+                       reserve: int = 0) -> _trace.RecordLayout:
+    """Record slots of one ``A_WAIT`` launch (the grid ``num_programs`` gives for ``device`` and
+    ``reserve``): a program writes at most one record, plus two per remote tile it computes and K
+    piece (if every wait spun). Remote tiles come after the own ones in one contiguous run of tile
+    numbers, taken with stride ``programs``, so no program gets more than ceil(remote / programs)."""
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
-    tiles = world * bpr * n_tiles
-    programs = cfg.num_progs if cfg.num_progs > 0 else 1024  # at most the SM count on a GPU
-    return min(programs, tiles) + (world - 1) * bpr * n_tiles * 2 * pieces
+    programs = num_programs(cfg, device, world * bpr * n_tiles, reserve)
+    remote = (world - 1) * bpr * n_tiles
+    return _trace.RecordLayout(programs, 1 + 2 * pieces * triton.cdiv(remote, programs))
 
 
 def launch_ag_gemm(

@@ -33,8 +33,9 @@ import torch
 import triton
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import A_PULL, A_WAIT, gemm_record_capacity, k_pieces, launch_ag_gemm, make_descriptor, tma_available
-from .push import ce_transfer_blocks, copy_plan, fork, join, launch_copy_blocks, side_streams, wait_target  # noqa: F401
+from .gemm_tiles import A_PULL, A_WAIT, gemm_record_layout, k_pieces, launch_ag_gemm, make_descriptor, tma_available
+from .push import (ce_transfer_blocks, copy_record_layout, fork, join, launch_copy_blocks,  # noqa: F401
+                   reserved_programs, side_streams, wait_target)
 from .workload import AgGemmState, AgGemmVariant, symmetric_heap
 
 KERNEL = "ag_gemm_kernel"
@@ -67,9 +68,10 @@ def prepare(st: AgGemmState, nbytes: int) -> None:
         st.cache["a_desc"] = make_descriptor(st.gathered, [cfg.block_m, cfg.block_k])
         st.cache["b_desc"] = make_descriptor(st.b, [cfg.block_k, cfg.block_n])
     if cfg.transport != "direct":
-        st.add_records(KERNEL, gemm_record_capacity(st.m_loc, st.n_loc, st.world, cfg, pieces))
+        st.add_records(KERNEL, gemm_record_layout(st.m_loc, st.n_loc, st.world, cfg, pieces, st.c.device,
+                                                  reserved_programs(st)))
     if cfg.transport == "sm" and st.world > 1:
-        st.add_records(STAGE_KERNEL, copy_plan(st.m_loc, st.k, st.world, cfg)[1])
+        st.add_records(STAGE_KERNEL, copy_record_layout(st.m_loc, st.k, st.world, cfg))
 
 
 def run(st: AgGemmState) -> None:
@@ -93,7 +95,7 @@ def run(st: AgGemmState) -> None:
             launch_copy_blocks(st.gathered, st.flags, bases, pull=True, m_loc=st.m_loc, rank=st.rank,
                                world=st.world, cfg=cfg, epochs=st.copy_epochs, sync=st.sync,
                                records=st.record_tensor(STAGE_KERNEL))
-    reserve = cfg.push_progs if (cfg.transport == "sm" and cfg.reserve_sms and st.world > 1) else 0
+    reserve = reserved_programs(st)
     with st.ctx.kernel(KERNEL):
         launch_ag_gemm(st.gathered, st.b, st.c, mode=A_WAIT, flags=st.flags, epochs=st.gemm_epochs,
                        a_desc=st.cache.get("a_desc"), b_desc=st.cache.get("b_desc"), reserve_programs=reserve,

@@ -53,7 +53,7 @@ from taxmodel.kernels import _trace
 from taxmodel.kernels._sync import signal
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import (A_WAIT, GemmConfig, advance_epoch, gemm_record_capacity, k_pieces, launch_ag_gemm,
+from .gemm_tiles import (A_WAIT, GemmConfig, advance_epoch, gemm_record_layout, k_pieces, launch_ag_gemm,
                          make_descriptor, piece_cols, tma_available)
 from .workload import AgGemmState, AgGemmVariant, symmetric_heap
 
@@ -161,6 +161,19 @@ def copy_plan(m_loc: int, k: int, world: int, cfg: GemmConfig) -> tuple[int, int
         bk //= 2
     items = triton.cdiv(m_loc, cfg.block_m) * k_pieces(cfg, k) * (world - 1)
     return max(1, min(cfg.push_progs, items)), items, ck, bk
+
+
+def copy_record_layout(m_loc: int, k: int, world: int, cfg: GemmConfig) -> _trace.RecordLayout:
+    """Record slots of one ``copy_blocks_kernel`` launch: one record per work item, items taken
+    with stride ``programs``."""
+    programs, items, _, _ = copy_plan(m_loc, k, world, cfg)
+    return _trace.RecordLayout(programs, triton.cdiv(items, programs))
+
+
+def reserved_programs(st: AgGemmState) -> int:
+    """SMs the persistent GEMM leaves to the copy kernel (``GemmConfig.reserve_sms``), else 0."""
+    cfg = st.cfg
+    return cfg.push_progs if (cfg.transport == "sm" and cfg.reserve_sms and st.world > 1) else 0
 
 
 def launch_copy_blocks(gathered: torch.Tensor, flags: torch.Tensor, heap_bases: torch.Tensor, *, pull: bool,
@@ -271,9 +284,10 @@ def prepare(st: AgGemmState, nbytes: int) -> None:
     if cfg.use_tma and tma_available():
         st.cache["a_desc"] = make_descriptor(st.cache["stacked"], [cfg.block_m, cfg.block_k])
         st.cache["b_desc"] = make_descriptor(st.b, [cfg.block_k, cfg.block_n])
-    st.add_records(GEMM_KERNEL, gemm_record_capacity(st.m_loc, st.n_loc, st.world, cfg, pieces))
+    st.add_records(GEMM_KERNEL, gemm_record_layout(st.m_loc, st.n_loc, st.world, cfg, pieces, st.c.device,
+                                                   reserved_programs(st)))
     if cfg.transport == "sm" and st.world > 1:
-        st.add_records(PUSH_KERNEL, copy_plan(st.m_loc, st.k, st.world, cfg)[1])
+        st.add_records(PUSH_KERNEL, copy_record_layout(st.m_loc, st.k, st.world, cfg))
 
 
 def run(st: AgGemmState) -> None:
@@ -293,7 +307,7 @@ def run(st: AgGemmState) -> None:
             launch_copy_blocks(stacked, flags, bases, pull=False, m_loc=st.m_loc, rank=st.rank, world=st.world,
                                cfg=cfg, epochs=st.copy_epochs, sync=st.sync, parity_rows=st.m,
                                flag_parity_stride=flags.shape[1], records=st.record_tensor(PUSH_KERNEL))
-    reserve = cfg.push_progs if (cfg.transport == "sm" and cfg.reserve_sms and st.world > 1) else 0
+    reserve = reserved_programs(st)
     with st.ctx.kernel(GEMM_KERNEL):
         launch_ag_gemm(stacked, st.b, st.c, mode=A_WAIT, rank=st.rank, world=st.world, m_loc=st.m_loc, cfg=cfg,
                        err=st.err, sync=st.sync, flags=flags, heap_bases=bases, epochs=st.gemm_epochs,

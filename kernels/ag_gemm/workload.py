@@ -142,11 +142,12 @@ class AgGemmState(RankBound):
     def copy_epochs(self) -> torch.Tensor:
         return self.cache["copy_epochs"]
 
-    def add_records(self, kernel: str, capacity: int) -> None:
-        """Ask the runtime for kernel ``kernel``'s record buffer when ``ctx.instrument`` is set."""
+    def add_records(self, kernel: str, layout: Any) -> None:
+        """Ask the runtime for kernel ``kernel``'s record buffer (``layout``: a
+        ``kernels/_trace.RecordLayout``) when ``ctx.instrument`` is set."""
         from taxmodel.runtime.records import record_buffer  # the runtime's side of kernels/_trace.py
 
-        buf = record_buffer(self.ctx, kernel, capacity, self.c.device)
+        buf = record_buffer(self.ctx, kernel, layout, self.c.device)
         if buf is not None:
             self.records[kernel] = buf
 

@@ -19,7 +19,8 @@ import warnings
 import torch
 
 from taxmodel.errors import RunError
-from taxmodel.kernels.flash_decode.combine import launch_combine_global, launch_combine_local, packed_size
+from taxmodel.kernels.flash_decode.combine import (combine_rows, launch_combine_global, launch_combine_local,
+                                                   packed_size)
 from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, launch_split_kv, partial_buffers
 
 SPLIT_NAME = "flash_decode_split_kv"
@@ -41,16 +42,18 @@ class BspState:
     gathered: torch.Tensor  # [W, packed]
     world_size: int
     group: Any
+    combine_slices: int = 1  # combine programs per KV pair (each takes G / slices query rows)
 
 
-def make_bsp_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor) -> BspState:
+def make_bsp_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, combine_slices: int = 1) -> BspState:
     part_out, part_lse = partial_buffers(args)
     n = packed_size(args.batch * args.q_heads, args.head_dim)
     dev = args.q.device
     send = torch.empty(n, dtype=torch.float32, device=dev)
     w = ctx.world_size
     gathered = send.view(1, n) if w == 1 else torch.empty(w, n, dtype=torch.float32, device=dev)
-    return BspState(args, out, part_out, part_lse, send, gathered, w, ctx.group)
+    combine_rows(args, combine_slices)  # fails early (InputError) unless the slices divide the group
+    return BspState(args, out, part_out, part_lse, send, gathered, w, ctx.group, max(1, combine_slices))
 
 
 def all_gather_partials(state: BspState) -> None:
@@ -75,9 +78,9 @@ def run_bsp(state: BspState, ctx: Any) -> None:
     with ctx.kernel(SPLIT_NAME):
         launch_split_kv(a, state.part_out, state.part_lse)
     with ctx.kernel(COMBINE_LOCAL_NAME):
-        launch_combine_local(a, state.part_out, state.part_lse, state.send)
+        launch_combine_local(a, state.part_out, state.part_lse, state.send, slices=state.combine_slices)
     # No ctx.kernel range here: the collective shows up in traces by itself (NCCL kernel on GPU,
     # a gloo range that capture turns into a comm row on CPU).
     all_gather_partials(state)
     with ctx.kernel(COMBINE_GLOBAL_NAME):
-        launch_combine_global(a, state.gathered, state.out, state.world_size)
+        launch_combine_global(a, state.gathered, state.out, state.world_size, slices=state.combine_slices)

@@ -15,6 +15,16 @@ The grid is ``B*Hkv*S + C`` programs:
    worker (``num_combiners == 0``, the default: it merges its own partial from registers and polls
    the peers'), or by ``C`` dedicated combiner programs at the end of the grid (combiner c takes
    pairs c, c+C, ...). Every finished pair bumps a done counter; the last one advances the epoch.
+4. "Spread" (``FusedConfig.slices`` = K > 0, LL or flags): the pair's last worker only publishes
+   that the pair's partials are complete (``ready[pair] = epoch``, a GPU-scope release). C slice
+   combiner programs at the end of the grid (one per (pair, row slice) unit by default, at most
+   half the SMs; combiner c takes units c, c+C, ...) each wait for their pair's ready word, combine
+   the splits of their G/K rows, push those rows (``_push_rows``) and combine the ranks' partials
+   of them (``_combine_rows``). The two combines and the push, which at short KV are most of the
+   step, run on K programs per pair instead of one: at batch 1 on 4x H200 this is the fastest
+   structure (13.4 us per step at KV 1K per rank against 14.8 us with the last worker combining);
+   at batch 16 the 64 pairs already give the last workers enough parallelism and the capped
+   combiners would have to loop (benchmarks/results/flash_decode_h200x4.md).
 
 Push protocols (``LL`` constexpr; ``FusedConfig.protocol``):
 - ``ll`` (default): LL words (``ll.py``): each fp32 value travels with its epoch in one 8-byte
@@ -33,7 +43,10 @@ about the same time. Every wait is bounded (``spin_timeout``): a waiter that giv
 peer and flag index in the error buffer and every later wait of the launch returns at once
 (``check_errors`` turns it into a RunError), so nothing hangs.
 
-Why it cannot deadlock: workers never wait before their push. With dedicated combiners (at most
+Why it cannot deadlock: workers never wait before their push (nor at all in the spread
+structure, whose combiners, like dedicated ones, hold at most half the SMs and wait only on
+their own pair's workers, then on peers' rows of the same unit, which every rank's combiner c
+reaches in the same order). With dedicated combiners (at most
 half the SMs, the highest program ids) the workers always have SMs. With the last worker combining,
 a program waits on pair p only after pushing p; the plan sizes the grid to one wave, so normally all
 programs are resident; if not, GPUs dispatch a 1-D grid in id order (pair-major), so the lowest
@@ -74,7 +87,8 @@ import triton.language as tl
 
 from taxmodel.kernels import _sync, _trace
 from taxmodel.kernels.flash_decode import ll
-from taxmodel.kernels.flash_decode.combine import combine_tile, finish_merge, merge_partials, packed_size
+from taxmodel.kernels.flash_decode.combine import (combine_block, combine_tile, finish_merge, merge_partials,
+                                                   packed_size)
 from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, attend_split, check_runnable, next_pow2
 
 #: Kernel id written into the error buffer by a combiner that gave up waiting.
@@ -94,14 +108,15 @@ def _as_fp32(recv):
 
 
 @triton.jit
-def _push_pair(recv, half, bk, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot, heap_bases,
-               G: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr, LL: tl.constexpr):
-    """Store pair ``bk``'s combined [G, D] partial and its lse into slot ``rank`` of every rank's
-    receive buffer (this rank's included): LL words, or fp32 values then one flag per rank."""
-    r = tl.arange(0, G_P2)
-    r_ok = r < G
+def _push_rows(recv, half, row0, unit, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot, heap_bases,
+               R: tl.constexpr, R_P2: tl.constexpr, D: tl.constexpr, LL: tl.constexpr):
+    """Store the combined partial of rows ``row0 .. row0+R-1`` ([R, D] and their lse) into slot
+    ``rank`` of every rank's receive buffer (this rank's included): LL words, or fp32 values then
+    one flag per rank (flag [unit, rank]; ``unit`` is the pair when a whole pair is pushed)."""
+    r = tl.arange(0, R_P2)
+    r_ok = r < R
     d = tl.arange(0, D)
-    row = bk * G + r
+    row = row0 + r
     if LL:
         mine_w = recv + (half * world_size + rank) * slot
         ll.push(mine_w, row[:, None] * D + d[None, :], ll.pack(out, epoch), r_ok[:, None], rank, world_size, heap_bases)
@@ -113,31 +128,33 @@ def _push_pair(recv, half, bk, out, lse, epoch, flag_ptr, rank, world_size, rows
             iris.store(mine_f + rows_total * D + row, lse, rank, dst, heap_bases, mask=r_ok)
         tl.debug_barrier()  # all threads' pushes precede the flags
         for dst in range(world_size):
-            _sync.signal(flag_ptr + bk * world_size + rank, epoch, rank, dst, heap_bases)
+            _sync.signal(flag_ptr + unit * world_size + rank, epoch, rank, dst, heap_bases)
 
 
 @triton.jit
-def _combine_pair(bk, own_out, own_lse, HAVE_OWN: tl.constexpr, recv, half, out_ptr, flag_ptr, epoch, budget, err_ptr,
-                  rank, world_size, rows_total, slot, rec_ptr, cta, t,
-                  G: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr, W_P2: tl.constexpr, LL: tl.constexpr,
+def _combine_rows(row0, unit, own_out, own_lse, HAVE_OWN: tl.constexpr, recv, half, out_ptr, flag_ptr, epoch, budget,
+                  err_ptr, rank, world_size, rows_total, slot, rec_ptr, cta, t,
+                  R: tl.constexpr, R_P2: tl.constexpr, D: tl.constexpr, W_P2: tl.constexpr, LL: tl.constexpr,
                   KERNEL_ID: tl.constexpr, MODE: tl.constexpr, INSTRUMENT: tl.constexpr):
-    """Wait for every rank's partial of pair ``bk`` (bounded), combine them, write the output rows.
+    """Wait for every rank's partial of rows ``row0 .. row0+R-1`` (bounded), combine them, write
+    the output rows. ``unit`` names the rows in flags and give-up records (the pair, or the pair's
+    row slice).
 
     ``HAVE_OWN``: this program computed this rank's partial itself (``own_out``, ``own_lse``) and
     merges it from registers instead of reading it back (LL only). Every rank merges in rank
     order, so all ranks produce the same output. Records ``flag_wait`` (in the LL path it also
     covers the per-peer merges, which overlap the waits) and ``combine``; returns the clock.
     """
-    r = tl.arange(0, G_P2)
-    r_ok = r < G
+    r = tl.arange(0, R_P2)
+    r_ok = r < R
     d = tl.arange(0, D)
-    row = bk * G + r
+    row = row0 + r
     if LL:
         words = recv + half * world_size * slot
         tile_ok = r_ok[:, None] & (d[None, :] < D)
-        m = tl.full([G_P2], float("-inf"), tl.float32)
-        wsum = tl.zeros([G_P2], tl.float32)
-        acc = tl.zeros([G_P2, D], tl.float32)
+        m = tl.full([R_P2], float("-inf"), tl.float32)
+        wsum = tl.zeros([R_P2], tl.float32)
+        acc = tl.zeros([R_P2, D], tl.float32)
         for src in range(world_size):
             base = words + src * slot
             if HAVE_OWN:
@@ -145,52 +162,54 @@ def _combine_pair(bk, own_out, own_lse, HAVE_OWN: tl.constexpr, recv, half, out_
                     o, lse = own_out, own_lse
                 else:
                     o, lse, _ = ll.wait_rows(base + row[:, None] * D + d[None, :], tile_ok, base + rows_total * D + row,
-                                             r_ok, epoch, budget, err_ptr, rank, src, bk * world_size + src,
+                                             r_ok, epoch, budget, err_ptr, rank, src, unit * world_size + src,
                                              KERNEL_ID, MODE)
             else:
                 o, lse, _ = ll.wait_rows(base + row[:, None] * D + d[None, :], tile_ok, base + rows_total * D + row,
-                                         r_ok, epoch, budget, err_ptr, rank, src, bk * world_size + src,
+                                         r_ok, epoch, budget, err_ptr, rank, src, unit * world_size + src,
                                          KERNEL_ID, MODE)
-            m, wsum, acc = merge_partials(m, wsum, acc, lse[None, :], o[None, :, :])
+            m, wsum, acc = merge_partials(m, wsum, acc, lse[:, None], o[:, None, :])
         t = _trace.mark(rec_ptr, cta, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
         out, lse_all = finish_merge(m, wsum, acc)
     else:
         for src in range(world_size):
-            flag_index = bk * world_size + src
+            flag_index = unit * world_size + src
             _sync.wait_geq(flag_ptr + flag_index, epoch, budget, err_ptr, rank, src, flag_index, KERNEL_ID, MODE)
         tl.debug_barrier()
         t = _trace.mark(rec_ptr, cta, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
         vals = _as_fp32(recv) + half * world_size * slot
-        out, lse_all = combine_tile(vals + bk * G * D, vals + rows_total * D + bk * G,
-                                    world_size, slot, D, slot, 1, G, G_P2, D, W_P2)
+        out, lse_all = combine_tile(vals + row0 * D, vals + rows_total * D + row0,
+                                    world_size, slot, D, slot, 1, R, R_P2, D, W_P2)
     tl.store(out_ptr + row[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
     t = _trace.mark(rec_ptr, cta, _trace.COMBINE, t, INSTRUMENT, MODE)
     return t
 
 
 @triton.jit
-def _pair_done(done_ptr, epoch_ptr, epoch, pairs):
-    """Count a finished pair; the last pair of the launch advances the epoch for the next one.
+def _unit_done(done_ptr, epoch_ptr, epoch, units):
+    """Count a finished unit (a pair, or one row slice of a pair); the last unit of the launch
+    advances the epoch for the next one.
 
-    Every program read the epoch before this count can reach ``pairs`` (each pair's combine
-    follows all of its workers), so no program of this launch sees the new value."""
+    Every program read the epoch before this count can reach ``units`` (each unit's combine
+    follows all of its pair's workers), so no program of this launch sees the new value."""
     tl.debug_barrier()
     finished = tl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu")
-    if finished == pairs - 1:
+    if finished == units - 1:
         tl.store(done_ptr, 0)
         tl.atomic_xchg(epoch_ptr, epoch, sem="release", scope="gpu")
 
 
 @triton.jit
 def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr, counter_ptr,
-                       recv_ptr, flag_ptr, epoch_ptr, done_ptr, err_ptr, heap_bases,
+                       recv_ptr, flag_ptr, epoch_ptr, done_ptr, ready_ptr, err_ptr, heap_bases,
                        kv_len, chunk, num_splits, kv_heads, qk_scale,
                        stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                        rank, world_size, rows_total, num_combiners, budget, rec_ptr,
                        G: tl.constexpr, G_DOT: tl.constexpr, G_P2: tl.constexpr, D: tl.constexpr,
                        BLOCK_N: tl.constexpr, NUM_STAGES: tl.constexpr, DOT_F32: tl.constexpr,
                        NB: tl.constexpr, W_P2: tl.constexpr, MODE: tl.constexpr, KERNEL_ID: tl.constexpr,
-                       INSTRUMENT: tl.constexpr = False, LL: tl.constexpr = True):
+                       INSTRUMENT: tl.constexpr = False, LL: tl.constexpr = True,
+                       SLICES: tl.constexpr = 0, RS: tl.constexpr = 1, RS_P2: tl.constexpr = 1):
     pid = tl.program_id(0)
     t = _trace.begin(INSTRUMENT, MODE)  # in-kernel records (kernels/_trace.py); nothing when off
     pairs = (rows_total // G)
@@ -212,34 +231,60 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
         arrived = tl.atomic_add(counter_ptr + bk, 1, sem="acq_rel", scope="gpu")
         if arrived == num_splits - 1:
             tl.store(counter_ptr + bk, 0)  # ready for the next launch (same stream, so no race)
-            out, lse = combine_tile(part_out_ptr + bk * num_splits * G * D, part_lse_ptr + bk * num_splits * G,
-                                    num_splits, G * D, D, G, 1, G, G_P2, D, NB)
+            if SLICES > 0:
+                # Slice combiners take it from here: publish the pair's partials (cumulative
+                # release: the acq_rel count above observed every worker's stores).
+                tl.atomic_xchg(ready_ptr + bk, epoch, sem="release", scope="gpu")
+            else:
+                out, lse = combine_tile(part_out_ptr + bk * num_splits * G * D, part_lse_ptr + bk * num_splits * G,
+                                        num_splits, G * D, D, G, 1, G, G_P2, D, NB)
+                t = _trace.mark(rec_ptr, pid, _trace.COMBINE, t, INSTRUMENT, MODE)
+                _push_rows(recv, half, bk * G, bk, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot,
+                           heap_bases, G, G_P2, D, LL)
+                t = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t, INSTRUMENT, MODE)
+                if num_combiners == 0:
+                    # This program is the pair's combiner too; its records carry the combiner id a
+                    # dedicated combiner of this pair would have (n_workers + pair).
+                    t = _combine_rows(bk * G, bk, out, lse, True, recv, half, out_ptr, flag_ptr, epoch, budget,
+                                      err_ptr, rank, world_size, rows_total, slot, rec_ptr, n_workers + bk, t,
+                                      G, G_P2, D, W_P2, LL, KERNEL_ID, MODE, INSTRUMENT)
+                    _unit_done(done_ptr, epoch_ptr, epoch, pairs)
+    elif SLICES > 0:
+        # Slice combiners: unit u is row slice u % SLICES (RS rows) of pair u // SLICES. Each waits
+        # for its pair's workers, combines the splits of its rows, pushes them, and combines the
+        # ranks' partials of its rows: both combines and the push spread over SLICES CTAs per pair.
+        units = pairs * SLICES
+        for u in range(pid - n_workers, units, num_combiners):
+            bk = u // SLICES
+            row0 = bk * G + (u % SLICES) * RS
+            _sync.wait_geq(ready_ptr + bk, epoch, budget, err_ptr, rank, rank, bk, KERNEL_ID, MODE, True)
+            t = _trace.mark(rec_ptr, pid, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
+            part = bk * num_splits * G + (u % SLICES) * RS  # first row of the slice in split 0
+            out, lse = combine_tile(part_out_ptr + part * D, part_lse_ptr + part,
+                                    num_splits, G * D, D, G, 1, RS, RS_P2, D, NB)
             t = _trace.mark(rec_ptr, pid, _trace.COMBINE, t, INSTRUMENT, MODE)
-            _push_pair(recv, half, bk, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot, heap_bases,
-                       G, G_P2, D, LL)
+            _push_rows(recv, half, row0, u, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot, heap_bases,
+                       RS, RS_P2, D, LL)
             t = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t, INSTRUMENT, MODE)
-            if num_combiners == 0:
-                # This program is the pair's combiner too; its records carry the combiner id a
-                # dedicated combiner of this pair would have (n_workers + pair).
-                t = _combine_pair(bk, out, lse, True, recv, half, out_ptr, flag_ptr, epoch, budget, err_ptr,
-                                  rank, world_size, rows_total, slot, rec_ptr, n_workers + bk, t,
-                                  G, G_P2, D, W_P2, LL, KERNEL_ID, MODE, INSTRUMENT)
-                _pair_done(done_ptr, epoch_ptr, epoch, pairs)
+            t = _combine_rows(row0, u, out, lse, True, recv, half, out_ptr, flag_ptr, epoch, budget, err_ptr,
+                              rank, world_size, rows_total, slot, rec_ptr, pid, t,
+                              RS, RS_P2, D, W_P2, LL, KERNEL_ID, MODE, INSTRUMENT)
+            _unit_done(done_ptr, epoch_ptr, epoch, units)
     else:
         no_out = tl.zeros([G_P2, D], tl.float32)  # unused: dedicated combiners read every partial
         no_lse = tl.zeros([G_P2], tl.float32)
         for bk in range(pid - n_workers, pairs, num_combiners):
-            t = _combine_pair(bk, no_out, no_lse, False, recv, half, out_ptr, flag_ptr, epoch, budget, err_ptr,
-                              rank, world_size, rows_total, slot, rec_ptr, pid, t,
+            t = _combine_rows(bk * G, bk, no_out, no_lse, False, recv, half, out_ptr, flag_ptr, epoch, budget,
+                              err_ptr, rank, world_size, rows_total, slot, rec_ptr, pid, t,
                               G, G_P2, D, W_P2, LL, KERNEL_ID, MODE, INSTRUMENT)
-            _pair_done(done_ptr, epoch_ptr, epoch, pairs)
+            _unit_done(done_ptr, epoch_ptr, epoch, pairs)
 
 
 def heap_bytes(batch: int, q_heads: int, kv_heads: int, head_dim: int, world_size: int) -> int:
     """Symmetric-heap bytes the fused variant allocates (receive buffers of 8-byte words, big
     enough for either protocol, and flags), with slack for the heap's alignment."""
     recv = 2 * world_size * packed_size(batch * q_heads, head_dim) * 8
-    flags = batch * kv_heads * world_size * 4
+    flags = batch * q_heads * world_size * 4  # one per (row slice, rank); a slice has >= 1 row
     return recv + flags + 4096
 
 
@@ -251,13 +296,29 @@ class FusedConfig:
     peer, an acquire per peer). ``combiners``: 0 = each pair's last worker also combines the
     ranks' partials of its pair (no CTA spins while the KV streams); N > 0 = N dedicated combiner
     CTAs at the end of the grid, each waiting on pairs c, c+N, ... from the kernel's start.
+    ``slices``: 0 = off; K > 0 (a divisor of the GQA group) = "spread": each pair's rows are cut
+    into K slices, and slice combiner CTAs (``combiners`` of them, default one per slice, at most
+    half the SMs) each wait for the pair's workers, combine the splits of their slice, push it
+    and combine the ranks' partials of it: the two combines and the push run on K CTAs per pair
+    instead of one (at short KV they are most of the step).
     """
 
     protocol: str = "ll"
     combiners: int = 0
+    slices: int = 0
 
     def label(self) -> str:
+        if self.slices > 0:
+            return f"{self.protocol}-s{self.slices}"
         return f"{self.protocol}-{'last' if self.combiners == 0 else f'c{self.combiners}'}"
+
+
+def slice_constexprs(slices: int, group: int) -> dict[str, int]:
+    """The kernel's row-slice constexprs: SLICES (0 = off), rows per slice RS and its power of two."""
+    if slices <= 0:
+        return dict(SLICES=0, RS=1, RS_P2=1)
+    rs = group // slices
+    return dict(SLICES=slices, RS=rs, RS_P2=next_pow2(rs))
 
 
 @dataclass
@@ -270,14 +331,16 @@ class FusedState:
     part_lse: torch.Tensor
     counters: torch.Tensor
     recv: torch.Tensor  # heap: [2, W, B*Hq*(D+1)] int64 (LL words; fp32 values in the first half for flags)
-    flags: torch.Tensor  # heap: [B*Hkv, W] int32, flag [pair, src] holds src's last epoch (flags protocol)
+    flags: torch.Tensor  # heap: [B*Hq, W] int32, flag [unit, src] holds src's last epoch (flags protocol;
+    #                      a unit is a pair, or a row slice of a pair)
     epoch: torch.Tensor  # [1] int32, last finished step
     done: torch.Tensor  # [1] int32
+    ready: torch.Tensor  # [B*Hkv] int32: the last epoch whose partials of the pair are complete (slices)
     err: torch.Tensor
     heap_bases: torch.Tensor
     rank: int
     world_size: int
-    num_combiners: int  # 0: the pair's last worker combines
+    num_combiners: int  # 0: the pair's last worker combines; with slices: slice combiner CTAs
     budget: int
     mode: int
     config: FusedConfig = FusedConfig()
@@ -291,11 +354,13 @@ class FusedState:
             return cached
         a = self.args
         pos = (a.q, a.k, a.v, self.out, self.part_out, self.part_lse, self.counters, self.recv, self.flags,
-               self.epoch, self.done, self.err, self.heap_bases, *a.scalars(),
+               self.epoch, self.done, self.ready, self.err, self.heap_bases, *a.scalars(),
                self.rank, self.world_size, a.batch * a.q_heads, self.num_combiners, self.budget)
-        kw = dict(a.constexprs(), G_P2=next_pow2(a.group), NB=8, W_P2=next_pow2(self.world_size),
+        rows = a.group // self.config.slices if self.config.slices > 0 else a.group  # per local combine
+        kw = dict(a.constexprs(), G_P2=next_pow2(a.group), NB=combine_block(rows), W_P2=next_pow2(self.world_size),
                   MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, INSTRUMENT=self.records is not None,
-                  LL=PROTOCOLS[self.config.protocol], num_warps=a.cfg.num_warps)
+                  LL=PROTOCOLS[self.config.protocol], num_warps=a.cfg.num_warps,
+                  **slice_constexprs(self.config.slices, a.group))
         self.__dict__["_launch_args"] = (pos, kw)
         return pos, kw
 
@@ -304,12 +369,27 @@ class FusedState:
         return self.records.tensor() if self.records is not None else self.err
 
     @property
-    def record_capacity(self) -> int:
-        """Records one launch writes: 1 per worker, 2 more per pair (its last worker: local combine,
-        push), 2 per pair (its combiner: flag_wait, combine)."""
+    def record_layout(self) -> _trace.RecordLayout:
+        """Record slots of one launch (kernels/_trace.py: logical CTA ids, records per id).
+
+        Ids: workers 0 .. n_workers-1, then either the logical combiner ids n_workers + pair (the
+        pair's last worker combines; its chain continues there, so its combine records are its 4th
+        and 5th) or the dedicated / slice combiners' program ids n_workers + c (room is left for
+        logical ids n_workers + unit too, unit < pairs x slices). Records per id: a worker at most
+        5 along its chain, a dedicated combiner 2 per pair it takes, a slice combiner 5 per slice
+        (ready wait, combine, push, flag_wait, combine), units taken with stride C."""
         a = self.args
         pairs = a.batch * a.kv_heads
-        return pairs * a.plan.num_splits + 4 * pairs
+        n_workers = pairs * a.plan.num_splits
+        c = self.num_combiners
+        if self.config.slices > 0:
+            per_cta = 5 * -(-pairs * self.config.slices // c)
+        elif c > 0:
+            per_cta = 2 * -(-pairs // c)
+        else:
+            per_cta = 0
+        units = pairs * max(1, self.config.slices)
+        return _trace.RecordLayout(n_workers + max(c, units), max(_trace.RECORDS_PER_CTA, per_cta))
 
     @property
     def grid(self) -> tuple[int]:
@@ -323,7 +403,8 @@ class FusedState:
         a = self.args
         pairs, g, d, w = a.batch * a.kv_heads, a.group, a.head_dim, self.world_size
         if self.config.protocol != "ll":
-            return self.flags.clone()
+            k = max(1, self.config.slices)
+            return self.flags[:pairs * k].view(pairs, k, w).min(1).values.contiguous()
         rows = a.batch * a.q_heads
         ep = (self.recv >> 32).view(2, w, -1)
         out = ep[:, :, :rows * d].reshape(2, w, pairs, g * d)
@@ -335,35 +416,42 @@ class FusedState:
 def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: int,
                      config: FusedConfig = FusedConfig()) -> FusedState:
     """Allocate the fused variant's buffers (heap allocations in the same order on every rank)."""
-    if config.protocol not in PROTOCOLS:
-        from taxmodel.errors import InputError
+    from taxmodel.errors import InputError
 
+    if config.protocol not in PROTOCOLS:
         raise InputError(f"flash_decode fused: unknown protocol '{config.protocol}'; choose one of "
                          f"{', '.join(PROTOCOLS)}")
+    if config.slices < 0 or (config.slices > 0 and args.group % config.slices):
+        raise InputError(f"flash_decode fused: slices={config.slices} must be 0 (off) or divide the "
+                         f"{args.group} query heads per KV head")
     heap = ctx.heap
     w = ctx.world_size
     pairs = args.batch * args.kv_heads
     dev = args.q.device
     recv = heap.zeros((2, w, packed_size(args.batch * args.q_heads, args.head_dim)), torch.int64)
-    flags = heap.zeros((pairs, w), torch.int32)
+    flags = heap.zeros((args.batch * args.q_heads, w), torch.int32)
     part_out = torch.empty(pairs, args.plan.num_splits, args.group, args.head_dim, dtype=torch.float32, device=dev)
     part_lse = torch.empty(pairs, args.plan.num_splits, args.group, dtype=torch.float32, device=dev)
     mode = _sync.sync_mode(dev)
-    # Dedicated combiners hold at most half the SMs, so the workers (which never wait) always progress.
-    combiners = 0 if config.combiners == 0 else max(1, min(pairs, config.combiners, num_sms // 2))
+    # Dedicated and slice combiners hold at most half the SMs, so the workers (which never wait)
+    # always progress; slice combiners default to one per slice.
+    units = pairs * config.slices if config.slices > 0 else pairs
+    wanted = config.combiners or (units if config.slices > 0 else 0)
+    combiners = 0 if wanted == 0 else max(1, min(units, wanted, num_sms // 2))
     state = FusedState(
         args=args, out=out, part_out=part_out, part_lse=part_lse,
         counters=torch.zeros(pairs, dtype=torch.int32, device=dev),
         recv=recv, flags=flags,
         epoch=torch.zeros(1, dtype=torch.int32, device=dev),
         done=torch.zeros(1, dtype=torch.int32, device=dev),
+        ready=torch.zeros(pairs, dtype=torch.int32, device=dev),
         err=_sync.new_error_buffer(dev), heap_bases=heap.heap_bases.to(dev),
         rank=ctx.rank, world_size=w, num_combiners=combiners,
         budget=_sync.spin_budget(ctx.spin_timeout_s, mode), mode=mode, config=config,
     )
     from taxmodel.runtime.records import record_buffer  # the runtime's side of kernels/_trace.py
 
-    state.records = record_buffer(ctx, KERNEL_NAME, state.record_capacity, dev)
+    state.records = record_buffer(ctx, KERNEL_NAME, state.record_layout, dev)
     return state
 
 

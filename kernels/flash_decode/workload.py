@@ -10,7 +10,10 @@ kv_len + r * kv_len_step keys: ragged shards), empty_rank (a rank holding no key
 fp16 (1: fp16 instead of bf16), seed (inputs; the same seed gives the same inputs everywhere),
 optional kernel tuning (block_n, num_warps, num_stages, ctas_per_sm; 0 = default), and the fused
 kernel's structure (fused_protocol: 1 LL words, 2 flags, 0 = default LL; fused_combiners: 0 =
-each pair's last worker combines, N > 0 = N dedicated combiner CTAs; see ``fused.FusedConfig``).
+each pair's last worker combines, N > 0 = N dedicated combiner CTAs; fused_slices: 0 = off, K = K
+slice combiners per KV head, each combining and pushing 1/K of its query heads; see
+``fused.FusedConfig``), and bsp_slices (combine programs per KV head in the BSP combines, each
+taking q_heads / kv_heads / bsp_slices query heads; 1 = one per KV head).
 """
 from __future__ import annotations
 
@@ -80,7 +83,11 @@ def fused_config(shape: Mapping[str, int]) -> fused.FusedConfig:
     if combiners < 0:
         raise InputError(f"flash_decode: fused_combiners {combiners} must be 0 (last worker combines) or a "
                          "positive number of dedicated combiner CTAs")
-    return fused.FusedConfig(protocol=FUSED_PROTOCOL_CODES[code], combiners=combiners)
+    slices = int(shape.get("fused_slices", 0))
+    if slices < 0:
+        raise InputError(f"flash_decode: fused_slices {slices} must be 0 (off) or the number of row slices "
+                         "per KV head (a divisor of q_heads / kv_heads)")
+    return fused.FusedConfig(protocol=FUSED_PROTOCOL_CODES[code], combiners=combiners, slices=slices)
 
 
 def _dtype(shape: Mapping[str, int]) -> torch.dtype:
@@ -134,6 +141,8 @@ class FlashDecode(Workload):
     presets = _presets()
     default_preset = "b16-kv16k"
     cpu_preset = "tiny"
+    option_keys = ("kv_len_step", "empty_rank", "fp16", "seed", "block_n", "num_warps", "num_stages", "ctas_per_sm",
+                   "fused_protocol", "fused_combiners", "fused_slices", "bsp_slices")
 
     def variants(self) -> dict[str, Variant]:
         return {
@@ -171,7 +180,7 @@ class FlashDecode(Workload):
         out = torch.full((b, hq, d), float("nan"), dtype=dtype, device=dev)
         own_heap = None
         if variant.name == "bsp":
-            impl = bsp.make_bsp_state(ctx, args, out)
+            impl = bsp.make_bsp_state(ctx, args, out, int(shape.get("bsp_slices", 1)))
         elif variant.name == "fused":
             if ctx.heap is None:
                 from taxmodel.runtime.heap import make_heap

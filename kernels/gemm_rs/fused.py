@@ -26,8 +26,8 @@ import torch
 
 from taxmodel.kernels._sync import check_errors
 
-from .tiles import (KERNEL_NAMES, gemm_record_capacity, launch_gemm_rs, launch_rs_reduce, own_tiles,
-                    reduce_record_capacity)
+from .tiles import (KERNEL_NAMES, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, own_tiles,
+                    reduce_record_layout)
 from .workload import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
@@ -52,9 +52,9 @@ def _record_buffers(st: GemmRsState) -> None:
     cfg, dev = st.cfg, st.out.device
     tail = cfg.reduce == "tail"
     st.rec_gemm = record_buffer(st.ctx, FUSED_GEMM_KERNEL,
-                                gemm_record_capacity(st.m_loc, st.n, st.world, cfg.gemm, tail), dev)
+                                gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, tail, dev), dev)
     st.rec_reduce = None if tail else record_buffer(st.ctx, FUSED_REDUCE_KERNEL,
-                                                    reduce_record_capacity(st.m_loc, st.n, cfg.gemm), dev)
+                                                    reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev)
 
 
 def _compile(st: GemmRsState) -> None:

@@ -49,9 +49,9 @@ In-kernel records (``INSTRUMENT``, a constexpr; kernels/_trace.py, docs/records.
 GEMM records ``compute`` (the MMA loop), then ``store_push`` for a tile pushed to a peer (the
 remote store and its flag release, which waits for the stores to drain) or ``compute`` for an
 own tile (a local epilogue store); a reduction records ``flag_wait`` (its ``WORLD`` flags) and
-``combine`` (the sum). One GEMM launch writes 2 records per tile it computes (plus 2 per reduced
-tile with ``TAIL_REDUCE``), one reduce launch 2 per own output tile (``gemm_record_capacity``,
-``reduce_record_capacity``). With
+``combine`` (the sum). A GEMM program writes 2 records per tile it computes (plus 2 per tile it
+reduces with ``TAIL_REDUCE``), a reduce program 2 for its own output tile (``gemm_record_layout``,
+``reduce_record_layout``). With
 ``INSTRUMENT=False`` none of it is compiled.
 """
 from __future__ import annotations
@@ -242,15 +242,28 @@ def own_tiles(m_loc: int, n: int, cfg: GemmConfig) -> int:
     return bpr * n_tiles
 
 
-def gemm_record_capacity(m_loc: int, n: int, world: int, cfg: GemmConfig, tail: bool) -> int:
-    """In-kernel records one ``gemm_rs_kernel`` launch writes: 2 per tile of the partial product
-    (compute, then store_push or the own tile's epilogue), 2 per own tile reduced in the tail."""
-    return 2 * world * own_tiles(m_loc, n, cfg) + (2 * own_tiles(m_loc, n, cfg) if tail else 0)
+def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, tail: bool,
+                       device: torch.device) -> _trace.RecordLayout:
+    """Record slots of one ``gemm_rs_kernel`` launch (the grid ``gemm_programs`` gives for
+    ``device``): a program writes 2 records per tile of the partial product it computes (compute,
+    then store_push or the own tile's epilogue), and 2 per own tile it reduces in the tail; tiles
+    are taken with stride ``programs``."""
+    bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
+    tiles = world * bpr * n_tiles
+    programs = gemm_programs(cfg, device, tiles, tail)
+    per_cta = 2 * triton.cdiv(tiles, programs) + (2 * triton.cdiv(own_tiles(m_loc, n, cfg), programs) if tail else 0)
+    return _trace.RecordLayout(programs, per_cta)
 
 
-def reduce_record_capacity(m_loc: int, n: int, cfg: GemmConfig) -> int:
-    """In-kernel records one ``rs_reduce_kernel`` launch writes: flag_wait and combine per own tile."""
-    return 2 * own_tiles(m_loc, n, cfg)
+def reduce_record_layout(m_loc: int, n: int, cfg: GemmConfig) -> _trace.RecordLayout:
+    """Record slots of one ``rs_reduce_kernel`` launch: one program per own tile, flag_wait and combine."""
+    return _trace.RecordLayout(own_tiles(m_loc, n, cfg), 2)
+
+
+def records_per_iteration(m_loc: int, n: int, world: int, cfg: GemmConfig) -> int:
+    """Records one iteration of the fused variant writes, either reduction placement: 2 per tile of
+    the partial product, 2 per own output tile reduced."""
+    return 2 * (world + 1) * own_tiles(m_loc, n, cfg)
 
 
 def reduce_rows(block_m: int, rows: int) -> int:
@@ -284,7 +297,7 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch); no host sync.
 
     ``recv`` is this epoch's half of the receive buffer ([world, m_loc, N] on the heap). ``records``:
-    an in-kernel record buffer (``gemm_record_capacity`` records; compiles ``INSTRUMENT=True``).
+    an in-kernel record buffer (``gemm_record_layout``; compiles ``INSTRUMENT=True``).
     """
     k, n = b.shape
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
@@ -311,7 +324,7 @@ def launch_rs_reduce(recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
                      warps: int, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
                      records: torch.Tensor | None = None, warmup_only: bool = False) -> None:
     """Enqueue ``rs_reduce_kernel`` (one program per own output tile); no host sync. ``records``: an
-    in-kernel record buffer (``reduce_record_capacity`` records)."""
+    in-kernel record buffer (``reduce_record_layout``)."""
     n = out.shape[1]
     grid = (own_tiles(m_loc, n, cfg),)
     args = (recv, out, flags, err, count if count is not None else err, seen if seen is not None else err,

@@ -6,7 +6,11 @@ writes a hardware file in the format of ``taxmodel.model.hardware`` (``source: "
 with the raw measurements beside the fitted numbers, so a reader can check every value.
 
 Each number is the median of several timed repetitions after a warm-up (CUDA events around a
-loop of launches); the bandwidths use bytes that really move (a copy reads and writes).
+loop of launches); the bandwidths use bytes that really move (a copy reads and writes). The
+collective curve is timed twice: eagerly (host calls back to back: host launch cost and rank skew
+included, kept as ``collectives_eager``) and as each collective's own device time from calls
+replayed in one CUDA graph (``collectives``, what the model uses: it adds launch costs and skew
+itself). ``--only STEP,... --update FILE`` re-measures some steps and refits an earlier file.
 
 Besides vendor GEMMs, HBM and NCCL, it measures what the analytic model of the fine-grained
 variants needs (docs/model.md): a Triton kernel's peer-load and peer-store bandwidth and the
@@ -41,21 +45,44 @@ from taxmodel.kernels import _sync
 REPS = 7
 
 
-def _median_ms(fn: Callable[[], None], inner: int = 10, reps: int = REPS, warmup: int = 3) -> float:
-    """Median over ``reps`` of the mean time (ms) of ``inner`` back-to-back calls, CUDA events."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
+class Stopwatch:
+    """Times one call of enqueued work on ``device``: CUDA events around it on a GPU; on a CPU (gloo,
+    whose collectives return when done) the host clock."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.cuda = torch.device(device).type == "cuda"
+
+    def synchronize(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def elapsed_ms(self, fn: Callable[[], object]) -> float:
+        if not self.cuda:
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e3
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(inner):
-            fn()
+        fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) / inner)
+        return start.elapsed_time(end)
+
+
+def _median_ms(fn: Callable[[], None], inner: int = 10, reps: int = REPS, warmup: int = 3,
+               watch: Stopwatch | None = None) -> float:
+    """Median over ``reps`` of the mean time (ms) of ``inner`` back-to-back calls (CUDA events by default)."""
+    watch = watch or Stopwatch("cuda")
+    for _ in range(warmup):
+        fn()
+    watch.synchronize()
+    times = [watch.elapsed_ms(lambda: _repeat(fn, inner)) / inner for _ in range(reps)]
     return statistics.median(times)
+
+
+def _repeat(fn: Callable[[], object], n: int) -> None:
+    for _ in range(n):
+        fn()
 
 
 def hbm_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> dict:
@@ -74,22 +101,136 @@ def gemm_rate(device: torch.device, dtype: torch.dtype, n: int = 8192) -> dict:
     return {"m": n, "n": n, "k": n, "ms": ms, "flops_per_s": 2 * n**3 / (ms * 1e-3)}
 
 
-def collective_curve(device: torch.device, world: int) -> list[dict]:
-    """all_gather / all_reduce / reduce_scatter times over message sizes (bytes per rank)."""
-    rows = []
-    for per_rank in (1 << 13, 1 << 16, 1 << 19, 1 << 22, 1 << 25, 1 << 27):
-        x = torch.empty(per_rank // 2, dtype=torch.bfloat16, device=device)
-        out = torch.empty(world * x.numel(), dtype=x.dtype, device=device)
-        big = torch.empty(world * x.numel(), dtype=x.dtype, device=device)
-        for op, fn in (
-            ("allgather", lambda: dist.all_gather_into_tensor(out, x)),
-            ("allreduce", lambda: dist.all_reduce(x)),
-            ("reduce_scatter", lambda: dist.reduce_scatter_tensor(x, big)),
-        ):
+#: Message sizes of the collective curve, bytes per rank (8 KB .. 128 MB).
+COLLECTIVE_SIZES = (1 << 13, 1 << 16, 1 << 19, 1 << 22, 1 << 25, 1 << 27)
+#: Back-to-back calls in the short and the long captured graph of one collective: the per-call time
+#: is the difference of their replay times over the difference of their lengths.
+GRAPH_CALLS = (2, 34)
+
+
+def collective_ops(device: torch.device | str, world: int, per_rank: int) -> dict[str, Callable[[], object]]:
+    """One call of each collective of the curve at ``per_rank`` bytes per rank (bf16 buffers)."""
+    x = torch.empty(per_rank // 2, dtype=torch.bfloat16, device=device)
+    out = torch.empty(world * x.numel(), dtype=x.dtype, device=device)
+    big = torch.empty(world * x.numel(), dtype=x.dtype, device=device)
+    # torch >= 2.12 names them *_single (the *_into_tensor/_tensor names warn); older ones lack those
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return {"allgather": lambda: gather(out, x), "allreduce": lambda: dist.all_reduce(x),
+            "reduce_scatter": lambda: scatter(x, big)}
+
+
+def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: Stopwatch, barrier: Callable[[], None],
+                      agree: Callable[[str | None], str | None] = lambda error: error,
+                      calls: tuple[int, int] = GRAPH_CALLS, reps: int = 5) -> dict:
+    """Device time of one call of ``fn`` without host launch cost and without the ranks' skew.
+
+    ``fn`` is captured ``calls[0]`` and ``calls[1]`` times back to back into two graphs
+    (``backend``: ``taxmodel.runtime.graph.GraphBackend``); each replay is timed after a barrier.
+    Inside a replay no host is involved, and every call after the first starts when the previous
+    one ended on all ranks, so it has no rank skew. What every replay pays once -- the graph launch,
+    the first call's wait for the last rank to enter (the barrier's release skew) -- cancels in
+    ``(T(long) - T(short)) / (long - short)``. Still included: the in-graph gap between two calls
+    (an empty kernel costs 0.7 us per kernel in a graph on the H200s, ``launch.graph_per_kernel_s``),
+    which the model's ``kernel_gap_s`` adds once more: about a microsecond. When noise makes the
+    difference non-positive the mean over the long replay (entry skew amortized over its calls) is
+    used instead (``method``: "difference" or "mean").
+
+    ``agree`` turns this rank's capture error (or None) into every rank's (``_agreed_error``) before
+    anything is replayed: when a capture failed on any rank, all raise ``GraphCaptureError`` here
+    and none waits in a barrier for the others."""
+    from taxmodel.runtime.graph import GraphCaptureError
+
+    short, long_ = calls
+    if not 0 < short < long_:
+        raise ValueError(f"graph calls {calls}: need 0 < short < long")
+    with backend.side_stream():  # lazy initializations (NCCL, allocator) must not happen in a capture
+        _repeat(fn, 2)
+    backend.synchronize()
+    graphs: dict[int, object] = {}
+    try:
+        error = None
+        try:
+            for n in calls:
+                graphs[n] = backend.capture(lambda n=n: _repeat(fn, n))
+        except Exception as exc:  # noqa: BLE001 - any capture failure becomes one message for every rank
+            error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:300]
+        error = agree(error)
+        if error:
+            raise GraphCaptureError(error)
+        samples: dict[int, list[float]] = {n: [] for n in calls}
+        for _ in range(reps + 1):  # the first round warms the replays up and is dropped
+            for n in calls:
+                barrier()
+                samples[n].append(watch.elapsed_ms(graphs[n].replay))
+    finally:
+        for g in graphs.values():
+            if hasattr(g, "reset"):
+                g.reset()
+    med = {n: statistics.median(v[1:]) for n, v in samples.items()}
+    per_call, method = (med[long_] - med[short]) / (long_ - short), "difference"
+    if not per_call > 0:
+        per_call, method = med[long_] / long_, "mean"
+    return {"ms": per_call, "replay_ms": {str(n): med[n] for n in calls}, "calls": list(calls), "method": method}
+
+
+def _agreed_error(error: str | None, world: int) -> str | None:
+    """Every rank's error (or None) gathered: all ranks take the same path after a capture."""
+    if world <= 1 or not dist.is_initialized():
+        return error
+    errors: list = [None] * world
+    dist.all_gather_object(errors, error)
+    bad = [f"rank {r}: {e}" for r, e in enumerate(errors) if e]
+    return "; ".join(bad) or None
+
+
+def collective_curve(device: torch.device | str, world: int, sizes: tuple[int, ...] = COLLECTIVE_SIZES, *,
+                     backend=None, watch: Stopwatch | None = None) -> dict:
+    """all_gather / all_reduce / reduce_scatter times over message sizes (bytes per rank), two ways.
+
+    ``eager``: back-to-back calls from the host (``_median_ms``): each call pays the host's launch
+    cost when the GPU outruns the host and waits for the last rank, so small messages measure the
+    host and the skew. ``graph``: the collective's own device time (``graph_per_call_ms``), which is
+    what the analytic model needs (it adds launch costs and the ranks' skew itself). Without graphs
+    (a CPU/gloo run) ``graph`` is empty and ``graph_note`` says why; a capture failing on any rank
+    ends the graph curve there for every rank (the rows measured before stay).
+    """
+    from taxmodel.runtime.graph import GraphBackend, GraphCaptureError
+
+    watch = watch or Stopwatch(device)
+    backend = backend or GraphBackend(device)
+    cuda = torch.device(device).type == "cuda"
+
+    def barrier() -> None:
+        watch.synchronize()
+        if cuda:
+            dist.barrier(device_ids=[torch.device(device).index or 0])
+        else:
             dist.barrier()
-            ms = _median_ms(fn, inner=5, reps=5)
-            rows.append({"op": op, "bytes_per_rank": per_rank, "ms": ms})
-    return rows
+
+    eager, graph = [], []
+    graph_note = backend.unavailable_reason()
+    for per_rank in sizes:
+        ops = collective_ops(device, world, per_rank)
+        for op, fn in ops.items():
+            barrier()
+            eager.append({"op": op, "bytes_per_rank": per_rank, "ms": _median_ms(fn, inner=5, reps=5, watch=watch)})
+            if graph_note is not None:
+                continue
+            barrier()
+            label = f"{op} at {per_rank} B"
+            try:
+                row = graph_per_call_ms(fn, backend=backend, watch=watch, barrier=barrier,
+                                        agree=lambda e, label=label: _agreed_error(e and f"{label}: {e}", world))
+            except GraphCaptureError as exc:  # a capture failed on some rank: every rank ends the graph curve here
+                graph_note = str(exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a failed replay ends this rank's graph curve, not the calibration
+                graph_note = f"{label}: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:300]
+                continue
+            graph.append({"op": op, "bytes_per_rank": per_rank, **row})
+        del ops
+    return {"eager": eager, "graph": graph, "graph_note": graph_note}  # graph: the sizes before any failure
 
 
 def peer_copy_bandwidth(device: torch.device, world: int, nbytes: int = 1 << 30) -> list[dict]:
@@ -365,15 +506,15 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
     in extra fields named as in ``ModelParams``). Pure: tests call it with made-up measurements."""
     from taxmodel.model.hardware import find_preset
 
-    ag = [r for r in meas.get("collectives", []) if r["op"] == "allgather"]
+    curves, eager_curve = collective_curves(meas, world)
+    ag = (curves or {}).get("allgather") or []
     link_bw = link_lat = None
     if world > 1 and ag:
-        small = min(ag, key=lambda r: r["bytes_per_rank"])
-        large = max(ag, key=lambda r: r["bytes_per_rank"])
+        (_, small_s), (large_b, large_s) = ag[0], ag[-1]
         # all-gather receives (world-1) * bytes_per_rank per rank: the large message gives
         # bandwidth, the small one latency (per ring step).
-        link_bw = (world - 1) * large["bytes_per_rank"] / (large["ms"] * 1e-3)
-        link_lat = small["ms"] * 1e-3 / (world - 1)
+        link_bw = (world - 1) * large_b / large_s
+        link_lat = small_s / (world - 1)
     p2p = [r["bytes_per_s"] for r in meas.get("peer_copy", [])]
     peer = meas.get("peer") or {}
     launch = meas.get("launch") or {}
@@ -386,9 +527,6 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
     link = _first(link_bw, statistics.median(p2p) if p2p else None, peer.get("load_bytes_per_s"))
     if link is None:
         raise ValueError("no link measurement (collectives, peer copies or peer loads): calibrate with --world-size 2 or more")
-    curves: dict = {"world_size": world}
-    for r in meas.get("collectives", []):
-        curves.setdefault(r["op"], []).append([r["bytes_per_rank"], r["ms"] * 1e-3])
     spec = {
         "name": name,
         "vendor": vendor or (preset.vendor if preset is not None else "nvidia"),
@@ -404,7 +542,8 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "host_launch_s": _first(launch.get("host_launch_triton_s"), launch.get("host_launch_s"), 0.0),
         "flag_roundtrip_s": _first((meas.get("flag") or {}).get("roundtrip_s"), 0.0),
         "notes": (f"measured by `taxmodel calibrate` on {world} x {device_name}: GEMM peaks are cuBLAS rates on 8192^3 "
-                  "(4096^3 for fp32), HBM a device copy, link the all-gather bandwidth at the largest size."),
+                  "(4096^3 for fp32), HBM a device copy, link the all-gather bandwidth at the largest size. "
+                  + _curve_note(curves)),
         # model parameters (taxmodel.model.analytic.common.ModelParams names)
         "host_launch_torch_s": _first(launch.get("host_launch_torch_s"), launch.get("host_launch_s")),
         "p2p_copy_bytes_per_s": statistics.median(p2p) if p2p else None,
@@ -413,9 +552,53 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "peer_store_bytes_per_s": peer.get("store_bytes_per_s"),
         "peer_store_bytes_per_s_per_sm": peer.get("store_bytes_per_s_per_sm"),
         "barrier_skew_s": (meas.get("barrier") or {}).get("barrier_skew_s"),
-        "collectives": curves if len(curves) > 1 else None,
+        "collectives": curves,
+        "collectives_eager": eager_curve,
     }
     return {k: v for k, v in spec.items() if v is not None}
+
+
+def _curve_points(rows: list[dict]) -> dict[str, list[list[float]]]:
+    """op -> [[bytes per rank, seconds], ...] sorted by size, from measurement rows (ms)."""
+    out: dict[str, list[list[float]]] = {}
+    for r in rows or []:
+        if r.get("ms") is not None and float(r["ms"]) > 0:
+            out.setdefault(r["op"], []).append([r["bytes_per_rank"], float(r["ms"]) * 1e-3])
+    return {op: sorted(pts) for op, pts in out.items()}
+
+
+def collective_curves(meas: dict, world: int) -> tuple[dict | None, dict | None]:
+    """(the model's curve, the eager curve kept for reference) in hardware-file form.
+
+    The model's curve (``collectives``) is the collective's own device time: per op the graph
+    measurement (``meas["collectives_graph"]``) when it has two sizes or more, else the eager one
+    (``timing`` says which, per op). The eager curve (``collectives_eager``: host launch cost and
+    rank skew included) is written beside it when some op has a graph curve; the model never uses
+    it -- it adds launch costs and skew itself."""
+    eager = _curve_points(meas.get("collectives", []))
+    graph = _curve_points(meas.get("collectives_graph", []))
+    model: dict = {"world_size": world, "timing": {}}
+    for op in sorted(set(eager) | set(graph)):
+        use, timing = (graph[op], "graph") if len(graph.get(op, [])) >= 2 else (eager.get(op, []), "eager")
+        if len(use) >= 2:
+            model[op], model["timing"][op] = use, timing
+    if not model["timing"]:
+        return None, None
+    has_graph = "graph" in model["timing"].values()
+    return model, ({"world_size": world, "timing": "eager", **eager} if has_graph and eager else None)
+
+
+def _curve_note(curves: dict | None) -> str:
+    timing = set((curves or {}).get("timing", {}).values())
+    if not timing:
+        return "No collective curve."
+    if timing == {"graph"}:
+        return ("Collective curve (collectives): each collective's own device time, from N back-to-back calls "
+                "replayed in one CUDA graph (no host launch cost, no rank skew; collectives_eager keeps the eager "
+                "timing for reference).")
+    return ("Collective curve (collectives): "
+            + ", ".join(f"{op} {t}" for op, t in sorted(curves["timing"].items()))
+            + " -- an eager-timed op includes host launch cost and rank skew.")
 
 
 # --- entry points --------------------------------------------------------------------------------
@@ -434,80 +617,254 @@ def _step(name: str, fn: Callable[[], object], meas: dict, key: str, rank: int) 
         print(f"calibrate: {name} {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+#: The measurement steps of a calibration, in the order they run, and the raw keys each writes.
+STEP_KEYS: dict[str, tuple[str, ...]] = {
+    "hbm": ("hbm",), "gemm": ("gemm",), "launch": ("launch",),
+    "collectives": ("collectives", "collectives_graph", "collectives_graph_note"),
+    "barrier": ("barrier",), "peer": ("peer",), "flag": ("flag",), "p2p": ("peer_copy",),
+}
+#: Steps that need at least two ranks.
+MULTI_RANK_STEPS = ("collectives", "barrier", "peer", "flag")
+
+
+def parse_steps(text: str | None) -> tuple[str, ...]:
+    """``--only`` ("collectives,barrier") as steps in run order; None or "all": every step."""
+    from taxmodel.errors import InputError
+
+    if text is None or text.strip() in ("", "all"):
+        return tuple(STEP_KEYS)
+    asked = {t.strip() for t in text.split(",") if t.strip()}
+    unknown = sorted(asked - set(STEP_KEYS))
+    if unknown:
+        raise InputError(f"--only {text}: unknown step(s) {', '.join(unknown)}; steps: {', '.join(STEP_KEYS)}")
+    return tuple(s for s in STEP_KEYS if s in asked)
+
+
+def check_update(existing: dict, steps: tuple[str, ...], world: int | None) -> int:
+    """The world size an update of ``existing`` runs at; InputError when ``existing`` cannot be
+    updated (no raw measurements) or was measured on another number of ranks than ``steps`` need."""
+    from taxmodel.errors import InputError
+
+    measured = existing.get("measured") or {}
+    raw = measured.get("raw")
+    if not isinstance(raw, dict) or not {"hbm", "gemm"} <= set(raw):
+        raise InputError("--update: the file has no raw measurements (measured.raw with hbm and gemm); only a file "
+                         "written by `taxmodel calibrate` can be updated -- calibrate fully instead")
+    old_world = int(measured.get("world_size") or 1)
+    world = old_world if world is None else int(world)
+    if world != old_world and any(s in MULTI_RANK_STEPS for s in steps):
+        raise InputError(f"--update: the file was measured on {old_world} ranks and this run has {world}; run with "
+                         f"--world-size {old_world} or calibrate fully")
+    return world
+
+
+def update_spec(existing: dict, new_meas: dict, steps: tuple[str, ...], *, device_name: str | None = None,
+                num_sms: int | None = None, world: int | None = None, info: dict | None = None) -> dict:
+    """``existing`` (a hardware file an earlier calibration wrote, with ``measured.raw``) with the raw
+    measurements of ``steps`` taken from ``new_meas`` and every fitted number refit from the merged
+    raw measurements, so a partial run (``--only collectives --update FILE``) changes only what its
+    steps feed. Pure: tests call it with made-up measurements."""
+    measured = dict(existing.get("measured") or {})
+    world = check_update(existing, steps, world)
+    raw = measured["raw"]
+    failed = {k: v for k, v in (new_meas.get("errors") or {}).items() if k in steps}
+    merged = {k: v for k, v in raw.items() if k != "errors"}
+    errors = {k: v for k, v in (raw.get("errors") or {}).items() if k not in steps or k in failed}
+    for step in steps:
+        if step in failed or not any(key in new_meas for key in STEP_KEYS[step]):
+            continue  # a failed (or absent) step keeps the earlier numbers; the update entry names a failure
+        for key in STEP_KEYS[step]:
+            merged.pop(key, None)
+            if key in new_meas:
+                merged[key] = new_meas[key]
+    if errors:
+        merged["errors"] = errors
+    spec = fit(merged, device_name or measured.get("device") or existing["name"], int(num_sms or existing["num_sms"]),
+               world, vendor=existing.get("vendor"))
+    spec["measured"] = {**measured, "raw": merged,
+                        "updates": [*measured.get("updates", []),
+                                    {**(info or {}), "steps": list(steps), **({"failed": failed} if failed else {})}]}
+    return spec
+
+
+def _measure_collectives(device: torch.device, world: int, sizes: tuple[int, ...], rank: int) -> dict:
+    res = collective_curve(device, world, sizes)
+    if res["graph_note"] and rank == 0:
+        print(f"calibrate: collective graph timing: {res['graph_note']} (the curve's ops without graph rows stay "
+              "eager-timed)", flush=True)
+    out = {"collectives": res["eager"], "collectives_graph": res["graph"]}
+    if res["graph_note"]:
+        out["collectives_graph_note"] = res["graph_note"]
+    return out
+
+
+def curve_table(meas: dict) -> str:
+    """Eager vs graph time (us) per op and size: the compact summary a calibration prints."""
+    eager = {(r["op"], r["bytes_per_rank"]): r["ms"] for r in meas.get("collectives", [])}
+    graph = {(r["op"], r["bytes_per_rank"]): r for r in meas.get("collectives_graph", [])}
+    lines = ["op              bytes/rank    eager us    graph us  (method)"]
+    for (op, b), ms in sorted(eager.items()):
+        g = graph.get((op, b))
+        gtxt = f"{g['ms'] * 1e3:10.1f}  ({g['method']})" if g else "         -"
+        lines.append(f"{op:<15} {b:>10d} {ms * 1e3:11.1f} {gtxt}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", required=True, help="hardware JSON file to write (rank 0)")
+    parser.add_argument("--only", default=None, metavar="STEP[,STEP]",
+                        help=f"run only these steps ({', '.join(STEP_KEYS)}); needs --update unless hbm and gemm are among them")
+    parser.add_argument("--update", default=None, metavar="FILE",
+                        help="an earlier calibration's hardware JSON: the steps not run keep its raw measurements, "
+                             "every number is refit")
+    parser.add_argument("--sizes", default=None, metavar="BYTES[,BYTES]",
+                        help="collective message sizes per rank (default: 8 KB .. 128 MB)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: gloo ranks, collectives step only (tests the CPU path; the numbers describe CPU gloo)")
     args = parser.parse_args(argv)
+    try:
+        steps = parse_steps(args.only)
+    except Exception as exc:  # noqa: BLE001 - an argument error
+        parser.error(str(exc))
+    if set(steps) != set(STEP_KEYS) and not args.update and not {"hbm", "gemm"} <= set(steps):
+        parser.error("--only without the hbm and gemm steps needs --update EXISTING.json (the other numbers come from it)")
+    cpu = args.device == "cpu"
+    if cpu and set(steps) != {"collectives"}:
+        parser.error("--device cpu measures the collectives step only: pass --only collectives")
+    sizes = tuple(int(float(x)) for x in args.sizes.split(",")) if args.sizes else COLLECTIVE_SIZES
+    existing = json.loads(Path(args.update).read_text()) if args.update else None
     for var, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
         os.environ[var] = val
-    if not torch.cuda.is_available():
+    if not cpu and not torch.cuda.is_available():
         raise SystemExit("taxmodel calibrate: no GPU here; calibration measures a GPU machine (datasheet presets serve elsewhere)")
     local = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local)
-    torch.cuda.set_device(device)
+    device = torch.device("cpu") if cpu else torch.device("cuda", local)
+    if not cpu:
+        torch.cuda.set_device(device)
     distributed = "WORLD_SIZE" in os.environ
     if distributed:
-        dist.init_process_group("nccl", device_id=device)
+        if cpu:
+            dist.init_process_group("gloo")
+        else:
+            dist.init_process_group("nccl", device_id=device)
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    props = torch.cuda.get_device_properties(device)
+    if world < 2 and "collectives" in steps and set(steps) != set(STEP_KEYS):
+        raise SystemExit("taxmodel calibrate: the collectives step needs 2 or more ranks (--world-size)")
+    if existing is not None:
+        try:
+            check_update(existing, steps, world)
+        except Exception as exc:  # noqa: BLE001 - every rank stops before measuring anything
+            raise SystemExit(f"taxmodel calibrate: {exc}") from exc
+    props = None if cpu else torch.cuda.get_device_properties(device)
     t_start = time.perf_counter()
     meas: dict = {}
-    _step("HBM copy", lambda: hbm_bandwidth(device), meas, "hbm", rank)
-    _step("GEMM rates", lambda: {**{name: gemm_rate(device, dt) for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16))},
-                                 "fp32": gemm_rate(device, torch.float32, n=4096)}, meas, "gemm", rank)
-    _step("launch costs", lambda: launch_costs(device), meas, "launch", rank)
+    if "hbm" in steps:
+        _step("HBM copy", lambda: hbm_bandwidth(device), meas, "hbm", rank)
+    if "gemm" in steps:
+        _step("GEMM rates", lambda: {**{name: gemm_rate(device, dt) for name, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16))},
+                                     "fp32": gemm_rate(device, torch.float32, n=4096)}, meas, "gemm", rank)
+    if "launch" in steps:
+        _step("launch costs", lambda: launch_costs(device), meas, "launch", rank)
     meas["collectives"] = []
     if distributed and world > 1:
-        _step("collectives", lambda: collective_curve(device, world), meas, "collectives", rank)
+        if "collectives" in steps:
+            _step("collectives", lambda: _measure_collectives(device, world, sizes, rank), meas, "collectives", rank)
+            if isinstance(meas.get("collectives"), dict):  # the step's keys, flattened into the raw measurements
+                meas.update(meas.pop("collectives"))
         dist.barrier()
-        _step("barrier skew", lambda: barrier_skew(device), meas, "barrier", rank)
-        _step("peer loads/stores", lambda: peer_access(device, world, props.multi_processor_count), meas, "peer", rank)
-        _step("flag round trip", lambda: flag_roundtrip(device), meas, "flag", rank)
+        if "barrier" in steps:
+            _step("barrier skew", lambda: barrier_skew(device), meas, "barrier", rank)
+        if "peer" in steps:
+            _step("peer loads/stores", lambda: peer_access(device, world, props.multi_processor_count), meas, "peer", rank)
+        if "flag" in steps:
+            _step("flag round trip", lambda: flag_roundtrip(device), meas, "flag", rank)
         dist.barrier()
+    if not isinstance(meas.get("collectives"), list):
+        meas["collectives"] = []
     meas["peer_copy"] = []
-    if rank == 0:
+    if rank == 0 and "p2p" in steps:
         _step("P2P copies", lambda: peer_copy_bandwidth(device, world), meas, "peer_copy", rank)
     if distributed:
         dist.barrier()
     if rank == 0:
-        for key in ("hbm", "gemm"):
-            if key not in meas:
-                raise SystemExit(f"taxmodel calibrate: the {key} measurement failed ({meas.get('errors', {}).get(key)}); nothing written")
-        spec = fit(meas, props.name, props.multi_processor_count, world,
-                   vendor="amd" if getattr(torch.version, "hip", None) else "nvidia")
-        spec["measured"] = {
+        device_name = "cpu (gloo)" if cpu else props.name
+        info = {
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "world_size": world,
+            "device": device_name,
             "seconds": round(time.perf_counter() - t_start, 1),
             "torch": torch.__version__,
             "triton": triton.__version__,
             "cuda": torch.version.cuda,
             "hip": torch.version.hip,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else None,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda and not cpu else None,
             "repetitions": REPS,
-            "raw": meas,
         }
+        if existing is not None:
+            failed = {k: v for k, v in (meas.get("errors") or {}).items() if k in steps}
+            if failed:
+                raise SystemExit(f"taxmodel calibrate: step(s) failed: {failed}; {args.output} not written")
+            spec = update_spec(existing, meas, steps, device_name=None if cpu else props.name,
+                               num_sms=None if cpu else props.multi_processor_count, world=world, info=info)
+        else:
+            for key in ("hbm", "gemm"):
+                if key not in meas:
+                    raise SystemExit(f"taxmodel calibrate: the {key} measurement failed ({meas.get('errors', {}).get(key)}); nothing written")
+            spec = fit(meas, props.name, props.multi_processor_count, world,
+                       vendor="amd" if getattr(torch.version, "hip", None) else "nvidia")
+            spec["measured"] = {**info, "raw": meas}
         out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f".{out.name}.tmp")
         tmp.write_text(json.dumps(spec, indent=2, default=float) + "\n")
         os.replace(tmp, out)
         from taxmodel.model.hardware import load_hardware
 
         load_hardware(out)  # the file must load as a HardwareSpec
-        print(json.dumps({k: v for k, v in spec.items() if k not in ("measured", "collectives")}, indent=2, default=float))
+        hidden = ("measured", "collectives", "collectives_eager")
+        print(json.dumps({k: v for k, v in spec.items() if k not in hidden}, indent=2, default=float))
+        if "collectives" in steps and meas.get("collectives"):
+            print(curve_table(meas), flush=True)
     if distributed:
         dist.destroy_process_group()
 
 
-def run_calibration(output: str | os.PathLike, *, world_size: int | None = None, timeout_s: float = 600.0):
-    """`taxmodel calibrate`: start ``main`` on ``world_size`` local GPUs through torch.distributed.run
-    and return the HardwareSpec it wrote. On a machine without a GPU raise UnavailableError."""
-    import subprocess
+def calibration_command(output: str | os.PathLike, nproc: int, *, only: str | None = None,
+                        update: str | os.PathLike | None = None, sizes: str | None = None,
+                        device: str = "cuda") -> list[str]:
+    """The torch.distributed.run command line that runs ``main`` on ``nproc`` local ranks."""
     import sys
 
-    from taxmodel.errors import RunError, UnavailableError
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "taxmodel.runtime.calibrate", "-o", str(Path(output).resolve())]
+    if only:
+        cmd += ["--only", str(only)]
+    if update:
+        cmd += ["--update", str(Path(update).resolve())]
+    if sizes:
+        cmd += ["--sizes", str(sizes)]
+    if device != "cuda":
+        cmd += ["--device", device]
+    return cmd
+
+
+def run_calibration(output: str | os.PathLike, *, world_size: int | None = None, timeout_s: float = 600.0,
+                    only: str | None = None, update: str | os.PathLike | None = None):
+    """`taxmodel calibrate`: start ``main`` on ``world_size`` local GPUs through torch.distributed.run
+    and return the HardwareSpec it wrote. On a machine without a GPU raise UnavailableError.
+    ``only``: comma-separated steps (``parse_steps``); ``update``: an earlier calibration's file
+    that the steps not run take their numbers from (needed unless ``only`` has hbm and gemm)."""
+    import subprocess
+
+    from taxmodel.errors import InputError, RunError, UnavailableError
     from taxmodel.model.hardware import load_hardware
 
+    steps = parse_steps(only)
+    if update is not None and not Path(update).is_file():
+        raise InputError(f"--update {update}: no such file; pass the hardware JSON of an earlier calibration")
+    if set(steps) != set(STEP_KEYS) and update is None and not {"hbm", "gemm"} <= set(steps):
+        raise InputError("--only without the hbm and gemm steps needs --update EXISTING.json (the other numbers come from it)")
     if not torch.cuda.is_available():
         raise UnavailableError(
             "no GPU here: calibration measures the GPUs it runs on. Predictions and ledgers use the datasheet presets "
@@ -517,8 +874,7 @@ def run_calibration(output: str | os.PathLike, *, world_size: int | None = None,
     if n < 1 or n > torch.cuda.device_count():
         raise UnavailableError(f"--world-size {n}: this machine has {torch.cuda.device_count()} GPU(s)")
     out = Path(output).resolve()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-           "-m", "taxmodel.runtime.calibrate", "-o", str(out)]
+    cmd = calibration_command(out, n, only=",".join(steps) if only else None, update=update)
     env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     try:
         proc = subprocess.run(cmd, env=env, timeout=timeout_s)

@@ -93,10 +93,11 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
     preset = req.preset or (workload.cpu_preset if device == "cpu" else workload.default_preset)
     for one in preset.split(","):  # several presets run in one process group
         shape = workload.shape(one, **req.shape)
-        unknown_keys = sorted(set(req.shape) - set(workload.presets[one]))
+        unknown_keys = sorted(set(req.shape) - set(workload.presets[one]) - set(workload.option_keys))
         if unknown_keys:
+            options = f"; options: {', '.join(workload.option_keys)}" if workload.option_keys else ""
             raise InputError(f"{workload.name}: unknown shape key(s) {', '.join(unknown_keys)}; "
-                             f"the shape has {', '.join(workload.presets[one])}")
+                             f"the shape has {', '.join(workload.presets[one])}{options}")
     variants = workload.variants()
     unknown = [v for v in (req.variants or []) if v not in variants]
     if unknown:

@@ -7,11 +7,13 @@ ledger would count as busy time. So before a repetition's traced loop ``RecordBo
 one zeroed buffer per iteration and per instrumented kernel, ``set_iteration`` points the kernels
 at the iteration's buffer (a kernel argument, no GPU work), and ``drain`` -- after the tracer
 stopped -- copies every buffer to the host, decodes the records and frees the buffers, so the next
-repetition starts from empty cursors. Outside a traced loop (warm-up, checks) kernels write into a
+repetition starts from empty slots. Outside a traced loop (warm-up, checks) kernels write into a
 scratch buffer whose records are never read.
 
 Clocks: records hold %globaltimer ns (NVIDIA), s_memrealtime 10-ns ticks (AMD, scaled here) or the
-host's monotonic ns (Triton's interpreter); kernel rows hold the tracer's clock. ``merge_records``
+host's monotonic ns (Triton's interpreter); kernel rows hold the tracer's clock. A record keeps its
+end in full and the low 48 bits of its start (``decode`` restores the start from the end), so the
+records of every rank carry absolute device times, as the per-rank offsets below need. ``merge_records``
 aligns each instrumented kernel launch separately: the span of its records [first start, last
 end] is centred in the kernel's [start, end] from the trace, then clipped to it. The residual
 (how far the per-kernel offsets stray from one constant offset per rank, and how many spans were
@@ -32,35 +34,66 @@ RECORD_COLUMNS = ("rank", "repetition", "iteration", "name", "cta", "phase", "st
 """Columns of a drained record frame (times on the device clock, ns)."""
 
 
-def new_buffer(capacity: int, device: torch.device | str) -> torch.Tensor:
-    """A zeroed record buffer for ``capacity`` records (layout: kernels/_trace.py)."""
-    if capacity < 1:
-        raise ValueError("a record buffer needs room for at least one record")
-    buf = torch.zeros(_trace.HEADER + _trace.RECORD_WORDS * int(capacity), dtype=torch.int64, device=device)
-    buf[1] = int(capacity)
+def new_buffer(layout: _trace.RecordLayout | int, device: torch.device | str, append: bool = False) -> torch.Tensor:
+    """A zeroed record buffer with ``layout``'s slots (an int: that many CTA ids with the default
+    records per id), its sizes in the header (layout: kernels/_trace.py). ``append``: one cursor
+    for every record (CUDA-graph slots that collect several launches) instead of fixed slots."""
+    layout = as_layout(layout)
+    buf = torch.zeros(_trace.HEADER + _trace.RECORD_WORDS * layout.slots, dtype=torch.int64, device=device)
+    buf[_trace.CTAS_WORD] = layout.ctas
+    buf[_trace.PER_CTA_WORD] = layout.per_cta
+    buf[_trace.APPEND_WORD] = int(append)
     return buf
+
+
+def as_layout(layout: _trace.RecordLayout | int) -> _trace.RecordLayout:
+    return layout if isinstance(layout, _trace.RecordLayout) else _trace.RecordLayout(int(layout))
+
+
+def clear_buffer(buf: torch.Tensor) -> None:
+    """Empty ``buf`` in place (same address, e.g. frozen in a CUDA graph), keeping its header sizes."""
+    head = buf[_trace.CTAS_WORD:_trace.APPEND_WORD + 1].clone()
+    buf.zero_()
+    buf[_trace.CTAS_WORD:_trace.APPEND_WORD + 1] = head
+
+
+def unwrap_start(start_low: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """A phase's start from the low ``CLOCK_BITS`` bits a record keeps, given its full end:
+    ``end - ((end - start) mod 2^CLOCK_BITS)`` (exact for phases shorter than 2^48 ticks)."""
+    mask = np.int64((1 << _trace.CLOCK_BITS) - 1)
+    return end - ((end - start_low) & mask)
 
 
 def decode(buf: torch.Tensor, mode: int) -> tuple[pd.DataFrame, int]:
     """The records in ``buf`` as (cta, phase, start_ns, end_ns) and the number dropped for lack of room.
 
-    Reads the buffer (a host sync on a GPU). Phase ids become names; AMD ticks become ns.
+    Reads the buffer (a host sync on a GPU) and only its written slots (phase word != 0), in slot
+    order (fixed slots: by CTA id, then the CTA's record order). Phase ids become names; AMD ticks
+    become ns.
     """
     host = buf.detach().to("cpu").numpy()
-    cursor, cap = int(host[0]), int(host[1])
-    n = min(max(cursor, 0), cap)
-    rec = host[_trace.HEADER:_trace.HEADER + _trace.RECORD_WORDS * n].reshape(n, _trace.RECORD_WORDS)
+    first, ctas, per_cta, append = (int(x) for x in host[:_trace.APPEND_WORD + 1])
+    slots = max(ctas, 0) * max(per_cta, 0)
+    rec = host[_trace.HEADER:_trace.HEADER + _trace.RECORD_WORDS * slots].reshape(-1, _trace.RECORD_WORDS)
+    if append:
+        rec = rec[:min(max(first, 0), len(rec))]
+        dropped = max(first - slots, 0)
+    else:
+        dropped = max(first, 0)
+    rec = rec[rec[:, 1] != 0]
     scale = 10 if mode == _sync.SYNC_AMD else 1
-    phase_id = rec[:, 1]
+    phase_id = rec[:, 1] - 1
     names = np.asarray(_trace.PHASES, dtype=object)
     known = (phase_id >= 0) & (phase_id < len(names))
+    end = rec[:, 3].astype(np.int64)
+    start = unwrap_start(rec[:, 2].astype(np.int64), end)
     frame = pd.DataFrame({
         "cta": rec[:, 0].astype(np.int64),
         "phase": np.where(known, names[np.clip(phase_id, 0, len(names) - 1)], "unknown"),
-        "start_ns": rec[:, 2].astype(np.int64) * scale,
-        "end_ns": rec[:, 3].astype(np.int64) * scale,
+        "start_ns": start * scale,
+        "end_ns": end * scale,
     })
-    return frame, max(cursor - cap, 0)
+    return frame, dropped
 
 
 @dataclass
@@ -72,7 +105,7 @@ class RecordBuffer:
     """
 
     name: str
-    capacity: int
+    layout: _trace.RecordLayout
     device: torch.device
     mode: int
     scratch: torch.Tensor = field(init=False)
@@ -80,7 +113,7 @@ class RecordBuffer:
     current: int = -1
 
     def __post_init__(self) -> None:
-        self.scratch = new_buffer(self.capacity, self.device)
+        self.scratch = new_buffer(self.layout, self.device)
 
     def tensor(self) -> torch.Tensor:
         if 0 <= self.current < len(self.slots):
@@ -95,19 +128,24 @@ class RecordBook:
         self.buffers: dict[str, RecordBuffer] = {}
         self.dropped: dict[str, int] = {}
 
-    def buffer(self, name: str, capacity: int, device: torch.device | str, mode: int) -> RecordBuffer:
+    def buffer(self, name: str, layout: _trace.RecordLayout | int, device: torch.device | str,
+               mode: int) -> RecordBuffer:
         """The buffer of kernel ``name`` (the name its rows carry in the trace), made on first use;
-        ``capacity`` is in records per launch, grown if a later setup needs more."""
+        ``layout``: its logical CTA ids and records per id (an int: CTA ids, default records per
+        id), grown if a later setup needs more."""
+        layout = as_layout(layout)
         buf = self.buffers.get(name)
-        if buf is None or buf.capacity < capacity or buf.device != torch.device(device):
-            buf = RecordBuffer(name, int(capacity), torch.device(device), mode)
+        if buf is None or buf.device != torch.device(device) or buf.layout.union(layout) != buf.layout:
+            if buf is not None and buf.device == torch.device(device):
+                layout = buf.layout.union(layout)
+            buf = RecordBuffer(name, layout, torch.device(device), mode)
             self.buffers[name] = buf
         return buf
 
     def arm(self, iterations: int) -> None:
         """Allocate one zeroed buffer per iteration for every kernel (before the traced loop)."""
         for buf in self.buffers.values():
-            buf.slots = [new_buffer(buf.capacity, buf.device) for _ in range(iterations)]
+            buf.slots = [new_buffer(buf.layout, buf.device) for _ in range(iterations)]
             buf.current = -1
 
     def set_iteration(self, iteration: int) -> None:
@@ -117,7 +155,7 @@ class RecordBook:
 
     def drain(self, rank: int, repetition: int = 0) -> pd.DataFrame:
         """Every armed iteration's records (device clock), then free the buffers: the next ``arm``
-        starts from empty cursors. Columns ``RECORD_COLUMNS``."""
+        starts from empty slots. Columns ``RECORD_COLUMNS``."""
         frames = []
         for buf in self.buffers.values():
             for it, slot in enumerate(buf.slots):
@@ -146,12 +184,15 @@ def book_for(ctx: Any) -> RecordBook:
     return book
 
 
-def record_buffer(ctx: Any, name: str, capacity: int, device: torch.device | str) -> RecordBuffer | None:
+def record_buffer(ctx: Any, name: str, layout: _trace.RecordLayout | int,
+                  device: torch.device | str) -> RecordBuffer | None:
     """For a kernel's setup: its record buffer when ``ctx.instrument`` is set, else None (the
-    kernel then compiles with ``INSTRUMENT=False``)."""
+    kernel then compiles with ``INSTRUMENT=False``). ``layout``: the logical CTA ids the kernel
+    records under and the most records one id writes per launch (``kernels/_trace.RecordLayout``;
+    an int: that many CTA ids, ``_trace.RECORDS_PER_CTA`` records each)."""
     if not getattr(ctx, "instrument", False):
         return None
-    return book_for(ctx).buffer(name, capacity, device, _sync.sync_mode(device))
+    return book_for(ctx).buffer(name, layout, device, _sync.sync_mode(device))
 
 
 # --- turning drained records into bundle rows ---------------------------------------------------

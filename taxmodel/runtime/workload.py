@@ -97,6 +97,9 @@ class Workload:
     presets: ClassVar[dict[str, dict[str, int]]] = {}
     default_preset: ClassVar[str] = ""
     cpu_preset: ClassVar[str] = "tiny"
+    #: Shape keys a user may set (``--shape K=V``) beyond the preset's own: tuning and structure
+    #: switches the workload reads with a default when absent.
+    option_keys: ClassVar[tuple[str, ...]] = ()
 
     def variants(self) -> dict[str, Variant]:
         raise NotImplementedError

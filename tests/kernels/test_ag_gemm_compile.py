@@ -18,8 +18,9 @@ from taxmodel.kernels.ag_gemm import gemm_tiles as gt, push
 
 PATTERNS = {"globaltimer": r"%globaltimer", "tma_loads": r"cp\.async\.bulk\.tensor", "wgmma": r"wgmma\.mma_async",
             "sys_release": r"atom[\w.]*\.sys[\w.]*\.release|atom[\w.]*\.release[\w.]*\.sys",
-            "st_v4": r"st\.global[\w.]*\.v4", "ld_v4": r"ld\.global[\w.]*\.v4", "scalar_b16_st": r"st\.global\.b16"}
-BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b"}
+            "st_v4": r"st\.global[\w.]*\.v4", "ld_v4": r"ld\.global[\w.]*\.v4", "scalar_b16_st": r"st\.global\.b16",
+            "acquire": r"(ld|atom)\.global[\w.]*\.acquire"}
+BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b", "volatile_loads": r"isVolatile = true"}
 
 
 M_LOC, N, K = 256, 8192, 8192
@@ -105,3 +106,19 @@ def test_copy_kernel_moves_16_byte_vectors_and_releases_flags_system_wide(report
     assert r["st_v4"] > 0 and r["ld_v4"] > 0, r
     assert r["scalar_b16_st"] == 0, r  # no element-wise bf16 stores (the first version's 10 GB/s)
     assert r["sys_release"] >= 1, r
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st"])
+def test_flag_wait_keeps_its_acquire(report, kernel):
+    """Triton 3.6 dropped an acquire atomic whose result nobody used: the GEMM then read pushed rows
+    after a relaxed poll only. wait_geq now uses the acquired value (its CTA-wide outcome)."""
+    assert report[kernel]["acquire"] >= 1, report[kernel]
+
+
+@pytest.mark.slow
+def test_record_precheck_adds_no_per_thread_flag_load(report):
+    """The instrumented GEMM's "will this wait spin?" check must give every thread the same answer
+    (the records behind it hold CTA barriers): a scalar atomic, broadcast, not one more volatile load
+    per thread (which could straddle the flag's arrival, split the CTA and hang it)."""
+    assert report["gemm_inst"]["volatile_loads"] == report["gemm"]["volatile_loads"] > 0, report

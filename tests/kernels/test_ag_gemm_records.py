@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
+from taxmodel.kernels import _trace
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles, push
 from taxmodel.kernels.ag_gemm.workload import AgGemm
@@ -51,6 +52,23 @@ def _chained_per_cta(rec: pd.DataFrame) -> None:
     for _, g in rec.groupby(["iteration", "name", "cta"]):
         g = g.sort_values(["start_ns", "end_ns"], kind="stable")
         assert (g["start_ns"].to_numpy()[1:] == g["end_ns"].to_numpy()[:-1]).all()
+
+
+def test_record_layouts_give_each_program_room_for_its_worst_case() -> None:
+    # SHAPE on 2 ranks: 3 programs over 2 x 3 x 3 tiles (9 remote), 2 K pieces; the copy kernel's
+    # 2 programs over 6 work items.
+    assert gemm_tiles.gemm_record_layout(48, 40, 2, SM, 2, "cpu") == _trace.RecordLayout(3, 1 + 2 * 2 * 3)
+    assert push.copy_record_layout(48, 40, 2, SM) == _trace.RecordLayout(2, 3)
+    # Every wait spinning: a program records once plus twice per remote tile and piece. Programs
+    # take tiles pid, pid + P, ...; the own tiles come first (gemm_tiles._tile_coords).
+    for m_loc, n, world, progs, pieces in [(48, 40, 2, 3, 2), (100, 70, 4, 5, 3), (16, 16, 3, 7, 1)]:
+        cfg = replace(SM, num_progs=progs)
+        bpr, n_tiles = gemm_tiles.tile_counts(m_loc, n, world, cfg)
+        total, own = world * bpr * n_tiles, bpr * n_tiles
+        programs = min(progs, total)
+        worst = max(1 + 2 * pieces * sum(t >= own for t in range(pid, total, programs)) for pid in range(programs))
+        layout = gemm_tiles.gemm_record_layout(m_loc, n, world, cfg, pieces, "cpu")
+        assert layout.ctas == programs and worst <= layout.per_cta <= worst + 2 * pieces
 
 
 @pytest.mark.parametrize("variant,copy_phase", [("push", "store_push"), ("pull", "remote_load")])

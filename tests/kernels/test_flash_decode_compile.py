@@ -33,21 +33,28 @@ split_args = [("q_ptr", "*bf16", 0), ("k_ptr", "*bf16", 0), ("v_ptr", "*bf16", 0
 consts = dict(G=8, G_DOT=16, D=D, BLOCK_N=64, NUM_STAGES=3, DOT_F32=False)
 fused_args = (split_args[:3] + [("out_ptr", "*bf16", 0)] + split_args[3:5]
               + [("counter_ptr", "*i32", 0), ("recv_ptr", "*i64", 0), ("flag_ptr", "*i32", 0), ("epoch_ptr", "*i32", 0),
-                 ("done_ptr", "*i32", 0), ("err_ptr", "*i64", 0), ("heap_bases", "*i64", 0)]
+                 ("done_ptr", "*i32", 0), ("ready_ptr", "*i32", 0), ("err_ptr", "*i64", 0), ("heap_bases", "*i64", 0)]
               + split_args[5:] + [("rank", "i32", 3), ("world_size", "i32", 4), ("rows_total", "i32", HQ),
                                   ("num_combiners", "i32", HKV), ("budget", "i64", 30_000_000_001),
                                   ("rec_ptr", "*i64", 0)])
 report = dict(
     split=build(sk.flash_decode_split_kv, split_args, consts, 4, 3, "split"),
-    fused=build(fu.flash_decode_fused, fused_args, dict(consts, G_P2=8, NB=8, W_P2=4, MODE=1, KERNEL_ID=1, INSTRUMENT=False,
-                                                        LL=True), 4, 3, "fused"),
-    fused_flags=build(fu.flash_decode_fused, fused_args, dict(consts, G_P2=8, NB=8, W_P2=4, MODE=1, KERNEL_ID=1,
-                                                              INSTRUMENT=False, LL=False), 4, 3, "fused_flags"),
+    fused=build(fu.flash_decode_fused, fused_args, dict(consts, G_P2=8, NB=4, W_P2=4, MODE=1, KERNEL_ID=1, INSTRUMENT=False,
+                                                        LL=True, SLICES=0, RS=1, RS_P2=1), 4, 3, "fused"),
+    fused_flags=build(fu.flash_decode_fused, fused_args, dict(consts, G_P2=8, NB=4, W_P2=4, MODE=1, KERNEL_ID=1,
+                                                              INSTRUMENT=False, LL=False, SLICES=0, RS=1, RS_P2=1),
+                          4, 3, "fused_flags"),
+    fused_spread=build(fu.flash_decode_fused, fused_args, dict(consts, G_P2=8, NB=32, W_P2=4, MODE=1, KERNEL_ID=1,
+                                                               INSTRUMENT=False, LL=True, SLICES=8, RS=1, RS_P2=1),
+                       4, 3, "fused_spread"),
     combine_local=build(cb.flash_decode_combine_local, [("part_out_ptr", "*fp32", 0), ("part_lse_ptr", "*fp32", 0),
                         ("send_ptr", "*fp32", 0), ("num_splits", "i32", 66), ("rows_total", "i32", HQ)],
-                        dict(G=8, G_P2=8, D=D, NB=8), 4, 3, "combine_local"),
+                        dict(G=8, R=8, R_P2=8, D=D, NB=4), 4, 3, "combine_local"),
+    combine_local_r1=build(cb.flash_decode_combine_local, [("part_out_ptr", "*fp32", 0), ("part_lse_ptr", "*fp32", 0),
+                           ("send_ptr", "*fp32", 0), ("num_splits", "i32", 66), ("rows_total", "i32", HQ)],
+                           dict(G=8, R=1, R_P2=1, D=D, NB=32), 4, 3, "combine_local_r1"),
     combine_global=build(cb.flash_decode_combine_global, [("gathered_ptr", "*fp32", 0), ("out_ptr", "*bf16", 0),
-                         ("world_size", "i32", 4), ("rows_total", "i32", HQ)], dict(G=8, G_P2=8, D=D, NB=4), 4, 3,
+                         ("world_size", "i32", 4), ("rows_total", "i32", HQ)], dict(R=8, R_P2=8, D=D, NB=4), 4, 3,
                          "combine_global"),
 )
 print(json.dumps(report))
@@ -61,13 +68,14 @@ def report(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["split", "fused", "fused_flags", "combine_local", "combine_global"])
+@pytest.mark.parametrize("kernel", ["split", "fused", "fused_flags", "fused_spread", "combine_local",
+                                    "combine_local_r1", "combine_global"])
 def test_no_spills_and_shared_memory_fits(report, kernel):
     assert_fits_an_sm(report, kernel)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["split", "fused", "fused_flags"])
+@pytest.mark.parametrize("kernel", ["split", "fused", "fused_flags", "fused_spread"])
 def test_kv_streams_through_a_cp_async_pipeline_on_tensor_cores(report, kernel):
     r = report[kernel]
     assert r["cp_async_16"] >= 16, r  # K and V tiles as 16-byte async copies, several stages
@@ -76,10 +84,12 @@ def test_kv_streams_through_a_cp_async_pipeline_on_tensor_cores(report, kernel):
 
 
 @pytest.mark.slow
-def test_fused_ll_pushes_need_no_system_scope_fence_and_waits_are_bounded(report):
-    """LL words carry their epoch: no system-scope release or acquire anywhere in the kernel; the
-    receiver polls the 8-byte words with volatile loads, bounded by the global timer."""
-    r = report["fused"]
+@pytest.mark.parametrize("kernel", ["fused", "fused_spread"])
+def test_fused_ll_pushes_need_no_system_scope_fence_and_waits_are_bounded(report, kernel):
+    """LL words carry their epoch: no system-scope release or acquire anywhere in the kernel (the
+    spread structure's wait for its own GPU's workers acquires at GPU scope); the receiver polls
+    the 8-byte words with volatile loads, bounded by the global timer."""
+    r = report[kernel]
     assert r["sys_scope"] == 0 and r["sys_release"] == 0, r
     assert r["volatile_b64"] > 0, r
     assert r["globaltimer"] >= 1 and r["nanosleep"] >= 1, r
@@ -95,7 +105,7 @@ def test_fused_flags_protocol_releases_flags_system_wide_and_bounds_waits(report
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["fused", "fused_flags"])
+@pytest.mark.parametrize("kernel", ["fused", "fused_flags", "fused_spread"])
 def test_fused_keeps_the_split_kernels_occupancy(report, kernel):
     """The workers of the fused kernel run the split kernel's loop; the extra combine/push code
     must not cost occupancy: three 128-thread programs per SM need <= 168 registers each, and the

@@ -73,7 +73,8 @@ def test_split_kv_partials_match_fp32(batch, kv_heads, group, kv_len, dtype):
     assert torch.all(part_out[empty] == 0)
 
 
-def test_combine_rescales_partials_and_ignores_empty_ones():
+@pytest.mark.parametrize("slices", [1, 2])  # one program per KV pair (2 rows), one per query row
+def test_combine_rescales_partials_and_ignores_empty_ones(slices):
     """The global combine on hand-made partials: exact LSE algebra, -inf entries weigh nothing."""
     torch.manual_seed(_fresh_seed() % 1000)
     w, b, hq, hkv, d = 5, 2, 4, 2, 16
@@ -87,7 +88,7 @@ def test_combine_rescales_partials_and_ignores_empty_ones():
     k = torch.zeros(b, hkv, 0, d, dtype=torch.float16)
     args = sk.SplitKVArgs(q, k, k, 0, sk.SplitPlan(1, 16), CFG)
     out = torch.full((b, hq, d), float("nan"), dtype=torch.float32)
-    cb.launch_combine_global(args, packed, out, w)
+    cb.launch_combine_global(args, packed, out, w, slices=slices)
     weights = torch.softmax(lses * math.log(2), dim=0)  # 2^lse normalized over ranks
     want = (weights[:, :, None] * outs).sum(0).view(b, hq, d)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
@@ -104,7 +105,8 @@ def test_combine_of_only_empty_partials_is_zero_not_nan():
     assert torch.equal(out, torch.zeros_like(out))
 
 
-def test_local_combine_gives_the_attention_of_the_whole_shard():
+@pytest.mark.parametrize("slices", [1, 2, 4])  # one program per KV pair, per 2 rows, per row
+def test_local_combine_gives_the_attention_of_the_whole_shard(slices):
     seed = _fresh_seed()
     b, hq, hkv, d, n = 2, 8, 2, 32, 75
     q = make_query(seed, b, hq, d, torch.bfloat16, "cpu")
@@ -115,7 +117,7 @@ def test_local_combine_gives_the_attention_of_the_whole_shard():
     part_out, part_lse = sk.partial_buffers(args)
     sk.launch_split_kv(args, part_out, part_lse)
     send = torch.full((cb.packed_size(b * hq, d),), float("nan"))
-    cb.launch_combine_local(args, part_out, part_lse, send)
+    cb.launch_combine_local(args, part_out, part_lse, send, slices=slices)
     qf = q.float().view(b, hkv, hq // hkv, d)
     scores = torch.einsum("bhgd,bhld->bhgl", qf, k.float()) / math.sqrt(d)
     want_lse = (torch.logsumexp(scores, -1) / math.log(2)).reshape(-1)
@@ -147,10 +149,13 @@ def _single_rank_ctx() -> RankContext:
 
 @pytest.mark.parametrize("variant,structure", [
     ("bsp", {}),
+    ("bsp", dict(bsp_slices=4)),  # one combine program per query row
     ("fused", {}),  # default: LL words, the last worker of a pair combines
     ("fused", dict(fused_protocol=1, fused_combiners=1)),  # LL, 1 dedicated combiner for the 4 pairs
     ("fused", dict(fused_protocol=2)),  # flags, last worker combines
     ("fused", dict(fused_protocol=2, fused_combiners=9)),  # flags, dedicated (capped at half the SMs)
+    ("fused", dict(fused_slices=4)),  # LL, spread: 4 one-row slices per pair, one combiner CTA each (capped)
+    ("fused", dict(fused_protocol=2, fused_slices=2, fused_combiners=1)),  # flags, 2 slices, 1 combiner CTA
 ])
 def test_world_size_one_matches_reference_over_steps(variant, structure):
     wl = get_workload("flash_decode")
@@ -169,8 +174,13 @@ def test_world_size_one_matches_reference_over_steps(variant, structure):
         impl = state.impl
         pairs = shape["batch"] * shape["kv_heads"]
         assert impl.config.protocol == ("flags" if structure.get("fused_protocol") == 2 else "ll")
-        # dedicated combiners: at most one per pair and half the SMs (the CPU stand-in has 4)
-        assert impl.num_combiners == min(structure.get("fused_combiners", 0), pairs, sk.device_sm_count("cpu") // 2)
+        # dedicated combiners: at most one per unit (pair, or row slice) and half the SMs (the CPU
+        # stand-in has 4); slice combiners default to one per slice
+        slices = structure.get("fused_slices", 0)
+        units = pairs * slices if slices else pairs
+        wanted = structure.get("fused_combiners", 0) or (units if slices else 0)
+        assert impl.num_combiners == min(wanted, units, sk.device_sm_count("cpu") // 2)
+        assert impl.config.slices == slices
         assert impl.grid == (pairs * state.args.plan.num_splits + impl.num_combiners,)
         assert int(impl.epoch.item()) == 3  # one epoch per step
         assert torch.all(impl.arrived_epochs() == 3) and torch.all(impl.counters == 0)
@@ -187,6 +197,19 @@ def test_fused_config_from_shape_rejects_unknown_codes():
         fused_config({"fused_protocol": 3})
     with pytest.raises(InputError, match="fused_combiners"):
         fused_config({"fused_combiners": -1})
+    assert fused_config({"fused_slices": 8}).label() == "ll-s8"
+    with pytest.raises(InputError, match="fused_slices"):
+        fused_config({"fused_slices": -2})
+
+
+def test_fused_slices_must_divide_the_group():
+    from taxmodel.errors import InputError
+
+    wl = get_workload("flash_decode")
+    ctx = _single_rank_ctx()
+    shape = wl.shape("tiny", seed=1, fused_slices=3)  # 4 query heads per KV head
+    with pytest.raises(InputError, match="divide the 4 query heads"):
+        wl.setup(ctx, shape, wl.variants()["fused"])
 
 
 @triton.jit

@@ -18,26 +18,31 @@ def four_ranks(tmp_path_factory):
     plan = [
         ("uniform-bsp", "bsp", {}, 1, _seeds(1)),
         ("uniform-fused", "fused", {}, 2, _seeds(2)),
-        ("ragged-bsp", "bsp", ragged, 1, _seeds(1)),
+        ("ragged-bsp", "bsp", dict(ragged, bsp_slices=2), 1, _seeds(1)),
         ("ragged-fused", "fused", ragged, 1, _seeds(1)),
         # the other structures: flags protocol with dedicated combiners (the old kernel), LL with
         # one dedicated combiner for both pairs, flags with the last worker combining
         ("uniform-flags-c2", "fused", dict(fused_protocol=2, fused_combiners=2), 2, _seeds(2)),
         ("ragged-ll-c1", "fused", dict(ragged, batch=2, fused_combiners=1), 1, _seeds(1)),
         ("ragged-flags-last", "fused", dict(ragged, fused_protocol=2), 1, _seeds(1)),
+        # spread: one-row slices (4 per pair, 8 slice combiners capped at 2 CTAs looping over
+        # them), and the flag protocol with 2-row slices
+        ("uniform-ll-s4", "fused", dict(fused_slices=4), 2, _seeds(2)),
+        ("ragged-flags-s2", "fused", dict(ragged, batch=2, fused_protocol=2, fused_slices=2), 1, _seeds(1)),
     ]
     return _spawn(4, plan, tmp)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["uniform-bsp", "uniform-fused", "ragged-bsp", "ragged-fused", "uniform-flags-c2",
-                                  "ragged-ll-c1", "ragged-flags-last"])
+                                  "ragged-ll-c1", "ragged-flags-last", "uniform-ll-s4", "ragged-flags-s2"])
 def test_four_ranks_match_reference(four_ranks, name):
     _assert_matches(four_ranks, name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,config", [("uniform-fused", "ll-last"), ("uniform-flags-c2", "flags-c2")])
+@pytest.mark.parametrize("name,config", [("uniform-fused", "ll-last"), ("uniform-flags-c2", "flags-c2"),
+                                         ("uniform-ll-s4", "ll-s4")])
 def test_fused_pushes_hold_the_epoch_and_counters_reset(four_ranks, name, config):
     for res in four_ranks:
         (item,) = [i for i in res if i["name"] == name]

@@ -12,6 +12,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pandas as pd
 import pytest
 
+from taxmodel.kernels import _trace
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
 from taxmodel.kernels.gemm_rs.workload import CPU_RS_CONFIG, FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRs
@@ -56,12 +57,18 @@ def _check_chained(rec: pd.DataFrame) -> None:
         assert (g["start_ns"].to_numpy()[1:] >= g["end_ns"].to_numpy()[:-1]).all()
 
 
-def test_capacities_count_two_records_per_tile() -> None:
+def test_record_layouts_hold_two_records_per_tile_per_program() -> None:
     cfg = CPU_RS_CONFIG.gemm
-    assert tiles.own_tiles(36, 40, cfg) == OWN_TILES
-    assert tiles.gemm_record_capacity(36, 40, WORLD, cfg, tail=False) == 2 * WORLD * OWN_TILES
-    assert tiles.gemm_record_capacity(36, 40, WORLD, cfg, tail=True) == 2 * WORLD * OWN_TILES + 2 * OWN_TILES
-    assert tiles.reduce_record_capacity(36, 40, cfg) == 2 * OWN_TILES
+    tiles_total = WORLD * OWN_TILES
+    programs = cfg.num_progs  # the CPU config's persistent grid (fewer programs than tiles)
+    assert tiles.own_tiles(36, 40, cfg) == OWN_TILES and 1 < programs < tiles_total
+    per_program = 2 * -(-tiles_total // programs)
+    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, False, "cpu") == _trace.RecordLayout(programs, per_program)
+    # the tail reduction runs on one program under the interpreter: every tile and every own tile
+    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, True, "cpu") == _trace.RecordLayout(1, 2 * tiles_total
+                                                                                           + 2 * OWN_TILES)
+    assert tiles.reduce_record_layout(36, 40, cfg) == _trace.RecordLayout(OWN_TILES, 2)
+    assert tiles.records_per_iteration(36, 40, WORLD, cfg) == 2 * (WORLD + 1) * OWN_TILES
 
 
 def test_reduce_kernel_records_phases_per_tile() -> None:

@@ -52,7 +52,7 @@ def _check_well_formed(rec: pd.DataFrame) -> None:
 @interpreted
 def test_records_are_chained_per_cta_and_in_phase_order():
     programs = 5
-    buf = records.new_buffer(3 * programs, "cpu")
+    buf = records.new_buffer(_trace.RecordLayout(programs, 3), "cpu")
     x = torch.randn(programs * 16)
     t0 = time.perf_counter_ns()
     _phased[(programs,)](buf, x, 16, INSTRUMENT=True)
@@ -72,12 +72,66 @@ def test_records_are_chained_per_cta_and_in_phase_order():
 
 
 @interpreted
-def test_a_full_buffer_drops_and_counts_records():
-    buf = records.new_buffer(4, "cpu")
-    _phased[(3,)](buf, torch.randn(48), 16, INSTRUMENT=True)
+def test_the_kth_record_of_a_cta_lands_in_its_kth_slot():
+    """No cursor: CTA c's k-th record is slot c * per_cta + k (k threaded through the clock value),
+    slots past a CTA's records stay empty and the drain skips them."""
+    programs, per_cta = 4, 5
+    buf = records.new_buffer(_trace.RecordLayout(programs, per_cta), "cpu")
+    _phased[(programs,)](buf, torch.randn(programs * 16), 16, INSTRUMENT=True)
+    assert int(buf[_trace.DROPPED_WORD]) == 0
+    slots = buf[_trace.HEADER:].view(programs, per_cta, _trace.RECORD_WORDS)
+    phases = [_trace.PHASE_ID[p] + 1 for p in ("compute", "flag_wait", "store_push")]
+    for c in range(programs):
+        assert slots[c, :3, 0].tolist() == [c] * 3
+        assert slots[c, :3, 1].tolist() == phases
+        assert (slots[c, 3:] == 0).all()  # never written
+        assert slots[c, 1:3, 2].tolist() == slots[c, :2, 3].tolist()  # start (low 48 bits) = previous end
     rec, dropped = records.decode(buf, 0)
-    assert len(rec) == 4 and dropped == 5
-    assert rec["cta"].tolist()[:3] == [0, 0, 0]  # programs run in order under the interpreter
+    assert dropped == 0 and rec["cta"].tolist() == [c for c in range(programs) for _ in range(3)]
+
+
+@triton.jit
+def _chain(rec_ptr, n_marks, cta, INSTRUMENT: tl.constexpr):
+    """One program records ``n_marks`` compute phases under logical CTA id ``cta``."""
+    t = _trace.begin(INSTRUMENT, 0)
+    for _ in range(n_marks):
+        t = _trace.mark(rec_ptr, cta, _trace.COMPUTE, t, INSTRUMENT, 0)
+
+
+def _guarded(layout: _trace.RecordLayout, guard: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """A record buffer followed by guard words (the kernel gets the buffer's view)."""
+    buf = records.new_buffer(layout, "cpu")
+    whole = torch.full((buf.numel() + guard,), -7, dtype=torch.int64)
+    whole[:buf.numel()] = buf
+    return whole[:buf.numel()], whole[buf.numel():]
+
+
+@interpreted
+@pytest.mark.parametrize("n_marks,cta,kept,dropped", [(7, 1, 4, 3), (2, 3, 0, 2), (3, -1, 0, 3), (4, 2, 4, 0)])
+def test_records_past_a_ctas_slots_or_the_buffer_are_dropped_and_counted(n_marks, cta, kept, dropped):
+    buf, guard = _guarded(_trace.RecordLayout(3, 4))
+    _chain[(1,)](buf, n_marks, cta, INSTRUMENT=True)
+    rec, lost = records.decode(buf, 0)
+    assert (len(rec), lost) == (kept, dropped)
+    assert (guard == -7).all()  # nothing written past the buffer
+    other = [c for c in range(3) if c != cta]
+    slots = buf[_trace.HEADER:].view(3, 4, _trace.RECORD_WORDS)
+    assert (slots[other] == 0).all()  # nor into another CTA's slots
+    if kept:
+        assert set(rec["cta"]) == {cta}
+        assert (rec["start_ns"].to_numpy()[1:] == rec["end_ns"].to_numpy()[:-1]).all()
+
+
+@interpreted
+def test_append_mode_collects_several_launches_and_counts_overflow():
+    """Graph slots (append mode): every launch's records follow the previous ones through the cursor."""
+    buf = records.new_buffer(_trace.RecordLayout(2, 3), "cpu", append=True)
+    for _ in range(3):
+        _phased[(1,)](buf, torch.randn(16), 16, INSTRUMENT=True)
+    rec, dropped = records.decode(buf, 0)
+    assert len(rec) == 6 and dropped == 3 and int(buf[0]) == 9
+    assert rec["phase"].tolist() == ["compute", "flag_wait", "store_push"] * 2
+    assert (rec["start_ns"].to_numpy()[1:] >= rec["end_ns"].to_numpy()[:-1]).all()  # launches in order
 
 
 @interpreted
@@ -113,6 +167,15 @@ def test_fused_flash_decode_records_on_one_rank():
         counts = g["phase"].value_counts().to_dict()
         assert counts == {"compute": workers, "combine": 2 * pairs, "store_push": pairs, "flag_wait": pairs}
         assert (g.loc[g["phase"] == "flag_wait", "cta"] >= workers).all()  # only combiners wait
+        assert g["cta"].between(0, workers + pairs - 1).all()  # the logical combiner ids workers + pair
+        # the last worker's chain runs on into its pair's combiner id: the chain of every pair's
+        # records (worker's compute ... combiner's combine) has no gap, so the phases of one
+        # program sum to its lifetime
+        comb = g[g["cta"] >= workers].sort_values("start_ns", kind="stable")
+        for _, c in comb.groupby("cta"):
+            assert c["phase"].tolist() == ["flag_wait", "combine"]
+            before = g[(g["cta"] < workers) & (g["end_ns"] == c["start_ns"].iloc[0])]
+            assert before["phase"].tolist() == ["store_push"]
     # outputs stay right with records on
     ref = wl.reference(ctx, st.shape, st)
     assert torch.allclose(wl.output(st).float(), ref, rtol=2e-2, atol=2e-2)
@@ -172,7 +235,7 @@ for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr"):
     sig[n] = "*bf16"
 for n in ("part_out_ptr", "part_lse_ptr", "recv_ptr"):
     sig[n] = "*fp32"
-for n in ("counter_ptr", "flag_ptr", "epoch_ptr", "done_ptr"):
+for n in ("counter_ptr", "flag_ptr", "epoch_ptr", "done_ptr", "ready_ptr"):
     sig[n] = "*i32"
 for n in ("err_ptr", "heap_bases", "rec_ptr"):
     sig[n] = "*i64"
@@ -180,7 +243,7 @@ sig["qk_scale"], sig["budget"] = "fp32", "i64"
 out = {}
 for inst in (False, True):
     consts = dict(G=4, G_DOT=16, D=32, BLOCK_N=16, NUM_STAGES=1, DOT_F32=False, G_P2=4, NB=4, W_P2=2, MODE=1,
-                  KERNEL_ID=1, INSTRUMENT=inst)
+                  KERNEL_ID=1, INSTRUMENT=inst, LL=True, SLICES=0, RS=1, RS_P2=1)
     s = dict(sig)
     for k in consts:
         s[k] = "constexpr"

@@ -51,3 +51,19 @@ def test_diagnose_messages():
     st_err = {0: {"phase": "check", "error": "later", "time": 3.0}, 1: {"phase": "check", "error": "first", "time": 1.0}}
     assert diagnose(st_err, 2, timed_out=False, returncode=3) == "rank 1 failed in phase 'check': first (rank(s) 0 failed too)"
     assert diagnose({0: {"phase": "done"}}, 2, timed_out=False, returncode=1).startswith("rank(s) 1 never reported")
+
+
+def test_shape_overrides_accept_a_workloads_options_and_name_the_rest():
+    """``--shape`` takes the preset's keys and the workload's declared option keys (structure and
+    tuning switches); anything else is refused with both lists, before any rank starts."""
+    from taxmodel.errors import InputError
+    from taxmodel.runtime.profile import build_spec
+
+    def req(**shape):
+        return ProfileRequest(workload="flash_decode", device="cpu", world_size=2, variants=["fused"],
+                              progress=False, shape=shape)
+
+    spec, _, _ = build_spec(req(fused_slices=2, bsp_slices=2))
+    assert spec["shape"] == {"fused_slices": 2, "bsp_slices": 2}
+    with pytest.raises(InputError, match=r"unknown shape key\(s\) bogus; the shape has batch.*options: .*fused_slices"):
+        build_spec(req(bogus=1))

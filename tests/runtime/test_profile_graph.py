@@ -31,6 +31,7 @@ FAKE = str(HERE / "fake_graphs.py")
 sys.path.insert(0, str(HERE.parent / "trace"))
 
 from kineto_fixtures import us, write_trace  # noqa: E402  (tests/trace's trace builders)
+from record_writer import write_records  # noqa: E402  (host-side record writes, as the kernels do)
 
 
 # --- the capture/replay unit, with a fake backend ------------------------------------------------
@@ -162,27 +163,22 @@ def test_graph_meta():
 # --- in-kernel records under a graph ---------------------------------------------------------------
 
 
-def _append(buf: torch.Tensor, rows) -> None:
-    """Append records as a kernel does (cursor, then 4 words each)."""
-    for cta, phase, s, e in rows:
-        i = int(buf[0])
-        buf[0] += 1
-        base = _trace.HEADER + _trace.RECORD_WORDS * i
-        buf[base:base + 4] = torch.tensor([cta, _trace.PHASE_ID[phase], s, e])
-
-
 def test_graph_slots_keep_one_address_for_every_repetition():
     book = records.RecordBook()
-    buf = book.buffer("k", 4, "cpu", _sync.SYNC_POLL)
+    buf = book.buffer("k", _trace.RecordLayout(2, 2), "cpu", _sync.SYNC_POLL)
     slots = g.GraphRecordSlots(book, iterations=3)
     slots.install()
     frozen = buf.tensor()  # what a capture would bake into the graph
-    assert frozen is not buf.scratch and int(frozen[1]) == 12  # room for 3 iterations of 4 records
+    assert frozen is not buf.scratch
+    # append mode (every replay's records follow the previous ones), room for 3 launches of 2 x 2
+    assert int(frozen[_trace.APPEND_WORD]) == 1
+    assert int(frozen[_trace.CTAS_WORD]) * int(frozen[_trace.PER_CTA_WORD]) == 12
     for rep in range(2):
         slots.rearm()
-        assert buf.tensor() is frozen and int(frozen[0]) == 0 and int(frozen[1]) == 12
+        assert buf.tensor() is frozen and int(frozen[0]) == 0 and int(frozen[_trace.APPEND_WORD]) == 1
+        assert not frozen[_trace.HEADER:].any()
         for it in range(3):  # three replays write through the frozen address
-            _append(frozen, [(0, "compute", 1000 * it + rep, 1000 * it + 10)])
+            write_records(frozen, [(0, "compute", 1000 * it + rep, 1000 * it + 10)])
         out = slots.drain(rank=1, repetition=rep)
         assert len(out) == 3 and (out["iteration"] == -1).all() and (out["repetition"] == rep).all()
         assert sorted(out["start_ns"]) == [rep, 1000 + rep, 2000 + rep]

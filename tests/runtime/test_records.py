@@ -21,37 +21,78 @@ from taxmodel.runtime import records
 from taxmodel.trace import schema
 from taxmodel.trace.synthetic import synthetic_bundle
 
-
-def _fill(buf: torch.Tensor, rows: list[tuple[int, str, int, int]]) -> None:
-    """Write records as a kernel would (cursor, then 4 words per record)."""
-    cap = int(buf[1])
-    for cta, phase, s, e in rows:
-        i = int(buf[0])
-        buf[0] += 1
-        if i < cap:
-            base = _trace.HEADER + 4 * i
-            buf[base:base + 4] = torch.tensor([cta, _trace.PHASE_ID[phase], s, e])
+from record_writer import write_records
 
 
 def test_decode_reads_phases_and_scales_amd_ticks():
-    buf = records.new_buffer(2, "cpu")
-    _fill(buf, [(3, "flag_wait", 100, 250), (4, "store_push", 250, 260), (5, "compute", 1, 2)])
+    buf = records.new_buffer(_trace.RecordLayout(6, 1), "cpu")
+    write_records(buf, [(3, "flag_wait", 100, 250), (4, "store_push", 250, 260), (5, "compute", 1, 2),
+                        (3, "compute", 250, 300)])  # CTA 3's second record: past its one slot
     nv, dropped = records.decode(buf, _sync.SYNC_NVIDIA)
     assert dropped == 1
-    assert nv.to_dict("list") == {"cta": [3, 4], "phase": ["flag_wait", "store_push"], "start_ns": [100, 250],
-                                  "end_ns": [250, 260]}
+    assert nv.to_dict("list") == {"cta": [3, 4, 5], "phase": ["flag_wait", "store_push", "compute"],
+                                  "start_ns": [100, 250, 1], "end_ns": [250, 260, 2]}
     amd, _ = records.decode(buf, _sync.SYNC_AMD)
-    assert amd["start_ns"].tolist() == [1000, 2500]  # 10-ns ticks
+    assert amd["start_ns"].tolist() == [1000, 2500, 10]  # 10-ns ticks
+
+
+def test_decode_reads_only_written_slots():
+    buf = records.new_buffer(_trace.RecordLayout(3, 4), "cpu")
+    assert records.decode(buf, _sync.SYNC_NVIDIA)[0].empty
+    write_records(buf, [(2, "compute", 0, 0)])  # a zero-length phase at clock 0 still counts
+    rec, dropped = records.decode(buf, _sync.SYNC_NVIDIA)
+    assert rec.to_dict("list") == {"cta": [2], "phase": ["compute"], "start_ns": [0], "end_ns": [0]} and dropped == 0
+
+
+WRAP = 1 << _trace.CLOCK_BITS
+
+
+def test_start_unwraps_across_a_48_bit_wrap():
+    base = 7 * WRAP  # the clock's low 48 bits wrap between the start and the end of the phase
+    buf = records.new_buffer(_trace.RecordLayout(1, 2), "cpu")
+    write_records(buf, [(0, "flag_wait", base - 50, base + 100), (0, "compute", base + 100, base + 130)])
+    assert int(buf[_trace.HEADER + 2]) == WRAP - 50  # what the kernel keeps of the start
+    rec, _ = records.decode(buf, _sync.SYNC_NVIDIA)
+    assert rec["start_ns"].tolist() == [base - 50, base + 100] and rec["end_ns"].tolist() == [base + 100, base + 130]
+    amd, _ = records.decode(buf, _sync.SYNC_AMD)
+    assert amd["start_ns"].tolist() == [10 * (base - 50), 10 * (base + 100)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(end=st.integers(0, 2**62), length=st.integers(0, WRAP - 1))
+def test_start_unwrap_is_exact_for_phases_shorter_than_the_wrap(end, length):
+    start = max(end - length, 0)
+    got = records.unwrap_start(np.array([start & (WRAP - 1)], np.int64), np.array([end], np.int64))
+    assert int(got[0]) == start
+
+
+def test_offsets_stay_one_per_rank_when_launches_straddle_a_wrap():
+    """Records of launches on both sides of a 48-bit wrap of the device clock keep absolute times,
+    so one clock offset still fits every launch of a rank (residual 0)."""
+    dev0 = 3 * WRAP - 600  # launch 0's flag_wait runs across the wrap, launch 1 comes after it
+    trace_minus_dev = -dev0 + 10_000
+    ev = _events([(0, 0, 10_000, 11_000), (0, 1, 12_000, 13_000)])
+    frames = []
+    for it, first in enumerate((dev0, dev0 + 2_000)):
+        buf = records.new_buffer(_trace.RecordLayout(2, 2), "cpu")
+        write_records(buf, [(0, "compute", first + 100, first + 500), (0, "flag_wait", first + 500, first + 900),
+                            (1, "compute", first + 100, first + 700)])
+        rec, _ = records.decode(buf, _sync.SYNC_NVIDIA)
+        frames.append(rec.assign(rank=0, repetition=0, iteration=it, name="fused"))
+    out, info = records.merge_records(ev, pd.concat(frames, ignore_index=True))
+    assert info["residual_ns"] == {"0": 0} and info["offset_ns"] == {"0": trace_minus_dev}
+    got = out[out["kind"] == "record"]
+    assert sorted(got["start_ns"].tolist()) == [10_100, 10_100, 10_500, 12_100, 12_100, 12_500]
 
 
 def test_book_drain_separates_iterations_and_resets():
     book = records.RecordBook()
     buf = book.buffer("k", 8, "cpu", _sync.SYNC_POLL)
-    _fill(buf.tensor(), [(0, "compute", 1, 2)])  # warm-up: scratch, never drained
+    write_records(buf.tensor(), [(0, "compute", 1, 2)])  # warm-up: scratch, never drained
     book.arm(2)
     for it in range(2):
         book.set_iteration(it)
-        _fill(buf.tensor(), [(it, "compute", 10 * it, 10 * it + 5)] * (it + 1))
+        write_records(buf.tensor(), [(it, "compute", 10 * it, 10 * it + 5)] * (it + 1))
     out = book.drain(rank=3, repetition=1)
     assert list(out.columns) == list(records.RECORD_COLUMNS)
     assert out.groupby("iteration").size().to_dict() == {0: 1, 1: 2}
@@ -60,7 +101,19 @@ def test_book_drain_separates_iterations_and_resets():
     assert book.drain(rank=3).empty
     book.arm(1)
     book.set_iteration(0)
-    assert int(buf.tensor()[0]) == 0  # fresh cursor
+    assert not buf.tensor()[_trace.HEADER:].any()  # fresh slots
+
+
+def test_book_grows_a_buffer_to_hold_every_setups_layout():
+    book = records.RecordBook()
+    first = book.buffer("k", _trace.RecordLayout(4, 2), "cpu", _sync.SYNC_POLL)
+    assert book.buffer("k", _trace.RecordLayout(3, 1), "cpu", _sync.SYNC_POLL) is first  # fits
+    grown = book.buffer("k", _trace.RecordLayout(2, 5), "cpu", _sync.SYNC_POLL)
+    assert grown.layout == _trace.RecordLayout(4, 5)
+    head = grown.scratch[:_trace.APPEND_WORD + 1].tolist()
+    assert head == [0, 4, 5, 0] and grown.scratch.numel() == _trace.HEADER + _trace.RECORD_WORDS * 20
+    with pytest.raises(ValueError):
+        _trace.RecordLayout(0, 1)
 
 
 def _events(kernels: list[tuple[int, int, int, int]]) -> pd.DataFrame:

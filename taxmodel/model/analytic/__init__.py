@@ -117,13 +117,7 @@ def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: i
     cost = dict(cost) if cost else mod.cost(shape, int(world_size), variant)
     ledger, _ = predicted_ledger(plans, cost, hardware, params, workload=workload, variant=variant, shape=shape)
     assumptions = ([hw_note] if hw_note else []) + standard_assumptions(hardware, topo, params) + notes
-    if coll.curves:
-        assumptions.append(f"collectives: calibrated curve at {coll.curve_world} ranks"
-                           + ("" if coll.curve_world == world_size else ", alpha-beta fitted to it for this world size"))
-    else:
-        a, b = coll.alpha_beta("allgather")
-        assumptions.append(f"collectives: ring alpha-beta, alpha {a * 1e6:.1f} us per step, beta {b / 1e9:.0f} GB/s, plus "
-                           f"{params.collective_base_s * 1e6:.0f} us per call (no calibrated curve)")
+    assumptions.append(coll.curve_note(int(world_size)))
     return Prediction(workload, variant, shape, int(world_size), hardware, params, ledger, assumptions, details)
 
 

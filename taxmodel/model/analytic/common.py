@@ -233,34 +233,65 @@ _OP_ALIASES = {"all_gather": "allgather", "allgather": "allgather", "all_reduce"
                "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter"}
 
 
+#: How a calibrated curve was timed (the hardware file's ``collectives.timing``, per op): "graph" is
+#: the collective's own device time (N calls replayed in one CUDA graph: no host launch cost, no rank
+#: skew), what the timeline needs, since it adds launch costs and the ranks' skew itself; "eager" is
+#: back-to-back host calls, which include both, so small collectives come out too slow. Files
+#: written before the graph timing existed have no ``timing``: their curves are eager.
+CURVE_TIMINGS = ("graph", "eager")
+
+
 @dataclass(frozen=True)
 class CollectiveModel:
     """Collective time: ring (and tree for all-reduce) alpha-beta, or the calibrated curve.
 
     ``curves``: op -> sorted (bytes per rank, seconds) measured at ``curve_world`` ranks. At that
     world size the curve is interpolated in log-log space; elsewhere alpha and beta are fitted to
-    it (least squares on the ring formula) and the formula is evaluated at the new world size."""
+    it (least squares on the ring formula) and the formula is evaluated at the new world size.
+    The time is the collective's own, after its last member arrived: the timeline (``simulate``)
+    places it after the host launch, launch latency and the ranks' start skew, for graph and eager
+    launches alike. Only the hardware file's ``collectives`` curve is read, never its
+    ``collectives_eager`` (kept for reference); ``timing`` says per op how it was measured."""
 
     topo: Topology
     base_s: float
     curves: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     curve_world: int = 0
+    timing: Mapping[str, str] = field(default_factory=dict)
 
     @staticmethod
     def from_hardware(hw: HardwareSpec, topo: Topology, params: ModelParams) -> "CollectiveModel":
         raw = (hw.extra or {}).get("collectives") or {}
         world = int(raw.get("world_size", 0) or 0)
-        curves = {}
+        declared = raw.get("timing")
+        curves, timing = {}, {}
         for op, pts in raw.items():
-            if op == "world_size" or not isinstance(pts, list):
+            if op in ("world_size", "timing") or not isinstance(pts, list):
                 continue
             key = _OP_ALIASES.get(op, op)
             good = sorted((float(b), float(s)) for b, s in pts if float(b) > 0 and float(s) > 0)
             if len(good) >= 2:
                 curves[key] = tuple(good)
+                how = declared.get(op) if isinstance(declared, Mapping) else declared
+                timing[key] = how if how in CURVE_TIMINGS else "eager"
         if not topo.single_domain:  # a curve measured inside one domain says nothing about the network
-            curves, world = {}, 0
-        return CollectiveModel(topo, params.collective_base_s, curves, world)
+            curves, world, timing = {}, 0, {}
+        return CollectiveModel(topo, params.collective_base_s, curves, world, timing)
+
+    def curve_note(self, world: int) -> str:
+        """The assumption line of a prediction: which curve (or formula) gave the collective times."""
+        if not self.curves:
+            a, b = self.alpha_beta("allgather")
+            return (f"collectives: ring alpha-beta, alpha {a * 1e6:.1f} us per step, beta {b / 1e9:.0f} GB/s, plus "
+                    f"{self.base_s * 1e6:.0f} us per call (no calibrated curve)")
+        where = "" if self.curve_world == world else ", alpha-beta fitted to it for this world size"
+        eager = sorted(op for op, t in self.timing.items() if t == "eager")
+        if not eager:
+            return (f"collectives: calibrated curve at {self.curve_world} ranks{where}, graph-timed (each collective's own "
+                    "device time; launch costs and the ranks' skew are added by the timeline)")
+        return (f"collectives: calibrated curve at {self.curve_world} ranks{where}; {', '.join(eager)} eager-timed: "
+                "those times include host launch cost and rank skew, which the timeline adds again, so small "
+                "collectives come out too slow (re-run `taxmodel calibrate --only collectives --update FILE`)")
 
     def _steps(self, op: str, world: int) -> float:
         """Bytes received per byte-per-rank (ring): all_gather / reduce_scatter W-1, all_reduce 2(W-1)."""
