@@ -440,15 +440,35 @@ def bench_case(ctx: Any, case: Case, args: argparse.Namespace,
         # spins a cycle count calibrated at one clock; the SM clock can differ in the step).
         sleeps = m1[(m1["kind"] == "kernel") & m1["name"].str.contains(SLEEP_KERNEL_PATTERN, regex=True)]
         slept_us = float((sleeps["end_ns"] - sleeps["start_ns"]).sum() / 1e3) if len(sleeps) else 0.0
+        def first_start(m: Any, name: str) -> float:
+            k = m[(m["kind"] == "kernel") & (m["name"] == name)]
+            return float(k["start_ns"].min()) if len(k) else float("nan")
+
+        # (wait kernel, producing kernel) starts per step: the producer's rows leave in its last
+        # listed kernel (AG+GEMM push: the copy kernel on its side stream; flash decode: the kernel)
+        starts = tuple((first_start(m, wait_kernel), first_start(m, case.kernels[-1])) for m in (m0, m1))
+        # how long the producing kernel ran in the plain step: its rows arrive by its end
+        p0 = m0[(m0["kind"] == "kernel") & (m0["name"] == case.kernels[-1])]
+        produce_us = float((p0["end_ns"] - p0["start_ns"]).max() / 1e3) if len(p0) else 0.0
         triples = [None] * ctx.world_size
-        dist.all_gather_object(triples, (extra, own_us, slept_us))
-        pairs = [(e, k) for e, k, _ in triples]
-        delay = triples[1][2] if ctx.world_size > 1 and triples[1][2] > 0 else args.delay_us
-        row["producer_sleep_us"] = delay
+        dist.all_gather_object(triples, (extra, own_us, slept_us, starts, produce_us))
+        pairs = [(e, k) for e, k, _, _, _ in triples]
+        produce = triples[1][4] if ctx.world_size > 1 else 0.0  # the producer's producing kernel
+        slept = triples[1][2] if ctx.world_size > 1 and triples[1][2] > 0 else args.delay_us
+        row["producer_sleep_us"] = slept
+        # How much later the producer's kernel started than each consumer's (one host: the ranks'
+        # traces share its clock), in each step; a consumer waits only for a producer that starts
+        # after it, so the extra wait the delay should cause is max(0, lag in the delayed step)
+        # - max(0, lag in the plain step): the sleep, plus or minus how the ranks left the barrier.
+        lags = {r: tuple((triples[1][3][i][1] - t[3][i][0]) / 1e3 for i in (0, 1))
+                for r, t in enumerate(triples) if r != 1}
+        row["producer_start_lags_us"] = [lags[r] for r in sorted(lags)]
+        lag = {r: max(0.0, d1) - max(0.0, d0) for r, (d0, d1) in lags.items()}
+        row["producer_start_lag_us"] = [lag[r] for r in sorted(lag)]
         consumers = [e for r, (e, _) in enumerate(pairs) if r != 1]
         row["consumer_extra_wait_us"] = consumers
         row["consumer_step0_kernel_us"] = [k for r, (_, k) in enumerate(pairs) if r != 1]
-        floors = [delay - k - 20.0 for r, (_, k) in enumerate(pairs) if r != 1]
+        floors = [lag[r] - k - 20.0 for r, (_, k) in enumerate(pairs) if r != 1]
         if _own_rows_hide_delay(case, inst):
             row["late_note"] = "n/a: own rows cover more than a wave and hide part of the delay"
         elif any(f <= 0.0 for f in floors):
@@ -459,11 +479,11 @@ def bench_case(ctx: Any, case: Case, args: argparse.Namespace,
                                 f"the delay; raise --delay-us")
         else:
             # A consumer keeps working on its own share while the producer is late, so its extra
-            # wait lies between the delay minus its own undelayed kernel time and the delay
-            # (plus 20 us for launch and clock jitter).
+            # wait lies between the expected lag minus its own undelayed kernel time and the lag
+            # plus the producing kernel's own time (its rows arrive by its end), with 20 us for
+            # launch and clock jitter either way.
             row["delay_seen"] = bool(consumers) and all(
-                delay - k - 20.0 <= e <= delay + 20.0 for e, k in
-                ((e, k) for r, (e, k) in enumerate(pairs) if r != 1))
+                lag[r] - k - 20.0 <= e <= lag[r] + produce + 20.0 for r, (e, k) in enumerate(pairs) if r != 1)
     problem = _phase_errors(ctx, states, case, "trace")
     if problem:
         row["phase_errors"]["trace"] = problem
@@ -486,14 +506,16 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "interleaved batches; graph: the same iterations in one CUDA graph"
              + ("; AG+GEMM with SMs reserved for the copy kernel" if meta.get("ag_reserve_sms") else "") + ".", "",
              "| case | plain ms | instrumented ms | overhead | graph plain ms | graph instr. ms | graph overhead | "
-             "phases = lifetime, inside kernel | delay asked (slept) | consumers' extra flag_wait (us) |",
+             "phases = lifetime, inside kernel | delay asked (slept) | consumers' extra flag_wait / expected from start lags (us) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['case']} | FAILED: {r['error'][:120]} |||||||||")
             continue
-        late = ", ".join(f"{e:.1f}" for e in r.get("consumer_extra_wait_us", [])) or "-"
+        lags = r.get("producer_start_lag_us") or [None] * len(r.get("consumer_extra_wait_us", []))
+        late = ", ".join(f"{e:.1f}" + (f" / {g:.1f}" if g is not None else "")
+                         for e, g in zip(r.get("consumer_extra_wait_us", []), lags)) or "-"
         if r.get("late_note"):
             late += f" ({r['late_note']})"
         elif r.get("delay_seen") is not None:

@@ -389,12 +389,12 @@ def launch_ag_gemm(
     heap_bases: torch.Tensor | None = None, epochs: torch.Tensor | None = None, budget: int = 1,
     kernel_id: int = 0, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
     a_desc: Any = None, b_desc: Any = None, reserve_programs: int = 0, pieces: int = 1,
-    parity_rows: int = 0, flag_parity_stride: int = 0, records: torch.Tensor | None = None,
+    parity_rows: int = 0, flag_parity_stride: int = 0, records: Any = None,
 ) -> None:
     """Enqueue one ``ag_gemm_kernel`` (see the module docstring for ``mode``); no host sync.
 
     ``A_WAIT`` needs ``epochs`` (int32 [2] on the device: last finished epoch, done counter; see
-    the module docstring); ``records`` is an in-kernel record buffer (``INSTRUMENT`` on).
+    the module docstring); ``records`` is the kernel's ``RecordBuffer`` (``INSTRUMENT`` on).
     """
     if mode == A_WAIT and epochs is None:
         raise ValueError("launch_ag_gemm: A_WAIT needs the device epoch words (epochs=)")
@@ -412,7 +412,7 @@ def launch_ag_gemm(
         a, b, c, a_desc, b_desc, c_desc,
         flags if flags is not None else dummy, heap_bases if heap_bases is not None else dummy, err,
         count if count is not None else dummy, seen if seen is not None else dummy,
-        epochs if epochs is not None else dummy, records if records is not None else dummy,
+        epochs if epochs is not None else dummy, _trace.record_pointer(records, dummy),
         m_loc, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         parity_rows, flag_parity_stride,
@@ -421,5 +421,5 @@ def launch_ag_gemm(
         GROUP_M=cfg.group_m, NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=use_tma,
         SYNC_MODE=sync, COUNT=count is not None, TMA_STORE=tma_store, EPI_SPLIT=cfg.epi_split if tma_store else 1,
         K_PIECES=pieces, KT_PER_PIECE=piece_cols(cfg, k) // cfg.block_k if pieces > 1 else triton.cdiv(k, cfg.block_k),
-        INSTRUMENT=records is not None, num_warps=cfg.num_warps,
+        INSTRUMENT=_trace.instrument_code(records), num_warps=cfg.num_warps,
     )

@@ -94,12 +94,12 @@ def run(st: AgGemmState) -> None:
         with (torch.cuda.stream(streams[0]) if streams else contextlib.nullcontext()), st.ctx.kernel(STAGE_KERNEL):
             launch_copy_blocks(st.gathered, st.flags, bases, pull=True, m_loc=st.m_loc, rank=st.rank,
                                world=st.world, cfg=cfg, epochs=st.copy_epochs, sync=st.sync,
-                               records=st.record_tensor(STAGE_KERNEL))
+                               records=st.records.get(STAGE_KERNEL))
     reserve = reserved_programs(st)
     with st.ctx.kernel(KERNEL):
         launch_ag_gemm(st.gathered, st.b, st.c, mode=A_WAIT, flags=st.flags, epochs=st.gemm_epochs,
                        a_desc=st.cache.get("a_desc"), b_desc=st.cache.get("b_desc"), reserve_programs=reserve,
-                       pieces=k_pieces(cfg, st.k), records=st.record_tensor(KERNEL), **common)
+                       pieces=k_pieces(cfg, st.k), records=st.records.get(KERNEL), **common)
     join(st, main, streams)
 
 

@@ -179,7 +179,7 @@ def reserved_programs(st: AgGemmState) -> int:
 def launch_copy_blocks(gathered: torch.Tensor, flags: torch.Tensor, heap_bases: torch.Tensor, *, pull: bool,
                        m_loc: int, rank: int, world: int, cfg: GemmConfig, epochs: torch.Tensor, sync: int = 0,
                        parity_rows: int = 0, flag_parity_stride: int = 0,
-                       records: torch.Tensor | None = None) -> None:
+                       records: Any = None) -> None:
     """Enqueue ``copy_blocks_kernel`` on the current stream (nothing to do on one rank).
 
     ``gathered`` is the [rows, K] buffer (both parities stacked for the push variant: pass
@@ -192,10 +192,10 @@ def launch_copy_blocks(gathered: torch.Tensor, flags: torch.Tensor, heap_bases: 
     rows = min(cfg.push_rows, cfg.block_m)
     even = (m_loc % cfg.block_m == 0 and k % ck == 0 and cfg.block_m % rows == 0 and gathered.stride(1) == 1)
     copy_blocks_kernel[(progs,)](
-        gathered, flags, heap_bases, epochs, records if records is not None else epochs,
+        gathered, flags, heap_bases, epochs, _trace.record_pointer(records, epochs),
         m_loc, k, gathered.stride(0), parity_rows, flag_parity_stride, rank,
         WORLD=world, PULL=pull, BLOCK_M=cfg.block_m, ROWS=rows, BLOCK_K=bk, CHUNK_K=ck, NUM_PROGS=progs,
-        EVEN=even, MODE=sync, INSTRUMENT=records is not None, num_warps=cfg.push_warps,
+        EVEN=even, MODE=sync, INSTRUMENT=_trace.instrument_code(records), num_warps=cfg.push_warps,
     )
 
 
@@ -306,14 +306,14 @@ def run(st: AgGemmState) -> None:
         with (torch.cuda.stream(streams[0]) if streams else contextlib.nullcontext()), st.ctx.kernel(PUSH_KERNEL):
             launch_copy_blocks(stacked, flags, bases, pull=False, m_loc=st.m_loc, rank=st.rank, world=st.world,
                                cfg=cfg, epochs=st.copy_epochs, sync=st.sync, parity_rows=st.m,
-                               flag_parity_stride=flags.shape[1], records=st.record_tensor(PUSH_KERNEL))
+                               flag_parity_stride=flags.shape[1], records=st.records.get(PUSH_KERNEL))
     reserve = reserved_programs(st)
     with st.ctx.kernel(GEMM_KERNEL):
         launch_ag_gemm(stacked, st.b, st.c, mode=A_WAIT, rank=st.rank, world=st.world, m_loc=st.m_loc, cfg=cfg,
                        err=st.err, sync=st.sync, flags=flags, heap_bases=bases, epochs=st.gemm_epochs,
                        budget=st.budget, count=st.count, seen=st.seen, a_desc=st.cache.get("a_desc"),
                        b_desc=st.cache.get("b_desc"), reserve_programs=reserve, pieces=k_pieces(cfg, st.k),
-                       parity_rows=st.m, flag_parity_stride=flags.shape[1], records=st.record_tensor(GEMM_KERNEL))
+                       parity_rows=st.m, flag_parity_stride=flags.shape[1], records=st.records.get(GEMM_KERNEL))
     join(st, main, streams)
 
 

@@ -151,11 +151,6 @@ class AgGemmState(RankBound):
         if buf is not None:
             self.records[kernel] = buf
 
-    def record_tensor(self, kernel: str) -> torch.Tensor | None:
-        """The record buffer of ``kernel``'s next launch (None: compiled without records)."""
-        buf = self.records.get(kernel)
-        return buf.tensor() if buf is not None else None
-
     def reseed(self, seed: int) -> None:
         """Refill this rank's A shard and B in place with the inputs of ``seed`` (same buffers, so a
         captured CUDA graph sees them). Peers read the shard: barrier before and after."""

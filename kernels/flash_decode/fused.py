@@ -358,7 +358,7 @@ class FusedState:
                self.rank, self.world_size, a.batch * a.q_heads, self.num_combiners, self.budget)
         rows = a.group // self.config.slices if self.config.slices > 0 else a.group  # per local combine
         kw = dict(a.constexprs(), G_P2=next_pow2(a.group), NB=combine_block(rows), W_P2=next_pow2(self.world_size),
-                  MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, INSTRUMENT=self.records is not None,
+                  MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, INSTRUMENT=_trace.instrument_code(self.records),
                   LL=PROTOCOLS[self.config.protocol], num_warps=a.cfg.num_warps,
                   **slice_constexprs(self.config.slices, a.group))
         self.__dict__["_launch_args"] = (pos, kw)

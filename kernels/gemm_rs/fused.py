@@ -71,14 +71,12 @@ def _launch(st: GemmRsState, epoch: int, warmup_only: bool = False) -> None:
     recv = st.recv[epoch % 2]
     common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, epoch=epoch, budget=st.budget, sync=st.sync,
                   cfg=cfg.gemm, rows=cfg.reduce_rows, count=st.count, seen=st.seen, warmup_only=warmup_only)
-    rec_gemm = st.rec_gemm.tensor() if st.rec_gemm is not None else None
     with st.ctx.kernel(FUSED_GEMM_KERNEL):
         launch_gemm_rs(st.a, st.b, recv, st.out, st.flags, st.cache["heap_bases"], st.err, tail=tail,
-                       records=rec_gemm, **common)
+                       records=st.rec_gemm, **common)
     if not tail:
-        rec_reduce = st.rec_reduce.tensor() if st.rec_reduce is not None else None
         with st.ctx.kernel(FUSED_REDUCE_KERNEL):
-            launch_rs_reduce(recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, records=rec_reduce, **common)
+            launch_rs_reduce(recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, records=st.rec_reduce, **common)
 
 
 def run(st: GemmRsState) -> None:

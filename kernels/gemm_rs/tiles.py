@@ -57,6 +57,8 @@ reduces with ``TAIL_REDUCE``), a reduce program 2 for its own output tile (``gem
 from __future__ import annotations
 
 import iris
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -293,7 +295,7 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
                    heap_bases: torch.Tensor, err: torch.Tensor, *, rank: int, world: int, m_loc: int, epoch: int,
                    budget: int, sync: int, cfg: GemmConfig, tail: bool, rows: int,
                    count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
-                   records: torch.Tensor | None = None, warmup_only: bool = False) -> None:
+                   records: Any = None, warmup_only: bool = False) -> None:
     """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch); no host sync.
 
     ``recv`` is this epoch's half of the receive buffer ([world, m_loc, N] on the heap). ``records``:
@@ -308,11 +310,11 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     args = (a, b, a_desc, b_desc, recv, out, flags, heap_bases, err,
             count if count is not None else err, seen if seen is not None else err,
             m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            rank, epoch, budget, records if records is not None else err)
+            rank, epoch, budget, _trace.record_pointer(records, err))
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
               NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
-              INSTRUMENT=records is not None, num_warps=cfg.num_warps)
+              INSTRUMENT=_trace.instrument_code(records), num_warps=cfg.num_warps)
     if warmup_only:
         gemm_rs_kernel.warmup(*args, grid=(progs,), **kw)
     else:
@@ -322,15 +324,15 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
 def launch_rs_reduce(recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor, err: torch.Tensor, *, rank: int,
                      world: int, m_loc: int, epoch: int, budget: int, sync: int, cfg: GemmConfig, rows: int,
                      warps: int, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
-                     records: torch.Tensor | None = None, warmup_only: bool = False) -> None:
+                     records: Any = None, warmup_only: bool = False) -> None:
     """Enqueue ``rs_reduce_kernel`` (one program per own output tile); no host sync. ``records``: an
     in-kernel record buffer (``reduce_record_layout``)."""
     n = out.shape[1]
     grid = (own_tiles(m_loc, n, cfg),)
     args = (recv, out, flags, err, count if count is not None else err, seen if seen is not None else err,
-            m_loc, n, out.stride(0), rank, epoch, budget, records if records is not None else err)
+            m_loc, n, out.stride(0), rank, epoch, budget, _trace.record_pointer(records, err))
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS=reduce_rows(cfg.block_m, rows),
-              SYNC_MODE=sync, COUNT=count is not None, INSTRUMENT=records is not None, num_warps=warps)
+              SYNC_MODE=sync, COUNT=count is not None, INSTRUMENT=_trace.instrument_code(records), num_warps=warps)
     if warmup_only:
         rs_reduce_kernel.warmup(*args, grid=grid, **kw)
     else:

@@ -108,12 +108,19 @@ class RecordBuffer:
     layout: _trace.RecordLayout
     device: torch.device
     mode: int
+    append: bool = False  # the kernel reads layout and mode from the header (graph profiling)
     scratch: torch.Tensor = field(init=False)
     slots: list[torch.Tensor] = field(default_factory=list)
     current: int = -1
 
     def __post_init__(self) -> None:
         self.scratch = new_buffer(self.layout, self.device)
+
+    @property
+    def code(self) -> int:
+        """The kernel's ``INSTRUMENT`` constexpr (``kernels/_trace.mark``): this layout as constants
+        (fixed slots, no header loads), or 1 (read the header: the append mode of graph captures)."""
+        return 1 if self.append else self.layout.code
 
     def tensor(self) -> torch.Tensor:
         if 0 <= self.current < len(self.slots):
@@ -124,21 +131,24 @@ class RecordBuffer:
 class RecordBook:
     """Every instrumented kernel's buffers on one rank (``RankContext.records``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, append: bool = False) -> None:
         self.buffers: dict[str, RecordBuffer] = {}
         self.dropped: dict[str, int] = {}
+        # Graph profiling (runtime/graph.GraphRecordSlots) swaps in append-mode buffers after the
+        # kernels were set up, so their kernels must read the header: set before any setup.
+        self.append = append
 
     def buffer(self, name: str, layout: _trace.RecordLayout | int, device: torch.device | str,
                mode: int) -> RecordBuffer:
         """The buffer of kernel ``name`` (the name its rows carry in the trace), made on first use;
         ``layout``: its logical CTA ids and records per id (an int: CTA ids, default records per
         id), grown if a later setup needs more."""
-        layout = as_layout(layout)
+        layout = as_layout(layout).rounded()
         buf = self.buffers.get(name)
         if buf is None or buf.device != torch.device(device) or buf.layout.union(layout) != buf.layout:
             if buf is not None and buf.device == torch.device(device):
                 layout = buf.layout.union(layout)
-            buf = RecordBuffer(name, layout, torch.device(device), mode)
+            buf = RecordBuffer(name, layout, torch.device(device), mode, self.append)
             self.buffers[name] = buf
         return buf
 

@@ -357,7 +357,10 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
     if ctx.instrument:
         from taxmodel.runtime.records import book_for
 
-        book_for(ctx)  # before any setup copies the context
+        # before any setup copies the context; graph captures need header-reading kernels
+        from taxmodel.runtime.graph import check_mode
+
+        book_for(ctx).append = check_mode(str(spec["graph"])) != "off"
 
     variants = workload.variants()
     wanted = list(spec["variants"] or variants)

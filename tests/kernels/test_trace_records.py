@@ -241,7 +241,7 @@ for n in ("err_ptr", "heap_bases", "rec_ptr"):
     sig[n] = "*i64"
 sig["qk_scale"], sig["budget"] = "fp32", "i64"
 out = {}
-for inst in (False, True):
+for inst in (False, True, (64 << 16) | 8):  # off, header-reading (graph captures), a fixed layout
     consts = dict(G=4, G_DOT=16, D=32, BLOCK_N=16, NUM_STAGES=1, DOT_F32=False, G_P2=4, NB=4, W_P2=2, MODE=1,
                   KERNEL_ID=1, INSTRUMENT=inst, LL=True, SLICES=0, RS=1, RS_P2=1)
     s = dict(sig)
@@ -252,7 +252,8 @@ for inst in (False, True):
     ttir = k.asm["ttir"]
     head, _, body = ttir.split("tt.func public @flash_decode_fused", 1)[1].partition("{")
     out[str(inst)] = dict(rec_uses=len(re.findall(r"%rec_ptr\b", body)), rec_declared="%rec_ptr: !tt.ptr<i64>" in head,
-                          globaltimer=len(re.findall(r"%globaltimer", k.asm["ptx"])))
+                          globaltimer=len(re.findall(r"%globaltimer", k.asm["ptx"])),
+                          header_loads=len(re.findall(r"tt.load %rec_ptr\b|tt.addptr %rec_ptr, %c[123]_i32", body)))
 print(json.dumps(out))
 '''
 
@@ -276,3 +277,7 @@ def test_uninstrumented_build_has_no_record_code(tmp_path):
     assert off["rec_uses"] == 0  # the record pointer is never touched
     assert on["rec_uses"] > 0
     assert on["globaltimer"] > off["globaltimer"] >= 1  # waits read the clock either way; records add reads
+    fixed = r[str((64 << 16) | 8)]
+    assert fixed["rec_uses"] > 0 and fixed["globaltimer"] == on["globaltimer"]
+    # a fixed layout is constants in the code: no load of the header (sizes, append word) per record
+    assert fixed["header_loads"] == 0 < on["header_loads"]

@@ -109,11 +109,23 @@ def test_book_grows_a_buffer_to_hold_every_setups_layout():
     first = book.buffer("k", _trace.RecordLayout(4, 2), "cpu", _sync.SYNC_POLL)
     assert book.buffer("k", _trace.RecordLayout(3, 1), "cpu", _sync.SYNC_POLL) is first  # fits
     grown = book.buffer("k", _trace.RecordLayout(2, 5), "cpu", _sync.SYNC_POLL)
-    assert grown.layout == _trace.RecordLayout(4, 5)
+    assert grown.layout == _trace.RecordLayout(4, 8)  # sizes rounded up to powers of two
     head = grown.scratch[:_trace.APPEND_WORD + 1].tolist()
-    assert head == [0, 4, 5, 0] and grown.scratch.numel() == _trace.HEADER + _trace.RECORD_WORDS * 20
+    assert head == [0, 4, 8, 0] and grown.scratch.numel() == _trace.HEADER + _trace.RECORD_WORDS * 32
+    assert grown.code == (4 << 16) | 8 and not grown.append
     with pytest.raises(ValueError):
         _trace.RecordLayout(0, 1)
+
+
+def test_layout_codes_make_fixed_slot_kernels_and_graph_books_read_the_header():
+    """A fixed-slot buffer hands its kernel the layout as a constexpr (no header loads per record);
+    a book made for graph captures hands out code 1 (read the header: append mode)."""
+    assert _trace.RecordLayout(5, 3).rounded() == _trace.RecordLayout(8, 4)
+    assert _trace.RecordLayout(1, 1).rounded().code == (1 << 16) | 1
+    assert _trace.instrument_code(None) == 0
+    graph_book = records.RecordBook(append=True)
+    buf = graph_book.buffer("k", _trace.RecordLayout(3, 2), "cpu", _sync.SYNC_POLL)
+    assert buf.append and buf.code == 1 and _trace.instrument_code(buf) == 1
 
 
 def _events(kernels: list[tuple[int, int, int, int]]) -> pd.DataFrame:
