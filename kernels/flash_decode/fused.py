@@ -22,7 +22,8 @@ The grid is ``B*Hkv*S + C`` programs:
    the splits of their G/K rows, push those rows (``_push_rows``) and combine the ranks' partials
    of them (``_combine_rows``). The two combines and the push, which at short KV are most of the
    step, run on K programs per pair instead of one: at batch 1 on 4x H200 this is the fastest
-   structure (13.4 us per step at KV 1K per rank against 14.8 us with the last worker combining);
+   structure (14.2 us per step at KV 1K per rank with K = 2 against 16.5 us with the last worker
+   combining, in the session's final run);
    at batch 16 the 64 pairs already give the last workers enough parallelism and the capped
    combiners would have to loop (benchmarks/results/flash_decode_h200x4.md).
 
