@@ -45,6 +45,10 @@ class FitRule:
     low: float
     high: float
     text: str
+    # Fit on one kernel's own device time instead of the iteration's latency (None: the latency):
+    # the kernel name in the bundle and the prediction detail that models it (seconds).
+    kernel: str | None = None
+    detail: str | None = None
 
 
 FIT_RULES = (
@@ -53,10 +57,13 @@ FIT_RULES = (
             "efficiency"),
     FitRule("triton_stream_efficiency", "flash_decode", ("bsp",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
             0.3, 1.5, "flash_decode bsp bundles at the longest KV of their (batch, heads, world size) group fit the "
-            "streaming efficiency of the Triton decode kernels (relative to the calibrated HBM copy bandwidth)"),
+            "streaming efficiency of the Triton decode kernels (relative to the calibrated HBM copy bandwidth) on the "
+            "split-KV kernel's own duration, which rank skew does not inflate",
+            kernel="flash_decode_split_kv", detail="split_kv"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
-                                                          "predicted latency equal the measured one; only CUDA-graph "
+                                                          "predicted latency, or the named kernel's predicted duration, "
+                                                          "equal the measured one; only CUDA-graph "
                                                           "captures when the subset has any, since eager captures carry "
                                                           "the profiler's host cost)")
 
@@ -97,11 +104,17 @@ class Validation:
         return bool(len(self.table)) and bool(self.table["ok"].all())
 
 
-def _measured(ledger) -> dict[str, float]:
+def _measured(ledger, events: pd.DataFrame | None = None) -> dict[str, float]:
+    """Window, ledger categories and sub-categories (mean ns), and each kernel's mean duration in
+    the profiled iterations under ``kernel:<name>`` (what fit rules with a ``kernel`` use)."""
     s = ledger.summary()
     out = {"window": float(ledger.windows["window_ns"].mean()), "latency": float(ledger.windows["window_ns"].mean())}
     out.update({c: float(v) for c, v in s.groupby("category", sort=False)["mean_ns"].sum().items()})
     out.update({sc: float(v) for sc, v in zip(s["subcategory"], s["mean_ns"]) if sc not in out})
+    if events is not None and len(events):
+        k = events[(events["kind"] == "kernel") & (events["iteration"] >= 0)]
+        dur = (k["end_ns"] - k["start_ns"]).groupby(k["name"]).mean()
+        out.update({f"kernel:{name}": float(v) for name, v in dur.items()})
     return out
 
 
@@ -130,7 +143,7 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
     records = bool((bundle.events["kind"] == "record").any())
     config = meta.get("workload_config") or {}
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
-                meta.get("cost"), hw, note, _measured(ledger), instrumented=records,
+                meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=records,
                 graph_launch=bool(capture.get("graph")), transport=config.get("transport"))
 
 
@@ -204,8 +217,12 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
         if any(c.graph_launch for c in subset):  # host-free captures, when there are any, fit the GPU-side rate
             subset = [c for c in subset if c.graph_launch]
         for case in subset:
-            target = case.measured["latency"]
-            f = lambda e: _predict(case, {rule.param: e}).window_ns - target  # noqa: E731
+            if rule.kernel and f"kernel:{rule.kernel}" in case.measured:
+                target = case.measured[f"kernel:{rule.kernel}"]
+                f = lambda e: _predict(case, {rule.param: e}).details[rule.detail] * 1e9 - target  # noqa: E731
+            else:
+                target = case.measured["latency"]
+                f = lambda e: _predict(case, {rule.param: e}).window_ns - target  # noqa: E731
             lo, hi = rule.low, rule.high
             if f(lo) < 0 or f(hi) > 0:  # the parameter cannot explain this case's latency
                 continue

@@ -79,6 +79,30 @@ def test_fitting_subset_is_marked_and_reported(tmp_path):
     assert any("fitting subset" in n for n in v.notes)
 
 
+def test_stream_efficiency_is_fitted_on_the_split_kernel_not_the_skewed_window(tmp_path):
+    """Rank skew stretches a profiled step but not the split-KV kernel: fitted on the kernel's own
+    duration, the streaming efficiency comes back as the model made the bundle, skew or not."""
+    from taxmodel.model.analytic import flash_decode
+    from taxmodel.model.analytic.common import CollectiveModel, topology
+
+    shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 65536}
+    params = ModelParams.from_hardware(H200)
+    coll = CollectiveModel.from_hardware(H200, topology(H200, 2, params), params)
+    plans, _, _ = flash_decode.plans("bsp", shape, 2, H200, params, coll)
+    events = timeline_events(simulate(plans, params), iterations=3)
+    late = (events["rank"] == 1) & (events["kind"] == "kernel")
+    events.loc[late, ["start_ns", "end_ns"]] += 200_000  # rank 1 starts every step 200 us late
+    meta = make_meta(source="capture", workload="flash_decode", variant="bsp", shape=shape, world_size=2,
+                     ranks=[0, 1], hardware={"name": "NVIDIA H200"}, clock_offsets_ns={"0": 0, "1": 0},
+                     capture={"clock_offsets_source": "measured"}, cost=flash_decode.cost(shape, 2, "bsp"))
+    write_bundle(tmp_path / "fd", events, meta)
+    v = val.validate(tmp_path)
+    (case,) = v.cases
+    assert case.in_sample and case.measured["kernel:flash_decode_split_kv"] > 0
+    assert case.measured["latency"] > 150_000  # the skew is in the window
+    assert v.fitted["triton_stream_efficiency"] == pytest.approx(ModelParams().triton_stream_efficiency, abs=0.005)
+
+
 def test_update_docs_round_trip(tmp_path):
     _model_bundle(tmp_path / "b" / "bsp", "bsp", AG, 2)
     doc = tmp_path / "model.md"
