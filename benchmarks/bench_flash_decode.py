@@ -324,17 +324,23 @@ def run_variant(ctx: Any, wl: Any, variant: Any, shape: dict, timer: Timer, args
         res["structure"] = state.impl.config.protocol
     res["splits"] = state.args.plan.num_splits
     step = functools.partial(variant.run, state)
-    if seed_a not in refs:
-        refs[seed_a] = reference_output(seed_a, state.q, lens, shape["kv_heads"])
-    state.poison()
-    ctx.barrier()
-    step()
-    ok, res["err"], problem = check(wl, ctx, shape, state, refs[seed_a])
-    res["correct"] = ok
-    if not ok:
-        log(f"{name}: WRONG on some rank (rank {ctx.rank}: {problem or 'fine'}); not timed")
-        print(f"rank {ctx.rank}: {name}: {problem or 'correct here'}", flush=True)
-        res["problem"] = problem
+
+    def checked(seed: int, run: Callable[[], None], err_key: str, when: str) -> bool:
+        """Poisoned output, inputs of ``seed``, ``run``, then the check on every rank."""
+        if seed not in refs:
+            refs[seed] = reference_output(seed, state.q, lens, shape["kv_heads"])
+        state.poison()
+        ctx.barrier()
+        run()
+        ok, res[err_key], problem = check(wl, ctx, shape, state, refs[seed])
+        res["correct"] = ok
+        if not ok:
+            log(f"{name}: WRONG {when} on some rank")
+            print(f"rank {ctx.rank}: {name} {when}: {problem or 'correct here'}", flush=True)
+            res["problem"] = problem
+        return ok
+
+    if not checked(seed_a, step, "err", "(eager launch; not timed)"):
         del state, step
         ctx.barrier()
         return res
@@ -348,17 +354,7 @@ def run_variant(ctx: Any, wl: Any, variant: Any, shape: dict, timer: Timer, args
     res["graph_ms"] = statistics.median(times)
     res["graph_reps_ms"] = times
     state.reseed(seed_b)
-    if seed_b not in refs:
-        refs[seed_b] = reference_output(seed_b, state.q, lens, shape["kv_heads"])
-    state.poison()
-    ctx.barrier()
-    replay()
-    ok, res["err_graph"], problem = check(wl, ctx, shape, state, refs[seed_b])
-    res["correct"] = ok
-    if not ok:
-        log(f"{name}: WRONG after graph replays with fresh inputs")
-        print(f"rank {ctx.rank}: {name} after replays: {problem or 'correct here'}", flush=True)
-        res["problem"] = problem
+    checked(seed_b, replay, "err_graph", "after graph replays with fresh inputs")
     del state, replay, step
     ctx.barrier()
     if ctx.is_cuda:

@@ -119,9 +119,10 @@ def packed_size(rows_total: int, head_dim: int) -> int:
 
 
 #: Partial rows one combine step holds in registers ([R, NB, D] with R * NB <= this): 32 rows of
-#: D = 128 fp32 are 32 registers per thread of a 4-warp program. Measured on sm_90 builds: 8 rows
-#: x 8 partials took 96 registers per thread with Triton 3.6 but 204 with Triton 3.9; 8 x 4 stays
-#: at 96 and 150, so the fused kernel keeps 3 programs per SM with either.
+#: D = 128 fp32 are 32 registers per thread of a 4-warp program. sm_90 builds of the fused kernel
+#: (tests/kernels/test_flash_decode_compile.py): with 8 rows x 8 partials it took 96 registers per
+#: thread with Triton 3.6 but 204 with Triton 3.9; with 8 x 4, 96 and 150, so it keeps 3 programs
+#: per SM with either.
 COMBINE_TILE_ROWS = 32
 
 

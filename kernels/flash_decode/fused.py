@@ -88,8 +88,8 @@ import triton.language as tl
 
 from taxmodel.kernels import _sync, _trace
 from taxmodel.kernels.flash_decode import ll
-from taxmodel.kernels.flash_decode.combine import (combine_block, combine_tile, finish_merge, merge_partials,
-                                                   packed_size)
+from taxmodel.kernels.flash_decode.combine import (combine_block, combine_rows, combine_tile, finish_merge,
+                                                   merge_partials, packed_size)
 from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, attend_split, check_runnable, next_pow2
 
 #: Kernel id written into the error buffer by a combiner that gave up waiting.
@@ -314,12 +314,11 @@ class FusedConfig:
         return f"{self.protocol}-{'last' if self.combiners == 0 else f'c{self.combiners}'}"
 
 
-def slice_constexprs(slices: int, group: int) -> dict[str, int]:
+def slice_constexprs(slices: int, rows: int) -> dict[str, int]:
     """The kernel's row-slice constexprs: SLICES (0 = off), rows per slice RS and its power of two."""
     if slices <= 0:
         return dict(SLICES=0, RS=1, RS_P2=1)
-    rs = group // slices
-    return dict(SLICES=slices, RS=rs, RS_P2=next_pow2(rs))
+    return dict(SLICES=slices, RS=rows, RS_P2=next_pow2(rows))
 
 
 @dataclass
@@ -357,11 +356,11 @@ class FusedState:
         pos = (a.q, a.k, a.v, self.out, self.part_out, self.part_lse, self.counters, self.recv, self.flags,
                self.epoch, self.done, self.ready, self.err, self.heap_bases, *a.scalars(),
                self.rank, self.world_size, a.batch * a.q_heads, self.num_combiners, self.budget)
-        rows = a.group // self.config.slices if self.config.slices > 0 else a.group  # per local combine
+        rows = combine_rows(a, self.config.slices)  # per local combine
         kw = dict(a.constexprs(), G_P2=next_pow2(a.group), NB=combine_block(rows), W_P2=next_pow2(self.world_size),
                   MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, INSTRUMENT=_trace.instrument_code(self.records),
                   LL=PROTOCOLS[self.config.protocol], num_warps=a.cfg.num_warps,
-                  **slice_constexprs(self.config.slices, a.group))
+                  **slice_constexprs(self.config.slices, rows))
         self.__dict__["_launch_args"] = (pos, kw)
         return pos, kw
 
@@ -422,9 +421,10 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
     if config.protocol not in PROTOCOLS:
         raise InputError(f"flash_decode fused: unknown protocol '{config.protocol}'; choose one of "
                          f"{', '.join(PROTOCOLS)}")
-    if config.slices < 0 or (config.slices > 0 and args.group % config.slices):
-        raise InputError(f"flash_decode fused: slices={config.slices} must be 0 (off) or divide the "
+    if config.slices < 0:
+        raise InputError(f"flash_decode fused: slices={config.slices} must be 0 (off) or a divisor of the "
                          f"{args.group} query heads per KV head")
+    combine_rows(args, config.slices)  # InputError unless the slices divide the group
     heap = ctx.heap
     w = ctx.world_size
     pairs = args.batch * args.kv_heads

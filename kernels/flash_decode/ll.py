@@ -87,6 +87,25 @@ def _give_up(err_ptr, rank, peer, flag_index, kernel_id, target, seen, waited):
 
 
 @triton.jit
+def _poll(ptrs, mask, e, waited, failed, start, budget, err_ptr, MODE: tl.constexpr):
+    """Read the masked words at ``ptrs`` until none misses epoch ``e``, the budget is spent
+    (``waited`` counts on from the caller's ``start``) or a give-up shows in ``err_ptr``; return
+    (words, how many miss, waited, failed)."""
+    words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+    miss = _missing(words, mask, e)
+    while (miss > 0) & (waited < budget) & (failed == 0):
+        _pause(MODE)
+        words = tl.load(ptrs, mask=mask, other=0, volatile=True)
+        miss = _missing(words, mask, e)
+        if MODE == 0:
+            waited += 1
+        else:
+            waited = _sync.now(MODE) - start
+        failed = tl.load(err_ptr, volatile=True)
+    return words, miss, waited, failed
+
+
+@triton.jit
 def wait_rows(out_ptrs, out_mask, lse_ptrs, lse_mask, epoch, budget, err_ptr, rank, peer, flag_index, kernel_id,
               MODE: tl.constexpr):
     """Poll one peer's LL words (an [R, D] output tile and its [R] log-sum-exps) until all hold
@@ -100,28 +119,8 @@ def wait_rows(out_ptrs, out_mask, lse_ptrs, lse_mask, epoch, budget, err_ptr, ra
     failed = tl.load(err_ptr, volatile=True)
     start = _sync.now(MODE)
     waited = tl.full((), 0, tl.int64)
-    wl = tl.load(lse_ptrs, mask=lse_mask, other=0, volatile=True)
-    miss_l = _missing(wl, lse_mask, e)
-    while (miss_l > 0) & (waited < budget) & (failed == 0):
-        _pause(MODE)
-        wl = tl.load(lse_ptrs, mask=lse_mask, other=0, volatile=True)
-        miss_l = _missing(wl, lse_mask, e)
-        if MODE == 0:
-            waited += 1
-        else:
-            waited = _sync.now(MODE) - start
-        failed = tl.load(err_ptr, volatile=True)
-    wo = tl.load(out_ptrs, mask=out_mask, other=0, volatile=True)
-    miss_o = _missing(wo, out_mask, e)
-    while (miss_o > 0) & (waited < budget) & (failed == 0):
-        _pause(MODE)
-        wo = tl.load(out_ptrs, mask=out_mask, other=0, volatile=True)
-        miss_o = _missing(wo, out_mask, e)
-        if MODE == 0:
-            waited += 1
-        else:
-            waited = _sync.now(MODE) - start
-        failed = tl.load(err_ptr, volatile=True)
+    wl, miss_l, waited, failed = _poll(lse_ptrs, lse_mask, e, waited, failed, start, budget, err_ptr, MODE)
+    wo, miss_o, waited, failed = _poll(out_ptrs, out_mask, e, waited, failed, start, budget, err_ptr, MODE)
     ok = (miss_l + miss_o) == 0
     if ((miss_l + miss_o) > 0) & (failed == 0):
         seen = tl.minimum(_oldest(wl, lse_mask, e), _oldest(wo, out_mask, e))

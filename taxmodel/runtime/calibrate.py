@@ -41,38 +41,32 @@ import triton.language as tl
 
 import iris
 from taxmodel.kernels import _sync
+from taxmodel.runtime.timing import Stopwatch
 
 REPS = 7
 
 
-class Stopwatch:
-    """Times one call of enqueued work on ``device``: CUDA events around it on a GPU; on a CPU (gloo,
-    whose collectives return when done) the host clock."""
+class CallTimer:
+    """Times one call of enqueued work on ``device`` (``timing.Stopwatch`` around it: CUDA events on
+    a GPU, the host clock on a CPU, where gloo's collectives return when done)."""
 
     def __init__(self, device: torch.device | str) -> None:
-        self.cuda = torch.device(device).type == "cuda"
+        self.device = torch.device(device)
 
     def synchronize(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def elapsed_ms(self, fn: Callable[[], object]) -> float:
-        if not self.cuda:
-            t0 = time.perf_counter()
+        with Stopwatch(self.device) as sw:
             fn()
-            return (time.perf_counter() - t0) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return sw.seconds * 1e3
 
 
 def _median_ms(fn: Callable[[], None], inner: int = 10, reps: int = REPS, warmup: int = 3,
-               watch: Stopwatch | None = None) -> float:
+               watch: CallTimer | None = None) -> float:
     """Median over ``reps`` of the mean time (ms) of ``inner`` back-to-back calls (CUDA events by default)."""
-    watch = watch or Stopwatch("cuda")
+    watch = watch or CallTimer("cuda")
     for _ in range(warmup):
         fn()
     watch.synchronize()
@@ -120,7 +114,7 @@ def collective_ops(device: torch.device | str, world: int, per_rank: int) -> dic
             "reduce_scatter": lambda: scatter(x, big)}
 
 
-def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: Stopwatch, barrier: Callable[[], None],
+def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, barrier: Callable[[], None],
                       agree: Callable[[str | None], str | None] = lambda error: error,
                       calls: tuple[int, int] = GRAPH_CALLS, reps: int = 5) -> dict:
     """Device time of one call of ``fn`` without host launch cost and without the ranks' skew.
@@ -185,7 +179,7 @@ def _agreed_error(error: str | None, world: int) -> str | None:
 
 
 def collective_curve(device: torch.device | str, world: int, sizes: tuple[int, ...] = COLLECTIVE_SIZES, *,
-                     backend=None, watch: Stopwatch | None = None) -> dict:
+                     backend=None, watch: CallTimer | None = None) -> dict:
     """all_gather / all_reduce / reduce_scatter times over message sizes (bytes per rank), two ways.
 
     ``eager``: back-to-back calls from the host (``_median_ms``): each call pays the host's launch
@@ -197,7 +191,7 @@ def collective_curve(device: torch.device | str, world: int, sizes: tuple[int, .
     """
     from taxmodel.runtime.graph import GraphBackend, GraphCaptureError
 
-    watch = watch or Stopwatch(device)
+    watch = watch or CallTimer(device)
     backend = backend or GraphBackend(device)
     cuda = torch.device(device).type == "cuda"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pandas as pd
-import pytest
 import torch
-import torch.multiprocessing as mp
+
+from spawn import spawn_ranks
 
 DELAY_S = 2.0  # long against the interpreter's own jitter on a loaded 2-core machine
 LATE_RANK = 1
@@ -58,15 +58,24 @@ def _rank(rank: int, world: int, init_file: str, out_dir: str, prepare: Prepare)
 
 def late_producer_records(prepare: Prepare, tmp: Path, world: int = 2, timeout_s: float = 150.0) -> list[pd.DataFrame]:
     """Run the two steps on ``world`` spawned ranks; every rank's drained records (both steps)."""
-    pc = mp.start_processes(_rank, args=(world, str(tmp / "init"), str(tmp), prepare), nprocs=world, join=False,
-                            start_method="spawn")
-    deadline = time.monotonic() + timeout_s
-    while not pc.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in pc.processes:
-                p.kill()
-            pytest.fail(f"ranks still running after {timeout_s:.0f} s")
-    res = [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    res = spawn_ranks(_rank, (str(tmp / "init"), str(tmp), prepare), world, tmp, timeout_s)
     for r, item in enumerate(res):
         assert "error" not in item, f"rank {r}: {item['error']}"
     return [item["records"] for item in res]
+
+
+def assert_delay_is_flag_wait(delayed: list[pd.DataFrame], wait_of: Callable[[pd.DataFrame, int], pd.Series]) -> pd.Series:
+    """The delayed step's records on two ranks: the early rank's waiting CTAs (``wait_of(records,
+    iteration)``: seconds of flag_wait per CTA) waited about the delay, the late rank hardly at all.
+    Returns the early rank's waits in the delayed step."""
+    early, late_rank = delayed
+    waited = wait_of(early, 1)
+    # the early rank waits for the late one, which started DELAY_S late, less the time the early
+    # rank spent on its own work (which the late rank spends too, after its delay); a loaded
+    # machine can delay the early rank too, shortening its wait: hence the loose lower bound
+    assert waited.max() >= 0.25 * DELAY_S, waited
+    assert waited.sum() <= DELAY_S + 30.0
+    # the late rank finds every flag already set: it waits much less than the early one
+    late = wait_of(late_rank, 1).sum()
+    assert late < 0.3 * DELAY_S and late < waited.max(), late
+    return waited

@@ -16,9 +16,9 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest
 import torch
-import torch.multiprocessing as mp
+
+from spawn import spawn_ranks
 
 HEAP_BYTES = 1 << 20
 JOIN_TIMEOUT_S = 150
@@ -103,15 +103,7 @@ def _rank_main(rank: int, world: int, init_file: str, plan: list, out_dir: str) 
 
 
 def _spawn(world: int, plan: list, tmp_path: Path) -> list[list[dict]]:
-    pc = mp.start_processes(_rank_main, args=(world, str(tmp_path / "init"), plan, str(tmp_path)), nprocs=world,
-                            join=False, start_method="spawn")
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    while not pc.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in pc.processes:
-                p.kill()
-            pytest.fail(f"ranks still running after {JOIN_TIMEOUT_S} s")
-    results = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    results = spawn_ranks(_rank_main, (str(tmp_path / "init"), plan, str(tmp_path)), world, tmp_path, JOIN_TIMEOUT_S)
     for r, res in enumerate(results):
         for item in res:
             assert item["name"] != "crash", f"rank {r} crashed:\n{item['traceback']}"
