@@ -133,8 +133,17 @@ def _us_columns(df, columns):
 @click.option("--graph-strict", is_flag=True, default=False,
               help="Like --graph, but never fall back: exit 2 before starting if a chosen variant is not graph-safe "
                    "or this is a CPU run, and fail if a capture fails.")
+@click.option("--align", type=click.Choice(["host", "device"]), default="host", show_default=True,
+              help="How traced steps start: host = after a host barrier (ranks start as skewed as their hosts leave "
+                   "it: tens of us under the profiler); device = also behind a device gate, a one-program kernel that "
+                   "releases every rank's GPU together (within a flag's latency), so the trace shows the workload's "
+                   "own skew, not the harness's. Each bundle records it in meta capture.align.")
+@click.option("--gate-hold-us", type=float, default=30.0, show_default=True,
+              help="With --align device: how long the gate still holds its GPU after every rank arrived, so each "
+                   "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts.")
 def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
-                timeout_s, workload_modules, heap_bytes, out, instrument, graph, graph_strict) -> None:
+                timeout_s, workload_modules, heap_bytes, out, instrument, graph, graph_strict, align,
+                gate_hold_us) -> None:
     """Run WORKLOAD on N local ranks and capture one bundle per variant.
 
     \b
@@ -149,7 +158,8 @@ def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmu
                          preset=preset, shape=parse_shape(list(shape)), world_size=world_size, iterations=iterations,
                          warmup=warmup, repeat=repeat, inject=list(inject), tracer=tracer, out=out, device=device,
                          timeout_s=timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules),
-                         instrument=instrument, graph="require" if graph_strict else "auto" if graph else "off")
+                         instrument=instrument, graph="require" if graph_strict else "auto" if graph else "off",
+                         align=align, gate_hold_us=gate_hold_us)
     outcome = profile(req)
     for v, why in outcome.skipped.items():
         click.echo(f"skipped {workload}/{v}: {why}")
@@ -232,8 +242,11 @@ def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
                    "cost between kernels.")
 @click.option("--transport", type=click.Choice(["ce", "sm", "direct"]), default=None,
               help="ag_gemm fine-grained transport: copy engines (default), a Triton copy kernel, or direct peer loads.")
+@click.option("--align", type=click.Choice(["host", "device"]), default="host", show_default=True,
+              help="How ranks start each iteration: after a host barrier (calibrated skew), or released together by a "
+                   "device gate (as `taxmodel profile --align device` captures it).")
 def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_, plot, as_json, graph_launch,
-                transport) -> None:
+                transport, align) -> None:
     """Predicted ledger (latency and each tax) of WORKLOAD from shapes and hardware, with its assumptions."""
     import json
 
@@ -245,7 +258,8 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
     shp = wl.shape(preset, **_shape_option(shape))
     hw, note = analytic.resolve_model_hardware(hardware)
     names = [v for v in variants_.split(",") if v] if variants_ else list(analytic.variants(workload))
-    params = analytic.ModelParams.from_hardware(hw, graph_launch=graph_launch or None, ag_transport=transport)
+    params = analytic.ModelParams.from_hardware(hw, graph_launch=graph_launch or None, ag_transport=transport,
+                                                start_alignment=align)
     if sweep_:
         key, values = analytic.parse_range(sweep_)
         tables = {v: analytic.sweep(workload, v, shp, world_size, hw, key, values, params) for v in names}

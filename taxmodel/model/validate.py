@@ -85,6 +85,8 @@ class Case:
     in_sample: bool = False
     graph_launch: bool = False  # captured with `taxmodel profile --graph` (one graph launch per iteration)
     transport: str | None = None  # AG+GEMM fine-grained transport the bundle ran with, when recorded
+    align: str = "host"  # how traced steps started (meta capture.align; `taxmodel profile --align`)
+    gate_hold_s: float | None = None  # the device gate's hold (capture.gate_hold_us), when aligned on the device
 
     @property
     def label(self) -> str:
@@ -144,7 +146,9 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
     config = meta.get("workload_config") or {}
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
                 meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=records,
-                graph_launch=bool(capture.get("graph")), transport=config.get("transport"))
+                graph_launch=bool(capture.get("graph")), transport=config.get("transport"),
+                align=str(capture.get("align") or "host"),
+                gate_hold_s=float(capture["gate_hold_us"]) * 1e-6 if capture.get("gate_hold_us") is not None else None)
 
 
 def _intlike(v: Any) -> bool:
@@ -198,7 +202,8 @@ def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:
     graph per iteration, the AG+GEMM transport; bundles from before the transport was recorded ran
     the default, the copy engines)."""
     return ModelParams.from_hardware(case.hardware, instrumented=case.instrumented, graph_launch=case.graph_launch,
-                                     ag_transport=case.transport, **dict(fitted))
+                                     ag_transport=case.transport, start_alignment=case.align,
+                                     gate_hold_s=case.gate_hold_s, **dict(fitted))
 
 
 def _predict(case: Case, fitted: Mapping[str, float]):
@@ -256,7 +261,7 @@ def compare(case: Case, fitted: Mapping[str, float]) -> list[dict[str, Any]]:
                      "hardware": f"{case.hardware.name} ({case.hardware.source})", "quantity": q,
                      "measured_us": m / 1e3, "predicted_us": p / 1e3, "error_us": err_us, "error_pct": rel * 100.0,
                      "ok": bool(ok), "sample": "in" if case.in_sample else "out", "bundle": case.path.name,
-                     "launches": "graph" if case.graph_launch else "eager"})
+                     "launches": ("graph" if case.graph_launch else "eager") + ("+gate" if case.align == "device" else "")})
     return rows
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from taxmodel.errors import InputError
 from taxmodel.runtime import launcher
 from taxmodel.runtime.inject import Injection
-from taxmodel.runtime.worker import DEFAULT_SPEC, _import_workload_modules, resolve_device, shape_tag
+from taxmodel.runtime.worker import ALIGN_MODES, DEFAULT_SPEC, _import_workload_modules, resolve_device, shape_tag
 
 
 @dataclass
@@ -42,6 +42,8 @@ class ProfileRequest:
     instrument: bool = False  # in-kernel trace records from fused kernels (docs/records.md)
     graph: str = "off"  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
     graph_backend: str = "cuda"  # tests register a fake backend (taxmodel.runtime.graph.register_backend)
+    align: str = "host"  # host | device: a device gate before each traced step (kernels/_gate.py)
+    gate_hold_us: float = 30.0  # the device gate's hold after release (align="device")
 
 
 @dataclass
@@ -83,6 +85,10 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
             raise InputError(f"--{name} must be at least 1")
     if req.warmup < 0:
         raise InputError("--warmup must be 0 or more")
+    if req.align not in ALIGN_MODES:
+        raise InputError(f"--align {req.align!r}: choose one of {', '.join(ALIGN_MODES)}")
+    if req.gate_hold_us < 0:
+        raise InputError("--gate-hold-us must be 0 or more")
     if req.timeout_s <= 0:
         raise InputError("--timeout must be positive")
     modules = [str(Path(m).resolve()) if m.endswith(".py") else m for m in req.workload_modules]
@@ -114,7 +120,8 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
         "inject": list(req.inject), "tracer": req.tracer, "out": str(Path(req.out).resolve()), "device": device,
         "timeout_s": req.timeout_s, "spin_timeout_s": req.spin_timeout_s, "heap_bytes": req.heap_bytes,
         "keep_raw": req.keep_raw, "progress": req.progress, "instrument": bool(req.instrument),
-        "graph": req.graph, "graph_backend": req.graph_backend,
+        "graph": req.graph, "graph_backend": req.graph_backend, "align": req.align,
+        "gate_hold_us": float(req.gate_hold_us),
     })
     return spec, world, device
 

@@ -57,6 +57,8 @@ DEFAULT_SPEC: dict[str, Any] = {
     "deadline_unix": None,  # set by the local launcher: every rank's watchdog fires at this time
     "graph": "off",  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
     "graph_backend": "cuda",  # tests register a fake one (taxmodel.runtime.graph.register_backend)
+    "align": "host",  # host: a host barrier before each traced step; device: plus a device gate (kernels/_gate.py)
+    "gate_hold_us": 30.0,  # with align=device: how long a released gate still holds its GPU (hosts enqueue the step)
 }
 
 
@@ -374,7 +376,7 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
     skipped = {v: next(f"rank {r}: {rs[v]}" for r, rs in enumerate(reasons) if rs[v]) for v in wanted
                if any(rs[v] for rs in reasons)}
     chosen = [v for v in wanted if v not in skipped]
-    if any(variants[v].needs_heap for v in chosen):
+    if spec["align"] == "device" or any(variants[v].needs_heap for v in chosen):
         heap_bytes = int(spec["heap_bytes"] or (4 << 30 if device_kind == "cuda" else 256 << 20))
         ctx.heap = make_heap(ctx, heap_bytes)
     clock = measure_clock_offsets(rank, world, device)
@@ -419,6 +421,7 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
             ctx.barrier()
             ctx.heap.reset()
         ctx.injector = None
+        gate = _device_gate(spec, ctx)  # before setup: the same heap offset on every rank
         st = workload.setup(ctx, shape, variant)
         injector = Injector(injection, ctx, cost.intermediates) if injection.active else None
 
@@ -433,6 +436,8 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
         ctx.injector = injector
         for _ in range(max(int(spec["warmup"]), 1)):
             _barrier(ctx, state)
+            if gate is not None:
+                gate()  # compiles the gate, too, before anything is traced
             eager()
         _barrier(ctx, state)
         progress.advance()
@@ -471,9 +476,13 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
                     _barrier(ctx, state)
                     if book is not None and slots is None:
                         book.set_iteration(it)
+                    if gate is not None:
+                        gate()  # outside the step's range: its kernel belongs to no iteration
                     with record_function(f"ProfilerStep#{it}"):
                         runner()
             raw.append(tracer.export())
+            if gate is not None:
+                gate.check()
             if slots is not None:
                 recs.append(slots.drain(rank, _rep))
             elif book is not None:
@@ -500,7 +509,7 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
                 spec=spec, workload=workload, vname=vname, variant=variant, shape=shape, preset=preset, world=world,
                 device=device, cost=cost, clock=clock, injection=injection, injector=injector, tracer_cls=tracer_cls,
                 gathered=gathered, gathered_records=gathered_recs if book is not None else None,
-                roles={**INJECTED_ROLES, **dict(variant.roles)},
+                roles={**INJECTED_ROLES, **GATE_ROLES, **dict(variant.roles)},
                 finish_events=finish_events, iter_trace_files=iter_trace_files, write_bundle=write_bundle,
                 graph=dict(graph_meta(runner.graph, mode, graph_note, backend.name)))
             written.append(str(path))
@@ -576,6 +585,32 @@ def _capture_graph(spec, state, ctx, workload, vname, shape, st, world, step, ba
     _barrier(ctx, state)
     _check_variant(ctx, workload, vname, shape, st, world, when="after one CUDA graph replay")
     return runner, slots, None
+
+
+#: The device gate's kernel: harness work between steps, not the workload's.
+GATE_ROLES = {r"taxmodel_gate_kernel": "other"}
+ALIGN_MODES = ("host", "device")
+
+
+def _device_gate(spec: Mapping[str, Any], ctx: Any) -> Any:
+    """This variant's device gate (``--align device``), or None (host barrier only)."""
+    if spec["align"] not in ALIGN_MODES:
+        raise InputError(f"--align {spec['align']!r}: choose one of {', '.join(ALIGN_MODES)}")
+    if spec["align"] != "device":
+        return None
+    from taxmodel.kernels._gate import DeviceGate
+
+    return DeviceGate(ctx.heap, ctx.rank, ctx.world_size, ctx.device, ctx.spin_timeout_s,
+                      float(spec["gate_hold_us"]) * 1e-6)
+
+
+def alignment_meta(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """How the traced steps' starts were aligned (meta ``capture.align``, ``capture.gate_hold_us``):
+    what the model needs to predict the ranks' start skew of the bundle."""
+    out: dict[str, Any] = {"align": str(spec["align"])}
+    if spec["align"] == "device":
+        out["gate_hold_us"] = float(spec["gate_hold_us"])
+    return out
 
 
 def _barrier(ctx: Any, state: RankState) -> None:
@@ -666,6 +701,7 @@ def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, worl
                 "roles": dict(roles),
                 "iteration_pattern": r"^ProfilerStep#(\d+)$",
                 "instrument": gathered_records is not None,
+                **alignment_meta(spec),
                 **graph,
             },
             "repetitions": int(spec["repeat"]),
@@ -702,11 +738,14 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     p.add_argument("--graph", choices=("off", "auto", "require"),
                    help="replay one captured CUDA graph per iteration: auto falls back to eager launches for "
                         "variants that are not graph-safe, require stops instead (taxmodel profile --graph/--graph-strict)")
+    p.add_argument("--align", choices=ALIGN_MODES, help="host barrier only, or also a device gate before each traced step")
+    p.add_argument("--gate-hold-us", type=float, dest="gate_hold_us", help="with --align device: the gate's hold (us)")
     a = p.parse_args(argv)
     spec: dict[str, Any] = dict(DEFAULT_SPEC)
     if a.spec:
         spec.update(json.loads(Path(a.spec).read_text()))
-    for key in ("workload", "preset", "iterations", "warmup", "repeat", "tracer", "device", "timeout_s", "out"):
+    for key in ("workload", "preset", "iterations", "warmup", "repeat", "tracer", "device", "timeout_s", "out", "align",
+                "gate_hold_us"):
         if getattr(a, key) is not None:
             spec[key] = getattr(a, key)
     if a.workload_module:

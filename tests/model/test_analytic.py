@@ -230,3 +230,31 @@ def test_a_graph_launch_has_one_host_launch_and_no_host_starved_gaps():
     assert graph["kernel_gap"] == pytest.approx(3 * hw.kernel_gap_s * 1e9, rel=1e-6)  # three queued gaps per rank
     assert eager["launch_tax"] > graph["launch_tax"]
     assert graph["window"] < eager["window"]
+
+
+def test_a_device_gate_releases_the_last_rank_first_and_the_others_one_flag_latency_later():
+    p = c.ModelParams(flag_roundtrip_s=3e-6, barrier_skew_s=12.0, start_alignment="device")
+    assert c.release_offsets(4, p) == [0.0, 1.5e-6, 1.5e-6, 1.5e-6]
+    assert c.release_offsets(4, c.ModelParams(barrier_skew_s=12.0)) == c.start_offsets(4, 12.0)
+    with pytest.raises(ValueError, match="start_alignment"):
+        c.release_offsets(2, c.ModelParams(start_alignment="sideways"))
+
+
+def test_a_gated_graph_iteration_starts_at_the_release_with_no_launch_cost_in_the_window():
+    """Behind the gate the graph launch was enqueued during the hold: each rank's first kernel starts
+    one queued gap after its release, the ranks within one flag latency, so the skew the ledger
+    sees is that latency, far below the host barrier's."""
+    shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
+    hw = find_preset("h200")
+    host = c.ModelParams.from_hardware(hw, graph_launch=True, barrier_skew_s=20e-6)
+    gated = c.ModelParams.from_hardware(hw, graph_launch=True, barrier_skew_s=20e-6, start_alignment="device",
+                                        gate_hold_s=30e-6)
+    plans = [[c.KernelPlan("k", "compute", 5e-6, host_s=hw.host_launch_s)] for _ in range(4)]
+    rows = c.simulate(c.as_graph_launch(plans, gated), gated).rows
+    starts = sorted(r["start"] for r in rows)
+    assert starts == pytest.approx([gated.kernel_gap_s] + [gated.flag_roundtrip_s / 2 + gated.kernel_gap_s] * 3)
+    for wl, var in (("flash_decode", "bsp"), ("flash_decode", "fused")):
+        a = predict(wl, var, shape, 4, hw, host).taxes_ns()
+        b = predict(wl, var, shape, 4, hw, gated).taxes_ns()
+        assert b["window"] < a["window"]
+        assert b["launch_tax"] <= a["launch_tax"] + 1e-6

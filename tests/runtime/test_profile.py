@@ -68,3 +68,24 @@ def test_two_ranks_all_variants_with_injection(tmp_path):
     assert ring.meta["fine_grained"] is True
     fused = ring.events[ring.events["name"] == "ring_push"]
     assert set(fused["role"]) == {"fused"} and len(fused) == 2 * 2 * 3
+
+
+def test_align_device_gates_every_step_and_says_so_in_meta(tmp_path):
+    """--align device on a variant that needs no heap of its own: the run makes one for the gate,
+    every rank passes a gate before each traced step (a gate that gave up would fail the run), the
+    steps' kernels are the same, and meta records how the steps were aligned."""
+    out = profile(_request(tmp_path, world_size=2, variants=["bsp"], align="device", gate_hold_us=5.0), quiet=True)
+    b = taxmodel.load(out.bundles[0])
+    assert (b.meta["capture"]["align"], b.meta["capture"]["gate_hold_us"]) == ("device", 5.0)
+    k = b.events[(b.events["kind"] == "kernel") & (b.events["iteration"] >= 0)]
+    assert k[k["stream"] == 0].groupby("rank")["name"].apply(list).tolist() == [["scale", "sum"] * 3] * 2
+    plain = taxmodel.load(profile(_request(tmp_path / "plain", world_size=1, variants=["bsp"]), quiet=True).bundles[0])
+    assert plain.meta["capture"]["align"] == "host" and "gate_hold_us" not in plain.meta["capture"]
+
+
+@pytest.mark.parametrize("kw,match", [({"align": "sideways"}, "--align"), ({"gate_hold_us": -1.0}, "--gate-hold-us")])
+def test_bad_alignment_options_are_refused_before_any_rank_starts(tmp_path, kw, match):
+    from taxmodel.errors import InputError
+
+    with pytest.raises(InputError, match=match):
+        profile(_request(tmp_path, world_size=2, **kw), quiet=True)

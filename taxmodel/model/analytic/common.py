@@ -59,6 +59,11 @@ class ModelParams:
     kernel_gap_s: float = 1.1e-6
     #: Scale of the ranks' release times after a host barrier (exponential order statistics).
     barrier_skew_s: float = 5e-6
+    #: How ranks start an iteration: "host" (they leave a host barrier, spread by barrier_skew_s) or
+    #: "device" (``taxmodel profile --align device``: a device gate releases every GPU together; see
+    #: ``release_offsets``); with the gate, each host enqueues for ``gate_hold_s`` before its GPU starts.
+    start_alignment: str = "host"
+    gate_hold_s: float = 30e-6
     #: Fixed cost of one NCCL/RCCL collective beyond alpha-beta (kernel setup, protocol handshake).
     collective_base_s: float = 8e-6
     #: Flag round trip between two GPUs (release-set on one, acquire-wait on the other, and back).
@@ -337,6 +342,23 @@ class CollectiveModel:
 # --- ranks' start spread ---------------------------------------------------------------------------
 
 
+START_ALIGNMENTS = ("host", "device")
+
+
+def release_offsets(world: int, params: "ModelParams") -> list[float]:
+    """When each rank's GPU may start the iteration, from the earliest.
+
+    Host barrier: ``start_offsets(world, barrier_skew_s)``. Device gate (kernels/_gate.py): every
+    rank adds to every counter, so the last rank to arrive sees the count complete at once (its own
+    add is local) and every other rank one flag latency later, when that rank's add lands: one
+    rank at 0, the others at half the calibrated flag round trip."""
+    if params.start_alignment not in START_ALIGNMENTS:
+        raise ValueError(f"start_alignment {params.start_alignment!r}: expected one of {START_ALIGNMENTS}")
+    if params.start_alignment == "device":
+        return [0.0] + [params.flag_roundtrip_s / 2] * (world - 1)
+    return start_offsets(world, params.barrier_skew_s)
+
+
 def start_offsets(world: int, scale_s: float) -> list[float]:
     """Expected release times of ``world`` ranks after a host barrier, earliest first: the order
     statistics of i.i.d. exponential delays of mean ``scale_s``, measured from the earliest:
@@ -431,8 +453,9 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
     n = len(plans[0])
     if any(len(p) != n for p in plans):
         raise ValueError("every rank must run the same number of kernels")
-    offs = start_offsets(world, params.barrier_skew_s)
-    host = list(offs)
+    offs = release_offsets(world, params)
+    gated = params.start_alignment == "device"
+    host = [o - params.gate_hold_s for o in offs] if gated else list(offs)
     free: list[dict[int, float]] = [{} for _ in range(world)]
     ends: list[list[float]] = [[] for _ in range(world)]  # per rank, every placed kernel's end
     rows: list[dict] = []
@@ -445,6 +468,8 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
             launch_end.append(host[r])
             f = free[r].get(p.stream)
             s = host[r] + params.launch_latency_s
+            if gated:  # queued behind the gate: not before its release
+                s = max(s, offs[r] + params.kernel_gap_s)
             if f is not None:
                 s = max(s, f + params.kernel_gap_s)
             if p.after is not None:
@@ -589,8 +614,11 @@ def standard_assumptions(hw: HardwareSpec, topo: Topology, params: ModelParams) 
     out = [
         f"hardware: {hw.name} ({hw.source}{'; datasheet peaks scaled by ' + format(params.vendor_fraction_of_datasheet, '.2f') + ' for vendor GEMMs' if hw.source == 'datasheet' else ''})",
         f"topology: {topo.description}",
-        f"ranks leave the per-iteration host barrier spread like exponential delays of mean {params.barrier_skew_s * 1e6:.1f} us "
-        f"({params.sources.get('barrier_skew_s', 'default')})",
+        (f"ranks leave the per-iteration host barrier spread like exponential delays of mean {params.barrier_skew_s * 1e6:.1f} us "
+         f"({params.sources.get('barrier_skew_s', 'default')})") if params.start_alignment == "host" else
+        (f"a device gate releases the ranks (profile --align device): the last to arrive at once, the others one flag "
+         f"latency later ({params.flag_roundtrip_s / 2 * 1e6:.1f} us, half the flag round trip); hosts enqueue "
+         f"{params.gate_hold_s * 1e6:.0f} us before the release"),
         f"launch: {params.host_launch_triton_s * 1e6:.1f} us host per Triton launch, {params.host_launch_torch_s * 1e6:.1f} us per "
         f"torch/NCCL call, {params.launch_latency_s * 1e6:.1f} us launch latency, {params.kernel_gap_s * 1e6:.1f} us between queued kernels",
     ]
