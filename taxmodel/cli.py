@@ -138,9 +138,11 @@ def _us_columns(df, columns):
                    "it: tens of us under the profiler); device = also behind a device gate, a one-program kernel that "
                    "releases every rank's GPU together (within a flag's latency), so the trace shows the workload's "
                    "own skew, not the harness's. Each bundle records it in meta capture.align.")
-@click.option("--gate-hold-us", type=float, default=30.0, show_default=True,
+@click.option("--gate-hold-us", type=float, default=250.0, show_default=True,
               help="With --align device: how long the gate still holds its GPU after every rank arrived, so each "
-                   "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts.")
+                   "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts. "
+                   "Under the profiler a rank's host needs 60-100 us from the gate to its graph launch (2x H200), so "
+                   "the default leaves room; the hold is outside every traced step.")
 def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
                 timeout_s, workload_modules, heap_bytes, out, instrument, graph, graph_strict, align,
                 gate_hold_us) -> None:

@@ -60,6 +60,9 @@ FIT_RULES = (
             "streaming efficiency of the Triton decode kernels (relative to the calibrated HBM copy bandwidth) on the "
             "split-KV kernel's own duration, which rank skew does not inflate",
             kernel="flash_decode_split_kv", detail="split_kv"),
+    FitRule("combine_step_s", "flash_decode", ("bsp",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
+            0.1e-6, 5e-6, "the same flash_decode bsp bundles fit the serial step of a combine program on the local "
+            "combine kernel's own duration", kernel="flash_decode_combine_local", detail="combine_local"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
                                                           "predicted latency, or the named kernel's predicted duration, "
@@ -177,16 +180,15 @@ def find_cases(root: str | os.PathLike) -> tuple[list[Case], list[str]]:
 
 # --- fitting ---------------------------------------------------------------------------------------
 
-def _rule_of(case: Case) -> FitRule | None:
-    return next((r for r in FIT_RULES if case.workload == r.workload and case.variant in r.variants), None)
+def _rules_of(case: Case) -> list[FitRule]:
+    return [r for r in FIT_RULES if case.workload == r.workload and case.variant in r.variants]
 
 
 def mark_in_sample(cases: list[Case]) -> None:
     """Apply FIT_RULES: flag each rule's fitting subset."""
     groups: dict[tuple, list[Case]] = {}
     for c in cases:
-        rule = _rule_of(c)
-        if rule is not None:
+        for rule in _rules_of(c):
             key = (rule.param, c.variant, *(c.shape.get(k, 0) for k in rule.group_keys), c.world_size,
                    c.hardware.name, c.graph_launch)
             groups.setdefault(key, []).append(c)
@@ -218,7 +220,7 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
     fitted: dict[str, float] = {}
     for rule in FIT_RULES:
         values = []
-        subset = [c for c in cases if c.in_sample and _rule_of(c) is rule]
+        subset = [c for c in cases if c.in_sample and rule in _rules_of(c)]
         if any(c.graph_launch for c in subset):  # host-free captures, when there are any, fit the GPU-side rate
             subset = [c for c in subset if c.graph_launch]
         for case in subset:
@@ -229,11 +231,13 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
                 target = case.measured["latency"]
                 f = lambda e: _predict(case, {rule.param: e}).window_ns - target  # noqa: E731
             lo, hi = rule.low, rule.high
-            if f(lo) < 0 or f(hi) > 0:  # the parameter cannot explain this case's latency
+            f_lo, f_hi = f(lo), f(hi)
+            if f_lo * f_hi > 0:  # same side at both ends: the parameter cannot explain this case
                 continue
+            rising = f_hi > f_lo  # a rate (efficiency) shortens the time, a step time lengthens it
             for _ in range(18):
                 mid = 0.5 * (lo + hi)
-                if f(mid) > 0:
+                if (f(mid) > 0) != rising:
                     lo = mid
                 else:
                     hi = mid
@@ -241,7 +245,8 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
         if values:
             values.sort()
             mid = len(values) // 2
-            fitted[rule.param] = round(values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid]), 3)
+            median = values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+            fitted[rule.param] = float(f"{median:.3g}")  # 3 significant digits (parameters in s are ~1e-6)
     return fitted
 
 
@@ -277,7 +282,7 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True) -> Valid
                                         "launches"])
     notes = [f"fitting subset: {IN_SAMPLE_RULE}"]
     if fitted:
-        notes.append("fitted: " + ", ".join(f"{k} = {v}" for k, v in fitted.items()))
+        notes.append("fitted: " + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items()))
     elif fit:
         notes.append("fitted: nothing (no in-sample case whose latency the fitted parameter explains); defaults used")
     return Validation(cases, table, skipped, fitted, notes)

@@ -43,7 +43,7 @@ class ProfileRequest:
     graph: str = "off"  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
     graph_backend: str = "cuda"  # tests register a fake backend (taxmodel.runtime.graph.register_backend)
     align: str = "host"  # host | device: a device gate before each traced step (kernels/_gate.py)
-    gate_hold_us: float = 30.0  # the device gate's hold after release (align="device")
+    gate_hold_us: float = 250.0  # the device gate's hold after release (align="device")
 
 
 @dataclass

@@ -58,7 +58,7 @@ DEFAULT_SPEC: dict[str, Any] = {
     "graph": "off",  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
     "graph_backend": "cuda",  # tests register a fake one (taxmodel.runtime.graph.register_backend)
     "align": "host",  # host: a host barrier before each traced step; device: plus a device gate (kernels/_gate.py)
-    "gate_hold_us": 30.0,  # with align=device: how long a released gate still holds its GPU (hosts enqueue the step)
+    "gate_hold_us": 250.0,  # with align=device: how long a released gate still holds its GPU (hosts enqueue the step)
 }
 
 

@@ -258,3 +258,28 @@ def test_a_gated_graph_iteration_starts_at_the_release_with_no_launch_cost_in_th
         b = predict(wl, var, shape, 4, hw, gated).taxes_ns()
         assert b["window"] < a["window"]
         assert b["launch_tax"] <= a["launch_tax"] + 1e-6
+
+
+def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bound_steps():
+    """bsp local combine at batch 1: 4 programs of 8 rows fold the splits 4 at a time, so the kernel
+    is overhead + ceil(S / 4) steps, far above streaming its ~1.4 MB; at batch 16 (6 splits,
+    2 steps each) the same formula; the fused kernel's own local combine takes the same steps."""
+    from taxmodel.kernels.flash_decode.split_kv import plan_splits
+    from taxmodel.kernels.flash_decode.workload import kv_lengths, split_config
+
+    hw = find_preset("h200")
+    p = c.ModelParams.from_hardware(hw, combine_step_s=0.9e-6)
+    for batch in (1, 16):
+        shape = {"batch": batch, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 16384}
+        splits = plan_splits(batch, 4, kv_lengths(shape, 4)[0], hw.num_sms, split_config(shape, "cuda")).num_splits
+        assert splits > (8 if batch == 1 else 4)  # several steps per program
+        steps = -(-splits // 4)
+        bsp = predict("flash_decode", "bsp", shape, 4, hw, p).details
+        assert bsp["combine_local"] == pytest.approx(max(p.kernel_overhead_s + steps * 0.9e-6,
+                                                         c.stream_time(batch * 32 * (splits + 1) * 129 * 4, hw, p)))
+        assert predict("flash_decode", "fused", shape, 4, hw, p).details["local_combine"] == pytest.approx(steps * 0.9e-6)
+    # spread: 4 slices of 2 rows fold 16 partials per step
+    spread = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 16384, "fused_slices": 4}
+    splits = plan_splits(1, 4, kv_lengths(spread, 4)[0], hw.num_sms, split_config(spread, "cuda")).num_splits
+    assert predict("flash_decode", "fused", spread, 4, hw, p).details["local_combine"] == pytest.approx(
+        -(-splits // 16) * 0.9e-6)

@@ -20,19 +20,22 @@ H200 = find_preset("h200")
 AG = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}
 
 
-def _model_bundle(path: Path, variant: str, shape: dict, world: int) -> Path:
+def _model_bundle(path: Path, variant: str, shape: dict, world: int, workload: str = "ag_gemm",
+                  params: ModelParams | None = None) -> Path:
     """A bundle whose events are the model's own predicted timeline (validation must give 0 error)."""
-    from taxmodel.model.analytic import ag_gemm
+    import importlib
+
     from taxmodel.model.analytic.common import CollectiveModel, topology
 
-    params = ModelParams.from_hardware(H200)
+    model = importlib.import_module(f"taxmodel.model.analytic.{workload}")
+    params = params or ModelParams.from_hardware(H200)
     coll = CollectiveModel.from_hardware(H200, topology(H200, world, params), params)
-    plans, _, _ = ag_gemm.plans(variant, shape, world, H200, params, coll)
+    plans, _, _ = model.plans(variant, shape, world, H200, params, coll)
     events = timeline_events(simulate(plans, params), iterations=3)
-    meta = make_meta(source="capture", workload="ag_gemm", variant=variant, shape=shape, world_size=world,
+    meta = make_meta(source="capture", workload=workload, variant=variant, shape=shape, world_size=world,
                      ranks=list(range(world)), hardware={"name": "NVIDIA H200"},
                      clock_offsets_ns={str(r): 0 for r in range(world)}, capture={"clock_offsets_source": "measured"},
-                     cost=ag_gemm.cost(shape, world, variant))
+                     cost=model.cost(shape, world, variant))
     return write_bundle(path, events, meta)
 
 
@@ -164,3 +167,15 @@ def test_cli_validate_and_calibrate_without_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     r = CliRunner().invoke(cli, ["calibrate", "-o", str(tmp_path / "hw.json")])
     assert r.exit_code == 2 and "datasheet presets" in r.output
+
+
+def test_a_step_time_is_fitted_as_well_as_a_rate(tmp_path):
+    """combine_step_s lengthens the time it explains, an efficiency shortens it: the bisection
+    handles both. A flash decode bsp bundle made by the model with a step of 1.7 us (batch 1, many
+    splits: the local combine is steps, not bandwidth) gives back 1.7 us."""
+    hw = val.resolve_model_hardware(None, {"hardware": {"name": "NVIDIA H200"}})[0]
+    shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 65536}
+    _model_bundle(tmp_path / "fd", "bsp", shape, 2, workload="flash_decode",
+                  params=ModelParams.from_hardware(hw, combine_step_s=1.7e-6))
+    v = val.validate(tmp_path)
+    assert v.fitted["combine_step_s"] == pytest.approx(1.7e-6, rel=2e-3)

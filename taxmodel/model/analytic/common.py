@@ -50,6 +50,11 @@ class ModelParams:
     kernel_overhead_s: float = 2e-6
     #: Memory-bound Triton kernels stream at this fraction of the HBM copy bandwidth.
     triton_stream_efficiency: float = 0.80
+    #: One step of a flash decode combine program: load a [rows, NB, D] fp32 tile of partials
+    #: (16 KB) and merge it. The steps of one program are serial (each waits for its loads), so a
+    #: combine with few programs and many partials is latency-bound, not bandwidth-bound: about one
+    #: loaded-memory latency plus the merge. Fitted from bundles (validate.FIT_RULES).
+    combine_step_s: float = 1.0e-6
     #: Host time of one Triton launch and of one torch op / NCCL call (DEVICE_NOTES: 15 us, 10 us).
     host_launch_triton_s: float = 15e-6
     host_launch_torch_s: float = 10e-6
@@ -63,7 +68,7 @@ class ModelParams:
     #: "device" (``taxmodel profile --align device``: a device gate releases every GPU together; see
     #: ``release_offsets``); with the gate, each host enqueues for ``gate_hold_s`` before its GPU starts.
     start_alignment: str = "host"
-    gate_hold_s: float = 30e-6
+    gate_hold_s: float = 250e-6
     #: Fixed cost of one NCCL/RCCL collective beyond alpha-beta (kernel setup, protocol handshake).
     collective_base_s: float = 8e-6
     #: Flag round trip between two GPUs (release-set on one, acquire-wait on the other, and back).
@@ -225,6 +230,11 @@ def stream_time(nbytes: float, hw: HardwareSpec, params: ModelParams, *, triton:
     """A memory-bound kernel moving ``nbytes`` through HBM (reads + writes), plus the overhead."""
     eff = params.triton_stream_efficiency if triton else 1.0
     return float(nbytes) / (hw.hbm_bytes_per_s * eff) + params.kernel_overhead_s
+
+
+def serial_steps_time(steps: int, params: ModelParams) -> float:
+    """A program's ``steps`` latency-bound steps in a row (``combine_step_s`` each)."""
+    return max(int(steps), 0) * params.combine_step_s
 
 
 def hbm_round_trip(nbytes: float, hw: HardwareSpec) -> float:

@@ -5,6 +5,12 @@ Decode attention is memory-bound: the split-KV kernel streams 2*B*Hkv*L_r*D*2 by
 and writes its partials (B*Hq*S*(D+1) fp32, S splits from the workload's own planner), at the
 Triton streaming efficiency of the HBM bandwidth, plus the fixed kernel overhead.
 
+Combines are latency-bound where programs are few: a combine program for R query rows folds its S
+partials NB at a time (``combine.combine_block(R)``), ceil(S / NB) serial steps of
+``combine_step_s`` each; the kernel takes the longer of that and streaming its bytes. At batch 1
+(4 programs, up to ~100 splits) the steps dominate: 20-30 us on 2 H200s, where bandwidth alone
+says 1 us.
+
 - bsp: split-KV -> local combine (partials in, one packed partial of B*Hq*(D+1) fp32 out) ->
   NCCL all_gather of the packed partial (collective model; small messages are latency-bound) ->
   global combine (W packed partials in, the output out). Four launches: at small sizes the
@@ -43,6 +49,15 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     from taxmodel.kernels.flash_decode.workload import kv_lengths, split_config
 
     b, hq, hkv, d = _dims(shape)
+    from taxmodel.kernels.flash_decode.combine import combine_block
+    from taxmodel.kernels.flash_decode.split_kv import next_pow2
+
+    group = max(hq // max(hkv, 1), 1)
+
+    def steps(partials: int, rows: int) -> int:  # serial steps of one combine program of ``rows`` rows
+        nb = combine_block(max(rows, 1))
+        return -(-int(partials) // nb)
+
     lens = kv_lengths(shape, world)
     cfg = split_config(shape, "cuda") if isinstance(shape, Mapping) else SplitConfig()
     num_sms = hw.num_sms or 132
@@ -55,17 +70,20 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         splits = plan_splits(b, hkv, L, num_sms, cfg).num_splits
         partials = b * hq * splits * (d + 1) * 4
         kv = 2 * b * hkv * L * d * 2
-        per_rank.append((kv, partials))
+        per_rank.append((kv, partials, splits))
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     notes = [f"K/V streamed at {params.triton_stream_efficiency:.2f} of the HBM bandwidth; splits from the workload's "
              f"planner on {num_sms} SMs"]
     if variant == "bsp":
         ag = coll.time("allgather", packed, world) if world > 1 else 0.0
-        glob = c.stream_time(world * packed + out_bytes, hw, params)
+        rows = max(group // max(int(shape.get("bsp_slices", 1)), 1), 1)
+        glob = max(c.stream_time(world * packed + out_bytes, hw, params),
+                   params.kernel_overhead_s + c.serial_steps_time(-(-world // next_pow2(world)), params))
         out = []
-        for kv, partials in per_rank:
+        for kv, partials, splits in per_rank:
             split = c.stream_time(kv + partials, hw, params)
-            local = c.stream_time(partials + packed, hw, params)
+            local = max(c.stream_time(partials + packed, hw, params),
+                        params.kernel_overhead_s + c.serial_steps_time(steps(splits, rows), params))
             ks = [c.KernelPlan(SPLIT, "compute", split, ht), c.KernelPlan(COMBINE_LOCAL, "compute", local, ht)]
             if world > 1:
                 ks.append(c.KernelPlan(NCCL_AG, "comm", ag, hv, collective="allgather"))
@@ -80,12 +98,18 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
         push = (world - 1) * packed / store_bw + params.peer_load_latency_s if world > 1 else 0.0
         flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
-        post = (world * packed + out_bytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency)
-        out = []
-        for kv, partials in per_rank:
-            work = c.stream_time(kv + 2 * partials + packed, hw, params) + push
+        slices = int(shape.get("fused_slices", 0))
+        rows = max(group // slices, 1) if slices > 0 else group  # rows per combining CTA
+        post = max((world * packed + out_bytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency),
+                   c.serial_steps_time(1, params))  # the peers' W partials: one step
+        out, local_steps = [], []
+        for kv, partials, splits in per_rank:
+            local = c.serial_steps_time(steps(splits, rows), params)  # after the last split of the group
+            local_steps.append(local)
+            work = c.stream_time(kv + partials, hw, params) + local + push
             out.append([c.KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag)])
-        det.update({"fused_work": mean([p[0].duration_s for p in out]), "push": push, "flag": flag, "combine": post})
+        det.update({"fused_work": mean([p[0].duration_s for p in out]), "local_combine": mean(local_steps), "push": push,
+                    "flag": flag, "combine": post})
         notes.append("fused: each head group's combine waits for the slowest rank's partial plus a one-way "
                      "latency (half a flag round trip)")
         return out, det, notes
