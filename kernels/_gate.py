@@ -34,7 +34,7 @@ import triton.language as tl
 
 from taxmodel.kernels import _sync
 
-#: The kernel as traces name it (``taxmodel.runtime.worker`` gives it the role "other").
+#: The kernel as traces name it (``taxmodel.runtime.alignment.GATE_ROLES`` gives it the role "other").
 KERNEL_NAME = "taxmodel_gate_kernel"
 #: Kernel id in the error record (``_sync.check_errors``).
 GATE_KERNEL_ID: tl.constexpr = tl.constexpr(90)
@@ -65,12 +65,12 @@ class DeviceGate:
                  hold_s: float) -> None:
         if hold_s < 0:
             raise ValueError(f"the gate's hold must be 0 or more seconds, got {hold_s}")
-        self.rank, self.world_size, self.hold_s = int(rank), int(world_size), float(hold_s)
-        self.device = torch.device(device)
-        self.mode = _sync.sync_mode(self.device)
+        self.rank, self.world_size = int(rank), int(world_size)
+        device = torch.device(device)
+        self.mode = _sync.sync_mode(device)
         self.counter = heap.zeros(1, torch.int32)  # same offset on every rank: allocated in the same order
-        self.heap_bases = heap.heap_bases.to(self.device)
-        self.err = _sync.new_error_buffer(self.device)
+        self.heap_bases = heap.heap_bases.to(device)
+        self.err = _sync.new_error_buffer(device)
         self.budget = _sync.spin_budget(spin_timeout_s, self.mode)
         self.hold = _sync.spin_budget(hold_s, self.mode) if hold_s > 0 else 0
         self.epoch = 0

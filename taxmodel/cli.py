@@ -11,6 +11,7 @@ import click
 
 from taxmodel import __version__
 from taxmodel.errors import TaxmodelError
+from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 
 
 class _Group(click.Group):
@@ -133,12 +134,12 @@ def _us_columns(df, columns):
 @click.option("--graph-strict", is_flag=True, default=False,
               help="Like --graph, but never fall back: exit 2 before starting if a chosen variant is not graph-safe "
                    "or this is a CPU run, and fail if a capture fails.")
-@click.option("--align", type=click.Choice(["host", "device"]), default="host", show_default=True,
+@click.option("--align", type=click.Choice(START_ALIGNMENTS), default="host", show_default=True,
               help="How traced steps start: host = after a host barrier (ranks start as skewed as their hosts leave "
                    "it: tens of us under the profiler); device = also behind a device gate, a one-program kernel that "
                    "releases every rank's GPU together (within a flag's latency), so the trace shows the workload's "
                    "own skew, not the harness's. Each bundle records it in meta capture.align.")
-@click.option("--gate-hold-us", type=float, default=250.0, show_default=True,
+@click.option("--gate-hold-us", type=float, default=DEFAULT_GATE_HOLD_US, show_default=True,
               help="With --align device: how long the gate still holds its GPU after every rank arrived, so each "
                    "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts. "
                    "Under the profiler a rank's host needs 60-100 us from the gate to its graph launch (2x H200), so "
@@ -244,7 +245,7 @@ def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
                    "cost between kernels.")
 @click.option("--transport", type=click.Choice(["ce", "sm", "direct"]), default=None,
               help="ag_gemm fine-grained transport: copy engines (default), a Triton copy kernel, or direct peer loads.")
-@click.option("--align", type=click.Choice(["host", "device"]), default="host", show_default=True,
+@click.option("--align", type=click.Choice(START_ALIGNMENTS), default="host", show_default=True,
               help="How ranks start each iteration: after a host barrier (calibrated skew), or released together by a "
                    "device gate (as `taxmodel profile --align device` captures it).")
 def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_, plot, as_json, graph_launch,

@@ -27,6 +27,7 @@ from taxmodel.errors import InputError, TaxmodelError
 from taxmodel.model.analytic import MODELS, predict, resolve_model_hardware
 from taxmodel.model.analytic.common import ModelParams
 from taxmodel.model.categories import TAXES
+from taxmodel.runtime.alignment import read_alignment
 
 LATENCY_TOLERANCE = 0.15
 TAX_TOLERANCE = 0.25
@@ -144,14 +145,14 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
         hw, note = resolve_model_hardware(None, meta, search=search)
     except InputError as exc:
         return f"{path}: {exc}"
+    align, gate_hold_s = read_alignment(capture)
     ledger = compute_ledger(bundle, hw, lenient=True)
     records = bool((bundle.events["kind"] == "record").any())
     config = meta.get("workload_config") or {}
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
                 meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=records,
                 graph_launch=bool(capture.get("graph")), transport=config.get("transport"),
-                align=str(capture.get("align") or "host"),
-                gate_hold_s=float(capture["gate_hold_us"]) * 1e-6 if capture.get("gate_hold_us") is not None else None)
+                align=align, gate_hold_s=gate_hold_s)
 
 
 def _intlike(v: Any) -> bool:

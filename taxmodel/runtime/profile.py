@@ -16,7 +16,8 @@ from typing import Any
 from taxmodel.errors import InputError
 from taxmodel.runtime import launcher
 from taxmodel.runtime.inject import Injection
-from taxmodel.runtime.worker import ALIGN_MODES, DEFAULT_SPEC, _import_workload_modules, resolve_device, shape_tag
+from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
+from taxmodel.runtime.worker import DEFAULT_SPEC, _import_workload_modules, resolve_device, shape_tag
 
 
 @dataclass
@@ -43,7 +44,7 @@ class ProfileRequest:
     graph: str = "off"  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
     graph_backend: str = "cuda"  # tests register a fake backend (taxmodel.runtime.graph.register_backend)
     align: str = "host"  # host | device: a device gate before each traced step (kernels/_gate.py)
-    gate_hold_us: float = 250.0  # the device gate's hold after release (align="device")
+    gate_hold_us: float = DEFAULT_GATE_HOLD_US  # the device gate's hold after release (align="device")
 
 
 @dataclass
@@ -85,8 +86,8 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
             raise InputError(f"--{name} must be at least 1")
     if req.warmup < 0:
         raise InputError("--warmup must be 0 or more")
-    if req.align not in ALIGN_MODES:
-        raise InputError(f"--align {req.align!r}: choose one of {', '.join(ALIGN_MODES)}")
+    if req.align not in START_ALIGNMENTS:
+        raise InputError(f"--align {req.align!r}: choose one of {', '.join(START_ALIGNMENTS)}")
     if req.gate_hold_us < 0:
         raise InputError("--gate-hold-us must be 0 or more")
     if req.timeout_s <= 0:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError, RunError, TaxmodelError
+from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, GATE_ROLES, START_ALIGNMENTS, alignment_meta
 from taxmodel.runtime.heap import disable_multicast
 from taxmodel.runtime.launcher import RESULT_FILE, STATUS_DIR_ENV, write_status
 
@@ -57,8 +58,8 @@ DEFAULT_SPEC: dict[str, Any] = {
     "deadline_unix": None,  # set by the local launcher: every rank's watchdog fires at this time
     "graph": "off",  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
     "graph_backend": "cuda",  # tests register a fake one (taxmodel.runtime.graph.register_backend)
-    "align": "host",  # host: a host barrier before each traced step; device: plus a device gate (kernels/_gate.py)
-    "gate_hold_us": 250.0,  # with align=device: how long a released gate still holds its GPU (hosts enqueue the step)
+    "align": "host",  # taxmodel.runtime.alignment: host barrier only, or also a device gate (kernels/_gate.py)
+    "gate_hold_us": DEFAULT_GATE_HOLD_US,  # with align=device: how long a released gate still holds its GPU
 }
 
 
@@ -587,30 +588,14 @@ def _capture_graph(spec, state, ctx, workload, vname, shape, st, world, step, ba
     return runner, slots, None
 
 
-#: The device gate's kernel: harness work between steps, not the workload's.
-GATE_ROLES = {r"taxmodel_gate_kernel": "other"}
-ALIGN_MODES = ("host", "device")
-
-
 def _device_gate(spec: Mapping[str, Any], ctx: Any) -> Any:
     """This variant's device gate (``--align device``), or None (host barrier only)."""
-    if spec["align"] not in ALIGN_MODES:
-        raise InputError(f"--align {spec['align']!r}: choose one of {', '.join(ALIGN_MODES)}")
     if spec["align"] != "device":
         return None
     from taxmodel.kernels._gate import DeviceGate
 
     return DeviceGate(ctx.heap, ctx.rank, ctx.world_size, ctx.device, ctx.spin_timeout_s,
                       float(spec["gate_hold_us"]) * 1e-6)
-
-
-def alignment_meta(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """How the traced steps' starts were aligned (meta ``capture.align``, ``capture.gate_hold_us``):
-    what the model needs to predict the ranks' start skew of the bundle."""
-    out: dict[str, Any] = {"align": str(spec["align"])}
-    if spec["align"] == "device":
-        out["gate_hold_us"] = float(spec["gate_hold_us"])
-    return out
 
 
 def _barrier(ctx: Any, state: RankState) -> None:
@@ -701,7 +686,7 @@ def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, worl
                 "roles": dict(roles),
                 "iteration_pattern": r"^ProfilerStep#(\d+)$",
                 "instrument": gathered_records is not None,
-                **alignment_meta(spec),
+                **alignment_meta(spec["align"], spec["gate_hold_us"]),
                 **graph,
             },
             "repetitions": int(spec["repeat"]),
@@ -738,7 +723,7 @@ def _parse_args(argv: list[str] | None) -> dict[str, Any]:
     p.add_argument("--graph", choices=("off", "auto", "require"),
                    help="replay one captured CUDA graph per iteration: auto falls back to eager launches for "
                         "variants that are not graph-safe, require stops instead (taxmodel profile --graph/--graph-strict)")
-    p.add_argument("--align", choices=ALIGN_MODES, help="host barrier only, or also a device gate before each traced step")
+    p.add_argument("--align", choices=START_ALIGNMENTS, help="host barrier only, or also a device gate before each traced step")
     p.add_argument("--gate-hold-us", type=float, dest="gate_hold_us", help="with --align device: the gate's hold (us)")
     a = p.parse_args(argv)
     spec: dict[str, Any] = dict(DEFAULT_SPEC)

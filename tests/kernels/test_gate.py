@@ -1,5 +1,6 @@
-"""kernels/_gate.py: the device gate releases no rank before every rank arrived, holds after the
-release, reports a rank that never arrives, and compiles for sm_90 to the code it claims."""
+"""kernels/_gate.py: the device gate releases no rank before every rank arrived, reports a rank
+that never arrives, and compiles for sm_90 to the code it claims (system-scope arrivals, a hold
+timed on the global timer; the hold's length itself is only visible on a GPU)."""
 from __future__ import annotations
 
 import os
@@ -93,4 +94,5 @@ def test_gate_compiles_for_sm90_with_system_scope_arrivals_and_a_timed_hold(tmp_
     r = compile_report(SCRIPT, tmp_path_factory)["gate"]
     assert r["local"] == 0
     assert r["sys_release_add"] >= 1, r  # arrivals are system-scope release adds to the peers' counters
-    assert r["globaltimer"] >= 2, r  # the bounded wait and the hold read the global timer
+    # the bounded wait reads the global timer twice (its start, each poll), the hold twice more
+    assert r["globaltimer"] >= 4, r

@@ -79,8 +79,11 @@ def test_align_device_gates_every_step_and_says_so_in_meta(tmp_path):
     assert (b.meta["capture"]["align"], b.meta["capture"]["gate_hold_us"]) == ("device", 5.0)
     k = b.events[(b.events["kind"] == "kernel") & (b.events["iteration"] >= 0)]
     assert k[k["stream"] == 0].groupby("rank")["name"].apply(list).tolist() == [["scale", "sum"] * 3] * 2
-    plain = taxmodel.load(profile(_request(tmp_path / "plain", world_size=1, variants=["bsp"]), quiet=True).bundles[0])
-    assert plain.meta["capture"]["align"] == "host" and "gate_hold_us" not in plain.meta["capture"]
+    from taxmodel.runtime.alignment import alignment_meta, read_alignment
+
+    assert alignment_meta("host", 5.0) == {"align": "host"}
+    assert read_alignment({}) == ("host", None)  # bundles from before --align: a host barrier
+    assert read_alignment(b.meta["capture"]) == ("device", pytest.approx(5e-6))
 
 
 @pytest.mark.parametrize("kw,match", [({"align": "sideways"}, "--align"), ({"gate_hold_us": -1.0}, "--gate-hold-us")])

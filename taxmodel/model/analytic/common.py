@@ -26,6 +26,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec
+from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 
 # --- parameters ---------------------------------------------------------------------------------
 
@@ -68,7 +69,7 @@ class ModelParams:
     #: "device" (``taxmodel profile --align device``: a device gate releases every GPU together; see
     #: ``release_offsets``); with the gate, each host enqueues for ``gate_hold_s`` before its GPU starts.
     start_alignment: str = "host"
-    gate_hold_s: float = 250e-6
+    gate_hold_s: float = DEFAULT_GATE_HOLD_US * 1e-6
     #: Fixed cost of one NCCL/RCCL collective beyond alpha-beta (kernel setup, protocol handshake).
     collective_base_s: float = 8e-6
     #: Flag round trip between two GPUs (release-set on one, acquire-wait on the other, and back).
@@ -350,9 +351,6 @@ class CollectiveModel:
 
 
 # --- ranks' start spread ---------------------------------------------------------------------------
-
-
-START_ALIGNMENTS = ("host", "device")
 
 
 def release_offsets(world: int, params: "ModelParams") -> list[float]:

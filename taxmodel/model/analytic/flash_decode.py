@@ -50,7 +50,6 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
 
     b, hq, hkv, d = _dims(shape)
     from taxmodel.kernels.flash_decode.combine import combine_block
-    from taxmodel.kernels.flash_decode.split_kv import next_pow2
 
     group = max(hq // max(hkv, 1), 1)
 
@@ -77,8 +76,8 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     if variant == "bsp":
         ag = coll.time("allgather", packed, world) if world > 1 else 0.0
         rows = max(group // max(int(shape.get("bsp_slices", 1)), 1), 1)
-        glob = max(c.stream_time(world * packed + out_bytes, hw, params),
-                   params.kernel_overhead_s + c.serial_steps_time(-(-world // next_pow2(world)), params))
+        glob = max(c.stream_time(world * packed + out_bytes, hw, params),  # W partials: one step (NB = next_pow2(W))
+                   params.kernel_overhead_s + c.serial_steps_time(1, params))
         out = []
         for kv, partials, splits in per_rank:
             split = c.stream_time(kv + partials, hw, params)

@@ -1,0 +1,34 @@
+"""How traced steps start (``taxmodel profile --align``), as bundles record it in ``meta.capture``.
+
+- ``host``: each step starts after a host barrier; ranks start as skewed as their hosts leave it.
+- ``device``: also behind a device gate (``kernels/_gate.py``) that releases every rank's GPU
+  together; ``capture.gate_hold_us`` says how long it held the GPUs after the last arrival.
+
+No heavy imports: the command line builds its choices from this module, and the model reads the
+same values back from bundles (``ModelParams.start_alignment``).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+START_ALIGNMENTS = ("host", "device")
+#: Default hold of the device gate (us): under the profiler a rank's host needs 60-100 us from the
+#: gate to its graph launch (2x H200), so every host has enqueued its step before its GPU starts.
+DEFAULT_GATE_HOLD_US = 250.0
+#: The device gate's kernel in traces: harness work between steps, not the workload's.
+GATE_ROLES = {r"taxmodel_gate_kernel": "other"}
+
+
+def alignment_meta(align: str, gate_hold_us: float) -> dict[str, Any]:
+    """``meta.capture`` fields of a capture aligned this way (what the model needs to predict the
+    ranks' start skew of the bundle)."""
+    out: dict[str, Any] = {"align": str(align)}
+    if align == "device":
+        out["gate_hold_us"] = float(gate_hold_us)
+    return out
+
+
+def read_alignment(capture: Mapping[str, Any]) -> tuple[str, float | None]:
+    """(align, gate hold in seconds or None) of a bundle's ``meta.capture`` (older bundles: host)."""
+    hold = capture.get("gate_hold_us")
+    return str(capture.get("align") or "host"), float(hold) * 1e-6 if hold is not None else None
