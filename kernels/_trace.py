@@ -15,36 +15,27 @@ Buffer layout (int64, allocated by ``taxmodel.runtime.records.new_buffer``)::
     buf[4 .. HEADER-1]          unused (the header fills one 128-byte line of its own)
     buf[HEADER + 4*s + 0..3]    slot s: cta, phase id + 1 (0: never written), start (low 48 bits), end
 
-Held records (why: a record must cost almost nothing on the critical path). ``mark`` reads the
-clock and keeps the record in registers: the CTA's state ``(t, held, keys)`` holds ``t = (clock
-low 48 bits << 16) | k`` (k: the CTA's record count; 2^48 ns is 78 hours) and a window of
-``HOLD`` records. A full window is written out inside ``mark``; ``finish`` writes out the rest at
-the end of the kernel, after its last release. Stored at each mark instead, a record made just
-before a release (a flag signal, a counter's acq_rel add) made that release wait for the
-record's store as well: on 2 H200s the fused flash decode step at batch 1, KV 1K (~12.4 us, five
-records on its critical path) cost +10.3% instrumented with stores at each mark, +3.8% with the
-barrier and clock read alone, and the same +9.8% with a quarter of the store instructions
-(benchmarks/results/record_format_h200x2.md).
-
-Fixed slots (the default). Logical CTA id ``cta`` owns the ``per_cta`` slots from
-``cta * per_cta``; the CTA's k-th record goes to slot ``cta * per_cta + k``. Nothing is shared
-between CTAs, so no atomic. A record with ``k >= per_cta`` or ``cta`` outside ``[0, ctas)`` is
-dropped, never written out of bounds; each drop adds one to ``buf[0]`` (an atomic only on that
-rare path). The bounds are constants: the ``INSTRUMENT`` constexpr is the layout's code
-``ctas << 16 | per_cta`` (``RecordLayout.code``, sizes rounded up to powers of two so one build
-serves a size class). Reading them from the header at every record (three loads) cost 14-16% on
-a 14 us fused flash decode step on the H200s, against 3-8% with constants: the loads missed L1
-after the KV stream. ``INSTRUMENT = 1`` (or True) reads the sizes and the mode from the header
-when a window is written out: graph profiling's append mode needs it. A buffer holds the last
-launch's records: a second launch into the same buffer rewrites the slots (a CUDA-graph replay
-rewrites the same slots, so its overhead is the real cost), and slots a later launch did not
-reach keep older records.
+Fixed slots (the default; why: a record must cost almost nothing on the critical path). Logical
+CTA id ``cta`` owns the ``per_cta`` slots from ``cta * per_cta``; the CTA's k-th record goes to
+slot ``cta * per_cta + k``. Nothing is shared between CTAs, so no atomic: the slot index comes
+from the CTA's own count, threaded through the clock value ``t`` that ``begin``/``mark`` already
+pass along (``t = (clock low 48 bits << 16) | k``; 2^48 ns is 78 hours). A record with
+``k >= per_cta`` or ``cta`` outside ``[0, ctas)`` is dropped, never written out of bounds; each
+drop adds one to ``buf[0]`` (an atomic only on that rare path). The bounds are constants: the
+``INSTRUMENT`` constexpr is the layout's code ``ctas << 16 | per_cta`` (``RecordLayout.code``,
+sizes rounded up to powers of two so one build serves a size class). Reading them from the
+header instead (three loads per record) cost 14-16% on a 14 us fused flash decode step on the
+H200s, against 3-8% with constants: the loads missed L1 after the KV stream (see ``mark``).
+``INSTRUMENT = 1`` (or True) still reads the sizes and the mode from the header: graph profiling's
+append mode needs it. A buffer holds the last launch's records: a second
+launch into the same buffer rewrites the slots (a CUDA-graph replay rewrites the same slots, so
+its overhead is the real cost), and slots a later launch did not reach keep older records.
 
 Append mode (``buf[3] = 1``; only ``taxmodel.runtime.graph.GraphRecordSlots``): one buffer
 collects every replay of a captured graph over a repetition, which fixed slots cannot (each
-replay would overwrite the previous one). A window of n held records takes the next n slots with
-one atomic add on the cursor ``buf[0]``; records past ``ctas * per_cta`` are not written and the
-host counts ``cursor - capacity`` as dropped.
+replay would overwrite the previous one). A record takes the next slot with one atomic add on
+the cursor ``buf[0]`` (a round trip to L2 on the critical path: the old cost) and is dropped
+when the cursor passes ``ctas * per_cta``; the host counts ``cursor - capacity`` as dropped.
 
 Record words: ``end`` is the full clock at the mark, ``start`` the low 48 bits of the phase's start
 (all ``t`` keeps); the host restores it as ``end - ((end - start) mod 2^48)``, exact for phases
@@ -55,14 +46,11 @@ AMD, the host's monotonic ns under Triton's interpreter. Phases are chained: a C
 clock once per boundary and each phase ends where the next starts, so a CTA's phases never
 overlap and sum to its lifetime (first start to last end).
 
-Device functions (``state`` is what ``begin``/``mark`` return; pass it along, and through loops):
-    begin(INSTRUMENT, MODE) -> state                    first timestamp of a CTA, k = 0, no records
-                                                        (constant zeros when off)
-    mark(rec_ptr, cta, phase, state, INSTRUMENT, MODE) -> state
-                                                        record [previous mark, now) as ``phase``,
-                                                        the CTA's k-th record, under id ``cta``
-    finish(rec_ptr, state, INSTRUMENT, MODE)            write out the records still held; once at
-                                                        the end of the kernel, on every path
+Device functions:
+    begin(INSTRUMENT, MODE) -> t0                        first timestamp of a CTA, k = 0 (0 when off)
+    mark(rec_ptr, cta, phase, t_start, INSTRUMENT, MODE) -> t_end
+                                                         record [t_start, now) as ``phase`` in the
+                                                         CTA's slot k; returns (now, k + 1)
 """
 from __future__ import annotations
 
@@ -99,13 +87,8 @@ CLOCK_BITS = 64 - K_BITS
 #: Default records per logical CTA id, for kernels whose CTAs write a handful of records each
 #: (the fused flash decode: a worker 3, a pair's last worker 5 along its chain, a combiner 2).
 RECORDS_PER_CTA = 8
-#: Records a CTA holds in registers before it writes them out (a power of two): the fused flash
-#: decode's CTAs write at most 5 per launch, so they write theirs once, at the end.
-HOLD = 8
 
 _HEADER_C: tl.constexpr = tl.constexpr(HEADER)
-_WORDS_C: tl.constexpr = tl.constexpr(RECORD_WORDS)
-_HOLD_C: tl.constexpr = tl.constexpr(HOLD)
 _K_MASK: tl.constexpr = tl.constexpr(K_MAX)
 _K_BITS_C: tl.constexpr = tl.constexpr(K_BITS)
 _CLOCK_MASK: tl.constexpr = tl.constexpr((1 << CLOCK_BITS) - 1)
@@ -162,95 +145,59 @@ def record_pointer(records, fallback):
 
 @triton.jit
 def begin(INSTRUMENT: tl.constexpr, MODE: tl.constexpr):
-    """The CTA's record state: its first timestamp with record count k = 0, and an empty window of
-    held records (constant zeros when not instrumented, which the compiler drops)."""
+    """The CTA's first timestamp with record count k = 0 (a constant 0 when not instrumented,
+    which the compiler drops)."""
     if INSTRUMENT:
         t = _sync.now(MODE) << _K_BITS_C
-        held = tl.zeros([_HOLD_C, _WORDS_C], tl.int64)
-        keys = tl.zeros([_HOLD_C, _WORDS_C], tl.int64)
     else:
         t = tl.full((), 0, tl.int64)
-        held = tl.full((), 0, tl.int64)
-        keys = tl.full((), 0, tl.int64)
-    return (t, held, keys)
+    return t
 
 
 @triton.jit
-def mark(rec_ptr, cta, phase, state, INSTRUMENT: tl.constexpr, MODE: tl.constexpr):
-    """Record (cta, phase, start, now) as the CTA's k-th record and return the next state (the
-    next phase starts now). The record is held in registers; a full window (``HOLD`` records) is
-    written out here, the rest by ``finish``.
+def mark(rec_ptr, cta, phase, t_start, INSTRUMENT: tl.constexpr, MODE: tl.constexpr):
+    """Record (cta, phase, t_start, now) in the CTA's slot k and return (now, k + 1), the next
+    phase's start.
 
     Every thread of the CTA must be done with the phase first (a barrier), so the end time covers
     the slowest thread. ``INSTRUMENT``: 0 (no code at all), a fixed-slot layout's ``code`` (the
-    sizes are constants: a record out of its CTA's slots is counted as dropped here, and nothing
-    waits on memory), or 1/True (the sizes and the append mode are read from the header when the
-    window is written out).
+    sizes are constants: nothing waits on memory, the stores are fire-and-forget), or 1/True
+    (the sizes and the append mode are read from the header at every record).
 
-    Why held (module docstring): a record stored just before a release (a flag signal, a counter's
-    acq_rel add) makes that release wait for the record's store too.
+    Why constants: on 4x H200 the fused flash decode step at batch 1, KV 1K (13-15 us, five records
+    on its critical path) was 14.3% slower instrumented with the header loads, 3.5% with the same
+    records and constant sizes, and -0.6% with the barrier and clock read alone (graph replays,
+    medians of 9 interleaved batches, one run each): the loads missed L1 after the KV stream.
     """
     if INSTRUMENT:
-        t_start, held, keys = state
+        if INSTRUMENT == 1:  # header-reading mode (graph profiling's append mode needs it)
+            ctas = tl.load(rec_ptr + 1)
+            per_cta = tl.load(rec_ptr + 2)
+            append = tl.load(rec_ptr + 3)
+        else:  # a layout's code, ctas << 16 | per_cta (a literal, so it folds compiled and interpreted)
+            ctas = INSTRUMENT // 65536
+            per_cta = INSTRUMENT % 65536
+            append = 0
         tl.debug_barrier()
         now = _sync.now(MODE)
         k = t_start & _K_MASK
         start = (t_start >> _K_BITS_C) & _CLOCK_MASK
         cta64 = tl.cast(cta, tl.int64)
-        if INSTRUMENT != 1:  # a layout's code (ctas << 16 | per_cta): bounds known now, drops counted now
-            ok = (k < INSTRUMENT % 65536) & (cta64 >= 0) & (cta64 < INSTRUMENT // 65536)
-            if not ok:
-                tl.atomic_add(rec_ptr, tl.full((), 1, tl.int64), sem="relaxed", scope="gpu")
-        row = tl.arange(0, _HOLD_C)[:, None]
-        word = tl.arange(0, _WORDS_C)[None, :]
-        j = k % _HOLD_C
-        record = tl.where(word == 0, cta64,
-                          tl.where(word == 1, tl.cast(phase, tl.int64) + 1, tl.where(word == 2, start, now)))
-        held = tl.where(row == j, record, held)
-        keys = tl.where(row == j, (cta64 << _K_BITS_C) | k, keys)
-        if j == _HOLD_C - 1:
-            _write_out(rec_ptr, held, keys, _HOLD_C, INSTRUMENT)
-        state = ((now << _K_BITS_C) | tl.minimum(k + 1, _K_MASK), held, keys)
-    return state
-
-
-@triton.jit
-def finish(rec_ptr, state, INSTRUMENT: tl.constexpr, MODE: tl.constexpr):
-    """Write out the records the CTA still holds. Call once at the end of every instrumented
-    kernel, on every path, after its last ``mark`` (records never written out are lost)."""
-    if INSTRUMENT:
-        t, held, keys = state
-        n = (t & _K_MASK) % _HOLD_C
-        if n > 0:
-            _write_out(rec_ptr, held, keys, n, INSTRUMENT)
-
-
-@triton.jit
-def _write_out(rec_ptr, held, keys, n, INSTRUMENT: tl.constexpr):
-    """Store the first ``n`` held records, each in its slot: CTA ``cta``'s k-th record in slot
-    ``cta * per_cta + k`` (``keys`` = cta << 16 | k), or in append mode the next ``n`` slots after
-    the cursor (one atomic for the window). Records outside the buffer are not written; in
-    header mode the fixed-slot drops are counted here."""
-    row = tl.arange(0, _HOLD_C)[:, None]
-    word = tl.arange(0, _WORDS_C)[None, :]
-    cta = keys >> _K_BITS_C
-    k = keys & _K_MASK
-    filled = row < n
-    if INSTRUMENT == 1:  # header-reading mode (graph profiling's append mode needs it)
-        ctas = tl.load(rec_ptr + 1)
-        per_cta = tl.load(rec_ptr + 2)
-        append = tl.load(rec_ptr + 3)
         if append != 0:
-            first = tl.atomic_add(rec_ptr, tl.cast(n, tl.int64), sem="relaxed", scope="gpu")
-            slot = first + row + word * 0
-            ok = filled & (slot < ctas * per_cta)
+            slot = tl.atomic_add(rec_ptr, tl.full((), 1, tl.int64), sem="relaxed", scope="gpu")
+            ok = slot < ctas * per_cta
         else:
-            slot = cta * per_cta + k
-            ok = filled & (k < per_cta) & (cta >= 0) & (cta < ctas)
-            dropped = tl.sum(tl.sum(tl.where(filled & (word == 0) & ~ok, 1, 0), axis=1), axis=0)
-            if dropped > 0:
-                tl.atomic_add(rec_ptr, tl.cast(dropped, tl.int64), sem="relaxed", scope="gpu")
-    else:  # a layout's code: the drops were counted by mark
-        slot = cta * (INSTRUMENT % 65536) + k
-        ok = filled & (k < INSTRUMENT % 65536) & (cta >= 0) & (cta < INSTRUMENT // 65536)
-    tl.store(rec_ptr + _HEADER_C + slot * _WORDS_C + word, held, mask=ok)
+            slot = cta64 * per_cta + k
+            ok = (k < per_cta) & (cta64 >= 0) & (cta64 < ctas)
+        if ok:
+            base = rec_ptr + _HEADER_C + slot * 4
+            tl.store(base, cta64)
+            tl.store(base + 1, tl.cast(phase, tl.int64) + 1)
+            tl.store(base + 2, start)
+            tl.store(base + 3, now)
+        elif append == 0:
+            tl.atomic_add(rec_ptr, tl.full((), 1, tl.int64), sem="relaxed", scope="gpu")  # count the drop
+        t_end = (now << _K_BITS_C) | tl.minimum(k + 1, _K_MASK)
+    else:
+        t_end = t_start
+    return t_end

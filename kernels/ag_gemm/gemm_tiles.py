@@ -235,7 +235,6 @@ def ag_gemm_kernel(
 
     if A_MODE == 2:
         advance_epoch(epoch_ptr, epoch, NUM_PROGS)
-    _trace.finish(rec_ptr, t_rec, INSTRUMENT, SYNC_MODE)  # held records, after the epoch's release
 
 
 # --- host side -----------------------------------------------------------------------------------

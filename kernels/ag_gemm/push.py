@@ -137,7 +137,6 @@ def copy_blocks_kernel(
             signal(flag, epoch, rank, peer, heap_bases)
             t_rec = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t_rec, INSTRUMENT, MODE)
     advance_epoch(epoch_ptr, epoch, NUM_PROGS)
-    _trace.finish(rec_ptr, t_rec, INSTRUMENT, MODE)  # held records, after the epoch's release
 
 
 def wait_target(cfg: GemmConfig, k: int, epoch: int) -> int:

@@ -279,7 +279,6 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                               err_ptr, rank, world_size, rows_total, slot, rec_ptr, pid, t,
                               G, G_P2, D, W_P2, LL, KERNEL_ID, MODE, INSTRUMENT)
             _unit_done(done_ptr, epoch_ptr, epoch, pairs)
-    _trace.finish(rec_ptr, t, INSTRUMENT, MODE)  # the records this CTA still holds, after its last release
 
 
 def heap_bytes(batch: int, q_heads: int, kv_heads: int, head_dim: int, world_size: int) -> int:

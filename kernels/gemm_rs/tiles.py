@@ -219,7 +219,6 @@ def gemm_rs_kernel(
             t_rec = reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N,
                                 stride_om, rank, epoch, budget, 1, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
                                 SYNC_MODE, COUNT, INSTRUMENT)
-    _trace.finish(rec_ptr, t_rec, INSTRUMENT, SYNC_MODE)  # the records this CTA still holds
 
 
 @triton.jit(do_not_specialize=["rank", "epoch", "budget"])
@@ -231,10 +230,9 @@ def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr,
     pid = tl.program_id(0)
     t_rec = _trace.begin(INSTRUMENT, SYNC_MODE)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    t_rec = reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, pid, n_tiles, M_loc, N,
-                        stride_om, rank, epoch, budget, 2, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
-                        SYNC_MODE, COUNT, INSTRUMENT)
-    _trace.finish(rec_ptr, t_rec, INSTRUMENT, SYNC_MODE)
+    reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, pid, n_tiles, M_loc, N,
+                stride_om, rank, epoch, budget, 2, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS, SYNC_MODE,
+                COUNT, INSTRUMENT)
 
 
 # --- host side -----------------------------------------------------------------------------------
