@@ -167,14 +167,16 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
     st = fresh_state(variants["bsp"])
     record("floor:matmul(cublas)", time_batches(ctx, lambda: torch.matmul(st.a, st.b, out=st.partial), iters, reps,
                                                 warmup))
-    scratch = torch.empty(1, st.m, st.n, dtype=st.dtype, device=ctx.device)
+    scratch = torch.empty(2, 1, st.m, st.n, dtype=st.dtype, device=ctx.device)  # both epoch halves, one rank
+    epochs = torch.zeros(2, dtype=torch.int32, device=ctx.device)
     flags = torch.zeros(triton_tiles(st.m, st.n, configs), dtype=torch.int32, device=ctx.device)
     bases = torch.zeros(1, dtype=torch.int64, device=ctx.device)  # one rank: pointers translate to themselves
     best_triton = None
     for cfg in unique_gemms(configs):
         def triton_gemm(cfg=cfg) -> None:
-            launch_gemm_rs(st.a, st.b, scratch[0:1], st.out, flags, bases, st.err, rank=0, world=1, m_loc=st.m,
-                           epoch=1, budget=st.budget, sync=st.sync, cfg=cfg.gemm, tail=False, rows=cfg.reduce_rows)
+            launch_gemm_rs(st.a, st.b, scratch, st.out, flags, bases, st.err, rank=0, world=1, m_loc=st.m,
+                           epochs=epochs, budget=st.budget, sync=st.sync, cfg=cfg.gemm, tail=False,
+                           rows=cfg.reduce_rows)
         ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
         log(f"  {preset:12s} {'gemm(triton)@tune':24s} {ms:9.4f} ms  {cfg.label()}")
         if best_triton is None or ms < best_triton[0]:

@@ -6,6 +6,14 @@ HBM by the GEMM, read back by the collective), then ``reduce_scatter_tensor`` (N
 for CPU processes). On CPU ranks that are threads of one process (no process group) the collective
 is emulated through the symmetric heap: every rank's partial lives there, and after a barrier each
 rank sums its rows of every peer's partial (the same data movement, done by the host).
+
+CUDA graphs (``graph_safe``): ``run`` enqueues the same two operations on the same buffers every
+iteration (the matmul into ``partial``, the collective from ``partial`` into ``out``) and keeps
+nothing per iteration on the host, so one captured iteration replays as any other; NCCL
+collectives can be captured (the runtime captures with ``capture_error_mode="thread_local"`` for
+NCCL's watchdog thread). Thread ranks (CPU, the host-emulated collective with its host barriers)
+are never captured: the runtime's graph backend refuses CPU devices
+(``taxmodel.runtime.graph.eager_reason``).
 """
 from __future__ import annotations
 
@@ -38,7 +46,6 @@ def _thread_reduce_scatter(st: GemmRsState) -> None:
 
 def run(st: GemmRsState) -> None:
     ctx = st.ctx
-    st.epoch += 1
     with ctx.kernel("matmul"):
         torch.matmul(st.a, st.b, out=st.partial)
     with ctx.kernel("reduce_scatter"):
@@ -60,4 +67,5 @@ VARIANT = GemmRsVariant(
     fine_grained=False,
     description="torch.matmul (cuBLAS) into a partial C [M, N], then reduce_scatter_tensor (NCCL)",
     prepare=prepare,
+    graph_safe=True,  # a matmul and a collective on fixed buffers, nothing per iteration on the host (see above)
 )

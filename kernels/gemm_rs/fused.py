@@ -15,6 +15,14 @@ races with early peers unless double-buffered) and the owner still needs a count
 pass that converts fp32 to the output dtype. Slots + flags keep the link bytes at bf16 and the
 result deterministic for the same cost of one read pass on the owner.
 
+CUDA graphs (``graph_safe``): ``run`` passes the same arguments every iteration and changes
+nothing on the host. The epoch lives in device memory (``GemmRsState.epochs``): each GEMM launch
+reads it, its last program advances it, and the reduce kernel reads the advanced value; each
+kernel picks the receive buffer's half from the epoch's parity itself (``tiles.py``, "Epochs").
+A captured iteration therefore replays as the next iteration, and eager launches and replays may
+be mixed. In-kernel records under a graph: the record pointer is fixed at capture
+(``taxmodel.runtime.graph.GraphRecordSlots``).
+
 In-kernel records (``ctx.instrument``; kernels/_trace.py, docs/records.md): the GEMM records
 ``compute`` per tile and ``store_push`` per tile pushed to a peer, the reduction ``flag_wait`` and
 ``combine`` per output tile (``tiles.py``). Without instrumentation both kernels compile with
@@ -39,6 +47,7 @@ def prepare(st: GemmRsState) -> None:
     heap = symmetric_heap(st, heap_bytes(st.shape, st.world, "fused", st.dtype, st.cfg))
     st.recv = heap.empty((2, st.world, st.m_loc, st.n), st.dtype)
     st.flags = heap.zeros((own_tiles(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
+    st.epochs = torch.zeros(2, dtype=torch.int32, device=st.out.device)  # [last finished epoch, done counter]
     st.cache["heap_bases"] = heap.heap_bases.to(st.out.device)
     _record_buffers(st)
     if st.out.is_cuda:
@@ -61,27 +70,27 @@ def _compile(st: GemmRsState) -> None:
     """Compile both kernels before any rank waits on another (a peer still compiling its GEMM must
     not use up our spin budget). A failure here only means compiling at the first run."""
     try:
-        _launch(st, epoch=st.epoch + 1, warmup_only=True)
+        _launch(st, warmup_only=True)
     except Exception as exc:  # noqa: BLE001 - compile at the first launch instead, bounded waits still apply
         st.cache["warmup_error"] = f"{type(exc).__name__}: {exc}"
 
 
-def _launch(st: GemmRsState, epoch: int, warmup_only: bool = False) -> None:
+def _launch(st: GemmRsState, warmup_only: bool = False) -> None:
+    """Enqueue one iteration: the same arguments every time (the kernels read the epoch and pick the
+    receive buffer's half on the device)."""
     cfg, tail = st.cfg, st.cfg.reduce == "tail"
-    recv = st.recv[epoch % 2]
-    common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, epoch=epoch, budget=st.budget, sync=st.sync,
+    common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, epochs=st.epochs, budget=st.budget, sync=st.sync,
                   cfg=cfg.gemm, rows=cfg.reduce_rows, count=st.count, seen=st.seen, warmup_only=warmup_only)
     with st.ctx.kernel(FUSED_GEMM_KERNEL):
-        launch_gemm_rs(st.a, st.b, recv, st.out, st.flags, st.cache["heap_bases"], st.err, tail=tail,
+        launch_gemm_rs(st.a, st.b, st.recv, st.out, st.flags, st.cache["heap_bases"], st.err, tail=tail,
                        records=st.rec_gemm, **common)
     if not tail:
         with st.ctx.kernel(FUSED_REDUCE_KERNEL):
-            launch_rs_reduce(recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, records=st.rec_reduce, **common)
+            launch_rs_reduce(st.recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, records=st.rec_reduce, **common)
 
 
 def run(st: GemmRsState) -> None:
-    st.epoch += 1
-    _launch(st, st.epoch)
+    _launch(st)
 
 
 def check(st: GemmRsState) -> None:
@@ -98,4 +107,5 @@ VARIANT = GemmRsVariant(
     description="persistent Triton GEMM pushes each partial tile into its owner's receive slot (peers first, "
                 "staggered) with an epoch flag; the owner sums the world slots of each tile as its flags arrive",
     prepare=prepare,
+    graph_safe=True,  # epoch and receive-buffer half live on the device (see above): replays stay correct
 )

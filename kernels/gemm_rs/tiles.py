@@ -36,7 +36,16 @@ Reduce (``reduce_tile``): for one of this rank's output tiles, wait (acquire, bo
   tail variant with ONE program under the interpreter, where every program computes all of its
   tiles before it waits.
 
-Epochs: flags hold the iteration number (counting from 1) and are never reset. The receive buffer
+Epochs: flags hold the iteration number (counting from 1) and are never reset. The epoch lives in
+device memory, not in a kernel argument, so that a captured CUDA graph replays correctly
+(``epoch_ptr``: int32 [last finished epoch, done counter], ``GemmRsState.epochs``): every GEMM program
+reads ``epoch = epoch_ptr[0] + 1`` at its start, and the GEMM's last program to finish (after its
+tail reductions, if any) publishes it (``advance_epoch``: every program read the old value before
+counting itself done, so no program of this launch sees the new one). The reduce kernel, launched
+after the GEMM on the same stream, reads the published value as it is: both kernels of an
+iteration use the same epoch, the next iteration's GEMM the next one, and the values are the ones
+a host count would give (every rank runs the same iterations). Each kernel picks the epoch's half
+of the receive buffer itself (``_epoch_half``). The receive buffer
 is double-buffered by epoch parity: a peer's pushes of epoch e+1 may land while this rank still
 reduces epoch e (the peer finished its own epoch-e reduction), but its pushes of e+2 need this
 rank's epoch-e+1 pushes, which come after this rank's epoch-e reduction (stream order). A flag
@@ -65,7 +74,8 @@ import triton.language as tl
 
 from taxmodel.kernels import _trace
 from taxmodel.kernels._sync import interpreting, signal, wait_geq
-from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, cached_descriptor, num_programs, tile_counts, tma_available
+from taxmodel.kernels.ag_gemm.gemm_tiles import (GemmConfig, advance_epoch, cached_descriptor, num_programs, tile_counts,
+                                                 tma_available)
 
 #: Kernel ids written into the error buffer by a reduction that gave up waiting.
 GEMM_KERNEL_ID = 1
@@ -129,6 +139,13 @@ def tile_product(a_ptr, b_ptr, a_desc, b_desc, rows, row_ok, offs_n, col_ok, row
 
 
 @triton.jit
+def _epoch_half(recv_ptr, epoch, M_loc, N, WORLD: tl.constexpr):
+    """This epoch's half of the receive buffer [2, WORLD, M_loc, N] (64-bit offset: both halves
+    together may pass 2^31 elements where one does not)."""
+    return recv_ptr + (epoch % 2).to(tl.int64) * WORLD * M_loc * N
+
+
+@triton.jit
 def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N, stride_om,
                 rank, epoch, budget, kernel_id, rec_ptr, cta, t,
                 WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
@@ -168,13 +185,16 @@ def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile
     return t
 
 
-# ``epoch`` changes every launch: without ``do_not_specialize`` Triton would compile a new kernel
-# for epoch 1 and for multiples of 16 (its integer specializations), while peers wait on flags.
-@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
+# The epoch is read from device memory (``epoch_ptr``), never passed by value: a launch's arguments
+# are the same every iteration (what a CUDA graph replays), so no iteration can hit a new integer
+# specialization (Triton specializes integers equal to 1 or divisible by 16) and compile while
+# peers wait on its flags. ``rank`` and ``budget`` stay unspecialized: every rank compiles one and
+# the same kernel whatever its rank and spin timeout.
+@triton.jit(do_not_specialize=["rank", "budget"])
 def gemm_rs_kernel(
     a_ptr, b_ptr, a_desc, b_desc, recv_ptr, out_ptr, flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
     M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om,
-    rank, epoch, budget, rec_ptr,
+    rank, epoch_ptr, budget, rec_ptr,
     WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     VEC_HINT: tl.constexpr, TAIL_REDUCE: tl.constexpr, ROWS: tl.constexpr, SYNC_MODE: tl.constexpr,
@@ -186,7 +206,9 @@ def gemm_rs_kernel(
     n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = WORLD * blocks_per_rank * n_tiles
     out_dtype = recv_ptr.dtype.element_ty
-    mine = recv_ptr + rank * M_loc * N  # this source's slot (same offset in every owner's heap)
+    epoch = tl.load(epoch_ptr) + 1  # published by the previous iteration's GEMM (advance_epoch below)
+    recv = _epoch_half(recv_ptr, epoch, M_loc, N, WORLD)
+    mine = recv + rank * M_loc * N  # this source's slot (same offset in every owner's heap)
 
     for t in range(pid, num_tiles, NUM_PROGS):
         owner, j, pid_n = _rs_tile_coords(t, rank, blocks_per_rank, n_tiles, WORLD, GROUP_M)
@@ -216,23 +238,30 @@ def gemm_rs_kernel(
 
     if TAIL_REDUCE:
         for tile in range(pid, blocks_per_rank * n_tiles, NUM_PROGS):
-            t_rec = reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N,
+            t_rec = reduce_tile(recv, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N,
                                 stride_om, rank, epoch, budget, 1, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
                                 SYNC_MODE, COUNT, INSTRUMENT)
+    # Last, after this program's pushes and tail reductions: the last program publishes the epoch
+    # for the reduce kernel of this iteration and the next iteration's GEMM.
+    advance_epoch(epoch_ptr, epoch, NUM_PROGS)
 
 
-@triton.jit(do_not_specialize=["rank", "epoch", "budget"])
+@triton.jit(do_not_specialize=["rank", "budget"])
 def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, M_loc, N, stride_om,
-                     rank, epoch, budget, rec_ptr,
+                     rank, epoch_ptr, budget, rec_ptr,
                      WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                      SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False):
-    """One program per own output tile (no program waits on another of this launch)."""
+    """One program per own output tile (no program waits on another of this launch). The epoch is
+    the one this iteration's GEMM published (it ran before on this stream); this kernel never
+    changes it."""
     pid = tl.program_id(0)
     t_rec = _trace.begin(INSTRUMENT, SYNC_MODE)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, pid, n_tiles, M_loc, N,
-                stride_om, rank, epoch, budget, 2, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS, SYNC_MODE,
-                COUNT, INSTRUMENT)
+    epoch = tl.load(epoch_ptr)
+    recv = _epoch_half(recv_ptr, epoch, M_loc, N, WORLD)
+    t_rec = reduce_tile(recv, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, pid, n_tiles, M_loc, N,
+                        stride_om, rank, epoch, budget, 2, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
+                        SYNC_MODE, COUNT, INSTRUMENT)
 
 
 # --- host side -----------------------------------------------------------------------------------
@@ -292,13 +321,15 @@ def gemm_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, tail: b
 
 
 def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
-                   heap_bases: torch.Tensor, err: torch.Tensor, *, rank: int, world: int, m_loc: int, epoch: int,
-                   budget: int, sync: int, cfg: GemmConfig, tail: bool, rows: int,
+                   heap_bases: torch.Tensor, err: torch.Tensor, *, rank: int, world: int, m_loc: int,
+                   epochs: torch.Tensor, budget: int, sync: int, cfg: GemmConfig, tail: bool, rows: int,
                    count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
                    records: Any = None, warmup_only: bool = False) -> None:
     """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch); no host sync.
 
-    ``recv`` is this epoch's half of the receive buffer ([world, m_loc, N] on the heap). ``records``:
+    ``recv`` is the whole receive buffer ([2, world, m_loc, N] on the heap: the kernel picks the
+    epoch's half); ``epochs`` the int32 [2] epoch words (``GemmRsState.epochs``), which the launch
+    advances. The arguments are the same every iteration (graph-capturable). ``records``:
     an in-kernel record buffer (``gemm_record_layout``; compiles ``INSTRUMENT=True``).
     """
     k, n = b.shape
@@ -310,7 +341,7 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     args = (a, b, a_desc, b_desc, recv, out, flags, heap_bases, err,
             count if count is not None else err, seen if seen is not None else err,
             m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            rank, epoch, budget, _trace.record_pointer(records, err))
+            rank, epochs, budget, _trace.record_pointer(records, err))
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
               NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
@@ -322,15 +353,17 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
 
 
 def launch_rs_reduce(recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor, err: torch.Tensor, *, rank: int,
-                     world: int, m_loc: int, epoch: int, budget: int, sync: int, cfg: GemmConfig, rows: int,
+                     world: int, m_loc: int, epochs: torch.Tensor, budget: int, sync: int, cfg: GemmConfig, rows: int,
                      warps: int, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
                      records: Any = None, warmup_only: bool = False) -> None:
-    """Enqueue ``rs_reduce_kernel`` (one program per own output tile); no host sync. ``records``: an
-    in-kernel record buffer (``reduce_record_layout``)."""
+    """Enqueue ``rs_reduce_kernel`` (one program per own output tile) after this iteration's
+    ``launch_gemm_rs`` on the same stream (it reads the epoch that launch published; ``recv`` and
+    ``epochs`` as there); no host sync. ``records``: an in-kernel record buffer
+    (``reduce_record_layout``)."""
     n = out.shape[1]
     grid = (own_tiles(m_loc, n, cfg),)
     args = (recv, out, flags, err, count if count is not None else err, seen if seen is not None else err,
-            m_loc, n, out.stride(0), rank, epoch, budget, _trace.record_pointer(records, err))
+            m_loc, n, out.stride(0), rank, epochs, budget, _trace.record_pointer(records, err))
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS=reduce_rows(cfg.block_m, rows),
               SYNC_MODE=sync, COUNT=count is not None, INSTRUMENT=_trace.instrument_code(records), num_warps=warps)
     if warmup_only:

@@ -2,6 +2,14 @@
 per-destination chunks of the partial product computed by cuBLAS and copied to their owners on
 two streams, micro-pipelined, then summed on the owner): the op a user would otherwise pick.
 CUDA only, and only with a process group of more than one rank.
+
+Not ``graph_safe`` (profiled with eager launches under ``--graph``), as ``ag_gemm``'s torch_fused:
+the op returns a new output tensor each call, forks a side stream, issues ``torch.cuda._sleep``
+and symmetric-memory barriers on two signal-pad channels, and takes its workspace from a
+per-group cache that may not grow during a capture. PyTorch's code has capture-aware branches
+(the workspace check), so capture may well work, but it has not been run here: a replay that
+captured but gave wrong results would stop the profile (``_check_variant``) instead of falling
+back to eager launches. Mark it safe once a ``--graph-strict`` run on GPUs passes its checks.
 """
 from __future__ import annotations
 
@@ -46,7 +54,6 @@ def prepare(st: GemmRsState) -> None:
 
 
 def run(st: GemmRsState) -> None:
-    st.epoch += 1
     with st.ctx.kernel("fused_matmul_reduce_scatter"):
         st.out = torch.ops.symm_mem.fused_matmul_reduce_scatter(st.a, st.b, "sum", 0, st.cache["group_name"])
 

@@ -22,13 +22,14 @@ from taxmodel.kernels.gemm_rs import tiles as t
 
 PATTERNS = {"tma": r"cp\.async\.bulk\.tensor", "mma": r"wgmma[\w.]*bf16|mma\.sync[\w.]*bf16",
             "sys_release": r"atom[\w.]*\.sys\.release|atom\.release\.sys|atom\.global\.sys\.release",
-            "globaltimer": r"%globaltimer"}
+            "globaltimer": r"%globaltimer",
+            "gpu_release": r"atom[\w.]*\.release\.gpu|atom\.release\.gpu|atom\.global\.gpu\.release"}
 BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b"}
 
 
 W, M_LOC, N, K_LOC = 4, 2048, 8192, 2048
 common = [("recv_ptr", "*bf16", 0), ("out_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0)]
-ints = [("rank", "i32", 3), ("epoch", "i32", 5), ("budget", "i64", 30_000_000_001), ("rec_ptr", "*i64", 0)]
+ints = [("rank", "i32", 3), ("epoch_ptr", "*i32", 0), ("budget", "i64", 30_000_000_001), ("rec_ptr", "*i64", 0)]
 
 def gemm_args(tma):
     desc = ([("a_desc", "tensordesc<bf16[128, 64]>", 0), ("b_desc", "tensordesc<bf16[64, 256]>", 0)] if tma
@@ -81,6 +82,15 @@ def test_gemm_uses_tma_and_tensor_cores_and_releases_flags(report, inst):
         assert r["tma"] > 0 and r["mma"] > 0, r
         assert r["sys_release"] >= 1, r  # _sync.signal to the owner, system scope
     assert report["gemm_ptr"]["mma"] > 0
+
+
+@pytest.mark.slow
+def test_only_the_gemm_publishes_the_device_epoch(report):
+    # The epoch lives in device memory (graph replays): the GEMM's last program publishes it with a
+    # GPU-scope release (tiles.advance_epoch); the reduce kernel only reads it.
+    for kernel in ("gemm_kernel_False", "gemm_tail_False", "gemm_ptr"):
+        assert report[kernel]["gpu_release"] >= 1, report[kernel]
+    assert report["reduce_False"]["gpu_release"] == 0
 
 
 @pytest.mark.slow
