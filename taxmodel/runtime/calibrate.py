@@ -10,7 +10,9 @@ loop of launches); the bandwidths use bytes that really move (a copy reads and w
 collective curve is timed twice: eagerly (host calls back to back: host launch cost and rank skew
 included, kept as ``collectives_eager``) and as each collective's own device time from calls
 replayed in one CUDA graph (``collectives``, what the model uses: it adds launch costs and skew
-itself). ``--only STEP,... --update FILE`` re-measures some steps and refits an earlier file.
+itself). ``--only STEP,... --update FILE`` re-measures some steps and refits an earlier file;
+``--only collectives --update FILE`` on another number of ranks than the file's adds a curve for
+that world size (``collectives_by_world``) and leaves the file's own curve alone.
 
 Besides vendor GEMMs, HBM and NCCL, it measures what the analytic model of the fine-grained
 variants needs (docs/model.md): a Triton kernel's peer-load and peer-store bandwidth and the
@@ -501,6 +503,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
     from taxmodel.model.hardware import find_preset
 
     curves, eager_curve = collective_curves(meas, world)
+    by_world = collectives_by_world(meas, world)
     ag = (curves or {}).get("allgather") or []
     link_bw = link_lat = None
     if world > 1 and ag:
@@ -537,7 +540,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "flag_roundtrip_s": _first((meas.get("flag") or {}).get("roundtrip_s"), 0.0),
         "notes": (f"measured by `taxmodel calibrate` on {world} x {device_name}: GEMM peaks are cuBLAS rates on 8192^3 "
                   "(4096^3 for fp32), HBM a device copy, link the all-gather bandwidth at the largest size. "
-                  + _curve_note(curves)),
+                  + _curve_note(curves) + _by_world_note(by_world)),
         # model parameters (taxmodel.model.analytic.common.ModelParams names)
         "host_launch_torch_s": _first(launch.get("host_launch_torch_s"), launch.get("host_launch_s")),
         "p2p_copy_bytes_per_s": statistics.median(p2p) if p2p else None,
@@ -548,6 +551,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "barrier_skew_s": (meas.get("barrier") or {}).get("barrier_skew_s"),
         "collectives": curves,
         "collectives_eager": eager_curve,
+        "collectives_by_world": by_world or None,
     }
     return {k: v for k, v in spec.items() if v is not None}
 
@@ -580,6 +584,29 @@ def collective_curves(meas: dict, world: int) -> tuple[dict | None, dict | None]
         return None, None
     has_graph = "graph" in model["timing"].values()
     return model, ({"world_size": world, "timing": "eager", **eager} if has_graph and eager else None)
+
+
+def collectives_by_world(meas: dict, world: int) -> dict[str, dict]:
+    """World size (a string key, as JSON has it) -> the model's curve measured on that many ranks,
+    in the form of ``collectives`` (``collective_curves``), from the raw rows an update on another
+    number of ranks stored under ``meas["collectives_at"]`` (``update_spec``). The file's own world
+    size is left out: its curve is ``collectives``. The model interpolates each at its own world size."""
+    out: dict[str, dict] = {}
+    for key, rows in sorted((meas.get("collectives_at") or {}).items(), key=lambda kv: int(kv[0])):
+        other = int(key)
+        if other == world:
+            continue
+        curve, _ = collective_curves(rows or {}, other)
+        if curve is not None:
+            out[str(other)] = curve
+    return out
+
+
+def _by_world_note(by_world: dict) -> str:
+    if not by_world:
+        return ""
+    return (f" Curves measured on other numbers of ranks (collectives_by_world, each used at its own world size): "
+            f"{', '.join(by_world)} ranks.")
 
 
 def _curve_note(curves: dict | None) -> str:
@@ -636,7 +663,9 @@ def parse_steps(text: str | None) -> tuple[str, ...]:
 
 def check_update(existing: dict, steps: tuple[str, ...], world: int | None) -> int:
     """The world size an update of ``existing`` runs at; InputError when ``existing`` cannot be
-    updated (no raw measurements) or was measured on another number of ranks than ``steps`` need."""
+    updated (no raw measurements) or was measured on another number of ranks than ``steps`` need.
+    The collectives step may run on another number of ranks (``update_spec`` adds a curve for that
+    world size); the other multi-rank steps need the file's own."""
     from taxmodel.errors import InputError
 
     measured = existing.get("measured") or {}
@@ -646,9 +675,14 @@ def check_update(existing: dict, steps: tuple[str, ...], world: int | None) -> i
                          "written by `taxmodel calibrate` can be updated -- calibrate fully instead")
     old_world = int(measured.get("world_size") or 1)
     world = old_world if world is None else int(world)
-    if world != old_world and any(s in MULTI_RANK_STEPS for s in steps):
-        raise InputError(f"--update: the file was measured on {old_world} ranks and this run has {world}; run with "
-                         f"--world-size {old_world} or calibrate fully")
+    fixed = [s for s in steps if s in MULTI_RANK_STEPS and s != "collectives"]
+    if world != old_world and fixed:
+        raise InputError(f"--update: the file was measured on {old_world} ranks and this run has {world}; only the "
+                         f"collectives step may run on another number of ranks (it adds a curve for {world} ranks), "
+                         f"{', '.join(fixed)} need the file's {old_world}: run them with --world-size {old_world} "
+                         "or calibrate fully")
+    if world != old_world and "collectives" in steps and world < 2:
+        raise InputError(f"--update: the collectives step needs 2 or more ranks, this run has {world}")
     return world
 
 
@@ -657,14 +691,24 @@ def update_spec(existing: dict, new_meas: dict, steps: tuple[str, ...], *, devic
     """``existing`` (a hardware file an earlier calibration wrote, with ``measured.raw``) with the raw
     measurements of ``steps`` taken from ``new_meas`` and every fitted number refit from the merged
     raw measurements, so a partial run (``--only collectives --update FILE``) changes only what its
-    steps feed. Pure: tests call it with made-up measurements."""
+    steps feed. The fit is always at the file's own world size. A collectives step on another
+    number of ranks ``world`` stores its rows under ``raw["collectives_at"][str(world)]`` (replacing
+    an earlier entry for ``world``), which the fit turns into ``collectives_by_world``; the file's
+    own curve, its raw rows and the link numbers fitted to them stay. Pure: tests call it with
+    made-up measurements."""
     measured = dict(existing.get("measured") or {})
     world = check_update(existing, steps, world)
+    own_world = int(measured.get("world_size") or 1)
+    at_other_world = world != own_world and "collectives" in steps
+    own_steps = tuple(s for s in steps if not (at_other_world and s == "collectives"))
     raw = measured["raw"]
     failed = {k: v for k, v in (new_meas.get("errors") or {}).items() if k in steps}
     merged = {k: v for k, v in raw.items() if k != "errors"}
-    errors = {k: v for k, v in (raw.get("errors") or {}).items() if k not in steps or k in failed}
-    for step in steps:
+    errors = {k: v for k, v in (raw.get("errors") or {}).items() if k not in own_steps or k in failed}
+    if at_other_world and "collectives" not in failed and any(key in new_meas for key in STEP_KEYS["collectives"]):
+        rows = {key: new_meas[key] for key in STEP_KEYS["collectives"] if key in new_meas}
+        merged["collectives_at"] = {**(merged.get("collectives_at") or {}), str(world): rows}
+    for step in own_steps:
         if step in failed or not any(key in new_meas for key in STEP_KEYS[step]):
             continue  # a failed (or absent) step keeps the earlier numbers; the update entry names a failure
         for key in STEP_KEYS[step]:
@@ -674,10 +718,10 @@ def update_spec(existing: dict, new_meas: dict, steps: tuple[str, ...], *, devic
     if errors:
         merged["errors"] = errors
     spec = fit(merged, device_name or measured.get("device") or existing["name"], int(num_sms or existing["num_sms"]),
-               world, vendor=existing.get("vendor"))
-    spec["measured"] = {**measured, "raw": merged,
-                        "updates": [*measured.get("updates", []),
-                                    {**(info or {}), "steps": list(steps), **({"failed": failed} if failed else {})}]}
+               own_world, vendor=existing.get("vendor"))
+    entry = {**(info or {}), **({"world_size": world} if world != own_world else {}), "steps": list(steps),
+             **({"failed": failed} if failed else {})}
+    spec["measured"] = {**measured, "raw": merged, "updates": [*measured.get("updates", []), entry]}
     return spec
 
 
@@ -816,10 +860,14 @@ def main(argv: list[str] | None = None) -> None:
         from taxmodel.model.hardware import load_hardware
 
         load_hardware(out)  # the file must load as a HardwareSpec
-        hidden = ("measured", "collectives", "collectives_eager")
+        hidden = ("measured", "collectives", "collectives_eager", "collectives_by_world")
         print(json.dumps({k: v for k, v in spec.items() if k not in hidden}, indent=2, default=float))
         if "collectives" in steps and meas.get("collectives"):
             print(curve_table(meas), flush=True)
+            own_world = int((spec.get("measured") or {}).get("world_size") or world)
+            if world != own_world:
+                print(f"calibrate: this curve ({world} ranks) is collectives_by_world[\"{world}\"] in {out}; the file's "
+                      f"own curve (collectives, {own_world} ranks) and the link numbers fitted to it stay", flush=True)
     if distributed:
         dist.destroy_process_group()
 

@@ -192,6 +192,35 @@ def test_instrumented_fused_waits_become_flag_wait():
     assert inst["window"] == pytest.approx(plain["window"])
 
 
+def test_push_phase_per_program_by_hand():
+    """Peer tiles in waves of `programs` that push together: each wave at the slower of one SM's
+    rate and the shared bandwidth, plus the release; a partial wave averaged over all programs."""
+    tile = 65536.0
+    # 2 ranks, 256 tiles: 128 peer tiles, all in one partial wave of 128 of 132 programs, link-bound
+    got = gemm_rs.push_phase_per_cta(2, 256, 132, 128 * tile, 2e10, 3.5e11, 1e-6)
+    assert got == pytest.approx(128 * (128 * tile / 3.5e11 + 1e-6) / 132)
+    # 1024 peer tiles: 7 full waves of 132 and a partial one of 100
+    full, part = 132 * tile / 3.5e11 + 1e-6, 100 * tile / 3.5e11 + 1e-6
+    assert gemm_rs.push_phase_per_cta(2, 2048, 132, 1024 * tile, 2e10, 3.5e11, 1e-6) == pytest.approx(
+        7 * full + 100 * part / 132)
+    # few programs: one SM's rate bounds each push, not the shared bandwidth
+    assert gemm_rs.push_phase_per_cta(2, 8, 4, 4 * tile, 2e10, 3.5e11, 0.0) == pytest.approx(tile / 2e10)
+    assert gemm_rs.push_phase_per_cta(1, 8, 4, 4 * tile, 2e10, 3.5e11, 0.0) == 0.0
+
+
+def test_instrumented_fused_pushes_become_exposed_communication():
+    """With records, the GEMM's per-program push time is a store_push record: the ledger's exposed
+    communication equals it, and the window does not change."""
+    shape = {"M": 8192, "N": 8192, "K": 8192}
+    params = c.ModelParams.from_hardware(TOY, instrumented=True)
+    _, det, _, _ = _plans("fused", shape, 2)
+    assert det["push_per_program"] > 0
+    inst = predict("gemm_rs", "fused", shape, 2, TOY, params).taxes_ns()
+    plain = predict("gemm_rs", "fused", shape, 2, TOY).taxes_ns()
+    assert inst["exposed_comm"] == pytest.approx(det["push_per_program"] * 1e9, abs=2)
+    assert plain["exposed_comm"] == 0 and inst["window"] == pytest.approx(plain["window"])
+
+
 def test_shape_errors_name_the_fix():
     with pytest.raises(InputError, match="M=100 must be a multiple of the world size 8"):
         predict("gemm_rs", "bsp", {"M": 100, "N": 64, "K": 64}, 8, H200)

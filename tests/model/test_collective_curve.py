@@ -109,3 +109,74 @@ def test_an_eager_timed_curve_says_it_over_predicts():
     p8 = predict("flash_decode", "bsp", FD, 8, _spec(_curve(GRAPH_S, "graph")))
     line = next(a for a in p8.assumptions if a.startswith("collectives:"))
     assert "at 4 ranks, alpha-beta fitted" in line and "graph-timed" in line
+
+
+# --- curves measured on other numbers of ranks (collectives_by_world) ---------------------------------
+
+TWO_S = (6e-6, 7.5e-6, 12e-6, 1.9e-3)  # test numbers for a 2-rank curve, not measurements
+
+
+def _curve_at(world: int, times, timing) -> dict:
+    return {**_curve(times, timing), "world_size": world}
+
+
+def _spec_by_world(by_world: dict) -> HardwareSpec:
+    d = json.loads(SHIPPED.read_text())
+    d.pop("measured", None)
+    d["collectives"] = _curve(GRAPH_S, "graph")
+    d["collectives_by_world"] = by_world
+    return HardwareSpec.from_dict(d)
+
+
+def test_the_curve_of_the_asked_world_size_is_used_at_that_world_size():
+    spec = _spec_by_world({"2": _curve_at(2, TWO_S, "graph")})
+    only_primary = _coll(_spec(_curve(GRAPH_S, "graph")))
+    for world in (2, 4, 8):
+        coll = _coll(spec, world)
+        for op in OPS:
+            for b, two, four in zip(SIZES, TWO_S, GRAPH_S):
+                if world == 2:
+                    assert coll.time(op, b, 2) == pytest.approx(two, rel=1e-12)  # the 2-rank point, exactly
+                if world == 4:
+                    assert coll.time(op, b, 4) == pytest.approx(four, rel=1e-12)
+        assert coll.time("reduce_scatter", 300_000, 2) == pytest.approx(_loglog(300_000, TWO_S), rel=1e-12)
+        # 8 and 3 ranks: alpha-beta fitted to the nearest curve (4; a tie at 3 goes to the file's own), as before
+        for w in (3, 8):
+            assert coll.time("reduce_scatter", 1 << 22, w) == only_primary.time("reduce_scatter", 1 << 22, w)
+            assert coll.time("allreduce", 1 << 20, w) == only_primary.time("allreduce", 1 << 20, w)
+        assert coll.alpha_beta("allgather") == only_primary.alpha_beta("allgather")  # no world: the file's own
+    # outside the 2-rank curve's sizes: alpha-beta fitted to the 2-rank curve (one ring step), not to the 4-rank one
+    coll = _coll(spec, 2)
+    slope, intercept = np.polyfit(np.array(SIZES, float), np.array(TWO_S), 1)  # s = alpha + b / beta at W = 2
+    big = 1 << 28
+    assert coll.time("reduce_scatter", big, 2) == pytest.approx(intercept + slope * big, rel=1e-9)
+    assert coll.time("reduce_scatter", big, 2) != pytest.approx(only_primary.time("reduce_scatter", big, 2), rel=1e-3)
+
+
+def test_the_note_says_which_curve_each_world_size_uses():
+    spec = _spec_by_world({"2": _curve_at(2, TWO_S, {"allgather": "graph", "allreduce": "graph"})})
+    coll = _coll(spec, 2)
+    assert coll.by_world[2][1] == {"allgather": "graph", "allreduce": "graph", "reduce_scatter": "eager"}
+    note2 = coll.curve_note(2)
+    assert note2.startswith("collectives: calibrated curve at 2 ranks (collectives_by_world);")
+    assert "reduce_scatter eager-timed" in note2 and "--update FILE -n 2`" in note2 and "alpha-beta" not in note2
+    primary_note = _coll(_spec(_curve(GRAPH_S, "graph"))).curve_note(4)
+    assert coll.curve_note(4) == primary_note  # the file's own world size: the note as before
+    assert "graph-timed" in primary_note and "at 4 ranks," in primary_note
+    note8 = coll.curve_note(8)
+    assert "at 4 ranks, alpha-beta fitted to it for this world size (the nearest of the curves at 2, 4 ranks)" in note8
+    p = predict("flash_decode", "bsp", FD, 2, spec)
+    assert p.details["all_gather"] == pytest.approx(_loglog(PACKED, TWO_S), rel=1e-12)
+    assert any(a.startswith("collectives: calibrated curve at 2 ranks (collectives_by_world)") for a in p.assumptions)
+
+
+def test_curves_of_other_world_sizes_are_dropped_beyond_one_domain_and_when_bad():
+    spec = _spec_by_world({"2": _curve_at(2, TWO_S, "graph"), "8": {"world_size": 8, "allgather": [[8192, 1e-5]]},
+                           "4": _curve_at(4, EAGER_S, "eager")})
+    coll = _coll(spec, 2)
+    assert set(coll.by_world) == {2}  # one point is no curve; the file's own 4-rank curve wins over a duplicate
+    assert coll.timing == {op: "graph" for op in OPS} and coll.time("allgather", 65536, 4) == pytest.approx(9e-6)
+    params = c.ModelParams.from_hardware(spec, domain_size=1)
+    split = c.CollectiveModel.from_hardware(spec, c.topology(spec, 2, params), params)
+    assert split.curves == {} and split.by_world == {}
+    assert "no calibrated curve" in split.curve_note(2)

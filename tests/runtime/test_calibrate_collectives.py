@@ -292,11 +292,98 @@ def test_update_replaces_only_what_its_steps_feed():
 
 def test_update_refuses_files_it_cannot_update():
     shipped = json.loads(SHIPPED.read_text())
-    with pytest.raises(InputError, match="measured on 4 ranks"):
-        cal.check_update(shipped, ("collectives",), 2)
+    assert cal.check_update(shipped, ("collectives",), 2) == 2  # adds a curve for 2 ranks
+    for steps in (("collectives", "barrier"), ("peer",), ("flag",), ("barrier",)):
+        with pytest.raises(InputError, match="measured on 4 ranks.*only the collectives step.*--world-size 4"):
+            cal.check_update(shipped, steps, 2)
+    with pytest.raises(InputError, match="needs 2 or more ranks"):
+        cal.check_update(shipped, ("collectives",), 1)
     assert cal.check_update(shipped, ("hbm",), 1) == 1  # single-GPU steps may run on fewer ranks
     with pytest.raises(InputError, match="no raw measurements"):
         cal.check_update({k: v for k, v in shipped.items() if k != "measured"}, ("collectives",), 4)
+
+
+def _meas_at(lat_ms: float, bw: float, world: int, sizes=(1 << 13, 1 << 16, 1 << 27)) -> dict:
+    """A collectives step's raw rows as a run on ``world`` ranks writes them (test numbers)."""
+    graph = [{"op": op, "bytes_per_rank": b, "ms": lat_ms + (world - 1) * b / bw * 1e3, "method": "difference"}
+             for op in ("allgather", "allreduce", "reduce_scatter") for b in sizes]
+    eager = [{**r, "ms": r["ms"] + 0.05} for r in graph]
+    return {"collectives": eager, "collectives_graph": graph}
+
+
+def _unchanged_but(new: dict, old: dict, *added: str) -> None:
+    for key, value in old.items():
+        if key in ("measured", "notes", "aliases"):
+            continue
+        assert new[key] == value, key
+    assert set(new) - set(old) - {"measured", "notes", "aliases"} == set(added)
+
+
+def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else():
+    shipped = json.loads(SHIPPED.read_text())
+    two = _meas_at(0.020, 150e9, 2)
+    new = cal.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2,
+                          info={"date": "d", "world_size": 2})
+    _unchanged_but(new, shipped, "collectives_by_world")  # primary curve, link fits, every other number
+    curve = new["collectives_by_world"]["2"]
+    assert list(new["collectives_by_world"]) == ["2"] and curve["world_size"] == 2
+    assert curve["timing"] == {"allgather": "graph", "allreduce": "graph", "reduce_scatter": "graph"}
+    assert curve["reduce_scatter"] == [[8192, pytest.approx((0.020 + 8192 / 150e9 * 1e3) * 1e-3)],
+                                       [65536, pytest.approx((0.020 + 65536 / 150e9 * 1e3) * 1e-3)],
+                                       [1 << 27, pytest.approx((0.020 + (1 << 27) / 150e9 * 1e3) * 1e-3)]]
+    raw, old_raw = new["measured"]["raw"], shipped["measured"]["raw"]
+    assert {k: v for k, v in raw.items() if k != "collectives_at"} == old_raw  # the 4-rank rows stay
+    assert raw["collectives_at"] == {"2": two}
+    assert new["measured"]["world_size"] == 4
+    assert new["measured"]["updates"][-1] == {"date": "d", "world_size": 2, "steps": ["collectives"]}
+    assert "collectives_by_world" in new["notes"] and "2 ranks" in new["notes"]
+    from taxmodel.model.hardware import HardwareSpec
+
+    assert HardwareSpec.from_dict(new).extra["collectives_by_world"]["2"] == curve  # loads as a HardwareSpec
+
+    # a second update at 2 replaces that curve; one at 3 adds another; neither touches the rest
+    again = _meas_at(0.030, 120e9, 2)
+    newer = cal.update_spec(new, again, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2)
+    _unchanged_but(newer, shipped, "collectives_by_world")
+    assert newer["measured"]["raw"]["collectives_at"] == {"2": again}
+    assert newer["collectives_by_world"] == {"2": cal.collective_curves(again, 2)[0]}
+    assert newer["collectives_by_world"]["2"]["allgather"][0][1] == pytest.approx((0.030 + 8192 / 120e9 * 1e3) * 1e-3)
+    assert len(newer["measured"]["updates"]) == len(shipped["measured"]["updates"]) + 2
+    three = cal.update_spec(newer, _meas_at(0.025, 140e9, 3), ("collectives",), device_name="NVIDIA H200", num_sms=132,
+                            world=3)
+    assert list(three["collectives_by_world"]) == ["2", "3"] and three["collectives_by_world"]["3"]["world_size"] == 3
+    assert three["collectives_by_world"]["2"] == newer["collectives_by_world"]["2"]
+
+    # an update at the file's own world size behaves as before and keeps the other curves
+    own = {k: shipped["measured"]["raw"][k] for k in cal.STEP_KEYS["collectives"] if k in shipped["measured"]["raw"]}
+    back = cal.update_spec(three, own, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=4,
+                           info={"date": "e"})
+    _unchanged_but(back, shipped, "collectives_by_world")
+    assert back["collectives_by_world"] == three["collectives_by_world"]
+    assert back["measured"]["updates"][-1] == {"date": "e", "steps": ["collectives"]}
+
+
+def test_a_failed_update_on_another_world_size_keeps_the_earlier_curve():
+    shipped = json.loads(SHIPPED.read_text())
+    two = _meas_at(0.020, 150e9, 2)
+    new = cal.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2)
+    kept = cal.update_spec(new, {"collectives": [], "errors": {"collectives": "boom"}}, ("collectives",),
+                           device_name="NVIDIA H200", num_sms=132, world=2)
+    assert kept["collectives_by_world"] == new["collectives_by_world"]
+    assert kept["measured"]["raw"] == new["measured"]["raw"]  # no error recorded against the 4-rank curve
+    assert kept["measured"]["updates"][-1]["failed"] == {"collectives": "boom"}
+    with pytest.raises(InputError, match="only the collectives step"):
+        cal.update_spec(shipped, {**two, "barrier": {"barrier_skew_s": 1e-6}}, ("collectives", "barrier"), world=2)
+
+
+def test_a_single_gpu_update_on_fewer_ranks_refits_at_the_files_world_size():
+    shipped = json.loads(SHIPPED.read_text())
+    new = cal.update_spec(shipped, {"hbm": {"bytes_per_s": 4.0e12}}, ("hbm",), device_name="NVIDIA H200", num_sms=132,
+                          world=1)
+    assert new["hbm_bytes_per_s"] == 4.0e12
+    assert new["collectives"] == shipped["collectives"]  # still the 4-rank curve, labelled 4
+    assert new["link_bytes_per_s"] == shipped["link_bytes_per_s"]
+    assert new["link_latency_s"] == shipped["link_latency_s"]
 
 
 def test_parse_steps_and_command():
@@ -338,3 +425,25 @@ def test_main_updates_a_file_on_cpu_ranks(tmp_path):
     update = new["measured"]["updates"][-1]
     assert update["steps"] == ["collectives"] and update["device"] == "cpu (gloo)" and update["world_size"] == 2
     assert "no CUDA graphs" in new["measured"]["raw"]["collectives_graph_note"]
+
+
+def test_main_adds_a_curve_for_another_world_size_on_cpu_ranks(tmp_path):
+    """A 4-rank file updated by a 2-rank collectives run: the curve lands in collectives_by_world["2"]."""
+    old = json.loads(SHIPPED.read_text())
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    out = tmp_path / "new.json"
+    cmd = cal.calibration_command(out, 2, only="collectives", update=tmp_path / "old.json", sizes="8192,65536",
+                                  device="cpu")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert 'collectives_by_world["2"]' in proc.stdout
+    new = json.loads(out.read_text())
+    assert new["collectives"] == old["collectives"] and new["link_bytes_per_s"] == old["link_bytes_per_s"]
+    curve = new["collectives_by_world"]["2"]
+    assert curve["world_size"] == 2 and set(curve["timing"].values()) == {"eager"}
+    assert [p[0] for p in curve["allgather"]] == [8192, 65536]
+    at = new["measured"]["raw"]["collectives_at"]["2"]
+    assert "no CUDA graphs" in at["collectives_graph_note"] and at["collectives_graph"] == []
+    assert new["measured"]["raw"]["collectives"] == old["measured"]["raw"]["collectives"]
+    assert new["measured"]["updates"][-1]["world_size"] == 2 and new["measured"]["world_size"] == 4

@@ -257,68 +257,126 @@ _OP_ALIASES = {"all_gather": "allgather", "allgather": "allgather", "all_reduce"
 CURVE_TIMINGS = ("graph", "eager")
 
 
+def _read_curve(raw: Mapping[str, Any]) -> tuple[int, dict[str, tuple[tuple[float, float], ...]], dict[str, str]]:
+    """(world size, op -> sorted points, op -> timing) of one curve in hardware-file form (``collectives``
+    or an entry of ``collectives_by_world``); ops with fewer than two good points are left out."""
+    world = int(raw.get("world_size", 0) or 0)
+    declared = raw.get("timing")
+    curves, timing = {}, {}
+    for op, pts in raw.items():
+        if op in ("world_size", "timing") or not isinstance(pts, list):
+            continue
+        key = _OP_ALIASES.get(op, op)
+        good = sorted((float(b), float(s)) for b, s in pts if float(b) > 0 and float(s) > 0)
+        if len(good) >= 2:
+            curves[key] = tuple(good)
+            how = declared.get(op) if isinstance(declared, Mapping) else declared
+            timing[key] = how if how in CURVE_TIMINGS else "eager"
+    return world, curves, timing
+
+
 @dataclass(frozen=True)
 class CollectiveModel:
-    """Collective time: ring (and tree for all-reduce) alpha-beta, or the calibrated curve.
+    """Collective time: ring (and tree for all-reduce) alpha-beta, or a calibrated curve.
 
-    ``curves``: op -> sorted (bytes per rank, seconds) measured at ``curve_world`` ranks. At that
-    world size the curve is interpolated in log-log space; elsewhere alpha and beta are fitted to
-    it (least squares on the ring formula) and the formula is evaluated at the new world size.
+    ``curves``: op -> sorted (bytes per rank, seconds) measured at ``curve_world`` ranks (the
+    hardware file's ``collectives``); ``by_world``: world size -> (curves, timing) of the curves
+    measured on other numbers of ranks (``collectives_by_world``, from ``taxmodel calibrate --only
+    collectives --update FILE -n W``). At a world size with a curve of its own, inside that curve's
+    sizes, the curve is interpolated in log-log space. Elsewhere alpha and beta are fitted to the
+    curve of the *nearest* measured world size (least squares on the ring formula; ties go to the
+    file's own curve, then to the larger world) and the formula is evaluated at the asked world
+    size: the nearest curve has the closest ring length and protocol choice, and with only the
+    file's own curve this is the fit to it, as before ``collectives_by_world`` existed.
     The time is the collective's own, after its last member arrived: the timeline (``simulate``)
     places it after the host launch, launch latency and the ranks' start skew, for graph and eager
-    launches alike. Only the hardware file's ``collectives`` curve is read, never its
-    ``collectives_eager`` (kept for reference); ``timing`` says per op how it was measured."""
+    launches alike. Only the hardware file's ``collectives`` and ``collectives_by_world`` curves are
+    read, never ``collectives_eager`` (kept for reference); ``timing`` says per op how each was measured."""
 
     topo: Topology
     base_s: float
     curves: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     curve_world: int = 0
     timing: Mapping[str, str] = field(default_factory=dict)
+    by_world: Mapping[int, tuple[Mapping[str, tuple[tuple[float, float], ...]], Mapping[str, str]]] = \
+        field(default_factory=dict)
 
     @staticmethod
     def from_hardware(hw: HardwareSpec, topo: Topology, params: ModelParams) -> "CollectiveModel":
-        raw = (hw.extra or {}).get("collectives") or {}
-        world = int(raw.get("world_size", 0) or 0)
-        declared = raw.get("timing")
-        curves, timing = {}, {}
-        for op, pts in raw.items():
-            if op in ("world_size", "timing") or not isinstance(pts, list):
+        extra = hw.extra or {}
+        world, curves, timing = _read_curve(extra.get("collectives") or {})
+        by_world: dict[int, tuple[dict, dict]] = {}
+        for key, raw in (extra.get("collectives_by_world") or {}).items():
+            if not isinstance(raw, Mapping):
                 continue
-            key = _OP_ALIASES.get(op, op)
-            good = sorted((float(b), float(s)) for b, s in pts if float(b) > 0 and float(s) > 0)
-            if len(good) >= 2:
-                curves[key] = tuple(good)
-                how = declared.get(op) if isinstance(declared, Mapping) else declared
-                timing[key] = how if how in CURVE_TIMINGS else "eager"
+            other, other_curves, other_timing = _read_curve({"world_size": key, **raw})
+            if other > 1 and other_curves and not (curves and other == world):  # the file's own curve wins
+                by_world[other] = (other_curves, other_timing)
         if not topo.single_domain:  # a curve measured inside one domain says nothing about the network
-            curves, world, timing = {}, 0, {}
-        return CollectiveModel(topo, params.collective_base_s, curves, world, timing)
+            curves, world, timing, by_world = {}, 0, {}, {}
+        return CollectiveModel(topo, params.collective_base_s, curves, world, timing, by_world)
+
+    def _curve_sets(self) -> dict[int, tuple[Mapping[str, tuple[tuple[float, float], ...]], Mapping[str, str]]]:
+        """World size -> (curves, timing) of every calibrated curve, the file's own included."""
+        sets = dict(self.by_world)
+        if self.curves and self.curve_world > 1:
+            sets[self.curve_world] = (self.curves, self.timing)
+        return sets
+
+    def _nearest(self, world: int, worlds: Sequence[int]) -> int:
+        """The measured world size closest to ``world``; ties: the file's own, then the larger."""
+        return min(worlds, key=lambda w: (abs(w - world), w != self.curve_world, -w))
+
+    def _fit_source(self, op: str, world: int | None) -> tuple[int, tuple[tuple[float, float], ...], str] | None:
+        """(world size, points, op of the points) that ``op``'s alpha-beta is fitted to at ``world``:
+        the nearest world's curve of ``op``, else the nearest world's all-gather curve; ``world``
+        None: the file's own curve (as ``alpha_beta`` always did)."""
+        sets = self._curve_sets()
+        if world is None:
+            sets = {w: v for w, v in sets.items() if w == self.curve_world}
+        for fit_op in (op, "allgather"):
+            worlds = [w for w, (curves, _) in sets.items() if fit_op in curves]
+            if worlds:
+                w = self._nearest(world if world is not None else self.curve_world, worlds)
+                return w, sets[w][0][fit_op], fit_op
+        return None
 
     def curve_note(self, world: int) -> str:
         """The assumption line of a prediction: which curve (or formula) gave the collective times."""
-        if not self.curves:
+        sets = self._curve_sets()
+        if not sets:
             a, b = self.alpha_beta("allgather")
             return (f"collectives: ring alpha-beta, alpha {a * 1e6:.1f} us per step, beta {b / 1e9:.0f} GB/s, plus "
                     f"{self.base_s * 1e6:.0f} us per call (no calibrated curve)")
-        where = "" if self.curve_world == world else ", alpha-beta fitted to it for this world size"
-        eager = sorted(op for op, t in self.timing.items() if t == "eager")
+        used = world if world in sets else self._nearest(world, list(sets))
+        timing = sets[used][1]
+        label = f"{used} ranks" if used == self.curve_world else f"{used} ranks (collectives_by_world)"
+        where = ""
+        if used != world:
+            where = ", alpha-beta fitted to it for this world size"
+            if len(sets) > 1:
+                where += f" (the nearest of the curves at {', '.join(str(w) for w in sorted(sets))} ranks)"
+        eager = sorted(op for op, t in timing.items() if t == "eager")
         if not eager:
-            return (f"collectives: calibrated curve at {self.curve_world} ranks{where}, graph-timed (each collective's own "
+            return (f"collectives: calibrated curve at {label}{where}, graph-timed (each collective's own "
                     "device time; launch costs and the ranks' skew are added by the timeline)")
-        return (f"collectives: calibrated curve at {self.curve_world} ranks{where}; {', '.join(eager)} eager-timed: "
+        rerun = "" if used == self.curve_world else f" -n {used}"
+        return (f"collectives: calibrated curve at {label}{where}; {', '.join(eager)} eager-timed: "
                 "those times include host launch cost and rank skew, which the timeline adds again, so small "
-                "collectives come out too slow (re-run `taxmodel calibrate --only collectives --update FILE`)")
+                f"collectives come out too slow (re-run `taxmodel calibrate --only collectives --update FILE{rerun}`)")
 
     def _steps(self, op: str, world: int) -> float:
         """Bytes received per byte-per-rank (ring): all_gather / reduce_scatter W-1, all_reduce 2(W-1)."""
         return (2.0 if op == "allreduce" else 1.0) * (world - 1)
 
-    def alpha_beta(self, op: str) -> tuple[float, float]:
-        """(alpha seconds per step, beta bytes/s) for ``op``: fitted to the curve when there is one."""
+    def alpha_beta(self, op: str, world: int | None = None) -> tuple[float, float]:
+        """(alpha seconds per step, beta bytes/s) for ``op``: fitted to the curve of the measured world
+        size nearest ``world`` when there is one (``world`` None: the file's own curve)."""
         op = _OP_ALIASES.get(op, op)
-        pts = self.curves.get(op) or self.curves.get("allgather")
-        if pts and self.curve_world > 1:
-            steps = self._steps(op if op in self.curves else "allgather", self.curve_world)
+        source = self._fit_source(op, world)
+        if source is not None:
+            curve_world, pts, fit_op = source
+            steps = self._steps(fit_op, curve_world)
             x = np.array([b * steps for b, _ in pts])
             y = np.array([s for _, s in pts])
             a = np.vstack([np.full_like(x, steps), x]).T
@@ -335,15 +393,16 @@ class CollectiveModel:
         world = self.topo.world if world is None else world
         if world <= 1 or bytes_per_rank <= 0:
             return 0.0
-        pts = self.curves.get(op)
-        if pts and world == self.curve_world and pts[0][0] <= bytes_per_rank <= pts[-1][0]:
-            xs = np.log([b for b, _ in pts])
-            ys = np.log([s for _, s in pts])
+        exact = self._curve_sets().get(world, ({}, {}))[0].get(op)
+        if exact and exact[0][0] <= bytes_per_rank <= exact[-1][0]:
+            xs = np.log([b for b, _ in exact])
+            ys = np.log([s for _, s in exact])
             return float(np.exp(np.interp(math.log(bytes_per_rank), xs, ys)))
-        alpha, beta = self.alpha_beta(op)
+        alpha, beta = self.alpha_beta(op, world)
+        source = self._fit_source(op, world)
         steps = self._steps(op, world)
         ring = alpha * steps + steps * bytes_per_rank / beta
-        base = 0.0 if pts else self.base_s
+        base = 0.0 if source is not None and source[2] == op else self.base_s  # a fit to op's own curve has its fixed cost
         if op == "allreduce":  # a tree halves the latency term for small messages
             tree = 2 * alpha * math.ceil(math.log2(world)) + 2 * bytes_per_rank * world / beta
             ring = min(ring, tree)
@@ -427,6 +486,9 @@ class KernelPlan:
     sync_after_s: float | None = None
     flag_latency_s: float = 0.0
     after: int | None = None
+    #: For a fused kernel: the mean time a CTA of it spends in communication-only phases (moving
+    #: data between GPUs; in-kernel records ``store_push``/``remote_load``), within its duration.
+    comm_s: float = 0.0
 
 
 def as_graph_launch(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> list[list[KernelPlan]]:
@@ -509,13 +571,14 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
             ends[r].append(e)
             rows.append({"rank": r, "name": p.name, "role": p.role, "stream": p.stream, "start": s, "end": e,
                          "launch_end": launch_end[r], "collective_id": coll_id, "collective_op": p.collective,
-                         "wait": wait, "host_s": p.host_s})
+                         "wait": wait, "comm": p.comm_s, "host_s": p.host_s})
     return PredictedTimeline(rows)
 
 
 def timeline_events(tl: PredictedTimeline, *, instrumented: bool = False, iterations: int = 1) -> pd.DataFrame:
     """The timeline as bundle events (kernels, their launch calls, iteration markers and, when
-    ``instrumented``, one flag_wait record per waiting fused kernel), ``iterations`` times over
+    ``instrumented``, per fused kernel one flag_wait record for its wait and one store_push record
+    for its communication-only time, on one CTA), ``iterations`` times over
     with a quiet gap in between, integer ns on one clock."""
     from taxmodel.trace import schema
 
@@ -540,10 +603,15 @@ def timeline_events(tl: PredictedTimeline, *, instrumented: bool = False, iterat
             host = max(1, min(int(round(row["host_s"] * 1e9)), 3000))
             rows.append({"rank": r, "stream": 1, "kind": "launch", "role": "other", "name": "cudaLaunchKernel",
                          "start_ns": le - host, "end_ns": le, "correlation": corr, "iteration": it})
-            if instrumented and row["wait"] > 0 and row["role"] == "fused":
-                w = int(round(row["wait"] * 1e9))
-                rows.append({"rank": r, "device": r, "stream": 7, "kind": "record", "role": "fused", "name": row["name"],
-                             "start_ns": s + 1, "end_ns": min(e, s + 1 + w), "cta": 0, "phase": "flag_wait"})
+            if instrumented and row["role"] == "fused":
+                at = s + 1
+                for phase, secs in (("flag_wait", row["wait"]), ("store_push", row.get("comm", 0.0))):
+                    length = int(round(secs * 1e9))
+                    if length > 0 and at < e:
+                        rows.append({"rank": r, "device": r, "stream": 7, "kind": "record", "role": "fused",
+                                     "name": row["name"], "start_ns": at, "end_ns": min(e, at + length), "cta": 0,
+                                     "phase": phase})
+                        at = min(e, at + length)
             first[r] = min(first.get(r, le), le - host - 1000)
             last[r] = max(last.get(r, e), e)
         for r in first:

@@ -58,6 +58,25 @@ def push_finish(gemm_s: float, world: int, tiles: int, slots: int, push_s: float
     return overhead_s + max(work / waves + push_s, work * (world - 1) / world + push_s / peer_tiles)
 
 
+def push_phase_per_cta(world: int, tiles: int, programs: int, push_bytes: float, per_sm_bytes_per_s: float,
+                       link_bytes_per_s: float, release_s: float) -> float:
+    """Mean time a GEMM program spends pushing peer tiles (its ``store_push`` records): the peer
+    tiles come first, in waves of ``programs`` tiles that finish their products together and then
+    push together, so a wave of k pushing programs takes max(one tile at one SM's peer-store rate,
+    k tiles at the GPU's peer-store bandwidth) plus the release that waits for the stores. This
+    lock-step picture is an upper bound once later waves drift apart (docs/model.md)."""
+    if world <= 1 or push_bytes <= 0 or programs <= 0:
+        return 0.0
+    peer_tiles = max(1, tiles * (world - 1) // world)
+    tile = push_bytes / peer_tiles
+
+    def wave(k: int) -> float:
+        return max(tile / per_sm_bytes_per_s, k * tile / link_bytes_per_s) + release_s
+
+    full, rest = divmod(peer_tiles, programs)
+    return full * wave(programs) + (rest * wave(rest) / programs if rest else 0.0)
+
+
 def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: c.ModelParams,
           coll: c.CollectiveModel) -> tuple[list[list[c.KernelPlan]], dict[str, float], list[str]]:
     """Kernel plans of every rank, the component times (seconds) and variant-specific assumptions."""
@@ -103,12 +122,15 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     kernel = max(gemm, finish + latency)
     reduce_work = c.stream_time((world + 1) * slab, hw, params)
     flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
+    per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / (hw.num_sms or 132)
+    comm = push_phase_per_cta(world, tiles, min(tiles, hw.num_sms or 132), (world - 1) * slab, per_sm, store_bw,
+                              latency)
     det.update({"triton_gemm": gemm, "push": push, "push_done": finish + latency, "gemm_kernel": kernel,
-                "reduce": reduce_work, "flag": flag})
+                "reduce": reduce_work, "flag": flag, "push_per_program": comm})
     # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
     # before that peer's GEMM ended, i.e. before its own reduction started (less the kernel gap).
     sync_after = (finish + latency) - kernel - params.kernel_gap_s
-    one = [c.KernelPlan(FUSED_GEMM, "fused", kernel, ht),
+    one = [c.KernelPlan(FUSED_GEMM, "fused", kernel, ht, comm_s=min(comm, kernel)),
            c.KernelPlan(FUSED_REDUCE, "fused", 0.0, ht, sync=world > 1, post_s=reduce_work, sync_after_s=sync_after,
                         flag_latency_s=flag)]
     src = params.sources
@@ -116,7 +138,10 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                  f"({src.get('triton_gemm_efficiency', 'default')}), {world - 1} of {world} slabs pushed at "
                  f"{store_bw / 1e9:.0f} GB/s peer-store bandwidth ({src.get('peer_store_bytes_per_s', 'default')}) "
                  "while it computes; the reduction kernel (reduce='kernel') waits for the slowest peer's pushes "
-                 "+ half a flag round trip, then streams W slots in and the slab out; reduce='tail' is not modeled")
+                 "+ half a flag round trip, then streams W slots in and the slab out; reduce='tail' is not modeled; "
+                 f"each GEMM program pushes for {comm * 1e6:.1f} us on average (store_push records: peer tiles in "
+                 "waves that push together, each wave at the slower of one SM's peer-store rate and the GPU's "
+                 "peer-store bandwidth shared by the wave; an upper bound once waves drift apart)")
     return [list(one) for _ in range(world)], det, notes
 
 
