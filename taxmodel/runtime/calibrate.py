@@ -500,7 +500,7 @@ def _first(*values):
 def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | None = None) -> dict:
     """Turn raw measurements into a hardware file (the fields of ``HardwareSpec``; model parameters
     in extra fields named as in ``ModelParams``). Pure: tests call it with made-up measurements."""
-    from taxmodel.model.hardware import find_preset
+    from taxmodel.model.hardware import _norm, find_preset
 
     curves, eager_curve = collective_curves(meas, world)
     by_world = collectives_by_world(meas, world)
@@ -520,7 +520,9 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         preset = find_preset(preset.name.replace(" (calibrated)", ""))
     name = f"{preset.name} (calibrated)" if preset is not None else device_name
     # The datasheet preset keeps its own name, so `--hardware "H200 SXM"` still selects the datasheet.
-    aliases = sorted({*(preset.aliases if preset is not None else ()), device_name})
+    # ... nor any alias that spells the datasheet's name (e.g. 'h200-sxm' for 'H200 SXM').
+    aliases = sorted({a for a in (*(preset.aliases if preset is not None else ()), device_name)
+                      if preset is None or _norm(a) != _norm(preset.name)})
     link = _first(link_bw, statistics.median(p2p) if p2p else None, peer.get("load_bytes_per_s"))
     if link is None:
         raise ValueError("no link measurement (collectives, peer copies or peer loads): calibrate with --world-size 2 or more")

@@ -25,6 +25,16 @@ HERE = Path(__file__).resolve().parent
 SHIPPED = HERE.parents[1] / "taxmodel" / "data" / "hardware" / "h200-calibrated.json"
 
 
+def _shipped_four_ranks() -> dict:
+    """The shipped H200 calibration as its 4-rank run wrote it: without the curves and raw rows of
+    other world sizes (``collectives_by_world``, ``measured.raw.collectives_at``) that later
+    ``--update -n W`` runs added, so these tests do not depend on which ones the file has."""
+    spec = json.loads(SHIPPED.read_text())
+    spec.pop("collectives_by_world", None)
+    spec["measured"]["raw"].pop("collectives_at", None)
+    return spec
+
+
 # --- graph_per_call_ms: what cancels, what is kept ------------------------------------------------
 
 
@@ -242,6 +252,19 @@ def test_fit_gives_the_model_the_graph_curve_and_keeps_the_eager_one():
     assert "own device time" in spec["notes"]
 
 
+def test_fit_names_the_calibration_after_the_datasheet_without_taking_its_name(tmp_path, monkeypatch):
+    """A calibrated file must not carry an alias that spells the datasheet's own name ('h200-sxm'
+    for 'H200 SXM'): `--hardware "H200 SXM"` keeps selecting the datasheet, 'NVIDIA H200' the file."""
+    from taxmodel.model import hardware
+
+    spec = cal.fit(_meas(), "NVIDIA H200", 132, 4)
+    assert spec["name"] == "H200 SXM (calibrated)" and "NVIDIA H200" in spec["aliases"]
+    assert all(hardware._norm(a) != hardware._norm("H200 SXM") for a in spec["aliases"])
+    shipped = json.loads((Path(cal.__file__).parents[1] / "data" / "hardware" / "h200-calibrated.json").read_text())
+    assert all(hardware._norm(a) != hardware._norm("H200 SXM") for a in shipped["aliases"])
+    assert hardware.find_preset("H200 SXM").source == "datasheet"
+
+
 def test_fit_falls_back_to_eager_per_op():
     spec = cal.fit(_meas(graph_ops=("allgather",)), "NVIDIA H200", 132, 4)
     assert spec["collectives"]["timing"] == {"allgather": "graph", "allreduce": "eager", "reduce_scatter": "eager"}
@@ -257,7 +280,7 @@ def test_fit_falls_back_to_eager_per_op():
 
 
 def test_refitting_the_shipped_file_from_its_own_raw_numbers_changes_nothing():
-    shipped = json.loads(SHIPPED.read_text())
+    shipped = _shipped_four_ranks()
     raw = shipped["measured"]["raw"]
     step_raw = {k: raw[k] for k in cal.STEP_KEYS["collectives"] if k in raw}
     assert "collectives_graph" in step_raw  # the shipped curve is graph-timed (measured on the H200s)
@@ -273,7 +296,7 @@ def test_refitting_the_shipped_file_from_its_own_raw_numbers_changes_nothing():
 
 
 def test_update_replaces_only_what_its_steps_feed():
-    shipped = json.loads(SHIPPED.read_text())
+    shipped = _shipped_four_ranks()
     m = _meas()
     new = cal.update_spec(shipped, {"collectives": m["collectives"], "collectives_graph": m["collectives_graph"],
                                     "hbm": {"bytes_per_s": 1.0}}, ("collectives",), device_name="NVIDIA H200", num_sms=132,
@@ -291,7 +314,7 @@ def test_update_replaces_only_what_its_steps_feed():
 
 
 def test_update_refuses_files_it_cannot_update():
-    shipped = json.loads(SHIPPED.read_text())
+    shipped = _shipped_four_ranks()
     assert cal.check_update(shipped, ("collectives",), 2) == 2  # adds a curve for 2 ranks
     for steps in (("collectives", "barrier"), ("peer",), ("flag",), ("barrier",)):
         with pytest.raises(InputError, match="measured on 4 ranks.*only the collectives step.*--world-size 4"):
@@ -320,7 +343,7 @@ def _unchanged_but(new: dict, old: dict, *added: str) -> None:
 
 
 def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else():
-    shipped = json.loads(SHIPPED.read_text())
+    shipped = _shipped_four_ranks()
     two = _meas_at(0.020, 150e9, 2)
     new = cal.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2,
                           info={"date": "d", "world_size": 2})
@@ -364,7 +387,7 @@ def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else()
 
 
 def test_a_failed_update_on_another_world_size_keeps_the_earlier_curve():
-    shipped = json.loads(SHIPPED.read_text())
+    shipped = _shipped_four_ranks()
     two = _meas_at(0.020, 150e9, 2)
     new = cal.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2)
     kept = cal.update_spec(new, {"collectives": [], "errors": {"collectives": "boom"}}, ("collectives",),
@@ -377,7 +400,7 @@ def test_a_failed_update_on_another_world_size_keeps_the_earlier_curve():
 
 
 def test_a_single_gpu_update_on_fewer_ranks_refits_at_the_files_world_size():
-    shipped = json.loads(SHIPPED.read_text())
+    shipped = _shipped_four_ranks()
     new = cal.update_spec(shipped, {"hbm": {"bytes_per_s": 4.0e12}}, ("hbm",), device_name="NVIDIA H200", num_sms=132,
                           world=1)
     assert new["hbm_bytes_per_s"] == 4.0e12
@@ -408,7 +431,7 @@ def test_cli_arguments(tmp_path):
 
 def test_main_updates_a_file_on_cpu_ranks(tmp_path):
     """The whole partial run on two gloo ranks: torch.distributed.run, --only collectives --update."""
-    old = json.loads(SHIPPED.read_text())
+    old = _shipped_four_ranks()
     old["measured"]["world_size"] = 2  # a file measured on as many ranks as this test has
     (tmp_path / "old.json").write_text(json.dumps(old))
     out = tmp_path / "sub" / "new.json"
@@ -429,7 +452,7 @@ def test_main_updates_a_file_on_cpu_ranks(tmp_path):
 
 def test_main_adds_a_curve_for_another_world_size_on_cpu_ranks(tmp_path):
     """A 4-rank file updated by a 2-rank collectives run: the curve lands in collectives_by_world["2"]."""
-    old = json.loads(SHIPPED.read_text())
+    old = _shipped_four_ranks()
     (tmp_path / "old.json").write_text(json.dumps(old))
     out = tmp_path / "new.json"
     cmd = cal.calibration_command(out, 2, only="collectives", update=tmp_path / "old.json", sizes="8192,65536",
