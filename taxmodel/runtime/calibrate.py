@@ -118,7 +118,8 @@ def collective_ops(device: torch.device | str, world: int, per_rank: int) -> dic
 
 def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, barrier: Callable[[], None],
                       agree: Callable[[str | None], str | None] = lambda error: error,
-                      calls: tuple[int, int] = GRAPH_CALLS, reps: int = 5) -> dict:
+                      calls: tuple[int, int] = GRAPH_CALLS, reps: int = 5,
+                      kernel_time: Callable[[Callable[[], object]], float | None] | None = None) -> dict:
     """Device time of one call of ``fn`` without host launch cost and without the ranks' skew.
 
     ``fn`` is captured ``calls[0]`` and ``calls[1]`` times back to back into two graphs
@@ -131,6 +132,12 @@ def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, ba
     which the model's ``kernel_gap_s`` adds once more: about a microsecond. When noise makes the
     difference non-positive the mean over the long replay (entry skew amortized over its calls) is
     used instead (``method``: "difference" or "mean").
+
+    ``kernel_time`` (``traced_kernel_ms`` on GPUs): the device kernels' busy time of one more replay
+    of the long graph, as a trace sees it; divided by the calls it is ``kernel_ms``, the
+    collective's own kernel time without the gap to the next call (on 2 H200s that gap is 2-2.6 us
+    between NCCL calls, and ``ms`` - ``kernel_ms`` was 3.6 us at 8 KiB:
+    benchmarks/results/collective_trace_h200x2.md). The model prefers ``kernel_ms`` when present.
 
     ``agree`` turns this rank's capture error (or None) into every rank's (``_agreed_error``) before
     anything is replayed: when a capture failed on any rank, all raise ``GraphCaptureError`` here
@@ -159,6 +166,10 @@ def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, ba
             for n in calls:
                 barrier()
                 samples[n].append(watch.elapsed_ms(graphs[n].replay))
+        traced = None
+        if kernel_time is not None:
+            barrier()
+            traced = kernel_time(graphs[long_].replay)
     finally:
         for g in graphs.values():
             if hasattr(g, "reset"):
@@ -167,7 +178,23 @@ def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, ba
     per_call, method = (med[long_] - med[short]) / (long_ - short), "difference"
     if not per_call > 0:
         per_call, method = med[long_] / long_, "mean"
-    return {"ms": per_call, "replay_ms": {str(n): med[n] for n in calls}, "calls": list(calls), "method": method}
+    row = {"ms": per_call, "replay_ms": {str(n): med[n] for n in calls}, "calls": list(calls), "method": method}
+    if traced is not None and traced > 0:
+        row["kernel_ms"] = traced / long_
+    return row
+
+
+def traced_kernel_ms(replay: Callable[[], object]) -> float | None:
+    """The summed duration (ms) of the GPU kernels that one call of ``replay`` runs, from a
+    torch.profiler trace of it (None when the trace has no kernel: no CUDA/ROCm profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    us = [e.time_range.end - e.time_range.start for e in prof.events()
+          if getattr(e.device_type, "name", "") == "CUDA" and e.time_range.end > e.time_range.start]
+    return sum(us) / 1e3 if us else None
 
 
 def _agreed_error(error: str | None, world: int) -> str | None:
@@ -217,7 +244,8 @@ def collective_curve(device: torch.device | str, world: int, sizes: tuple[int, .
             label = f"{op} at {per_rank} B"
             try:
                 row = graph_per_call_ms(fn, backend=backend, watch=watch, barrier=barrier,
-                                        agree=lambda e, label=label: _agreed_error(e and f"{label}: {e}", world))
+                                        agree=lambda e, label=label: _agreed_error(e and f"{label}: {e}", world),
+                                        kernel_time=traced_kernel_ms if cuda else None)
             except GraphCaptureError as exc:  # a capture failed on some rank: every rank ends the graph curve here
                 graph_note = str(exc)
                 continue
@@ -559,11 +587,14 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
 
 
 def _curve_points(rows: list[dict]) -> dict[str, list[list[float]]]:
-    """op -> [[bytes per rank, seconds], ...] sorted by size, from measurement rows (ms)."""
+    """op -> [[bytes per rank, seconds], ...] sorted by size, from measurement rows (ms): a row's
+    traced kernel time (``kernel_ms``, graph rows measured since it existed) when it has one, else
+    its per-call time (``ms``)."""
     out: dict[str, list[list[float]]] = {}
     for r in rows or []:
-        if r.get("ms") is not None and float(r["ms"]) > 0:
-            out.setdefault(r["op"], []).append([r["bytes_per_rank"], float(r["ms"]) * 1e-3])
+        ms = r.get("kernel_ms") if r.get("kernel_ms") else r.get("ms")
+        if ms is not None and float(ms) > 0:
+            out.setdefault(r["op"], []).append([r["bytes_per_rank"], float(ms) * 1e-3])
     return {op: sorted(pts) for op, pts in out.items()}
 
 
@@ -578,10 +609,14 @@ def collective_curves(meas: dict, world: int) -> tuple[dict | None, dict | None]
     eager = _curve_points(meas.get("collectives", []))
     graph = _curve_points(meas.get("collectives_graph", []))
     model: dict = {"world_size": world, "timing": {}}
+    traced = {op for op in graph
+              if all(r.get("kernel_ms") for r in meas.get("collectives_graph", []) if r.get("op") == op)}
     for op in sorted(set(eager) | set(graph)):
         use, timing = (graph[op], "graph") if len(graph.get(op, [])) >= 2 else (eager.get(op, []), "eager")
         if len(use) >= 2:
             model[op], model["timing"][op] = use, timing
+            if timing == "graph" and op in traced:  # the points are the traced kernels' time (else per call)
+                model.setdefault("graph_points", {})[op] = "kernel"
     if not model["timing"]:
         return None, None
     has_graph = "graph" in model["timing"].values()
@@ -616,9 +651,12 @@ def _curve_note(curves: dict | None) -> str:
     if not timing:
         return "No collective curve."
     if timing == {"graph"}:
+        kernel = set((curves or {}).get("graph_points", {})) == set(curves["timing"])
         return ("Collective curve (collectives): each collective's own device time, from N back-to-back calls "
                 "replayed in one CUDA graph (no host launch cost, no rank skew; collectives_eager keeps the eager "
-                "timing for reference).")
+                "timing for reference); "
+                + ("its kernels' traced time per call." if kernel else
+                   "per call, the gap to the next call included (~2 us for NCCL; no traced kernel times)."))
     return ("Collective curve (collectives): "
             + ", ".join(f"{op} {t}" for op, t in sorted(curves["timing"].items()))
             + " -- an eager-timed op includes host launch cost and rank skew.")

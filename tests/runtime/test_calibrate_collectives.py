@@ -117,6 +117,51 @@ def test_graph_per_call_cancels_what_every_replay_pays(per_call, entries):
     assert len(barriers) == 12  # a barrier before every timed replay
 
 
+def test_graph_per_call_adds_the_traced_kernel_time_of_one_more_long_replay():
+    """``kernel_time`` gets the long graph's replay once, after the timed rounds and a barrier; its
+    result per call is ``kernel_ms`` (the per-call ``ms`` keeps the gap to the next call)."""
+    counter, seen, barriers = [0], [], []
+
+    def kernel_time(replay):
+        before = counter[0]
+        replay()
+        seen.append(counter[0] - before)
+        return 34 * 0.0056
+
+    res = cal.graph_per_call_ms(lambda: counter.__setitem__(0, counter[0] + 1), backend=CountingBackend(),
+                                watch=FakeWatch(counter, 0.0092, [0.0]), barrier=lambda: barriers.append(1),
+                                calls=(2, 34), reps=5, kernel_time=kernel_time)
+    assert seen == [34] and len(barriers) == 13
+    assert res["ms"] == pytest.approx(0.0092) and res["kernel_ms"] == pytest.approx(0.0056)
+    none = cal.graph_per_call_ms(lambda: None, backend=CountingBackend(), watch=FakeWatch([0], 1.0, [0.0]),
+                                 barrier=lambda: None, kernel_time=lambda replay: None)
+    assert "kernel_ms" not in none  # no trace (no GPU profiler): the per-call time only
+
+
+def test_curves_prefer_the_traced_kernel_time_and_say_which_they_hold():
+    meas = _meas()
+    for r in meas["collectives_graph"]:
+        if r["op"] == "allgather":
+            r["kernel_ms"] = r["ms"] - 0.0025
+    curve, _ = cal.collective_curves(meas, 4)
+    assert curve["allgather"][0] == [8192, pytest.approx((0.008 + 3 * 8192 / 320e9 * 1e3 - 0.0025) * 1e-3)]
+    assert curve["reduce_scatter"][0] == [8192, pytest.approx((0.008 + 3 * 8192 / 320e9 * 1e3) * 1e-3)]
+    assert curve["graph_points"] == {"allgather": "kernel"}  # the others are per-call times (no label)
+    assert "graph_points" not in cal.collective_curves(_meas(), 4)[0]  # files without traced times stay as they were
+    from taxmodel.model.analytic import common as c
+    from taxmodel.model.hardware import HardwareSpec, find_preset
+
+    hw = find_preset("H200 SXM")
+    spec = HardwareSpec.from_dict({**hw.to_dict(), "collectives": curve})  # the model reads the points, skips the label
+    params = c.ModelParams.from_hardware(spec)
+    coll = c.CollectiveModel.from_hardware(spec, c.topology(spec, 4, params), params)
+    assert coll.time("allgather", 8192, 4) == pytest.approx(curve["allgather"][0][1])
+    assert set(coll.curves) == {"allgather", "allreduce", "reduce_scatter"}
+    assert "traced time" not in cal._curve_note(curve)
+    every = {**curve, "graph_points": {op: "kernel" for op in curve["timing"]}}
+    assert "traced time per call" in cal._curve_note(every)
+
+
 def test_graph_per_call_falls_back_to_the_mean_when_the_difference_is_not_positive():
     counter = [0]
 
