@@ -119,7 +119,7 @@ def collective_ops(device: torch.device | str, world: int, per_rank: int) -> dic
 def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, barrier: Callable[[], None],
                       agree: Callable[[str | None], str | None] = lambda error: error,
                       calls: tuple[int, int] = GRAPH_CALLS, reps: int = 5,
-                      kernel_time: Callable[[Callable[[], object]], float | None] | None = None) -> dict:
+                      kernel_time: Callable[[Callable[[], object]], list[float]] | None = None) -> dict:
     """Device time of one call of ``fn`` without host launch cost and without the ranks' skew.
 
     ``fn`` is captured ``calls[0]`` and ``calls[1]`` times back to back into two graphs
@@ -133,11 +133,13 @@ def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, ba
     difference non-positive the mean over the long replay (entry skew amortized over its calls) is
     used instead (``method``: "difference" or "mean").
 
-    ``kernel_time`` (``traced_kernel_ms`` on GPUs): the device kernels' busy time of one more replay
-    of the long graph, as a trace sees it; divided by the calls it is ``kernel_ms``, the
-    collective's own kernel time without the gap to the next call (on 2 H200s that gap is 2-2.6 us
-    between NCCL calls, and ``ms`` - ``kernel_ms`` was 3.6 us at 8 KiB:
-    benchmarks/results/collective_trace_h200x2.md). The model prefers ``kernel_ms`` when present.
+    ``kernel_time`` (``traced_kernel_ms`` on GPUs): the durations of the device kernels of one more
+    replay of the long graph, as a trace sees them. ``kernel_ms`` = their median x kernels per call:
+    the collective's own kernel time without the gap to the next call (on 2 H200s that gap is
+    2-2.6 us between NCCL calls, and the per-call time 3.6 us more than the kernel at 8 KiB:
+    benchmarks/results/collective_trace_h200x2.md). The median, because the replay's first call
+    waits for the last rank to enter (a profiler starting on one rank delays it by up to ms); every
+    later call starts when the previous one ended on all ranks. The model prefers ``kernel_ms``.
 
     ``agree`` turns this rank's capture error (or None) into every rank's (``_agreed_error``) before
     anything is replayed: when a capture failed on any rank, all raise ``GraphCaptureError`` here
@@ -179,14 +181,14 @@ def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, ba
     if not per_call > 0:
         per_call, method = med[long_] / long_, "mean"
     row = {"ms": per_call, "replay_ms": {str(n): med[n] for n in calls}, "calls": list(calls), "method": method}
-    if traced is not None and traced > 0:
-        row["kernel_ms"] = traced / long_
+    if traced:
+        row["kernel_ms"] = statistics.median(traced) * len(traced) / long_
     return row
 
 
-def traced_kernel_ms(replay: Callable[[], object]) -> float | None:
-    """The summed duration (ms) of the GPU kernels that one call of ``replay`` runs, from a
-    torch.profiler trace of it (None when the trace has no kernel: no CUDA/ROCm profiler)."""
+def traced_kernel_ms(replay: Callable[[], object]) -> list[float]:
+    """The durations (ms) of the GPU kernels that one call of ``replay`` runs, from a
+    torch.profiler trace of it (empty when the trace has none: no CUDA/ROCm profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -194,7 +196,7 @@ def traced_kernel_ms(replay: Callable[[], object]) -> float | None:
         torch.cuda.synchronize()
     us = [e.time_range.end - e.time_range.start for e in prof.events()
           if getattr(e.device_type, "name", "") == "CUDA" and e.time_range.end > e.time_range.start]
-    return sum(us) / 1e3 if us else None
+    return [u / 1e3 for u in us]
 
 
 def _agreed_error(error: str | None, world: int) -> str | None:

@@ -118,23 +118,27 @@ def test_graph_per_call_cancels_what_every_replay_pays(per_call, entries):
 
 
 def test_graph_per_call_adds_the_traced_kernel_time_of_one_more_long_replay():
-    """``kernel_time`` gets the long graph's replay once, after the timed rounds and a barrier; its
-    result per call is ``kernel_ms`` (the per-call ``ms`` keeps the gap to the next call)."""
+    """``kernel_time`` gets the long graph's replay once, after the timed rounds and a barrier: the
+    median of its kernels' durations x kernels per call is ``kernel_ms`` (the first call's wait for
+    the last rank is left out; the per-call ``ms`` keeps the gap to the next call)."""
     counter, seen, barriers = [0], [], []
 
     def kernel_time(replay):
         before = counter[0]
         replay()
         seen.append(counter[0] - before)
-        return 34 * 0.0056
+        return [2.0] + [0.0056] * 33  # the first call waited 2 ms for the other rank
 
     res = cal.graph_per_call_ms(lambda: counter.__setitem__(0, counter[0] + 1), backend=CountingBackend(),
                                 watch=FakeWatch(counter, 0.0092, [0.0]), barrier=lambda: barriers.append(1),
                                 calls=(2, 34), reps=5, kernel_time=kernel_time)
     assert seen == [34] and len(barriers) == 13
     assert res["ms"] == pytest.approx(0.0092) and res["kernel_ms"] == pytest.approx(0.0056)
+    two = cal.graph_per_call_ms(lambda: None, backend=CountingBackend(), watch=FakeWatch([0], 1.0, [0.0]),
+                                barrier=lambda: None, calls=(2, 4), kernel_time=lambda replay: [0.5, 0.01, 0.02] * 4)
+    assert two["kernel_ms"] == pytest.approx(0.02 * 3)  # three kernels per call: their median x 3
     none = cal.graph_per_call_ms(lambda: None, backend=CountingBackend(), watch=FakeWatch([0], 1.0, [0.0]),
-                                 barrier=lambda: None, kernel_time=lambda replay: None)
+                                 barrier=lambda: None, kernel_time=lambda replay: [])
     assert "kernel_ms" not in none  # no trace (no GPU profiler): the per-call time only
 
 
