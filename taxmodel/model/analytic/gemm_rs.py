@@ -119,12 +119,15 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     push = (world - 1) * slab / store_bw
     latency = params.peer_load_latency_s if world > 1 else 0.0
     finish = push_finish(gemm, world, tiles, hw.num_sms or 132, push, params.kernel_overhead_s)
-    kernel = max(gemm, finish + latency)
-    reduce_work = c.stream_time((world + 1) * slab, hw, params)
-    flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
     per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / (hw.num_sms or 132)
     comm = push_phase_per_cta(world, tiles, min(tiles, hw.num_sms or 132), (world - 1) * slab, per_sm, store_bw,
                               latency)
+    # A program's pushes do not overlap its own next tile: it signals each pushed tile with a
+    # system-scope release, which waits for the tile's remote stores. So a program takes its
+    # products plus its push time, and the kernel at least that.
+    kernel = max(gemm + comm, finish + latency)
+    reduce_work = c.stream_time((world + 1) * slab, hw, params)
+    flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
     det.update({"triton_gemm": gemm, "push": push, "push_done": finish + latency, "gemm_kernel": kernel,
                 "reduce": reduce_work, "flag": flag, "push_per_program": comm})
     # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
