@@ -64,6 +64,10 @@ FIT_RULES = (
     FitRule("combine_step_s", "flash_decode", ("bsp",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
             0.1e-6, 5e-6, "the same flash_decode bsp bundles fit the serial step of a combine program on the local "
             "combine kernel's own duration", kernel="flash_decode_combine_local", detail="combine_local"),
+    FitRule("rs_gemm_efficiency", "gemm_rs", ("fused",), ("N", "K"), "M", 0.3, 1.3,
+            "gemm_rs fused bundles at the largest M of their (N, K, world size) group fit the Triton GEMM efficiency "
+            "of its GEMM kernel on that kernel's own duration (its pushes included as modeled)",
+            kernel="gemm_rs_kernel", detail="gemm_kernel"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
                                                           "predicted latency, or the named kernel's predicted duration, "

@@ -237,6 +237,25 @@ def test_instrumented_fused_pushes_become_exposed_communication():
     assert plain["exposed_comm"] == 0 and inst["window"] == pytest.approx(plain["window"])
 
 
+def test_the_fused_gemm_takes_its_own_fitted_efficiency_when_there_is_one():
+    """rs_gemm_efficiency (fitted on the gemm_rs GEMM kernel) replaces triton_gemm_efficiency for
+    that kernel only; None keeps the shared one."""
+    _, shared, notes, _ = _plans("fused", BIG, 4, triton_gemm_efficiency=0.8)
+    _, own, notes_own, _ = _plans("fused", BIG, 4, triton_gemm_efficiency=0.8, rs_gemm_efficiency=0.96)
+    work = lambda d: d["triton_gemm"] - T0  # noqa: E731
+    assert work(own) == pytest.approx(work(shared) * 0.8 / 0.96, rel=1e-9)
+    assert "rs_gemm_efficiency" in notes_own[-1] and "rs_gemm_efficiency" not in notes[-1]
+    from taxmodel.model.analytic import ag_gemm
+
+    def ag_details(**over) -> dict:
+        params = c.ModelParams.from_hardware(TOY, **over)
+        coll = c.CollectiveModel.from_hardware(TOY, c.topology(TOY, 4, params), params)
+        return ag_gemm.plans("pull", {"M": 8192, "N": 8192, "K": 8192}, 4, TOY, params, coll)[1]
+
+    ag, ag_ref = ag_details(rs_gemm_efficiency=0.5), ag_details()
+    assert ag == ag_ref  # the AG+GEMM kernels keep the shared efficiency
+
+
 def test_shape_errors_name_the_fix():
     with pytest.raises(InputError, match="M=100 must be a multiple of the world size 8"):
         predict("gemm_rs", "bsp", {"M": 100, "N": 64, "K": 64}, 8, H200)

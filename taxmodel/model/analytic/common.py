@@ -41,6 +41,9 @@ class ModelParams:
     #: DEVICE_NOTES (plain Triton 0.84 at 8192^3 .. 0.97 at 1024 rows); fit from bundles with
     #: ``fit_params`` (validate.py) on a documented subset.
     triton_gemm_efficiency: float = 0.90
+    #: The same for the GEMM+RS fused kernel's GEMM (its own tile configuration and K split), when
+    #: fitted (``fit_params``, on that kernel's duration); None: ``triton_gemm_efficiency``.
+    rs_gemm_efficiency: float | None = None
     #: Vendor GEMM rate as a fraction of a *datasheet* peak (cuBLAS reached ~0.8 of the H200's
     #: 989 TFLOP/s, DEVICE_NOTES); 1.0 for calibrated peaks, which are measured cuBLAS rates.
     vendor_fraction_of_datasheet: float = 0.80

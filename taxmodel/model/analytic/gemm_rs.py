@@ -20,6 +20,7 @@ element size e; one rank's output slab S = M/W * N * e bytes):
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
@@ -112,7 +113,9 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                          "symmetric heap need one domain; out of the model's scope")
     slab = m_loc * n * elt
     ht = params.host_launch_triton_s
-    gemm = c.gemm_time(m, n, k_loc, dtype, hw, params, kind="triton", elt=elt)
+    eff = params.rs_gemm_efficiency or params.triton_gemm_efficiency
+    eff_key = "rs_gemm_efficiency" if params.rs_gemm_efficiency else "triton_gemm_efficiency"
+    gemm = c.gemm_time(m, n, k_loc, dtype, hw, replace(params, triton_gemm_efficiency=eff), kind="triton", elt=elt)
     tm, tn = params.triton_tile
     tiles = world * c.cdiv(m_loc, tm) * c.cdiv(n, tn)  # an M-block never straddles two ranks' slabs
     store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
@@ -137,8 +140,8 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
            c.KernelPlan(FUSED_REDUCE, "fused", 0.0, ht, sync=world > 1, post_s=reduce_work, sync_after_s=sync_after,
                         flag_latency_s=flag)]
     src = params.sources
-    notes.append(f"fused: Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
-                 f"({src.get('triton_gemm_efficiency', 'default')}), {world - 1} of {world} slabs pushed at "
+    notes.append(f"fused: Triton GEMM at {eff:.2f} of the vendor rate "
+                 f"({eff_key}, {src.get(eff_key, 'default')}), {world - 1} of {world} slabs pushed at "
                  f"{store_bw / 1e9:.0f} GB/s peer-store bandwidth ({src.get('peer_store_bytes_per_s', 'default')}) "
                  "while it computes; the reduction kernel (reduce='kernel') waits for the slowest peer's pushes "
                  "+ half a flag round trip, then streams W slots in and the slab out; reduce='tail' is not modeled; "
