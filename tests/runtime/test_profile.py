@@ -67,7 +67,15 @@ def test_two_ranks_all_variants_with_injection(tmp_path):
     ring = taxmodel.load(next(p for p in out.bundles if p.name.startswith("ring")))
     assert ring.meta["fine_grained"] is True
     fused = ring.events[ring.events["name"] == "ring_push"]
-    assert set(fused["role"]) == {"fused"} and len(fused) == 2 * 2 * 3
+    in_steps = fused[fused["iteration"] >= 0]
+    assert set(fused["role"]) == {"fused"} and len(in_steps) == 2 * 2 * 3
+    # one traced warm-up step per rank and repetition before ProfilerStep#0, in no iteration
+    assert ring.meta["capture"]["traced_warmup"] == 1
+    warm = fused[fused["iteration"] < 0]
+    assert len(warm) == 2 * 2 and (warm.groupby(["repetition", "rank"]).size() == 1).all()
+    first = in_steps.groupby(["repetition", "rank"])["start_ns"].min()
+    warm_end = warm.set_index(["repetition", "rank"])["end_ns"].sort_index()
+    assert (warm_end <= first.reindex(warm_end.index)).all()  # before step 0
 
 
 def test_align_device_gates_every_step_and_says_so_in_meta(tmp_path):
