@@ -278,7 +278,7 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
             click.echo(f"wrote {plot_sweep(tables, key, plot, title=f'{workload}, {world_size} x {hw.name}')}")
         return
     preds = [analytic.predict(workload, v, shp, world_size, hw, params) for v in names]
-    preds[0].assumptions.insert(0, note)
+    preds[0].assumptions[:] = analytic.with_hardware_note(preds[0].assumptions, note)
     if as_json:
         click.echo(json.dumps([p.to_dict() for p in preds], indent=2, default=float))
     else:

@@ -23,24 +23,10 @@ from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.runtime.workload import get_workload
 
+from launch_tape import Recorder
+
 pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",
                                 reason="kernels were imported without TRITON_INTERPRET=1")
-
-
-class _Recorder:
-    """Stands in for a kernel: launches it, and while a thread records, keeps (grid, args, kwargs)."""
-
-    def __init__(self, kernel, tape: threading.local) -> None:
-        self.kernel, self.tape = kernel, tape
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            log = getattr(self.tape, "log", None)
-            if log is not None:
-                log.append((self.kernel, grid, args, kwargs))
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
 
 
 def test_variants_declare_graph_safety_per_transport() -> None:
@@ -57,8 +43,8 @@ def test_variants_declare_graph_safety_per_transport() -> None:
 @pytest.mark.parametrize("variant", ["push", "pull"])
 def test_replaying_one_recorded_iteration_stays_correct(variant: str, monkeypatch) -> None:
     tape = threading.local()
-    monkeypatch.setattr(gemm_tiles, "ag_gemm_kernel", _Recorder(gemm_tiles.ag_gemm_kernel, tape))
-    monkeypatch.setattr(push, "copy_blocks_kernel", _Recorder(push.copy_blocks_kernel, tape))
+    monkeypatch.setattr(gemm_tiles, "ag_gemm_kernel", Recorder(gemm_tiles.ag_gemm_kernel, tape))
+    monkeypatch.setattr(push, "copy_blocks_kernel", Recorder(push.copy_blocks_kernel, tape))
     wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport="sm"))
     shape = {"M": 64, "N": 40, "K": 40, "tp": 0, "seed": 1}
     replays = 3  # odd and even epochs: push's parity must flip on the device

@@ -27,6 +27,8 @@ from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.runtime.graph import GraphBackend, eager_reason
 from taxmodel.runtime.workload import get_workload
 
+from launch_tape import Recorder
+
 pytestmark = pytest.mark.skipif(type(tiles.gemm_rs_kernel).__name__ != "InterpretedFunction",
                                 reason="kernels were imported without TRITON_INTERPRET=1")
 
@@ -34,22 +36,6 @@ pytestmark = pytest.mark.skipif(type(tiles.gemm_rs_kernel).__name__ != "Interpre
 #: 18; 3 ranks: 16 rows each, K/world 12; N = 40 (16 + 16 + 8).
 SHAPE = {"M": 48, "N": 40, "K": 36, "seed": 3}
 REPLAYS = 4  # epochs 2..5 after the captured epoch 1: both parities twice
-
-
-class _Recorder:
-    """Stands in for a kernel: launches it, and while a thread records, keeps (grid, args, kwargs)."""
-
-    def __init__(self, kernel, tape: threading.local) -> None:
-        self.kernel, self.tape = kernel, tape
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            log = getattr(self.tape, "log", None)
-            if log is not None:
-                log.append((self.kernel, grid, args, kwargs))
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
 
 
 def _fresh_inputs(st, seed: int) -> torch.Tensor:
@@ -108,8 +94,8 @@ def test_cpu_runs_are_never_captured_and_torch_fused_stays_eager() -> None:
 @pytest.mark.parametrize("world,reduce", [(2, "kernel"), (2, "tail"), (3, "kernel"), (3, "tail")])
 def test_replaying_one_recorded_iteration_stays_correct(world: int, reduce: str, monkeypatch) -> None:
     tape = threading.local()
-    monkeypatch.setattr(tiles, "gemm_rs_kernel", _Recorder(tiles.gemm_rs_kernel, tape))
-    monkeypatch.setattr(tiles, "rs_reduce_kernel", _Recorder(tiles.rs_reduce_kernel, tape))
+    monkeypatch.setattr(tiles, "gemm_rs_kernel", Recorder(tiles.gemm_rs_kernel, tape))
+    monkeypatch.setattr(tiles, "rs_reduce_kernel", Recorder(tiles.rs_reduce_kernel, tape))
     wl = GemmRs(replace(CPU_RS_CONFIG, reduce=reduce))
     launches = 1 if reduce == "tail" else 2
 

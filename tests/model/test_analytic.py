@@ -283,3 +283,17 @@ def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bou
     splits = plan_splits(1, 4, kv_lengths(spread, 4)[0], hw.num_sms, split_config(spread, "cuda")).num_splits
     assert predict("flash_decode", "fused", spread, 4, hw, p).details["local_combine"] == pytest.approx(
         -(-splits // 16) * 0.9e-6)
+
+
+def test_the_hardware_note_replaces_the_plain_hardware_line_once():
+    from taxmodel.model.analytic import with_hardware_note
+
+    plain = ["hardware: H200 SXM (calibrated)", "topology: ..."]
+    assert with_hardware_note(plain, "hardware: H200 SXM (calibrated), calibrated (file.json)") == [
+        "hardware: H200 SXM (calibrated), calibrated (file.json)", "topology: ..."]
+    scaled = ["hardware: H200 SXM (datasheet; datasheet peaks scaled by 0.80 for vendor GEMMs)", "topology: ..."]
+    assert with_hardware_note(scaled, "hardware: H200 SXM datasheet preset") == ["hardware: H200 SXM datasheet preset"] + scaled
+    assert with_hardware_note(plain, None) == plain
+    p = predict("flash_decode", "bsp", {"batch": 1, "kv_len": 16384, "q_heads": 32, "kv_heads": 4, "head_dim": 128}, 2,
+                "h200")
+    assert sum(a.startswith("hardware: ") for a in p.assumptions) == 1

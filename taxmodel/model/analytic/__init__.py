@@ -96,6 +96,14 @@ def _same_name(spec: HardwareSpec, name: str) -> bool:
 
 # --- prediction ------------------------------------------------------------------------------------
 
+def with_hardware_note(assumptions: list[str], note: str | None) -> list[str]:
+    """``note`` (where the hardware spec came from) first, in place of the plain hardware line,
+    which stays only when it says more (a datasheet's scaled peaks)."""
+    if not note:
+        return list(assumptions)
+    return [note] + [a for a in assumptions if not (a.startswith("hardware: ") and "scaled" not in a)]
+
+
 def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int, hardware: HardwareSpec | str,
             params: ModelParams | None = None, cost: Mapping[str, Any] | None = None) -> Prediction:
     """Predicted ledger of one iteration of ``workload``/``variant`` on ``world_size`` GPUs.
@@ -116,7 +124,7 @@ def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: i
         notes = list(notes) + ["launches: each iteration is one CUDA graph launch (all kernels queued behind it)"]
     cost = dict(cost) if cost else mod.cost(shape, int(world_size), variant)
     ledger, _ = predicted_ledger(plans, cost, hardware, params, workload=workload, variant=variant, shape=shape)
-    assumptions = ([hw_note] if hw_note else []) + standard_assumptions(hardware, topo, params) + notes
+    assumptions = with_hardware_note(standard_assumptions(hardware, topo, params) + notes, hw_note)
     assumptions.append(coll.curve_note(int(world_size)))
     return Prediction(workload, variant, shape, int(world_size), hardware, params, ledger, assumptions, details)
 

@@ -690,8 +690,11 @@ def predicted_ledger(plans: Sequence[Sequence[KernelPlan]], cost: Mapping[str, A
 
 
 def standard_assumptions(hw: HardwareSpec, topo: Topology, params: ModelParams) -> list[str]:
+    scaled = (f"; datasheet peaks scaled by {params.vendor_fraction_of_datasheet:.2f} for vendor GEMMs"
+              if hw.source == "datasheet" else "")
+    named = f"({hw.source})" in hw.name  # a calibrated file's name says so already
     out = [
-        f"hardware: {hw.name} ({hw.source}{'; datasheet peaks scaled by ' + format(params.vendor_fraction_of_datasheet, '.2f') + ' for vendor GEMMs' if hw.source == 'datasheet' else ''})",
+        f"hardware: {hw.name}" + ("" if named and not scaled else f" ({hw.source}{scaled})"),
         f"topology: {topo.description}",
         (f"ranks leave the per-iteration host barrier spread like exponential delays of mean {params.barrier_skew_s * 1e6:.1f} us "
          f"({params.sources.get('barrier_skew_s', 'default')})") if params.start_alignment == "host" else
