@@ -125,21 +125,22 @@ def save_hardware(spec: HardwareSpec, path: str | os.PathLike) -> Path:
     return path
 
 
-def _norm(name: str) -> str:
+def normalized_name(name: str) -> str:
+    """A GPU name as presets are matched: lower case, punctuation and spaces as single spaces."""
     return re.sub(r"[^a-z0-9]+", " ", name.lower()).strip()
 
 
 def find_preset(name: str) -> HardwareSpec | None:
     """The preset whose name or alias matches ``name`` (case and punctuation ignored), or whose
     alias occurs in it (so 'NVIDIA H200 141GB HBM3e' finds 'H200 SXM'); None when none does."""
-    want = _norm(name)
+    want = normalized_name(name)
     specs = presets()
     for spec in specs.values():
-        if want in {_norm(spec.name), *(_norm(a) for a in spec.aliases)}:
+        if want in {normalized_name(spec.name), *(normalized_name(a) for a in spec.aliases)}:
             return spec
     # Longest alias first, so that 'h200' is not matched by a shorter 'h20'-style alias.
-    candidates = sorted(((len(_norm(a)), spec) for spec in specs.values() for a in (spec.name, *spec.aliases)
-                         if re.search(rf"\b{re.escape(_norm(a))}\b", want)), key=lambda t: -t[0])
+    candidates = sorted(((len(normalized_name(a)), spec) for spec in specs.values() for a in (spec.name, *spec.aliases)
+                         if re.search(rf"\b{re.escape(normalized_name(a))}\b", want)), key=lambda t: -t[0])
     return candidates[0][1] if candidates else None
 
 

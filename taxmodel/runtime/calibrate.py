@@ -530,7 +530,7 @@ def _first(*values):
 def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | None = None) -> dict:
     """Turn raw measurements into a hardware file (the fields of ``HardwareSpec``; model parameters
     in extra fields named as in ``ModelParams``). Pure: tests call it with made-up measurements."""
-    from taxmodel.model.hardware import _norm, find_preset
+    from taxmodel.model.hardware import find_preset, normalized_name
 
     curves, eager_curve = collective_curves(meas, world)
     by_world = collectives_by_world(meas, world)
@@ -552,7 +552,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
     # The datasheet preset keeps its own name, so `--hardware "H200 SXM"` still selects the datasheet.
     # ... nor any alias that spells the datasheet's name (e.g. 'h200-sxm' for 'H200 SXM').
     aliases = sorted({a for a in (*(preset.aliases if preset is not None else ()), device_name)
-                      if preset is None or _norm(a) != _norm(preset.name)})
+                      if preset is None or normalized_name(a) != normalized_name(preset.name)})
     link = _first(link_bw, statistics.median(p2p) if p2p else None, peer.get("load_bytes_per_s"))
     if link is None:
         raise ValueError("no link measurement (collectives, peer copies or peer loads): calibrate with --world-size 2 or more")
@@ -779,13 +779,15 @@ def _measure_collectives(device: torch.device, world: int, sizes: tuple[int, ...
 
 
 def curve_table(meas: dict) -> str:
-    """Eager vs graph time (us) per op and size: the compact summary a calibration prints."""
+    """Eager, graph per-call and traced kernel time (us) per op and size: the compact summary a
+    calibration prints (the model's curve is the kernel column where there is one)."""
     eager = {(r["op"], r["bytes_per_rank"]): r["ms"] for r in meas.get("collectives", [])}
     graph = {(r["op"], r["bytes_per_rank"]): r for r in meas.get("collectives_graph", [])}
-    lines = ["op              bytes/rank    eager us    graph us  (method)"]
+    lines = ["op              bytes/rank    eager us    graph us   kernel us  (method)"]
     for (op, b), ms in sorted(eager.items()):
         g = graph.get((op, b))
-        gtxt = f"{g['ms'] * 1e3:10.1f}  ({g['method']})" if g else "         -"
+        kernel = f"{g['kernel_ms'] * 1e3:11.1f}" if g and g.get("kernel_ms") else "          -"
+        gtxt = f"{g['ms'] * 1e3:10.1f} {kernel}  ({g['method']})" if g else "         -           -"
         lines.append(f"{op:<15} {b:>10d} {ms * 1e3:11.1f} {gtxt}")
     return "\n".join(lines)
 

@@ -158,6 +158,11 @@ class RecordBook:
             buf.slots = [new_buffer(buf.layout, buf.device) for _ in range(iterations)]
             buf.current = -1
 
+    def clear(self, iteration: int) -> None:
+        """Empty ``iteration``'s armed buffers in place (e.g. after a warm-up step wrote into them)."""
+        for buf in self.buffers.values():
+            clear_buffer(buf.slots[iteration])
+
     def set_iteration(self, iteration: int) -> None:
         """Kernels launched from now on write into ``iteration``'s buffers (no GPU work)."""
         for buf in self.buffers.values():

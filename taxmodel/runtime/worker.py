@@ -490,7 +490,7 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
                 if TRACED_WARMUP_STEPS and slots is not None:
                     slots.rearm()  # queued after the warm-up's kernels on the same stream
                 elif TRACED_WARMUP_STEPS and book is not None:
-                    book.arm(iterations)  # fresh per-iteration buffers: nothing of the warm-up is left
+                    book.clear(0)  # the warm-up wrote into step 0's buffers
                 for it in range(iterations):
                     _barrier(ctx, state)
                     if book is not None and slots is None:

@@ -142,6 +142,16 @@ def test_graph_per_call_adds_the_traced_kernel_time_of_one_more_long_replay():
     assert "kernel_ms" not in none  # no trace (no GPU profiler): the per-call time only
 
 
+def test_the_printed_table_shows_the_kernel_time_the_model_uses():
+    meas = {"collectives": [{"op": "allgather", "bytes_per_rank": 8192, "ms": 0.044}],
+            "collectives_graph": [{"op": "allgather", "bytes_per_rank": 8192, "ms": 0.0104, "kernel_ms": 0.0051,
+                                   "method": "difference"}]}
+    row = cal.curve_table(meas).splitlines()[1].split()
+    assert row == ["allgather", "8192", "44.0", "10.4", "5.1", "(difference)"]
+    meas["collectives_graph"][0].pop("kernel_ms")
+    assert cal.curve_table(meas).splitlines()[1].split()[4] == "-"
+
+
 def test_curves_prefer_the_traced_kernel_time_and_say_which_they_hold():
     meas = _meas()
     for r in meas["collectives_graph"]:
@@ -308,9 +318,9 @@ def test_fit_names_the_calibration_after_the_datasheet_without_taking_its_name(t
 
     spec = cal.fit(_meas(), "NVIDIA H200", 132, 4)
     assert spec["name"] == "H200 SXM (calibrated)" and "NVIDIA H200" in spec["aliases"]
-    assert all(hardware._norm(a) != hardware._norm("H200 SXM") for a in spec["aliases"])
+    assert all(hardware.normalized_name(a) != hardware.normalized_name("H200 SXM") for a in spec["aliases"])
     shipped = json.loads((Path(cal.__file__).parents[1] / "data" / "hardware" / "h200-calibrated.json").read_text())
-    assert all(hardware._norm(a) != hardware._norm("H200 SXM") for a in shipped["aliases"])
+    assert all(hardware.normalized_name(a) != hardware.normalized_name("H200 SXM") for a in shipped["aliases"])
     assert hardware.find_preset("H200 SXM").source == "datasheet"
 
 

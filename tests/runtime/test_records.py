@@ -102,6 +102,10 @@ def test_book_drain_separates_iterations_and_resets():
     book.arm(1)
     book.set_iteration(0)
     assert not buf.tensor()[_trace.HEADER:].any()  # fresh slots
+    write_records(buf.tensor(), [(0, "compute", 1, 2)])  # a warm-up step into step 0's buffer
+    book.clear(0)
+    assert not buf.tensor()[_trace.HEADER:].any() and int(buf.tensor()[_trace.CTAS_WORD]) == 8  # emptied, header kept
+    assert book.drain(rank=0).empty
 
 
 def test_book_grows_a_buffer_to_hold_every_setups_layout():

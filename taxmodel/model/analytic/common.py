@@ -376,7 +376,10 @@ class CollectiveModel:
         """(alpha seconds per step, beta bytes/s) for ``op``: fitted to the curve of the measured world
         size nearest ``world`` when there is one (``world`` None: the file's own curve)."""
         op = _OP_ALIASES.get(op, op)
-        source = self._fit_source(op, world)
+        return self._alpha_beta_of(self._fit_source(op, world))
+
+    def _alpha_beta_of(self, source: tuple[int, tuple[tuple[float, float], ...], str] | None) -> tuple[float, float]:
+        """(alpha, beta) least-squares fitted to ``source`` (``_fit_source``), or the topology's own."""
         if source is not None:
             curve_world, pts, fit_op = source
             steps = self._steps(fit_op, curve_world)
@@ -401,8 +404,8 @@ class CollectiveModel:
             xs = np.log([b for b, _ in exact])
             ys = np.log([s for _, s in exact])
             return float(np.exp(np.interp(math.log(bytes_per_rank), xs, ys)))
-        alpha, beta = self.alpha_beta(op, world)
         source = self._fit_source(op, world)
+        alpha, beta = self._alpha_beta_of(source)
         steps = self._steps(op, world)
         ring = alpha * steps + steps * bytes_per_rank / beta
         base = 0.0 if source is not None and source[2] == op else self.base_s  # a fit to op's own curve has its fixed cost

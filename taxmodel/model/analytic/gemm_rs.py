@@ -136,7 +136,7 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
     # before that peer's GEMM ended, i.e. before its own reduction started (less the kernel gap).
     sync_after = (finish + latency) - kernel - params.kernel_gap_s
-    one = [c.KernelPlan(FUSED_GEMM, "fused", kernel, ht, comm_s=min(comm, kernel)),
+    one = [c.KernelPlan(FUSED_GEMM, "fused", kernel, ht, comm_s=comm),
            c.KernelPlan(FUSED_REDUCE, "fused", 0.0, ht, sync=world > 1, post_s=reduce_work, sync_after_s=sync_after,
                         flag_latency_s=flag)]
     src = params.sources
