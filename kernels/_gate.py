@@ -8,7 +8,8 @@ trace shows a rank-skew tax the workload would not pay in a loop that runs ahead
 The model cannot predict the host harness's skew; it can predict a gate's.
 
 How: before a step, each rank enqueues ``gate_kernel`` (one program) on its stream. The kernel
-adds one to an arrival counter on every rank's symmetric heap (release, system scope), waits until
+adds one to an arrival counter on every rank's symmetric heap (release, system scope; the adds
+to all ranks at once, one thread each), waits until
 its own counter reaches ``world_size x epoch`` (a bounded ``_sync.wait_geq``: a missing peer is
 reported, never waited for forever), then holds for ``hold`` more (its own clock). The hold is
 what lets every host enqueue the step (a CUDA graph launch, or eager launches for that long)
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import iris
 import torch
 import triton
 import triton.language as tl
@@ -42,11 +44,16 @@ GATE_KERNEL_ID: tl.constexpr = tl.constexpr(90)
 
 @triton.jit
 def taxmodel_gate_kernel(counter_ptr, heap_bases, err_ptr, rank, world_size, target, budget, hold,
-                         MODE: tl.constexpr):
+                         MODE: tl.constexpr, W_P2: tl.constexpr):
     """Arrive at every rank's counter, wait until all ``world_size`` ranks arrived ``target //
     world_size`` times, then spin ``hold`` more (ns, 10-ns ticks, or polls under the interpreter)."""
-    for peer in range(0, world_size):
-        _sync.signal_add(counter_ptr, 1, rank, peer, heap_bases)
+    # One add per rank, all in flight at once (one thread each): added one after another, each
+    # release-add waited for the previous one (~1 us over NVLink), so on 4 H200s the ranks were
+    # released in the adder's loop order, 0, ~1 and ~2 us apart.
+    peers = tl.arange(0, W_P2)
+    tl.debug_barrier()
+    iris.atomic_add(counter_ptr + peers * 0, tl.full([W_P2], 1, tl.int32), rank, peers, heap_bases,
+                    mask=peers < world_size, sem="release", scope="sys")
     ok = _sync.wait_geq(counter_ptr, target, budget, err_ptr, rank, -1, 0, GATE_KERNEL_ID, MODE)
     if ok:
         start = _sync.now(MODE)
@@ -79,7 +86,8 @@ class DeviceGate:
         """Enqueue the gate for the next step on the current stream (returns at once)."""
         self.epoch += 1
         taxmodel_gate_kernel[(1,)](self.counter, self.heap_bases, self.err, self.rank, self.world_size,
-                                   self.world_size * self.epoch, self.budget, self.hold, MODE=self.mode, num_warps=1)
+                                   self.world_size * self.epoch, self.budget, self.hold, MODE=self.mode,
+                                   W_P2=triton.next_power_of_2(self.world_size), num_warps=1)
 
     def check(self) -> None:
         """Raise ``RunError`` if a gate gave up waiting (a host sync; call it outside traced steps)."""

@@ -19,12 +19,19 @@ DEFAULT_GATE_HOLD_US = 250.0
 GATE_ROLES = {r"taxmodel_gate_kernel": "other"}
 
 
+#: How the device gate (kernels/_gate.py) signals its arrival: to every rank's counter at once.
+#: Bundles without ``capture.gate_signals`` were gated by the earlier kernel, whose adds went one
+#: after another (on 4 H200s the ranks started ~0, 1 and 2 us apart; on 2, within ~0.6 us).
+GATE_SIGNALS = "parallel"
+
+
 def alignment_meta(align: str, gate_hold_us: float) -> dict[str, Any]:
     """``meta.capture`` fields of a capture aligned this way (what the model needs to predict the
     ranks' start skew of the bundle)."""
     out: dict[str, Any] = {"align": str(align)}
     if align == "device":
         out["gate_hold_us"] = float(gate_hold_us)
+        out["gate_signals"] = GATE_SIGNALS
     return out
 
 

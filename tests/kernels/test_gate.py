@@ -85,7 +85,7 @@ PATTERNS = {"sys_release_add": r"(?:atom|red)(?=[\w.]*\.sys)(?=[\w.]*\.release)[
 BODY_PATTERNS = {}
 args = [("counter_ptr", "*i32", 0), ("heap_bases", "*i64", 0), ("err_ptr", "*i64", 0), ("rank", "i32", 3),
         ("world_size", "i32", 4), ("target", "i32", 8), ("budget", "i64", 30_000_000_001), ("hold", "i64", 30_000)]
-print(json.dumps(dict(gate=build(_gate.taxmodel_gate_kernel, args, dict(MODE=1), 1, 1, "gate"))))
+print(json.dumps(dict(gate=build(_gate.taxmodel_gate_kernel, args, dict(MODE=1, W_P2=4), 1, 1, "gate"))))
 '''
 
 

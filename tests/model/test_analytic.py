@@ -285,6 +285,42 @@ def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bou
         -(-splits // 16) * 0.9e-6)
 
 
+def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per_step():
+    """Each pushing CTA stores (W-1) x rows x (D+1) words into the peers (LL: 8 bytes per word) at
+    one SM's peer-store rate, unless all the pushing CTAs together exceed the GPU's peer-store
+    bandwidth; the ranks' partials are merged one peer per step (LL, own partial in registers),
+    one step more with dedicated combiners, one step with the flags protocol."""
+    hw = find_preset("h200")
+    p = c.ModelParams.from_hardware(hw, peer_store_bytes_per_s=300e9, peer_store_bytes_per_s_per_sm=20e9,
+                                    peer_load_latency_s=1e-6, combine_step_s=1e-6)
+    lat, step = 1e-6, 1e-6
+    b1 = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
+    for world in (2, 4):
+        d = predict("flash_decode", "fused", b1, world, hw, p).details
+        unit = (world - 1) * 8 * 129 * 8  # 4 head groups of 8 rows, one CTA each
+        assert d["push"] == pytest.approx(unit / 20e9 + lat)  # 4 CTAs: the per-SM rate binds
+        assert d["combine"] == pytest.approx((world - 1) * step)
+    # batch 16 on 4 ranks: 64 CTAs push at once, together faster than 300 GB/s allows
+    b16 = {**b1, "batch": 16}
+    unit = 3 * 8 * 129 * 8
+    assert predict("flash_decode", "fused", b16, 4, hw, p).details["push"] == pytest.approx(64 * unit / 300e9 + lat)
+    # spread: 4 slices of 2 rows per head group, 16 CTAs
+    spread = predict("flash_decode", "fused", {**b1, "fused_slices": 4}, 4, hw, p).details
+    assert spread["push"] == pytest.approx(16 * 3 * 2 * 129 * 8 / 300e9 + lat)  # just over 16 x 6 KiB / 20 GB/s
+    assert predict("flash_decode", "fused", {**b1, "fused_combiners": 4}, 4, hw, p).details["combine"] == \
+        pytest.approx(4 * step)  # a dedicated combiner reads its own rank's partial back too
+    flags = predict("flash_decode", "fused", {**b1, "fused_protocol": 2}, 4, hw, p).details
+    assert flags["push"] == pytest.approx(3 * 8 * 129 * 4 / 20e9 + lat)  # fp32 values, no LL words
+    assert flags["combine"] == pytest.approx(step)
+    assert predict("flash_decode", "fused", b1, 1, hw, p).details["push"] == 0.0
+
+
+def test_a_push_wave_is_bound_by_one_sm_or_by_the_shared_bandwidth():
+    assert c.push_wave_time(1e6, 1, 20e9, 300e9, 1e-6) == pytest.approx(1e6 / 20e9 + 1e-6)
+    assert c.push_wave_time(1e6, 100, 20e9, 300e9, 1e-6) == pytest.approx(100e6 / 300e9 + 1e-6)
+    assert c.push_wave_time(0.0, 4, 20e9, 300e9, 1e-6) == 0.0
+
+
 def test_the_hardware_note_replaces_the_plain_hardware_line_once():
     from taxmodel.model.analytic import with_hardware_note
 

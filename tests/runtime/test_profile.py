@@ -85,6 +85,7 @@ def test_align_device_gates_every_step_and_says_so_in_meta(tmp_path):
     out = profile(_request(tmp_path, world_size=2, variants=["bsp"], align="device", gate_hold_us=5.0), quiet=True)
     b = taxmodel.load(out.bundles[0])
     assert (b.meta["capture"]["align"], b.meta["capture"]["gate_hold_us"]) == ("device", 5.0)
+    assert b.meta["capture"]["gate_signals"] == "parallel"  # the gate's adds to every rank at once
     k = b.events[(b.events["kind"] == "kernel") & (b.events["iteration"] >= 0)]
     assert k[k["stream"] == 0].groupby("rank")["name"].apply(list).tolist() == [["scale", "sum"] * 3] * 2
     from taxmodel.runtime.alignment import alignment_meta, read_alignment

@@ -236,6 +236,16 @@ def stream_time(nbytes: float, hw: HardwareSpec, params: ModelParams, *, triton:
     return float(nbytes) / (hw.hbm_bytes_per_s * eff) + params.kernel_overhead_s
 
 
+def push_wave_time(bytes_per_program: float, programs: int, per_sm_bytes_per_s: float, store_bytes_per_s: float,
+                   latency_s: float) -> float:
+    """``programs`` programs that each store ``bytes_per_program`` into peers' memory at the same
+    time: the slower of one SM's peer-store rate and the GPU's peer-store bandwidth shared by all of
+    them, plus the latency until the last store lands (or the release that waits for them)."""
+    if bytes_per_program <= 0 or programs <= 0:
+        return 0.0
+    return max(bytes_per_program / per_sm_bytes_per_s, programs * bytes_per_program / store_bytes_per_s) + latency_s
+
+
 def serial_steps_time(steps: int, params: ModelParams) -> float:
     """A program's ``steps`` latency-bound steps in a row (``combine_step_s`` each)."""
     return max(int(steps), 0) * params.combine_step_s

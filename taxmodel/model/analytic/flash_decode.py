@@ -16,10 +16,14 @@ says 1 us.
   global combine (W packed partials in, the output out). Four launches: at small sizes the
   host's launch cost per kernel exceeds the kernels, and the launch tax dominates.
 - fused: one kernel; workers do the split and the local combine, the last worker per head group
-  stores the combined partial into every peer (LL words: value and epoch in one store, no fence)
-  and then waits for every rank's partial of its group (the slowest rank's work + a one-way
-  latency, modelled as half a flag round trip), then combines (a synced fused kernel in the
-  timeline).
+  stores the combined partial into every peer (LL words: value and epoch in one store, no fence;
+  8 bytes per 4-byte value) from one CTA, so at one SM's peer-store rate unless the pushing CTAs
+  together exceed the GPU's peer-store bandwidth (``common.push_wave_time``), and then waits for
+  every rank's partial of its group (the slowest rank's work + a one-way latency, modelled as
+  half a flag round trip), then combines them: with LL words one serial step per peer (it polls
+  each peer's words and merges them in rank order; ``combine_step_s`` each), with flags one step
+  (a synced fused kernel in the timeline). On 4 H200s at batch 1 the records show the push at
+  2.4 us (model 2.2) and the wait plus combine at 4.7 us (model 4.3); on 2, 1.6 and 2.5 us.
 """
 from __future__ import annotations
 
@@ -94,13 +98,28 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     if variant == "fused":
         if world > 1 and not c.topology(hw, world, params).single_domain:
             raise InputError(f"flash_decode/fused at {world} GPUs spans several NVLink/xGMI domains: out of the model's scope")
-        store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
-        push = (world - 1) * packed / store_bw + params.peer_load_latency_s if world > 1 else 0.0
-        flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
-        slices = int(shape.get("fused_slices", 0))
+        from taxmodel.kernels.flash_decode.workload import fused_config
+
+        fcfg = fused_config(shape)
+        ll = fcfg.protocol == "ll"
+        slices = fcfg.slices
         rows = max(group // slices, 1) if slices > 0 else group  # rows per combining CTA
+        units = b * hkv * (slices if slices > 0 else 1)  # CTAs that push (one per head group or row slice)
+        store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
+        per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / num_sms
+        # Each unit's CTA stores its rows (D values and an lse each; LL words carry 4 value bytes in 8) into
+        # every peer, all units at about the same time.
+        unit_bytes = (world - 1) * rows * (d + 1) * (8 if ll else 4)
+        push = c.push_wave_time(unit_bytes, min(units, num_sms), per_sm, store_bw, params.peer_load_latency_s) \
+            if world > 1 else 0.0
+        flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
+        # The combine of the ranks' partials: LL waits for each peer's words and merges them in rank
+        # order, one serial step per source rank (the pair's own partial is in registers unless a
+        # dedicated combiner reads it back); the flags protocol waits for all flags, then one step.
+        own_in_registers = fcfg.combiners == 0
+        post_steps = (world - 1 if own_in_registers else world) if ll else 1
         post = max((world * packed + out_bytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency),
-                   c.serial_steps_time(1, params))  # the peers' W partials: one step
+                   c.serial_steps_time(max(post_steps, 1), params))
         out, local_steps = [], []
         for kv, partials, splits in per_rank:
             local = c.serial_steps_time(steps(splits, rows), params)  # after the last split of the group
@@ -111,6 +130,10 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
                     "flag": flag, "combine": post})
         notes.append("fused: each head group's combine waits for the slowest rank's partial plus a one-way "
                      "latency (half a flag round trip)")
+        notes.append(f"fused: {units} CTA(s) push {unit_bytes / 1024:.1f} KiB each to the peers at once (one SM's "
+                     "peer-store rate, or the GPU's peer-store bandwidth shared), then the combine of the ranks' "
+                     f"partials takes {max(post_steps, 1)} serial step(s) of {params.combine_step_s * 1e6:.2f} us"
+                     + (" (LL: one per source rank)" if ll else ""))
         return out, det, notes
     raise InputError(f"flash_decode has no variant '{variant}'; choose one of {', '.join(VARIANTS)}")
 

@@ -72,7 +72,7 @@ def push_phase_per_cta(world: int, tiles: int, programs: int, push_bytes: float,
     tile = push_bytes / peer_tiles
 
     def wave(k: int) -> float:
-        return max(tile / per_sm_bytes_per_s, k * tile / link_bytes_per_s) + release_s
+        return c.push_wave_time(tile, k, per_sm_bytes_per_s, link_bytes_per_s, release_s)
 
     full, rest = divmod(peer_tiles, programs)
     return full * wave(programs) + (rest * wave(rest) / programs if rest else 0.0)
