@@ -23,7 +23,8 @@ says 1 us.
   half a flag round trip), then combines them: with LL words one serial step per peer (it polls
   each peer's words and merges them in rank order; ``combine_step_s`` each), with flags one step
   (a synced fused kernel in the timeline). On 4 H200s at batch 1 the records show the push at
-  2.4 us (model 2.2) and the wait plus combine at 4.7 us (model 4.3); on 2, 1.6 and 2.5 us.
+  2.4 us (model 2.2) and the wait plus combine at 4.7 us (model 4.7 with the fitted step); on 2,
+  1.6 and 2.6 us (model 1.3 and 2.4).
 """
 from __future__ import annotations
 
