@@ -85,10 +85,16 @@ class RankState:
 
 
 WATCHDOG_GRACE_S = 1.5
+"""After recording its timeout, a rank lingers this long so that its peers record theirs too."""
 #: Steps run under the tracer before ``ProfilerStep#0`` of every repetition, outside any step
 #: (meta ``capture.traced_warmup``): they absorb what a tracer's start costs the first step after it.
 TRACED_WARMUP_STEPS = 1
-"""After recording its timeout, a rank lingers this long so that its peers record theirs too."""
+#: Whole repetitions traced and thrown away before the first variant a profile process captures
+#: (meta ``capture.discarded_repetitions`` on that bundle). Why: in the gated CUDA-graph captures
+#: on the H200s the first bundle of every process had one NCCL kernel of 100-240 us at repetition 0,
+#: step 0, after the warm-up steps and the traced one; later bundles of the process had none.
+PROCESS_WARMUP_REPETITIONS = 1
+_PROCESS = {"warm": False}  # whether this process has traced its warm-up repetitions
 
 
 def _start_watchdog(state: RankState, timeout_s: float, deadline_unix: float | None = None) -> None:
@@ -466,9 +472,9 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
 
         state.enter("capture", vname)
         progress.phase(f"{vname}: capture")
-        raw: list[bytes] = []
-        recs: list[Any] = []
-        for _rep in range(int(spec["repeat"])):
+
+        def traced_repetition(rep: int) -> tuple[bytes, Any]:
+            """One repetition under a fresh tracer: (its trace, its drained records or None)."""
             _barrier(ctx, state)
             if slots is not None:
                 slots.rearm()  # one buffer per kernel for the repetition, emptied outside the trace
@@ -499,13 +505,28 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
                         gate()  # outside the step's range: its kernel belongs to no iteration
                     with record_function(f"ProfilerStep#{it}"):
                         runner()
-            raw.append(tracer.export())
+            trace = tracer.export()
             if gate is not None:
                 gate.check()
             if slots is not None:
-                recs.append(slots.drain(rank, _rep))
-            elif book is not None:
-                recs.append(book.drain(rank, _rep))
+                return trace, slots.drain(rank, rep)
+            return trace, book.drain(rank, rep) if book is not None else None
+
+        discarded = 0
+        if not _PROCESS["warm"]:
+            dropped = dict(book.dropped) if book is not None else {}
+            for _ in range(PROCESS_WARMUP_REPETITIONS):
+                traced_repetition(0)  # thrown away: the process's first traced repetition
+            if book is not None:
+                book.dropped = dropped
+            discarded, _PROCESS["warm"] = PROCESS_WARMUP_REPETITIONS, True
+        raw: list[bytes] = []
+        recs: list[Any] = []
+        for _rep in range(int(spec["repeat"])):
+            trace, rep_recs = traced_repetition(_rep)
+            raw.append(trace)
+            if rep_recs is not None:
+                recs.append(rep_recs)
         ctx.injector = None
         if runner.graph:  # the kernels must still be right after every replay
             _check_variant(ctx, workload, vname, shape, st, world, when="after the traced graph replays")
@@ -528,6 +549,7 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
                 spec=spec, workload=workload, vname=vname, variant=variant, shape=shape, preset=preset, world=world,
                 device=device, cost=cost, clock=clock, injection=injection, injector=injector, tracer_cls=tracer_cls,
                 gathered=gathered, gathered_records=gathered_recs if book is not None else None,
+                discarded_repetitions=discarded,
                 roles={**INJECTED_ROLES, **GATE_ROLES, **dict(variant.roles)},
                 finish_events=finish_events, iter_trace_files=iter_trace_files, write_bundle=write_bundle,
                 graph=dict(graph_meta(runner.graph, mode, graph_note, backend.name)))
@@ -624,7 +646,8 @@ def _barrier(ctx: Any, state: RankState) -> None:
 
 def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, world, device, cost, clock, injection,
                           injector, tracer_cls, gathered, roles, finish_events, iter_trace_files, write_bundle,
-                          gathered_records=None, graph: Mapping[str, Any] | None = None) -> Path:
+                          gathered_records=None, graph: Mapping[str, Any] | None = None,
+                          discarded_repetitions: int = 0) -> Path:
     import tempfile
 
     emulated = device.type != "cuda"
@@ -693,6 +716,7 @@ def _write_variant_bundle(*, spec, workload, vname, variant, shape, preset, worl
                 "tracer": spec["tracer"],
                 "warmup": int(spec["warmup"]),
                 "traced_warmup": TRACED_WARMUP_STEPS,
+                "discarded_repetitions": int(discarded_repetitions),
                 "iterations": int(spec["iterations"]),
                 "repetition": int(spec["repeat"]),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -71,6 +71,11 @@ def test_two_ranks_all_variants_with_injection(tmp_path):
     assert set(fused["role"]) == {"fused"} and len(in_steps) == 2 * 2 * 3
     # one traced warm-up step per rank and repetition before ProfilerStep#0, in no iteration
     assert ring.meta["capture"]["traced_warmup"] == 1
+    # the process's first traced repetition (the first variant's) is thrown away, once per process;
+    # the counts above (6 sleeps, 12 copies: 2 repetitions x 3 steps) hold the kept ones only
+    first_written = taxmodel.load(out.bundles[0])
+    assert first_written.meta["capture"]["discarded_repetitions"] == 1
+    assert [taxmodel.load(p).meta["capture"]["discarded_repetitions"] for p in out.bundles[1:]] == [0]
     warm = fused[fused["iteration"] < 0]
     assert len(warm) == 2 * 2 and (warm.groupby(["repetition", "rank"]).size() == 1).all()
     first = in_steps.groupby(["repetition", "rank"])["start_ns"].min()
