@@ -111,7 +111,7 @@ def _us_columns(df, columns):
 @click.option("--shape", "shape", multiple=True, metavar="K=V", help="Override one shape value, e.g. --shape M=4096 (repeatable).")
 @click.option("-n", "--world-size", type=int, default=None, help="Ranks to start on this host (default: every GPU; 2 on CPU).")
 @click.option("--iterations", type=int, default=5, show_default=True, help="Profiled iterations per repetition.")
-@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed iterations first (compiles every kernel).")
+@click.option("--warmup", type=int, default=2, show_default=True, help="Untimed iterations first (compiles every kernel). Each repetition also runs one traced step before its first profiled one, and the first variant of a run one whole traced repetition that is thrown away (meta capture.traced_warmup, capture.discarded_repetitions): both absorb one-time costs of the tracer and of the first traced collective.")
 @click.option("--repeat", type=int, default=1, show_default=True, help="Independent repetitions (separate timed loops).")
 @click.option("--inject", multiple=True, metavar="TAX", help="Inject a known tax: sleep_rank=R:US, extra_launches=K, extra_copy=1 (repeatable).")
 @click.option("--tracer", default="torch", show_default=True, help="Tracer to record with.")
