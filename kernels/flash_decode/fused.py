@@ -314,6 +314,15 @@ class FusedConfig:
         return f"{self.protocol}-{'last' if self.combiners == 0 else f'c{self.combiners}'}"
 
 
+def combiner_count(config: FusedConfig, pairs: int, num_sms: int) -> int:
+    """Combiner CTAs at the end of the grid (0: each pair's last worker combines). Dedicated and
+    slice combiners hold at most half the SMs, so the workers (which never wait) always progress;
+    slice combiners default to one per slice (a unit: a pair, or one row slice of a pair)."""
+    units = pairs * config.slices if config.slices > 0 else pairs
+    wanted = config.combiners or (units if config.slices > 0 else 0)
+    return 0 if wanted == 0 else max(1, min(units, wanted, num_sms // 2))
+
+
 def slice_constexprs(slices: int, rows: int) -> dict[str, int]:
     """The kernel's row-slice constexprs: SLICES (0 = off), rows per slice RS and its power of two."""
     if slices <= 0:
@@ -434,11 +443,7 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
     part_out = torch.empty(pairs, args.plan.num_splits, args.group, args.head_dim, dtype=torch.float32, device=dev)
     part_lse = torch.empty(pairs, args.plan.num_splits, args.group, dtype=torch.float32, device=dev)
     mode = _sync.sync_mode(dev)
-    # Dedicated and slice combiners hold at most half the SMs, so the workers (which never wait)
-    # always progress; slice combiners default to one per slice.
-    units = pairs * config.slices if config.slices > 0 else pairs
-    wanted = config.combiners or (units if config.slices > 0 else 0)
-    combiners = 0 if wanted == 0 else max(1, min(units, wanted, num_sms // 2))
+    combiners = combiner_count(config, pairs, num_sms)
     state = FusedState(
         args=args, out=out, part_out=part_out, part_lse=part_lse,
         counters=torch.zeros(pairs, dtype=torch.int32, device=dev),

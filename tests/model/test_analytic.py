@@ -307,6 +307,10 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     # spread: 4 slices of 2 rows per head group, 16 CTAs
     spread = predict("flash_decode", "fused", {**b1, "fused_slices": 4}, 4, hw, p).details
     assert spread["push"] == pytest.approx(16 * 3 * 2 * 129 * 8 / 300e9 + lat)  # just over 16 x 6 KiB / 20 GB/s
+    # batch 16 spread: 256 slices, but only as many slice combiners push at once as the kernel has
+    # (at most half the SMs: 66 on an H200)
+    big = predict("flash_decode", "fused", {**b16, "fused_slices": 4}, 4, hw, p).details
+    assert hw.num_sms == 132 and big["push"] == pytest.approx(66 * 3 * 2 * 129 * 8 / 300e9 + lat)
     assert predict("flash_decode", "fused", {**b1, "fused_combiners": 4}, 4, hw, p).details["combine"] == \
         pytest.approx(4 * step)  # a dedicated combiner reads its own rank's partial back too
     flags = predict("flash_decode", "fused", {**b1, "fused_protocol": 2}, 4, hw, p).details

@@ -99,19 +99,22 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     if variant == "fused":
         if world > 1 and not c.topology(hw, world, params).single_domain:
             raise InputError(f"flash_decode/fused at {world} GPUs spans several NVLink/xGMI domains: out of the model's scope")
+        from taxmodel.kernels.flash_decode.fused import combiner_count
         from taxmodel.kernels.flash_decode.workload import fused_config
 
         fcfg = fused_config(shape)
         ll = fcfg.protocol == "ll"
         slices = fcfg.slices
         rows = max(group // slices, 1) if slices > 0 else group  # rows per combining CTA
-        units = b * hkv * (slices if slices > 0 else 1)  # CTAs that push (one per head group or row slice)
+        units = b * hkv * (slices if slices > 0 else 1)  # pushes: one per head group or row slice
+        # CTAs that push at once: each pair's last worker, or the slice combiners (at most half the SMs)
+        pushers = min(units, combiner_count(fcfg, b * hkv, num_sms) if slices > 0 else num_sms)
         store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
         per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / num_sms
         # Each unit's CTA stores its rows (D values and an lse each; LL words carry 4 value bytes in 8) into
         # every peer, all units at about the same time.
         unit_bytes = (world - 1) * rows * (d + 1) * (8 if ll else 4)
-        push = c.push_wave_time(unit_bytes, min(units, num_sms), per_sm, store_bw, params.peer_load_latency_s) \
+        push = c.push_wave_time(unit_bytes, pushers, per_sm, store_bw, params.peer_load_latency_s) \
             if world > 1 else 0.0
         flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
         # The combine of the ranks' partials: LL waits for each peer's words and merges them in rank
@@ -131,7 +134,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
                     "flag": flag, "combine": post})
         notes.append("fused: each head group's combine waits for the slowest rank's partial plus a one-way "
                      "latency (half a flag round trip)")
-        notes.append(f"fused: {units} CTA(s) push {unit_bytes / 1024:.1f} KiB each to the peers at once (one SM's "
+        notes.append(f"fused: {pushers} CTA(s) push {unit_bytes / 1024:.1f} KiB each to the peers at once (one SM's "
                      "peer-store rate, or the GPU's peer-store bandwidth shared), then the combine of the ranks' "
                      f"partials takes {max(post_steps, 1)} serial step(s) of {params.combine_step_s * 1e6:.2f} us"
                      + (" (LL: one per source rank)" if ll else ""))
