@@ -212,14 +212,16 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
                    "--update FILE, a world size other than the file's adds a curve for it (collectives_by_world).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
 @click.option("--only", default=None, metavar="STEP[,STEP]",
-              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p (default: all). "
-                   "Without hbm and gemm it needs --update.")
+              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p, combine (default: "
+                   "all). Without hbm and gemm it needs --update; combine (the flash decode combine's serial step) needs "
+                   "one GPU, e.g. -n 1 --only combine --update FILE.")
 @click.option("--update", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="An earlier calibration's hardware JSON: the steps not run keep its measurements and every number is "
                    "refit, e.g. --only collectives --update taxmodel/data/hardware/h200-calibrated.json "
                    "(add -n 2 on a 2-GPU machine to add the 2-rank curve beside the file's own).")
 def calibrate_cmd(output, world_size, timeout_s, only, update) -> None:
-    """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches) into a hardware file."""
+    """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches, the flash decode
+    combine's step) into a hardware file."""
     from taxmodel.runtime.calibrate import run_calibration
 
     spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update)

@@ -33,6 +33,9 @@ LATENCY_TOLERANCE = 0.15
 TAX_TOLERANCE = 0.25
 TAX_ABS_US = 20.0
 QUANTITIES = ("latency",) + TAXES
+#: ``Case.measured`` key: mean over the CTAs that wait on a flag of the time from their first
+#: ``flag_wait`` record's start to their last record's end (bundles with in-kernel records).
+RECORDS_AFTER_WAIT = "records:after_wait"
 MARK_START, MARK_END = "<!-- validation:start -->", "<!-- validation:end -->"
 @dataclass(frozen=True)
 class FitRule:
@@ -42,14 +45,29 @@ class FitRule:
     workload: str
     variants: tuple[str, ...]
     group_keys: tuple[str, ...]  # shape keys that define a group (plus world size and hardware)
-    top_key: str  # in each group, the bundles with the largest value of this key are in-sample
+    top_key: str  # in each group, the bundles with the largest (``pick``) value of this key are in-sample
     low: float
     high: float
     text: str
-    # Fit on one kernel's own device time instead of the iteration's latency (None: the latency):
-    # the kernel name in the bundle and the prediction detail that models it (seconds).
-    kernel: str | None = None
+    # Fit on one measured quantity instead of the iteration's latency (None: the latency): a key of
+    # ``Case.measured`` (``kernel:<name>``, a kernel's own device time; ``records:after_wait``, the
+    # in-kernel records' wait-and-merge) and the prediction detail that models it (seconds). Cases
+    # without that quantity are not in the subset.
+    target: str | None = None
     detail: str | None = None
+    # Which bundles of a group are in-sample: the largest ``top_key`` ("max") or the smallest ("min").
+    pick: str = "max"
+    # Shape keys the subset must have these values for (missing keys count as 0).
+    only: tuple[tuple[str, int], ...] = ()
+    # Only captures whose ranks a device gate started together (``profile --align device``): for
+    # quantities that rank skew would inflate.
+    device_aligned: bool = False
+
+    def applies(self, case: "Case") -> bool:
+        return (case.workload == self.workload and case.variant in self.variants
+                and all(int(case.shape.get(k, 0)) == v for k, v in self.only)
+                and (self.target is None or self.target in case.measured)
+                and (not self.device_aligned or case.align == "device"))
 
 
 FIT_RULES = (
@@ -60,17 +78,21 @@ FIT_RULES = (
             0.3, 1.5, "flash_decode bsp bundles at the longest KV of their (batch, heads, world size) group fit the "
             "streaming efficiency of the Triton decode kernels (relative to the calibrated HBM copy bandwidth) on the "
             "split-KV kernel's own duration, which rank skew does not inflate",
-            kernel="flash_decode_split_kv", detail="split_kv"),
-    FitRule("combine_step_s", "flash_decode", ("bsp",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
-            0.1e-6, 5e-6, "the same flash_decode bsp bundles fit the serial step of a combine program on the local "
-            "combine kernel's own duration", kernel="flash_decode_combine_local", detail="combine_local"),
+            target="kernel:flash_decode_split_kv", detail="split_kv"),
+    FitRule("ll_merge_step_s", "flash_decode", ("fused",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
+            0.1e-6, 5e-6, "flash_decode fused bundles with in-kernel records (LL words, the pair's last worker "
+            "merging; device-gated captures) at the shortest KV of their (batch, heads, world size) group fit the step of merging one rank's "
+            "partial on the records' wait and merge (a merging CTA's first flag wait to its last record)",
+            target=RECORDS_AFTER_WAIT, detail="wait_merge", pick="min", device_aligned=True,
+            only=(("fused_slices", 0), ("fused_combiners", 0), ("fused_protocol", 0))),
     FitRule("rs_gemm_efficiency", "gemm_rs", ("fused",), ("N", "K"), "M", 0.3, 1.3,
             "gemm_rs fused bundles at the largest M of their (N, K, world size) group fit the Triton GEMM efficiency "
             "of its GEMM kernel on that kernel's own duration (its pushes included as modeled)",
-            kernel="gemm_rs_kernel", detail="gemm_kernel"),
+            target="kernel:gemm_rs_kernel", detail="gemm_kernel"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
-                                                          "predicted latency, or the named kernel's predicted duration, "
+                                                          "predicted latency, or the named quantity's prediction (a "
+                                                          "kernel's duration, the records' wait and merge), "
                                                           "equal the measured one; only CUDA-graph "
                                                           "captures when the subset has any, since eager captures carry "
                                                           "the profiler's host cost)")
@@ -125,7 +147,24 @@ def _measured(ledger, events: pd.DataFrame | None = None) -> dict[str, float]:
         k = events[(events["kind"] == "kernel") & (events["iteration"] >= 0)]
         dur = (k["end_ns"] - k["start_ns"]).groupby(k["name"]).mean()
         out.update({f"kernel:{name}": float(v) for name, v in dur.items()})
+        after_wait = _records_after_wait(events)
+        if after_wait is not None:
+            out[RECORDS_AFTER_WAIT] = after_wait
     return out
+
+
+def _records_after_wait(events: pd.DataFrame) -> float | None:
+    """``RECORDS_AFTER_WAIT`` (ns) from a bundle's in-kernel records, None without flag waits."""
+    r = events[(events["kind"] == "record") & (events["iteration"] >= 0)]
+    if r.empty or "cta" not in r:
+        return None
+    key = ["rank", "repetition", "iteration", "cta"]
+    first_wait = r[r["phase"] == "flag_wait"].groupby(key)["start_ns"].min().rename("wait_start")
+    if first_wait.empty:
+        return None
+    r = r.join(first_wait, on=key, how="inner")
+    last_end = r[r["start_ns"] >= r["wait_start"]].groupby(key)["end_ns"].max()
+    return float((last_end - first_wait.loc[last_end.index]).mean())
 
 
 def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
@@ -186,7 +225,7 @@ def find_cases(root: str | os.PathLike) -> tuple[list[Case], list[str]]:
 # --- fitting ---------------------------------------------------------------------------------------
 
 def _rules_of(case: Case) -> list[FitRule]:
-    return [r for r in FIT_RULES if case.workload == r.workload and case.variant in r.variants]
+    return [r for r in FIT_RULES if r.applies(case)]
 
 
 def mark_in_sample(cases: list[Case]) -> None:
@@ -199,7 +238,7 @@ def mark_in_sample(cases: list[Case]) -> None:
             groups.setdefault(key, []).append(c)
     for key, group in groups.items():
         rule = next(r for r in FIT_RULES if r.param == key[0])
-        top = max(c.shape.get(rule.top_key, 0) for c in group)
+        top = (min if rule.pick == "min" else max)(c.shape.get(rule.top_key, 0) for c in group)
         for c in group:
             c.in_sample = c.shape.get(rule.top_key, 0) == top
 
@@ -229,8 +268,8 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
         if any(c.graph_launch for c in subset):  # host-free captures, when there are any, fit the GPU-side rate
             subset = [c for c in subset if c.graph_launch]
         for case in subset:
-            if rule.kernel and f"kernel:{rule.kernel}" in case.measured:
-                target = case.measured[f"kernel:{rule.kernel}"]
+            if rule.target is not None:
+                target = case.measured[rule.target]
                 f = lambda e: _predict(case, {rule.param: e}).details[rule.detail] * 1e9 - target  # noqa: E731
             else:
                 target = case.measured["latency"]

@@ -19,9 +19,10 @@ variants needs (docs/model.md): a Triton kernel's peer-load and peer-store bandw
 latency of one peer load through the symmetric heap (``TorchSymmetricHeap``), the cross-GPU flag
 round trip (a ping-pong kernel on ranks 0 and 1 with ``kernels/_sync.py``'s release-set and
 acquire-wait), launch costs as the profiler sees them (GPU gap between queued kernels, idle
-launch latency, host time per Triton and per torch launch) and the spread of the ranks' release
-from a host barrier. ``fit`` turns the raw numbers into ``HardwareSpec`` fields; the extra ones
-(``ModelParams`` names) land in the spec's ``extra`` and the model picks them up.
+launch latency, host time per Triton and per torch launch), the spread of the ranks' release
+from a host barrier, and the serial step of the flash decode combine (``calibrate_combine``).
+``fit`` turns the raw numbers into ``HardwareSpec`` fields; the extra ones (``ModelParams``
+names) land in the spec's ``extra`` and the model picks them up.
 
 Budget: about a minute on 4 H200s (must stay under 3 minutes).
 """
@@ -458,14 +459,27 @@ def launch_costs(device: torch.device, n: int = 200) -> dict:
     return out
 
 
-def _profiled_gaps(device: torch.device, x: torch.Tensor, big: torch.Tensor, n: int = 50) -> dict:
+def traced_events(body: Callable[[], object], *, host: bool = False):
+    """What a torch.profiler trace of ``body()`` saw, as taxmodel's Kineto importer reads it (events
+    with ns times; the GPU's kernels, and with ``host`` the host's launch calls too)."""
     import tempfile
 
     from torch.profiler import ProfilerActivity, profile
 
     from taxmodel.trace import kineto
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
+    with profile(activities=activities) as prof:
+        body()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "calibrate_trace.json")
+        prof.export_chrome_trace(path)
+        events, _ = kineto.read([Path(path)])
+    return events
+
+
+def _profiled_gaps(device: torch.device, x: torch.Tensor, big: torch.Tensor, n: int = 50) -> dict:
+    def body() -> None:
         # Enough GEMM work (about 2 ms on an H200) that the host enqueues all n empty kernels
         # before the GPU reaches them, even at the profiler's ~10-20 us per launch: their gaps are
         # then GPU-side only. (Two GEMMs were too few: the GPU caught up with the host and the
@@ -478,10 +492,8 @@ def _profiled_gaps(device: torch.device, x: torch.Tensor, big: torch.Tensor, n: 
         for _ in range(20):  # one at a time on an idle GPU: launch latency
             _empty_kernel[(1,)](x)
             torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "calibrate_trace.json")
-        prof.export_chrome_trace(path)
-        events, _ = kineto.read([Path(path)])
+
+    events = traced_events(body, host=True)
     k = events[(events["kind"] == "kernel") & events["name"].astype(str).str.contains("_empty_kernel")].sort_values("start_ns")
     launches = events[events["kind"] == "launch"].set_index("correlation")["end_ns"]
     starts, ends = k["start_ns"].to_numpy(), k["end_ns"].to_numpy()
@@ -530,7 +542,9 @@ def _first(*values):
 def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | None = None) -> dict:
     """Turn raw measurements into a hardware file (the fields of ``HardwareSpec``; model parameters
     in extra fields named as in ``ModelParams``). Pure: tests call it with made-up measurements."""
+    from taxmodel.model.analytic.common import ModelParams
     from taxmodel.model.hardware import find_preset, normalized_name
+    from taxmodel.runtime import calibrate_combine
 
     curves, eager_curve = collective_curves(meas, world)
     by_world = collectives_by_world(meas, world)
@@ -581,6 +595,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "peer_store_bytes_per_s": peer.get("store_bytes_per_s"),
         "peer_store_bytes_per_s_per_sm": peer.get("store_bytes_per_s_per_sm"),
         "barrier_skew_s": (meas.get("barrier") or {}).get("barrier_skew_s"),
+        "combine_step_s": calibrate_combine.step_seconds(meas.get("combine"), ModelParams().kernel_overhead_s),
         "collectives": curves,
         "collectives_eager": eager_curve,
         "collectives_by_world": by_world or None,
@@ -685,6 +700,7 @@ STEP_KEYS: dict[str, tuple[str, ...]] = {
     "hbm": ("hbm",), "gemm": ("gemm",), "launch": ("launch",),
     "collectives": ("collectives", "collectives_graph", "collectives_graph_note"),
     "barrier": ("barrier",), "peer": ("peer",), "flag": ("flag",), "p2p": ("peer_copy",),
+    "combine": ("combine",),
 }
 #: Steps that need at least two ranks.
 MULTI_RANK_STEPS = ("collectives", "barrier", "peer", "flag")
@@ -867,6 +883,10 @@ def main(argv: list[str] | None = None) -> None:
     meas["peer_copy"] = []
     if rank == 0 and "p2p" in steps:
         _step("P2P copies", lambda: peer_copy_bandwidth(device, world), meas, "peer_copy", rank)
+    if rank == 0 and "combine" in steps:
+        from taxmodel.runtime import calibrate_combine
+
+        _step("flash decode combine step", lambda: calibrate_combine.measure(device), meas, "combine", rank)
     if distributed:
         dist.barrier()
     if rank == 0:

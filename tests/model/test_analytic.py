@@ -292,8 +292,8 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     one step more with dedicated combiners, one step with the flags protocol."""
     hw = find_preset("h200")
     p = c.ModelParams.from_hardware(hw, peer_store_bytes_per_s=300e9, peer_store_bytes_per_s_per_sm=20e9,
-                                    peer_load_latency_s=1e-6, combine_step_s=1e-6)
-    lat, step = 1e-6, 1e-6
+                                    peer_load_latency_s=1e-6, combine_step_s=1e-6, ll_merge_step_s=1.3e-6)
+    lat, step = 1e-6, 1.3e-6  # LL merges poll and merge one peer's words a step: ll_merge_step_s
     b1 = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
     for world in (2, 4):
         d = predict("flash_decode", "fused", b1, world, hw, p).details
@@ -315,7 +315,8 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
         pytest.approx(4 * step)  # a dedicated combiner reads its own rank's partial back too
     flags = predict("flash_decode", "fused", {**b1, "fused_protocol": 2}, 4, hw, p).details
     assert flags["push"] == pytest.approx(3 * 8 * 129 * 4 / 20e9 + lat)  # fp32 values, no LL words
-    assert flags["combine"] == pytest.approx(step)
+    assert flags["combine"] == pytest.approx(1e-6)  # flags: one combine step over the ranks' partials
+    assert d["wait_merge"] == pytest.approx(d["flag"] + d["combine"])
     assert predict("flash_decode", "fused", b1, 1, hw, p).details["push"] == 0.0
 
 

@@ -151,6 +151,17 @@ def test_cli_predict_json_and_sweep(tmp_path):
     assert "1024" in r.output and "4096" in r.output and png.stat().st_size > 1000
 
 
+def test_cli_predict_names_the_hardware_and_its_source_once():
+    r = CliRunner().invoke(cli, ["predict", "flash_decode", "--variant", "bsp", "-n", "2", "--hardware", "h200",
+                                 "--preset", "b1-kv1k"])
+    assert r.exit_code == 0, r.output
+    head = r.output.splitlines()[0]
+    assert head.endswith("on H200 SXM (calibrated)"), head
+    r = CliRunner().invoke(cli, ["predict", "flash_decode", "--variant", "bsp", "-n", "2", "--hardware", "h100",
+                                 "--preset", "b1-kv1k"])
+    assert r.output.splitlines()[0].endswith("on H100 SXM (datasheet)")
+
+
 def test_cli_predict_out_of_scope_is_a_clear_error():
     r = CliRunner().invoke(cli, ["predict", "ag_gemm", "--variant", "pull", "-n", "16", "--hardware", "mi300x"])
     assert r.exit_code == 2 and "out of the model's scope" in r.output
@@ -169,13 +180,41 @@ def test_cli_validate_and_calibrate_without_gpu(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "datasheet presets" in r.output
 
 
-def test_a_step_time_is_fitted_as_well_as_a_rate(tmp_path):
-    """combine_step_s lengthens the time it explains, an efficiency shortens it: the bisection
-    handles both. A flash decode bsp bundle made by the model with a step of 1.7 us (batch 1, many
-    splits: the local combine is steps, not bandwidth) gives back 1.7 us."""
+def test_a_step_time_is_fitted_as_well_as_a_rate_and_on_records(tmp_path):
+    """ll_merge_step_s lengthens the time it explains, an efficiency shortens it: the bisection
+    handles both. A device-gated, instrumented flash decode fused bundle made by the model with a
+    merge step of 1.7 us, whose merging CTAs recorded the model's own wait and merge, gives back
+    1.7 us from those records; the same bundle without records, or host-aligned, fits nothing."""
+    import pandas as pd
+
+    from taxmodel.trace.bundle import load_bundle
+
     hw = val.resolve_model_hardware(None, {"hardware": {"name": "NVIDIA H200"}})[0]
-    shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 65536}
-    _model_bundle(tmp_path / "fd", "bsp", shape, 2, workload="flash_decode",
-                  params=ModelParams.from_hardware(hw, combine_step_s=1.7e-6))
-    v = val.validate(tmp_path)
-    assert v.fitted["combine_step_s"] == pytest.approx(1.7e-6, rel=2e-3)
+    shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
+    params = ModelParams.from_hardware(hw, ll_merge_step_s=1.7e-6)
+    det = predict("flash_decode", "fused", shape, 4, hw, params).details
+    assert det["wait_merge"] == pytest.approx(det["flag"] + 3 * 1.7e-6)
+
+    def bundle(root: Path, align: str, records: bool) -> None:
+        path = _model_bundle(root / "fused", "fused", shape, 4, workload="flash_decode", params=params)
+        b = load_bundle(path)
+        ev, meta = b.events, dict(b.meta)
+        if records:
+            k = ev[ev["kind"] == "kernel"]
+            wait = k.assign(kind="record", cta=64, phase="flag_wait", start_ns=k["start_ns"] + 1000,
+                            end_ns=k["start_ns"] + 1000 + round(det["flag"] * 1e9))
+            merge = wait.assign(phase="combine", start_ns=wait["end_ns"],
+                                end_ns=wait["end_ns"] + round(det["combine"] * 1e9))
+            ev = pd.concat([ev, wait, merge], ignore_index=True)
+        meta["capture"] = {**meta["capture"], "align": align, "instrument": records}
+        write_bundle(path, ev, meta)
+
+    bundle(tmp_path / "gated", "device", True)
+    v = val.validate(tmp_path / "gated")
+    assert v.fitted["ll_merge_step_s"] == pytest.approx(1.7e-6, rel=2e-3)
+    assert v.cases[0].in_sample and v.cases[0].measured[val.RECORDS_AFTER_WAIT] == pytest.approx(
+        det["wait_merge"] * 1e9, abs=2)
+    for name, align, records in (("host", "host", True), ("plain", "device", False)):
+        bundle(tmp_path / name, align, records)
+        v = val.validate(tmp_path / name)
+        assert "ll_merge_step_s" not in v.fitted and not v.cases[0].in_sample, name

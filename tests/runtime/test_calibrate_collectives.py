@@ -529,3 +529,38 @@ def test_main_adds_a_curve_for_another_world_size_on_cpu_ranks(tmp_path):
     assert "no CUDA graphs" in at["collectives_graph_note"] and at["collectives_graph"] == []
     assert new["measured"]["raw"]["collectives"] == old["measured"]["raw"]["collectives"]
     assert new["measured"]["updates"][-1]["world_size"] == 2 and new["measured"]["world_size"] == 4
+
+
+# --- the flash decode combine step -----------------------------------------------------------------
+
+
+def _combine_rows(steps_and_us: list[tuple[int, float]]) -> dict:
+    return {"rows": [{"batch": 1, "kv_len": 1024 * (i + 1), "splits": 4 * s, "rows": 8, "steps": s, "kernels": 20,
+                      "split_s": 3e-6, "combine_s": us * 1e-6} for i, (s, us) in enumerate(steps_and_us)]}
+
+
+def test_the_combine_step_is_the_median_over_the_grid_of_the_kernel_less_its_fixed_overhead_per_step():
+    from taxmodel.runtime import calibrate_combine
+
+    # (kernel - 2 us) / steps: 0.5, 0.9, 1.0 -> median 0.9 us
+    meas = _combine_rows([(4, 4.0), (20, 20.0), (25, 27.0)])
+    assert calibrate_combine.step_seconds(meas, 2e-6) == pytest.approx(0.9e-6)
+    assert calibrate_combine.step_seconds({"rows": []}, 2e-6) is None and calibrate_combine.step_seconds(None, 2e-6) is None
+    # a kernel shorter than the fixed overhead counts as no step time, never as a negative one
+    assert calibrate_combine.step_seconds(_combine_rows([(1, 1.5)]), 2e-6) == 0.0
+
+
+def test_a_combine_update_sets_the_models_step_and_changes_nothing_else():
+    from taxmodel.model.analytic.common import ModelParams
+    from taxmodel.model.hardware import HardwareSpec
+
+    shipped = _shipped_four_ranks()
+    assert "combine" in cal.parse_steps("combine") and "combine" not in cal.MULTI_RANK_STEPS
+    new = cal.update_spec(shipped, {"combine": _combine_rows([(4, 4.0), (20, 20.0), (25, 27.0)])}, ("combine",),
+                          device_name="NVIDIA H200", num_sms=132, world=1)
+    assert new["combine_step_s"] == pytest.approx(0.9e-6)
+    for key, value in shipped.items():
+        if key not in ("measured", "combine_step_s", "notes", "aliases"):
+            assert new[key] == value, key
+    p = ModelParams.from_hardware(HardwareSpec.from_dict(new))
+    assert p.combine_step_s == pytest.approx(0.9e-6) and "calibrated" in p.sources["combine_step_s"]

@@ -57,8 +57,13 @@ class ModelParams:
     #: One step of a flash decode combine program: load a [rows, NB, D] fp32 tile of partials
     #: (16 KB) and merge it. The steps of one program are serial (each waits for its loads), so a
     #: combine with few programs and many partials is latency-bound, not bandwidth-bound: about one
-    #: loaded-memory latency plus the merge. Fitted from bundles (validate.FIT_RULES).
+    #: loaded-memory latency plus the merge. Calibrated (`taxmodel calibrate`'s combine step: the
+    #: local combine kernel queued after the split-KV kernel, as the bsp variant runs them).
     combine_step_s: float = 1.0e-6
+    #: One step of the fused flash decode kernel's merge of the ranks' partials with LL words: poll
+    #: one source rank's words until they all carry this launch's epoch, then merge them. Fitted from
+    #: the fused bundles' in-kernel records (validate.FIT_RULES).
+    ll_merge_step_s: float = 1.0e-6
     #: Host time of one Triton launch and of one torch op / NCCL call (DEVICE_NOTES: 15 us, 10 us).
     host_launch_triton_s: float = 15e-6
     host_launch_torch_s: float = 10e-6
@@ -246,9 +251,9 @@ def push_wave_time(bytes_per_program: float, programs: int, per_sm_bytes_per_s: 
     return max(bytes_per_program / per_sm_bytes_per_s, programs * bytes_per_program / store_bytes_per_s) + latency_s
 
 
-def serial_steps_time(steps: int, params: ModelParams) -> float:
-    """A program's ``steps`` latency-bound steps in a row (``combine_step_s`` each)."""
-    return max(int(steps), 0) * params.combine_step_s
+def serial_steps_time(steps: int, params: ModelParams, step_s: float | None = None) -> float:
+    """A program's ``steps`` latency-bound steps in a row (``step_s`` each; ``combine_step_s`` unless given)."""
+    return max(int(steps), 0) * (params.combine_step_s if step_s is None else step_s)
 
 
 def hbm_round_trip(nbytes: float, hw: HardwareSpec) -> float:

@@ -7,9 +7,9 @@ Triton streaming efficiency of the HBM bandwidth, plus the fixed kernel overhead
 
 Combines are latency-bound where programs are few: a combine program for R query rows folds its S
 partials NB at a time (``combine.combine_block(R)``), ceil(S / NB) serial steps of
-``combine_step_s`` each; the kernel takes the longer of that and streaming its bytes. At batch 1
-(4 programs, up to ~100 splits) the steps dominate: 20-30 us on 2 H200s, where bandwidth alone
-says 1 us.
+``combine_step_s`` each (calibrated: ``taxmodel/runtime/calibrate_combine.py``); the kernel takes
+the longer of that and streaming its bytes. At batch 1 (4 programs, up to ~100 splits) the steps
+dominate: 20-30 us on one H200, where bandwidth alone says 1 us.
 
 - bsp: split-KV -> local combine (partials in, one packed partial of B*Hq*(D+1) fp32 out) ->
   NCCL all_gather of the packed partial (collective model; small messages are latency-bound) ->
@@ -21,10 +21,10 @@ says 1 us.
   together exceed the GPU's peer-store bandwidth (``common.push_wave_time``), and then waits for
   every rank's partial of its group (the slowest rank's work + a one-way latency, modelled as
   half a flag round trip), then combines them: with LL words one serial step per peer (it polls
-  each peer's words and merges them in rank order; ``combine_step_s`` each), with flags one step
-  (a synced fused kernel in the timeline). On 4 H200s at batch 1 the records show the push at
-  2.4 us (model 2.2) and the wait plus combine at 4.7 us (model 4.7 with the fitted step); on 2,
-  1.6 and 2.6 us (model 1.3 and 2.4).
+  each peer's words and merges them in rank order; ``ll_merge_step_s`` each, fitted on the
+  records' wait and merge), with flags one step of ``combine_step_s`` (a synced fused kernel in
+  the timeline). On 4 H200s at batch 1 the records show the push at 2.4 us (model 2.2) and the
+  wait plus merge at 4.8 us (model 1.3 + 3 x 1.4 = 5.5); on 2, 1.6 and 2.6 us (model 1.3 and 2.7).
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         own_in_registers = fcfg.combiners == 0
         post_steps = (world - 1 if own_in_registers else world) if ll else 1
         post = max((world * packed + out_bytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency),
-                   c.serial_steps_time(max(post_steps, 1), params))
+                   c.serial_steps_time(max(post_steps, 1), params, params.ll_merge_step_s if ll else None))
         out, local_steps = [], []
         for kv, partials, splits in per_rank:
             local = c.serial_steps_time(steps(splits, rows), params)  # after the last split of the group
@@ -131,13 +131,14 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
             work = c.stream_time(kv + partials, hw, params) + local + push
             out.append([c.KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag)])
         det.update({"fused_work": mean([p[0].duration_s for p in out]), "local_combine": mean(local_steps), "push": push,
-                    "flag": flag, "combine": post})
+                    "flag": flag, "combine": post, "wait_merge": flag + post})
         notes.append("fused: each head group's combine waits for the slowest rank's partial plus a one-way "
                      "latency (half a flag round trip)")
         notes.append(f"fused: {pushers} CTA(s) push {unit_bytes / 1024:.1f} KiB each to the peers at once (one SM's "
                      "peer-store rate, or the GPU's peer-store bandwidth shared), then the combine of the ranks' "
-                     f"partials takes {max(post_steps, 1)} serial step(s) of {params.combine_step_s * 1e6:.2f} us"
-                     + (" (LL: one per source rank)" if ll else ""))
+                     f"partials takes {max(post_steps, 1)} serial step(s) of "
+                     + (f"{params.ll_merge_step_s * 1e6:.2f} us (LL: one per source rank)" if ll else
+                        f"{params.combine_step_s * 1e6:.2f} us"))
         return out, det, notes
     raise InputError(f"flash_decode has no variant '{variant}'; choose one of {', '.join(VARIANTS)}")
 

@@ -17,7 +17,8 @@ def render_prediction(preds: Sequence[Prediction]) -> str:
     out = []
     for p in preds:
         shape = ",".join(f"{k}={v}" for k, v in p.shape.items())
-        out.append(f"{p.workload}/{p.variant}  {shape}  world size {p.world_size}  on {p.hardware.name} ({p.hardware.source})")
+        hw = p.hardware.name if f"({p.hardware.source})" in p.hardware.name else f"{p.hardware.name} ({p.hardware.source})"
+        out.append(f"{p.workload}/{p.variant}  {shape}  world size {p.world_size}  on {hw}")
         out.append(f"  predicted latency: {p.window_ns / 1e3:,.1f} us")
         s = p.summary()
         for row in s.itertuples(index=False):

@@ -1,0 +1,88 @@
+"""`taxmodel calibrate`'s combine step: the serial step of the flash decode combine, measured.
+
+A combine program for R query rows folds its S partials NB at a time, each fold waiting for its
+loads (``kernels/flash_decode/combine.py``), so with few programs the kernel is a chain of
+latency-bound steps and the model needs the time of one (``ModelParams.combine_step_s``). That time
+depends on where the partials are when the combine reads them; on one H200 the same local combine
+kernel took 0.28-0.70 us a step on partials it had just read itself, 1.5-1.8 us after 512 MB were
+written over the L2, and 0.47-1.29 us queued right after the split-KV kernel that wrote them, as
+the bsp variant runs it (more after longer K/V; why is not established). So the step is measured
+in that last setting: the split-KV kernel and then the local combine (one program per KV head,
+``bsp_slices`` 1), over a grid of batch sizes and K/V lengths, each kernel's duration from a
+profiler trace; the step is the median over the grid of (combine kernel - the model's fixed kernel
+overhead) / steps. One GPU, a few seconds; rank 0 runs it.
+"""
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+#: (batch, keys per rank) of the grid, with 32 query heads, 4 KV heads, head dim 128, bf16.
+GRID: tuple[tuple[int, int], ...] = tuple((b, kv) for b in (1, 16) for kv in (1024, 4096, 16384, 65536, 262144))
+Q_HEADS, KV_HEADS, HEAD_DIM = 32, 4, 128
+#: Split + combine pairs traced per grid point (after a warm-up that compiles both kernels).
+ITERATIONS = 20
+#: A grid point is skipped when its K and V would take more than this share of the free memory.
+MEMORY_SHARE = 0.25
+
+
+def measure(device: torch.device, grid: tuple[tuple[int, int], ...] = GRID, iterations: int = ITERATIONS) -> dict:
+    """Per grid point: the splits, the combine's serial steps and both kernels' median durations (s)."""
+    from taxmodel.kernels.flash_decode.combine import combine_block, launch_combine_local, packed_size
+    from taxmodel.kernels.flash_decode.split_kv import (SplitConfig, SplitKVArgs, cdiv, device_sm_count,
+                                                         launch_split_kv, partial_buffers, plan_splits)
+    from taxmodel.runtime.calibrate import traced_events
+
+    cfg = SplitConfig()
+    sms = device_sm_count(device)
+    rows, skipped = [], []
+    group = Q_HEADS // KV_HEADS
+    for batch, kv_len in grid:
+        kv_bytes = 2 * batch * KV_HEADS * kv_len * HEAD_DIM * 2
+        free, _ = torch.cuda.mem_get_info(device)
+        if kv_bytes > MEMORY_SHARE * free:
+            skipped.append([batch, kv_len])
+            continue
+        q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+        k = torch.randn(batch, KV_HEADS, kv_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        args = SplitKVArgs(q, k, v, kv_len, plan_splits(batch, KV_HEADS, kv_len, sms, cfg), cfg)
+        part_out, part_lse = partial_buffers(args)
+        send = torch.empty(packed_size(batch * Q_HEADS, HEAD_DIM), dtype=torch.float32, device=device)
+
+        def step() -> None:  # queued back to back, as the bsp variant enqueues them
+            launch_split_kv(args, part_out, part_lse)
+            launch_combine_local(args, part_out, part_lse, send)
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize(device)
+
+        def body() -> None:
+            for _ in range(iterations):
+                step()
+                torch.cuda.synchronize(device)
+
+        ev = traced_events(body)
+        ker = ev[ev["kind"] == "kernel"]
+        dur = (ker["end_ns"] - ker["start_ns"]) * 1e-9
+        name = ker["name"].astype(str)
+        split = dur[name.str.contains("flash_decode_split_kv")]
+        comb = dur[name.str.contains("flash_decode_combine_local")]
+        if comb.empty or split.empty:
+            raise RuntimeError("the profiler trace has no flash decode kernels (no GPU profiler?)")
+        rows.append({"batch": batch, "kv_len": kv_len, "splits": args.plan.num_splits, "rows": group,
+                     "steps": cdiv(args.plan.num_splits, combine_block(group)), "kernels": int(len(comb)),
+                     "split_s": float(statistics.median(split)), "combine_s": float(statistics.median(comb))})
+        del q, k, v, part_out, part_lse, send, args
+        torch.cuda.empty_cache()
+    return {"q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "rows": rows, "skipped": skipped}
+
+
+def step_seconds(measured: dict, kernel_overhead_s: float) -> float | None:
+    """``combine_step_s`` from ``measure``'s rows: the median over the grid of (combine kernel -
+    ``kernel_overhead_s``) / steps (None without rows). Pure: tests call it with made-up rows."""
+    per_step = [max(float(r["combine_s"]) - kernel_overhead_s, 0.0) / int(r["steps"])
+                for r in (measured or {}).get("rows", []) if int(r.get("steps", 0)) > 0]
+    return float(statistics.median(per_step)) if per_step else None
