@@ -213,7 +213,9 @@ def test_calibrate_without_gpu_says_what_to_do(monkeypatch, tmp_path):
 def test_instrumented_fused_waits_become_flag_wait():
     ragged = {**FD, "kv_len_step": 4096}
     plain = predict("flash_decode", "fused", ragged, 4, H200).taxes_ns()
-    inst = predict("flash_decode", "fused", ragged, 4, H200, c.ModelParams.from_hardware(H200, instrumented=True)).taxes_ns()
+    # the records' own cost set to 0 here: this checks how the same timeline is split
+    inst = predict("flash_decode", "fused", ragged, 4, H200,
+                   c.ModelParams.from_hardware(H200, instrumented=True, record_overhead_s=0.0)).taxes_ns()
     assert plain["flag_wait"] == 0 and inst["flag_wait"] > 0
     assert inst["window"] == pytest.approx(plain["window"])
     assert not math.isnan(inst["compute_inefficiency"])
@@ -338,3 +340,16 @@ def test_the_hardware_note_replaces_the_plain_hardware_line_once():
     p = predict("flash_decode", "bsp", {"batch": 1, "kv_len": 16384, "q_heads": 32, "kv_heads": 4, "head_dim": 128}, 2,
                 "h200")
     assert sum(a.startswith("hardware: ") for a in p.assumptions) == 1
+
+
+def test_an_instrumented_fused_kernel_pays_its_records_own_cost():
+    """Captures with in-kernel records are slower by what the records cost (record_overhead_s per
+    instrumented fused kernel, measured against plain builds on the GPUs); plain captures and the
+    bsp variant's kernels are not."""
+    hw = find_preset("h200")
+    shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
+    for variant, extra in (("fused", 1), ("bsp", 0)):
+        plain = predict("flash_decode", variant, shape, 2, hw, c.ModelParams.from_hardware(hw)).window_ns
+        inst = predict("flash_decode", variant, shape, 2, hw,
+                       c.ModelParams.from_hardware(hw, instrumented=True, record_overhead_s=3e-6)).window_ns
+        assert inst - plain == pytest.approx(extra * 3e3, abs=1.0), variant

@@ -103,6 +103,11 @@ class ModelParams:
     #: Whether fused kernels write in-kernel trace records (then their waits are flag_wait; without
     #: records the ledger cannot see them and counts them as compute time).
     instrumented: bool = False
+    #: What the records add to one instrumented fused kernel launch. Measured instrumented against
+    #: plain in the same run (CUDA graphs, 4 H200s, fused flash decode; docs/records.md): about
+    #: 1.1 us at batch 1 KV 1K (+8.0 % of ~14 us), 0.7 us at batch 16 KV 1K (+2.9 % of ~23.5 us),
+    #: 0-1 us at batch 1 KV 16K (-0.2 to +3.0 % of ~33 us); the middle one is the default.
+    record_overhead_s: float = 0.7e-6
     #: Whether each iteration is one CUDA/HIP graph launch (``taxmodel profile --graph``): one host
     #: launch call (``host_launch_torch_s``) per iteration, every kernel queued behind it.
     graph_launch: bool = False
@@ -587,6 +592,8 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
                 e = e0 + p.post_s
             else:
                 e = s + p.duration_s + p.post_s
+            if params.instrumented and p.role == "fused":  # its records' own cost, at its end
+                e += params.record_overhead_s
             e = max(e, s + 1e-9)
             free[r][p.stream] = e
             ends[r].append(e)
