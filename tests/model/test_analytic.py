@@ -291,7 +291,8 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     """Each pushing CTA stores (W-1) x rows x (D+1) words into the peers (LL: 8 bytes per word) at
     one SM's peer-store rate, unless all the pushing CTAs together exceed the GPU's peer-store
     bandwidth; the ranks' partials are merged one peer per step (LL, own partial in registers),
-    one step more with dedicated combiners, one step with the flags protocol."""
+    one step more with dedicated combiners, one step with the flags protocol (whose push ends with
+    a serial release-exchange of every rank's flag)."""
     hw = find_preset("h200")
     p = c.ModelParams.from_hardware(hw, peer_store_bytes_per_s=300e9, peer_store_bytes_per_s_per_sm=20e9,
                                     peer_load_latency_s=1e-6, combine_step_s=1e-6, ll_merge_step_s=1.3e-6)
@@ -316,7 +317,8 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     assert predict("flash_decode", "fused", {**b1, "fused_combiners": 4}, 4, hw, p).details["combine"] == \
         pytest.approx(4 * step)  # a dedicated combiner reads its own rank's partial back too
     flags = predict("flash_decode", "fused", {**b1, "fused_protocol": 2}, 4, hw, p).details
-    assert flags["push"] == pytest.approx(3 * 8 * 129 * 4 / 20e9 + lat)  # fp32 values, no LL words
+    # fp32 values, no LL words, then one system-scope release-exchange per rank, one after another
+    assert flags["push"] == pytest.approx(3 * 8 * 129 * 4 / 20e9 + lat + 4 * p.flag_roundtrip_s / 2)
     assert flags["combine"] == pytest.approx(1e-6)  # flags: one combine step over the ranks' partials
     assert d["wait_merge"] == pytest.approx(d["flag"] + d["combine"])
     assert predict("flash_decode", "fused", b1, 1, hw, p).details["push"] == 0.0

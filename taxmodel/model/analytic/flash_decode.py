@@ -116,6 +116,11 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         unit_bytes = (world - 1) * rows * (d + 1) * (8 if ll else 4)
         push = c.push_wave_time(unit_bytes, pushers, per_sm, store_bw, params.peer_load_latency_s) \
             if world > 1 else 0.0
+        if not ll and world > 1:
+            # flags: after its stores the CTA signals every rank's flag with a system-scope
+            # release-exchange, one after another (each release waits for the one before): W round
+            # trips of an atomic over the link, each taken as half the calibrated flag round trip.
+            push += world * params.flag_roundtrip_s / 2
         flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
         # The combine of the ranks' partials: LL waits for each peer's words and merges them in rank
         # order, one serial step per source rank (the pair's own partial is in registers unless a
