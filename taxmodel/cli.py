@@ -212,9 +212,9 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
                    "--update FILE, a world size other than the file's adds a curve for it (collectives_by_world).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
 @click.option("--only", default=None, metavar="STEP[,STEP]",
-              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p, combine (default: "
-                   "all). Without hbm and gemm it needs --update; combine (the flash decode combine's serial step) needs "
-                   "one GPU, e.g. -n 1 --only combine --update FILE.")
+              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p, combine, sync "
+                   "(default: all). Without hbm and gemm it needs --update; combine (the flash decode combine's serial "
+                   "step) and sync (one wait on a set flag) need one GPU, e.g. -n 1 --only combine,sync --update FILE.")
 @click.option("--update", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="An earlier calibration's hardware JSON: the steps not run keep its measurements and every number is "
                    "refit, e.g. --only collectives --update taxmodel/data/hardware/h200-calibrated.json "

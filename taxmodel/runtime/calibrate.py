@@ -20,7 +20,8 @@ latency of one peer load through the symmetric heap (``TorchSymmetricHeap``), th
 round trip (a ping-pong kernel on ranks 0 and 1 with ``kernels/_sync.py``'s release-set and
 acquire-wait), launch costs as the profiler sees them (GPU gap between queued kernels, idle
 launch latency, host time per Triton and per torch launch), the spread of the ranks' release
-from a host barrier, and the serial step of the flash decode combine (``calibrate_combine``).
+from a host barrier, the serial step of the flash decode combine (``calibrate_combine``) and
+what one wait on an already-set flag costs a program (``calibrate_sync``).
 ``fit`` turns the raw numbers into ``HardwareSpec`` fields; the extra ones (``ModelParams``
 names) land in the spec's ``extra`` and the model picks them up.
 
@@ -596,6 +597,8 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "peer_store_bytes_per_s_per_sm": peer.get("store_bytes_per_s_per_sm"),
         "barrier_skew_s": (meas.get("barrier") or {}).get("barrier_skew_s"),
         "combine_step_s": calibrate_combine.step_seconds(meas.get("combine"), ModelParams().kernel_overhead_s),
+        "flag_wait_s": (meas.get("sync") or {}).get("flag_wait_sys_s"),
+        "flag_wait_gpu_s": (meas.get("sync") or {}).get("flag_wait_gpu_s"),
         "collectives": curves,
         "collectives_eager": eager_curve,
         "collectives_by_world": by_world or None,
@@ -700,7 +703,7 @@ STEP_KEYS: dict[str, tuple[str, ...]] = {
     "hbm": ("hbm",), "gemm": ("gemm",), "launch": ("launch",),
     "collectives": ("collectives", "collectives_graph", "collectives_graph_note"),
     "barrier": ("barrier",), "peer": ("peer",), "flag": ("flag",), "p2p": ("peer_copy",),
-    "combine": ("combine",),
+    "combine": ("combine",), "sync": ("sync",),
 }
 #: Steps that need at least two ranks.
 MULTI_RANK_STEPS = ("collectives", "barrier", "peer", "flag")
@@ -887,6 +890,10 @@ def main(argv: list[str] | None = None) -> None:
         from taxmodel.runtime import calibrate_combine
 
         _step("flash decode combine step", lambda: calibrate_combine.measure(device), meas, "combine", rank)
+    if rank == 0 and "sync" in steps:
+        from taxmodel.runtime import calibrate_sync
+
+        _step("flag wait on a set flag", lambda: calibrate_sync.measure(device), meas, "sync", rank)
     if distributed:
         dist.barrier()
     if rank == 0:

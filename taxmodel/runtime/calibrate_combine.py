@@ -29,55 +29,58 @@ MEMORY_SHARE = 0.25
 
 def measure(device: torch.device, grid: tuple[tuple[int, int], ...] = GRID, iterations: int = ITERATIONS) -> dict:
     """Per grid point: the splits, the combine's serial steps and both kernels' median durations (s)."""
-    from taxmodel.kernels.flash_decode.combine import combine_block, launch_combine_local, packed_size
-    from taxmodel.kernels.flash_decode.split_kv import (SplitConfig, SplitKVArgs, cdiv, device_sm_count,
-                                                         launch_split_kv, partial_buffers, plan_splits)
-    from taxmodel.runtime.calibrate import traced_events
-
-    cfg = SplitConfig()
-    sms = device_sm_count(device)
     rows, skipped = [], []
-    group = Q_HEADS // KV_HEADS
     for batch, kv_len in grid:
         kv_bytes = 2 * batch * KV_HEADS * kv_len * HEAD_DIM * 2
         free, _ = torch.cuda.mem_get_info(device)
         if kv_bytes > MEMORY_SHARE * free:
             skipped.append([batch, kv_len])
             continue
-        q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
-        k = torch.randn(batch, KV_HEADS, kv_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
-        v = torch.randn_like(k)
-        args = SplitKVArgs(q, k, v, kv_len, plan_splits(batch, KV_HEADS, kv_len, sms, cfg), cfg)
-        part_out, part_lse = partial_buffers(args)
-        send = torch.empty(packed_size(batch * Q_HEADS, HEAD_DIM), dtype=torch.float32, device=device)
-
-        def step() -> None:  # queued back to back, as the bsp variant enqueues them
-            launch_split_kv(args, part_out, part_lse)
-            launch_combine_local(args, part_out, part_lse, send)
-
-        for _ in range(3):
-            step()
-        torch.cuda.synchronize(device)
-
-        def body() -> None:
-            for _ in range(iterations):
-                step()
-                torch.cuda.synchronize(device)
-
-        ev = traced_events(body)
-        ker = ev[ev["kind"] == "kernel"]
-        dur = (ker["end_ns"] - ker["start_ns"]) * 1e-9
-        name = ker["name"].astype(str)
-        split = dur[name.str.contains("flash_decode_split_kv")]
-        comb = dur[name.str.contains("flash_decode_combine_local")]
-        if comb.empty or split.empty:
-            raise RuntimeError("the profiler trace has no flash decode kernels (no GPU profiler?)")
-        rows.append({"batch": batch, "kv_len": kv_len, "splits": args.plan.num_splits, "rows": group,
-                     "steps": cdiv(args.plan.num_splits, combine_block(group)), "kernels": int(len(comb)),
-                     "split_s": float(statistics.median(split)), "combine_s": float(statistics.median(comb))})
-        del q, k, v, part_out, part_lse, send, args
+        rows.append(_point(device, batch, kv_len, iterations))
         torch.cuda.empty_cache()
     return {"q_heads": Q_HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "rows": rows, "skipped": skipped}
+
+
+def _point(device: torch.device, batch: int, kv_len: int, iterations: int) -> dict:
+    """One grid point: split-KV then the local combine, traced ``iterations`` times."""
+    from taxmodel.kernels.flash_decode.combine import combine_block, launch_combine_local, packed_size
+    from taxmodel.kernels.flash_decode.split_kv import (SplitConfig, SplitKVArgs, cdiv, device_sm_count,
+                                                         launch_split_kv, partial_buffers, plan_splits)
+    from taxmodel.runtime.calibrate import traced_events
+
+    cfg = SplitConfig()
+    group = Q_HEADS // KV_HEADS
+    q = torch.randn(batch, Q_HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    k = torch.randn(batch, KV_HEADS, kv_len, HEAD_DIM, device=device, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    args = SplitKVArgs(q, k, v, kv_len, plan_splits(batch, KV_HEADS, kv_len, device_sm_count(device), cfg), cfg)
+    part_out, part_lse = partial_buffers(args)
+    send = torch.empty(packed_size(batch * Q_HEADS, HEAD_DIM), dtype=torch.float32, device=device)
+
+    def step() -> None:  # queued back to back, as the bsp variant enqueues them
+        launch_split_kv(args, part_out, part_lse)
+        launch_combine_local(args, part_out, part_lse, send)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize(device)
+
+    def body() -> None:
+        for _ in range(iterations):
+            step()
+            torch.cuda.synchronize(device)
+
+    ev = traced_events(body)
+    ker = ev[ev["kind"] == "kernel"]
+    dur = (ker["end_ns"] - ker["start_ns"]) * 1e-9
+    name = ker["name"].astype(str)
+    split = dur[name.str.contains("flash_decode_split_kv")]
+    comb = dur[name.str.contains("flash_decode_combine_local")]
+    if comb.empty or split.empty:
+        raise RuntimeError("the profiler trace has no flash decode kernels (no GPU profiler?)")
+    return {"batch": batch, "kv_len": kv_len, "splits": args.plan.num_splits, "rows": group,
+            "steps": cdiv(args.plan.num_splits, combine_block(group)), "kernels": int(len(comb)),
+            "split_s": float(statistics.median(split)), "combine_s": float(statistics.median(comb))}
 
 
 def step_seconds(measured: dict, kernel_overhead_s: float) -> float | None:

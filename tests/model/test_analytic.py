@@ -287,12 +287,18 @@ def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bou
         -(-splits // 16) * 0.9e-6)
 
 
+def _kw(p: c.ModelParams) -> dict:
+    """The given (non-default) fields of ``p``, to build a variant of it."""
+    return {k: getattr(p, k) for k, src in p.sources.items() if src == "given"}
+
+
 def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per_step():
     """Each pushing CTA stores (W-1) x rows x (D+1) words into the peers (LL: 8 bytes per word) at
     one SM's peer-store rate, unless all the pushing CTAs together exceed the GPU's peer-store
     bandwidth; the ranks' partials are merged one peer per step (LL, own partial in registers),
     one step more with dedicated combiners, one step with the flags protocol (whose push ends with
-    a serial release-exchange of every rank's flag)."""
+    a serial release-exchange of every rank's flag, and whose combiner first waits on every rank's
+    flag in turn); slice combiners first wait for their pair's ready word."""
     hw = find_preset("h200")
     p = c.ModelParams.from_hardware(hw, peer_store_bytes_per_s=300e9, peer_store_bytes_per_s_per_sm=20e9,
                                     peer_load_latency_s=1e-6, combine_step_s=1e-6, ll_merge_step_s=1.3e-6)
@@ -310,6 +316,9 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     # spread: 4 slices of 2 rows per head group, 16 CTAs
     spread = predict("flash_decode", "fused", {**b1, "fused_slices": 4}, 4, hw, p).details
     assert spread["push"] == pytest.approx(16 * 3 * 2 * 129 * 8 / 300e9 + lat)  # just over 16 x 6 KiB / 20 GB/s
+    waited = predict("flash_decode", "fused", {**b1, "fused_slices": 4}, 4, hw,
+                     c.ModelParams.from_hardware(hw, **{**_kw(p), "flag_wait_gpu_s": 2e-6})).details
+    assert waited["fused_work"] - spread["fused_work"] == pytest.approx(2e-6 - p.flag_wait_gpu_s)
     # batch 16 spread: 256 slices, but only as many slice combiners push at once as the kernel has
     # (at most half the SMs: 66 on an H200)
     big = predict("flash_decode", "fused", {**b16, "fused_slices": 4}, 4, hw, p).details
@@ -319,7 +328,8 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     flags = predict("flash_decode", "fused", {**b1, "fused_protocol": 2}, 4, hw, p).details
     # fp32 values, no LL words, then one system-scope release-exchange per rank, one after another
     assert flags["push"] == pytest.approx(3 * 8 * 129 * 4 / 20e9 + lat + 4 * p.flag_roundtrip_s / 2)
-    assert flags["combine"] == pytest.approx(1e-6)  # flags: one combine step over the ranks' partials
+    # flags: a wait on every rank's flag, one after another, then one combine step over the partials
+    assert flags["combine"] == pytest.approx(4 * p.flag_wait_s + 1e-6)
     assert d["wait_merge"] == pytest.approx(d["flag"] + d["combine"])
     assert predict("flash_decode", "fused", b1, 1, hw, p).details["push"] == 0.0
 

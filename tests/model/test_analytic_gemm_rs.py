@@ -87,7 +87,8 @@ def test_fused_link_bound_component_times_by_hand():
     assert det["push_per_program"] == pytest.approx(comm, rel=1e-12)
     assert det["gemm_kernel"] == pytest.approx(max(gemm + comm, finish + lat), rel=1e-12)
     assert det["gemm_kernel"] == pytest.approx(gemm + comm, rel=1e-12)  # 811 us: more than the last push (505 us)
-    assert det["reduce"] == pytest.approx(5 * SLAB4 / (4e12 * 0.8) + T0, rel=1e-12)  # 4 slots in, the slab out
+    # 4 slots in, the slab out; first a wait on each of the tile's 4 flags, one after another
+    assert det["reduce"] == pytest.approx(5 * SLAB4 / (4e12 * 0.8) + T0 + 4 * c.ModelParams().flag_wait_s, rel=1e-12)
     assert det["flag"] == pytest.approx(c.ModelParams().flag_roundtrip_s / 2)
 
 

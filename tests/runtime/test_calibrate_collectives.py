@@ -20,19 +20,8 @@ from hypothesis import strategies as st
 
 from taxmodel.errors import InputError
 from taxmodel.runtime import calibrate as cal
+from shipped_calibration import shipped_four_ranks
 
-HERE = Path(__file__).resolve().parent
-SHIPPED = HERE.parents[1] / "taxmodel" / "data" / "hardware" / "h200-calibrated.json"
-
-
-def _shipped_four_ranks() -> dict:
-    """The shipped H200 calibration as its 4-rank run wrote it: without the curves and raw rows of
-    other world sizes (``collectives_by_world``, ``measured.raw.collectives_at``) that later
-    ``--update -n W`` runs added, so these tests do not depend on which ones the file has."""
-    spec = json.loads(SHIPPED.read_text())
-    spec.pop("collectives_by_world", None)
-    spec["measured"]["raw"].pop("collectives_at", None)
-    return spec
 
 
 # --- graph_per_call_ms: what cancels, what is kept ------------------------------------------------
@@ -339,7 +328,7 @@ def test_fit_falls_back_to_eager_per_op():
 
 
 def test_refitting_the_shipped_file_from_its_own_raw_numbers_changes_nothing():
-    shipped = _shipped_four_ranks()
+    shipped = shipped_four_ranks()
     raw = shipped["measured"]["raw"]
     step_raw = {k: raw[k] for k in cal.STEP_KEYS["collectives"] if k in raw}
     assert "collectives_graph" in step_raw  # the shipped curve is graph-timed (measured on the H200s)
@@ -355,7 +344,7 @@ def test_refitting_the_shipped_file_from_its_own_raw_numbers_changes_nothing():
 
 
 def test_update_replaces_only_what_its_steps_feed():
-    shipped = _shipped_four_ranks()
+    shipped = shipped_four_ranks()
     m = _meas()
     new = cal.update_spec(shipped, {"collectives": m["collectives"], "collectives_graph": m["collectives_graph"],
                                     "hbm": {"bytes_per_s": 1.0}}, ("collectives",), device_name="NVIDIA H200", num_sms=132,
@@ -373,7 +362,7 @@ def test_update_replaces_only_what_its_steps_feed():
 
 
 def test_update_refuses_files_it_cannot_update():
-    shipped = _shipped_four_ranks()
+    shipped = shipped_four_ranks()
     assert cal.check_update(shipped, ("collectives",), 2) == 2  # adds a curve for 2 ranks
     for steps in (("collectives", "barrier"), ("peer",), ("flag",), ("barrier",)):
         with pytest.raises(InputError, match="measured on 4 ranks.*only the collectives step.*--world-size 4"):
@@ -402,7 +391,7 @@ def _unchanged_but(new: dict, old: dict, *added: str) -> None:
 
 
 def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else():
-    shipped = _shipped_four_ranks()
+    shipped = shipped_four_ranks()
     two = _meas_at(0.020, 150e9, 2)
     new = cal.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2,
                           info={"date": "d", "world_size": 2})
@@ -446,7 +435,7 @@ def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else()
 
 
 def test_a_failed_update_on_another_world_size_keeps_the_earlier_curve():
-    shipped = _shipped_four_ranks()
+    shipped = shipped_four_ranks()
     two = _meas_at(0.020, 150e9, 2)
     new = cal.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2)
     kept = cal.update_spec(new, {"collectives": [], "errors": {"collectives": "boom"}}, ("collectives",),
@@ -459,7 +448,7 @@ def test_a_failed_update_on_another_world_size_keeps_the_earlier_curve():
 
 
 def test_a_single_gpu_update_on_fewer_ranks_refits_at_the_files_world_size():
-    shipped = _shipped_four_ranks()
+    shipped = shipped_four_ranks()
     new = cal.update_spec(shipped, {"hbm": {"bytes_per_s": 4.0e12}}, ("hbm",), device_name="NVIDIA H200", num_sms=132,
                           world=1)
     assert new["hbm_bytes_per_s"] == 4.0e12
@@ -490,7 +479,7 @@ def test_cli_arguments(tmp_path):
 
 def test_main_updates_a_file_on_cpu_ranks(tmp_path):
     """The whole partial run on two gloo ranks: torch.distributed.run, --only collectives --update."""
-    old = _shipped_four_ranks()
+    old = shipped_four_ranks()
     old["measured"]["world_size"] = 2  # a file measured on as many ranks as this test has
     (tmp_path / "old.json").write_text(json.dumps(old))
     out = tmp_path / "sub" / "new.json"
@@ -511,7 +500,7 @@ def test_main_updates_a_file_on_cpu_ranks(tmp_path):
 
 def test_main_adds_a_curve_for_another_world_size_on_cpu_ranks(tmp_path):
     """A 4-rank file updated by a 2-rank collectives run: the curve lands in collectives_by_world["2"]."""
-    old = _shipped_four_ranks()
+    old = shipped_four_ranks()
     (tmp_path / "old.json").write_text(json.dumps(old))
     out = tmp_path / "new.json"
     cmd = cal.calibration_command(out, 2, only="collectives", update=tmp_path / "old.json", sizes="8192,65536",
@@ -530,37 +519,3 @@ def test_main_adds_a_curve_for_another_world_size_on_cpu_ranks(tmp_path):
     assert new["measured"]["raw"]["collectives"] == old["measured"]["raw"]["collectives"]
     assert new["measured"]["updates"][-1]["world_size"] == 2 and new["measured"]["world_size"] == 4
 
-
-# --- the flash decode combine step -----------------------------------------------------------------
-
-
-def _combine_rows(steps_and_us: list[tuple[int, float]]) -> dict:
-    return {"rows": [{"batch": 1, "kv_len": 1024 * (i + 1), "splits": 4 * s, "rows": 8, "steps": s, "kernels": 20,
-                      "split_s": 3e-6, "combine_s": us * 1e-6} for i, (s, us) in enumerate(steps_and_us)]}
-
-
-def test_the_combine_step_is_the_median_over_the_grid_of_the_kernel_less_its_fixed_overhead_per_step():
-    from taxmodel.runtime import calibrate_combine
-
-    # (kernel - 2 us) / steps: 0.5, 0.9, 1.0 -> median 0.9 us
-    meas = _combine_rows([(4, 4.0), (20, 20.0), (25, 27.0)])
-    assert calibrate_combine.step_seconds(meas, 2e-6) == pytest.approx(0.9e-6)
-    assert calibrate_combine.step_seconds({"rows": []}, 2e-6) is None and calibrate_combine.step_seconds(None, 2e-6) is None
-    # a kernel shorter than the fixed overhead counts as no step time, never as a negative one
-    assert calibrate_combine.step_seconds(_combine_rows([(1, 1.5)]), 2e-6) == 0.0
-
-
-def test_a_combine_update_sets_the_models_step_and_changes_nothing_else():
-    from taxmodel.model.analytic.common import ModelParams
-    from taxmodel.model.hardware import HardwareSpec
-
-    shipped = _shipped_four_ranks()
-    assert "combine" in cal.parse_steps("combine") and "combine" not in cal.MULTI_RANK_STEPS
-    new = cal.update_spec(shipped, {"combine": _combine_rows([(4, 4.0), (20, 20.0), (25, 27.0)])}, ("combine",),
-                          device_name="NVIDIA H200", num_sms=132, world=1)
-    assert new["combine_step_s"] == pytest.approx(0.9e-6)
-    for key, value in shipped.items():
-        if key not in ("measured", "combine_step_s", "notes", "aliases"):
-            assert new[key] == value, key
-    p = ModelParams.from_hardware(HardwareSpec.from_dict(new))
-    assert p.combine_step_s == pytest.approx(0.9e-6) and "calibrated" in p.sources["combine_step_s"]

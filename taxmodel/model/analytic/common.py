@@ -82,6 +82,10 @@ class ModelParams:
     collective_base_s: float = 8e-6
     #: Flag round trip between two GPUs (release-set on one, acquire-wait on the other, and back).
     flag_roundtrip_s: float = 2e-6
+    #: What one ``_sync.wait_geq`` costs a program when the flag is already set (poll, barriers, an
+    #: acquire atomic): system scope, and GPU scope. Calibrated (`taxmodel calibrate`'s sync step).
+    flag_wait_s: float = 0.5e-6
+    flag_wait_gpu_s: float = 0.5e-6
     #: Bandwidth with which one GPU's SMs load from its peers' memory while every rank does the
     #: same (Triton ``iris.load`` through the symmetric heap), and the latency of one such load.
     peer_load_bytes_per_s: float = 0.0  # 0: use the link bandwidth

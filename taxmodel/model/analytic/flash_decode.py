@@ -127,13 +127,18 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         # dedicated combiner reads it back); the flags protocol waits for all flags, then one step.
         own_in_registers = fcfg.combiners == 0
         post_steps = (world - 1 if own_in_registers else world) if ll else 1
+        # flags: the combiner waits on every rank's flag, one wait after another (each costs a
+        # program the calibrated wait on a set flag even when the flag landed long ago)
+        flag_waits = 0.0 if ll else world * params.flag_wait_s
         post = max((world * packed + out_bytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency),
-                   c.serial_steps_time(max(post_steps, 1), params, params.ll_merge_step_s if ll else None))
+                   flag_waits + c.serial_steps_time(max(post_steps, 1), params, params.ll_merge_step_s if ll else None))
+        # slice combiners first wait for their pair's workers (the pair's ready word, GPU scope)
+        ready_wait = params.flag_wait_gpu_s if slices > 0 else 0.0
         out, local_steps = [], []
         for kv, partials, splits in per_rank:
             local = c.serial_steps_time(steps(splits, rows), params)  # after the last split of the group
             local_steps.append(local)
-            work = c.stream_time(kv + partials, hw, params) + local + push
+            work = c.stream_time(kv + partials, hw, params) + ready_wait + local + push
             out.append([c.KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag)])
         det.update({"fused_work": mean([p[0].duration_s for p in out]), "local_combine": mean(local_steps), "push": push,
                     "flag": flag, "combine": post, "wait_merge": flag + post})

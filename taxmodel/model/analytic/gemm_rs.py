@@ -129,7 +129,8 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     # system-scope release, which waits for the tile's remote stores. So a program takes its
     # products plus its push time, and the kernel at least that.
     kernel = max(gemm + comm, finish + latency)
-    reduce_work = c.stream_time((world + 1) * slab, hw, params)
+    # each reduce program waits on its tile's W flags one after another, then sums the W slots
+    reduce_work = c.stream_time((world + 1) * slab, hw, params) + world * params.flag_wait_s
     flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
     det.update({"triton_gemm": gemm, "push": push, "push_done": finish + latency, "gemm_kernel": kernel,
                 "reduce": reduce_work, "flag": flag, "push_per_program": comm})
