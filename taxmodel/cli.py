@@ -253,12 +253,16 @@ def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
 @click.option("--align", type=click.Choice(START_ALIGNMENTS), default="host", show_default=True,
               help="How ranks start each iteration: after a host barrier (calibrated skew), or released together by a "
                    "device gate (as `taxmodel profile --align device` captures it).")
+@click.option("--fitted/--no-fitted", "use_fitted", default=True, show_default=True,
+              help="Use the parameters `taxmodel validate` fitted on the measured bundles of this hardware "
+                   "(taxmodel/data/fitted.json), or only the documented defaults and the calibration.")
 def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_, plot, as_json, graph_launch,
-                transport, align) -> None:
+                transport, align, use_fitted) -> None:
     """Predicted ledger (latency and each tax) of WORKLOAD from shapes and hardware, with its assumptions."""
     import json
 
     from taxmodel.model import analytic
+    from taxmodel.model import validate as val
     from taxmodel.model.analytic.report import plot_sweep, render_prediction, render_sweep
     from taxmodel.runtime.workload import get_workload
 
@@ -266,21 +270,28 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
     shp = wl.shape(preset, **_shape_option(shape))
     hw, note = analytic.resolve_model_hardware(hardware)
     names = [v for v in variants_.split(",") if v] if variants_ else list(analytic.variants(workload))
+    fitted, fitted_note = val.fitted_for(hw.name) if use_fitted else ({}, None)
     params = analytic.ModelParams.from_hardware(hw, graph_launch=graph_launch or None, ag_transport=transport,
                                                 start_alignment=align)
+    params = params.with_fitted(fitted)
     if sweep_:
         key, values = analytic.parse_range(sweep_)
         tables = {v: analytic.sweep(workload, v, shp, world_size, hw, key, values, params) for v in names}
         if as_json:
-            click.echo(json.dumps({"hardware": note, "sweep": {v: t.to_dict(orient="records") for v, t in tables.items()}}, indent=2))
+            click.echo(json.dumps({"hardware": note, "fitted": fitted_note,
+                                   "sweep": {v: t.to_dict(orient="records") for v, t in tables.items()}}, indent=2))
         else:
             click.echo(note)
+            if fitted_note:
+                click.echo(fitted_note)
             click.echo(render_sweep(tables, key), nl=False)
         if plot:
             click.echo(f"wrote {plot_sweep(tables, key, plot, title=f'{workload}, {world_size} x {hw.name}')}")
         return
     preds = [analytic.predict(workload, v, shp, world_size, hw, params) for v in names]
     preds[0].assumptions[:] = analytic.with_hardware_note(preds[0].assumptions, note)
+    if fitted_note:
+        preds[0].assumptions.insert(1, fitted_note)
     if as_json:
         click.echo(json.dumps([p.to_dict() for p in preds], indent=2, default=float))
     else:
@@ -290,7 +301,8 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
 @cli.command("validate")
 @click.argument("profiles_dir", default="profiles", type=click.Path(file_okay=False))
 @click.option("--markdown", type=click.Path(dir_okay=False, writable=True), default=None, help="Also write the table as Markdown.")
-@click.option("--update-docs", is_flag=True, help="Rewrite the table in docs/model.md (between its validation markers).")
+@click.option("--update-docs", is_flag=True, help="Rewrite the table in docs/model.md (between its validation markers) "
+                                                   "and the fitted parameters that predict uses (taxmodel/data/fitted.json).")
 @click.option("--docs", "docs_file", default="docs/model.md", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--no-fit", is_flag=True, help="Use the documented defaults; fit nothing from the bundles.")
 def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit) -> None:
@@ -312,6 +324,8 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit) -> None
         click.echo(f"wrote {markdown}")
     if update_docs:
         click.echo(f"updated {val.update_docs(docs_file, v)}")
+        if not no_fit:
+            click.echo(f"updated {val.write_fitted(val.FITTED_FILE, v)} (the fitted parameters taxmodel predict uses)")
     sys.exit(0 if v.passed or v.table.empty else 1)
 
 

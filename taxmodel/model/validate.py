@@ -332,6 +332,45 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True) -> Valid
     return Validation(cases, table, skipped, fitted, notes)
 
 
+#: Where ``validate --update-docs`` keeps the fitted parameters for ``taxmodel predict``.
+FITTED_FILE = Path(__file__).resolve().parents[1] / "data" / "fitted.json"
+
+
+def fitted_document(v: Validation) -> dict[str, Any]:
+    """The fitted parameters as ``taxmodel predict`` reads them: the values, the hardware of the
+    in-sample bundles they were fitted on (predict applies them only to that hardware), and how."""
+    hardware = sorted({c.hardware.name for c in v.cases if c.in_sample})
+    return {"fitted": dict(sorted(v.fitted.items())), "hardware": hardware,
+            "how": f"taxmodel validate on {len(v.cases)} bundles under profiles/: {IN_SAMPLE_RULE}"}
+
+
+def write_fitted(path: str | os.PathLike, v: Validation) -> Path:
+    """Write ``fitted_document(v)`` to ``path`` (JSON; replaced atomically)."""
+    import json
+
+    out = Path(path)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(fitted_document(v), indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, out)
+    return out
+
+
+def fitted_for(hardware_name: str, path: str | os.PathLike | None = None) -> tuple[dict[str, float], str | None]:
+    """The fitted parameters that apply to ``hardware_name`` (empty when none were fitted on it)
+    and a sentence for the prediction's assumptions."""
+    import json
+
+    p = Path(path) if path is not None else FITTED_FILE
+    if not p.is_file():
+        return {}, None
+    doc = json.loads(p.read_text())
+    if hardware_name not in doc.get("hardware", []) or not doc.get("fitted"):
+        return {}, None
+    values = {k: float(v) for k, v in doc["fitted"].items()}
+    return values, ("fitted on the measured bundles of this hardware (`taxmodel validate`, " + p.name + "): "
+                    + ", ".join(f"{k} = {v:.3g}" for k, v in values.items()))
+
+
 def markdown_table(v: Validation) -> str:
     """The validation as Markdown (deterministic: what docs/model.md holds between the markers)."""
     lines = []

@@ -125,6 +125,32 @@ def test_docs_table_matches_the_committed_profiles():
     v = val.validate(profiles)
     assert val.docs_table(ROOT / "docs" / "model.md") == val.markdown_table(v), \
         "docs/model.md is stale: run `taxmodel validate profiles --update-docs`"
+    assert json.loads(val.FITTED_FILE.read_text()) == json.loads(json.dumps(val.fitted_document(v))), \
+        "taxmodel/data/fitted.json is stale: run `taxmodel validate profiles --update-docs`"
+
+
+def test_predict_uses_the_fitted_parameters_only_for_the_hardware_they_were_fitted_on(tmp_path):
+    doc = {"fitted": {"triton_stream_efficiency": 1.2, "ll_merge_step_s": 2e-6}, "hardware": ["H200 SXM (calibrated)"],
+           "how": "test"}
+    f = tmp_path / "fitted.json"
+    f.write_text(json.dumps(doc))
+    values, note = val.fitted_for("H200 SXM (calibrated)", f)
+    assert values == {"triton_stream_efficiency": 1.2, "ll_merge_step_s": 2e-6} and "fitted" in note
+    assert val.fitted_for("H100 SXM", f) == ({}, None) and val.fitted_for("x", tmp_path / "none.json") == ({}, None)
+    p = ModelParams().with_fitted(values)
+    assert p.triton_stream_efficiency == 1.2 and p.sources["ll_merge_step_s"].startswith("fitted")
+    # the CLI: on by default for the hardware of the committed fits, off with --no-fitted or elsewhere
+    shipped, _ = val.fitted_for("H200 SXM (calibrated)")
+    assert shipped, "the committed fits name the calibrated H200"
+    args = ["predict", "flash_decode", "--variant", "fused", "-n", "8", "--preset", "b1-kv16k"]
+    on = CliRunner().invoke(cli, args + ["--hardware", "h200"])
+    off = CliRunner().invoke(cli, args + ["--hardware", "h200", "--no-fitted"])
+    other = CliRunner().invoke(cli, args + ["--hardware", "h100"])
+    assert on.exit_code == off.exit_code == other.exit_code == 0, on.output + off.output + other.output
+    assert "fitted on the measured bundles" in on.output
+    assert "fitted on the measured bundles" not in off.output and "fitted on the measured bundles" not in other.output
+    assert f"K/V streamed at {shipped['triton_stream_efficiency']:.2f}" in on.output
+    assert "K/V streamed at 0.80" in off.output
 
 
 # --- the CLI on a CPU machine ---------------------------------------------------------------------

@@ -144,6 +144,14 @@ class ModelParams:
                 src[name] = "given"
         return replace(base, **values, sources=src)
 
+    def with_fitted(self, fitted: Mapping[str, float]) -> "ModelParams":
+        """These parameters with ``fitted`` values (``taxmodel validate``'s fits) in place, each
+        sourced as fitted."""
+        if not fitted:
+            return self
+        return replace(self, **dict(fitted), sources={**dict(self.sources), **{k: "fitted (taxmodel validate)"
+                                                                                for k in fitted}})
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["sources"] = dict(self.sources)
