@@ -81,8 +81,9 @@ FIT_RULES = (
             target="kernel:flash_decode_split_kv", detail="split_kv"),
     FitRule("ll_merge_step_s", "flash_decode", ("fused",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
             0.1e-6, 5e-6, "flash_decode fused bundles with in-kernel records (LL words, the pair's last worker "
-            "merging; device-gated captures) at the shortest KV of their (batch, heads, world size) group fit the step of merging one rank's "
-            "partial on the records' wait and merge (a merging CTA's first flag wait to its last record)",
+            "merging; device-gated captures) at the shortest KV of their (batch, heads, world size) group fit the "
+            "step of merging one rank's partial on the records' wait and merge (a merging CTA's first flag wait to "
+            "its last record)",
             target=RECORDS_AFTER_WAIT, detail="wait_merge", pick="min", device_aligned=True,
             only=(("fused_slices", 0), ("fused_combiners", 0), ("fused_protocol", 0))),
     FitRule("rs_gemm_efficiency", "gemm_rs", ("fused",), ("N", "K"), "M", 0.3, 1.3,
