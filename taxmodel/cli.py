@@ -221,7 +221,7 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
                    "(add -n 2 on a 2-GPU machine to add the 2-rank curve beside the file's own).")
 def calibrate_cmd(output, world_size, timeout_s, only, update) -> None:
     """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches, the flash decode
-    combine's step) into a hardware file."""
+    combine's step, a wait on a set flag) into a hardware file."""
     from taxmodel.runtime.calibrate import run_calibration
 
     spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update)

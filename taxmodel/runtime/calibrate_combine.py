@@ -4,8 +4,8 @@ A combine program for R query rows folds its S partials NB at a time, each fold 
 loads (``kernels/flash_decode/combine.py``), so with few programs the kernel is a chain of
 latency-bound steps and the model needs the time of one (``ModelParams.combine_step_s``). That time
 depends on where the partials are when the combine reads them; on one H200 the same local combine
-kernel took 0.28-0.70 us a step on partials it had just read itself, 1.5-1.8 us after 512 MB were
-written over the L2, and 0.47-1.29 us queued right after the split-KV kernel that wrote them, as
+kernel took 0.22-0.70 us a step on partials it had just read itself, 1.2-1.8 us after 512 MB were
+written over the L2, and 0.42-1.29 us queued right after the split-KV kernel that wrote them, as
 the bsp variant runs it (more after longer K/V; why is not established). So the step is measured
 in that last setting: the split-KV kernel and then the local combine (one program per KV head,
 ``bsp_slices`` 1), over a grid of batch sizes and K/V lengths, each kernel's duration from a

@@ -83,7 +83,8 @@ class ModelParams:
     #: Flag round trip between two GPUs (release-set on one, acquire-wait on the other, and back).
     flag_roundtrip_s: float = 2e-6
     #: What one ``_sync.wait_geq`` costs a program when the flag is already set (poll, barriers, an
-    #: acquire atomic): system scope, and GPU scope. Calibrated (`taxmodel calibrate`'s sync step).
+    #: acquire atomic): system scope, and GPU scope. Calibrated (`taxmodel calibrate`'s sync step;
+    #: 0.41-0.43 us on one H200); the default, for uncalibrated hardware, is that rounded up.
     flag_wait_s: float = 0.5e-6
     flag_wait_gpu_s: float = 0.5e-6
     #: Bandwidth with which one GPU's SMs load from its peers' memory while every rank does the
@@ -110,7 +111,8 @@ class ModelParams:
     #: What the records add to one instrumented fused kernel launch. Measured instrumented against
     #: plain in the same run (CUDA graphs, 4 H200s, fused flash decode; docs/records.md): about
     #: 1.1 us at batch 1 KV 1K (+8.0 % of ~14 us), 0.7 us at batch 16 KV 1K (+2.9 % of ~23.5 us),
-    #: 0-1 us at batch 1 KV 16K (-0.2 to +3.0 % of ~33 us); the middle one is the default.
+    #: 0-1 us at batch 1 KV 16K (-0.2 to +3.0 % of ~33 us); the middle one is the default. Measured
+    #: on that kernel only; the GEMM+RS fused kernels get the same value, unmeasured for them.
     record_overhead_s: float = 0.7e-6
     #: Whether each iteration is one CUDA/HIP graph launch (``taxmodel profile --graph``): one host
     #: launch call (``host_launch_torch_s``) per iteration, every kernel queued behind it.
