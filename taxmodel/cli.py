@@ -305,7 +305,11 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
                                                    "and the fitted parameters that predict uses (taxmodel/data/fitted.json).")
 @click.option("--docs", "docs_file", default="docs/model.md", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--no-fit", is_flag=True, help="Use the documented defaults; fit nothing from the bundles.")
-def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit) -> None:
+@click.option("--fitted-from", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Fit nothing; use the parameters of this file (a fitted.json that --update-docs wrote, e.g. "
+                   "taxmodel/data/fitted.json as committed before new bundles came), so every bundle is predicted "
+                   "out of sample.")
+def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_from) -> None:
     """Compare the model's predictions with every measured bundle under PROFILES_DIR.
 
     Exit 0 when every comparison is within target (latency 15%, each tax 25% or 20 us), 1 otherwise.
@@ -314,7 +318,9 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit) -> None
 
     from taxmodel.model import validate as val
 
-    v = val.validate(profiles_dir, fit=not no_fit)
+    if fitted_from and (no_fit or update_docs):
+        raise click.UsageError("--fitted-from fits nothing: it goes with neither --no-fit nor --update-docs")
+    v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from)
     text = val.markdown_table(v)
     click.echo(text, nl=False)
     for s in v.skipped:

@@ -294,8 +294,8 @@ class AgGemm(Workload):
     def output(self, state: AgGemmState) -> torch.Tensor:
         return state.c
 
-    def tolerance(self, shape: Mapping[str, int]) -> tuple[float, float]:
-        return (2e-2, 2e-2)
+    def tolerance(self, shape: Mapping[str, int], world_size: int = 1) -> tuple[float, float]:
+        return (2e-2, 2e-2)  # no sum over ranks in 16-bit arithmetic: one tolerance at every world size
 
     def cost(self, shape: Mapping[str, int], world_size: int, variant: str) -> Cost:
         """Per rank and iteration. HBM floor: own A shard read, B read, C written (remote rows of A

@@ -209,8 +209,8 @@ class FlashDecode(Workload):
             fused.check_fused(state.impl, state.ctx)
         return state.out
 
-    def tolerance(self, shape: Mapping[str, int]) -> tuple[float, float]:
-        return (2e-2, 2e-2)
+    def tolerance(self, shape: Mapping[str, int], world_size: int = 1) -> tuple[float, float]:
+        return (2e-2, 2e-2)  # no sum over ranks in 16-bit arithmetic: one tolerance at every world size
 
     # -- cost ---------------------------------------------------------------------------------
     def cost(self, shape: Mapping[str, int], world_size: int, variant: str, device: Any = None) -> Cost:

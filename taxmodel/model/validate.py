@@ -315,16 +315,31 @@ def compare(case: Case, fitted: Mapping[str, float]) -> list[dict[str, Any]]:
     return rows
 
 
-def validate(root: str | os.PathLike = "profiles", *, fit: bool = True) -> Validation:
-    """Predict every modeled bundle under ``root`` and compare (see the module docstring)."""
+def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
+             fitted_from: str | os.PathLike | None = None) -> Validation:
+    """Predict every modeled bundle under ``root`` and compare (see the module docstring).
+
+    ``fitted_from``: fit nothing and use the parameters of that file (``write_fitted``'s format)
+    on the bundles of the hardware it was fitted on, so every bundle is predicted out of sample: the
+    test of bundles captured after the fit (a new world size, new shapes)."""
     cases, skipped = find_cases(root)
-    if fit:
-        mark_in_sample(cases)
-    fitted = fit_params(cases) if fit else {}
-    rows = [r for c in cases for r in compare(c, fitted)]
+    if fitted_from is not None:
+        fitted = load_fitted(fitted_from)
+        rows = [r for c in cases for r in compare(c, fitted.get(c.hardware.name, {}))]
+    else:
+        if fit:
+            mark_in_sample(cases)
+        fitted = fit_params(cases) if fit else {}
+        rows = [r for c in cases for r in compare(c, fitted)]
     table = pd.DataFrame(rows, columns=["workload", "variant", "shape", "world_size", "hardware", "quantity",
                                         "measured_us", "predicted_us", "error_us", "error_pct", "ok", "sample", "bundle",
                                         "launches"])
+    if fitted_from is not None:
+        params = next(iter(fitted.values()), {})
+        notes = [f"fitted nothing: parameters from {Path(fitted_from).name} on the hardware it was fitted on "
+                 f"({', '.join(sorted(fitted)) or 'none'}): " + (", ".join(f"{k} = {v:.3g}" for k, v in params.items())
+                                                                 or "defaults") + "; every bundle is out of sample"]
+        return Validation(cases, table, skipped, params, notes)
     notes = [f"fitting subset: {IN_SAMPLE_RULE}"]
     if fitted:
         notes.append("fitted: " + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items()))
@@ -354,6 +369,21 @@ def write_fitted(path: str | os.PathLike, v: Validation) -> Path:
     tmp.write_text(json.dumps(fitted_document(v), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, out)
     return out
+
+
+def load_fitted(path: str | os.PathLike) -> dict[str, dict[str, float]]:
+    """Hardware name -> fitted parameters, from a file ``write_fitted`` wrote; InputError if it is not one."""
+    import json
+
+    from taxmodel.errors import InputError
+
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+        values = {k: float(v) for k, v in doc["fitted"].items()}
+        return {str(h): values for h in doc["hardware"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{p}: not a fitted-parameters file of `taxmodel validate --update-docs` ({exc})") from None
 
 
 def fitted_for(hardware_name: str, path: str | os.PathLike | None = None) -> tuple[dict[str, float], str | None]:

@@ -33,6 +33,7 @@ from taxmodel.errors import InputError, RunError, TaxmodelError
 from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, GATE_ROLES, START_ALIGNMENTS, alignment_meta
 from taxmodel.runtime.heap import disable_multicast
 from taxmodel.runtime.launcher import RESULT_FILE, STATUS_DIR_ENV, write_status
+from taxmodel.runtime.workload import tolerance_of
 
 PHASES = ("init", "setup", "compile", "check", "graph", "capture", "gather", "write", "done")
 
@@ -569,7 +570,7 @@ def _check_variant(ctx: Any, workload: Any, vname: str, shape: Mapping[str, int]
     """Compare this rank's output with the reference on every rank; RunError naming the ranks if wrong."""
     import torch.distributed as dist
 
-    rtol, atol = workload.tolerance(shape)
+    rtol, atol = tolerance_of(workload, shape, world)
     ref = workload.reference(ctx, shape, st)
     problem = check_output(workload.output(st), ref, rtol, atol)
     del ref

@@ -11,6 +11,8 @@ can be loaded with ``taxmodel profile --workload-module my_module``).
 """
 from __future__ import annotations
 
+import inspect
+
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
@@ -124,8 +126,10 @@ class Workload:
         """The output tensor that ``reference`` is compared with."""
         raise NotImplementedError
 
-    def tolerance(self, shape: Mapping[str, int]) -> tuple[float, float]:
-        """(rtol, atol) for the reference check."""
+    def tolerance(self, shape: Mapping[str, int], world_size: int = 1) -> tuple[float, float]:
+        """(rtol, atol) for the reference check of one rank's output on ``world_size`` ranks (an
+        output summed over ranks in 16-bit arithmetic rounds once per rank, so its tolerance may
+        grow with them). A workload may define ``tolerance(self, shape)`` without the world size."""
         return (2e-2, 2e-2)
 
     def cost(self, shape: Mapping[str, int], world_size: int, variant: str) -> Cost:
@@ -170,3 +174,11 @@ def classify_role(name: str, roles: Mapping[str, str], default: str = "compute")
     if "nccl" in low or "rccl" in low:
         return "comm"
     return default
+
+
+def tolerance_of(workload: Any, shape: Mapping[str, int], world_size: int) -> tuple[float, float]:
+    """``workload.tolerance`` at ``world_size``, also for workloads whose ``tolerance`` takes only the
+    shape (as before the world size was passed)."""
+    if "world_size" in inspect.signature(workload.tolerance).parameters:
+        return workload.tolerance(shape, world_size=world_size)
+    return workload.tolerance(shape)

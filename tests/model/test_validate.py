@@ -106,6 +106,33 @@ def test_stream_efficiency_is_fitted_on_the_split_kernel_not_the_skewed_window(t
     assert v.fitted["triton_stream_efficiency"] == pytest.approx(ModelParams().triton_stream_efficiency, abs=0.005)
 
 
+def test_fitted_from_a_file_predicts_every_bundle_out_of_sample(tmp_path):
+    """--fitted-from: nothing is fitted; the file's values apply to the hardware it names, so bundles
+    captured after the fit (a new world size) are predicted as a user of `predict` would get them."""
+    from taxmodel.errors import InputError
+
+    made = ModelParams.from_hardware(H200).with_fitted({"triton_gemm_efficiency": 0.6})
+    _model_bundle(tmp_path / "b" / "push8k", "push", {**AG, "M": 8192}, 2, params=made)
+    hw_name = val.find_cases(tmp_path / "b")[0][0].hardware.name
+    good, other = tmp_path / "good.json", tmp_path / "other.json"
+    good.write_text(json.dumps({"fitted": {"triton_gemm_efficiency": 0.6}, "hardware": [hw_name], "how": "t"}))
+    other.write_text(json.dumps({"fitted": {"triton_gemm_efficiency": 0.6}, "hardware": ["MI300X"], "how": "t"}))
+    v = val.validate(tmp_path / "b", fitted_from=good)
+    assert set(v.table["sample"]) == {"out"} and v.fitted == {"triton_gemm_efficiency": 0.6}
+    assert v.table["error_us"].abs().max() < 0.01 and "out of sample" in v.notes[0]
+    # values fitted on other hardware are not applied: the default efficiency misses the 0.6 bundle
+    v_other = val.validate(tmp_path / "b", fitted_from=other)
+    assert v_other.table.set_index("quantity").loc["latency", "error_us"] < -1.0
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(InputError, match="not a fitted-parameters file"):
+        val.validate(tmp_path / "b", fitted_from=bad)
+    r = CliRunner().invoke(cli, ["validate", str(tmp_path / "b"), "--fitted-from", str(good)])
+    assert r.exit_code == 0 and "out-of-sample" in r.output and "in-sample" not in r.output, r.output
+    r = CliRunner().invoke(cli, ["validate", str(tmp_path / "b"), "--fitted-from", str(good), "--update-docs"])
+    assert r.exit_code == 2 and "fits nothing" in r.output
+
+
 def test_update_docs_round_trip(tmp_path):
     _model_bundle(tmp_path / "b" / "bsp", "bsp", AG, 2)
     doc = tmp_path / "model.md"
