@@ -90,10 +90,16 @@ FIT_RULES = (
             "gemm_rs fused bundles at the largest M of their (N, K, world size) group fit the Triton GEMM efficiency "
             "of its GEMM kernel on that kernel's own duration (its pushes included as modeled)",
             target="kernel:gemm_rs_kernel", detail="gemm_kernel"),
+    FitRule("reduce_program_bytes_per_s", "gemm_rs", ("fused",), ("N", "K"), "M", 3e9, 300e9,
+            "gemm_rs fused bundles with in-kernel records at the smallest M of their (N, K, world size) group (the "
+            "fewest reduction programs) fit one reduction program's rate on its combine records (a program's sum of "
+            "its tile's W slots)",
+            target="records:rs_reduce_kernel:combine", detail="reduce_program", pick="min"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
                                                           "predicted latency, or the named quantity's prediction (a "
-                                                          "kernel's duration, the records' wait and merge), "
+                                                          "kernel's duration, the records' wait and merge, a phase's "
+                                                          "records), "
                                                           "equal the measured one; only CUDA-graph "
                                                           "captures when the subset has any, since eager captures carry "
                                                           "the profiler's host cost)")
@@ -113,7 +119,11 @@ class Case:
     hardware_note: str
     measured: dict[str, float]  # window + categories + sub-categories, mean ns
     instrumented: bool = False
-    in_sample: bool = False
+    fits: set[str] = field(default_factory=set)  # the fitted parameters whose subset this bundle is in
+
+    @property
+    def in_sample(self) -> bool:
+        return bool(self.fits)
     graph_launch: bool = False  # captured with `taxmodel profile --graph` (one graph launch per iteration)
     transport: str | None = None  # AG+GEMM fine-grained transport the bundle ran with, when recorded
     align: str = "host"  # how traced steps started (meta capture.align; `taxmodel profile --align`)
@@ -151,7 +161,19 @@ def _measured(ledger, events: pd.DataFrame | None = None) -> dict[str, float]:
         after_wait = _records_after_wait(events)
         if after_wait is not None:
             out[RECORDS_AFTER_WAIT] = after_wait
+        out.update(_records_per_cta(events))
     return out
+
+
+def _records_per_cta(events: pd.DataFrame) -> dict[str, float]:
+    """``records:<kernel>:<phase>`` (ns): per instrumented kernel and phase, the mean over the
+    (launch, CTA) pairs that recorded the phase of the CTA's total time in it."""
+    r = events[(events["kind"] == "record") & (events["iteration"] >= 0)]
+    if r.empty or "cta" not in r:
+        return {}
+    per = (r["end_ns"] - r["start_ns"]).groupby([r["name"], r["phase"], r["rank"], r["repetition"], r["iteration"],
+                                                 r["cta"]]).sum()
+    return {f"records:{k}:{ph}": float(v) for (k, ph), v in per.groupby(level=[0, 1]).mean().items()}
 
 
 def _records_after_wait(events: pd.DataFrame) -> float | None:
@@ -241,7 +263,8 @@ def mark_in_sample(cases: list[Case]) -> None:
         rule = next(r for r in FIT_RULES if r.param == key[0])
         top = (min if rule.pick == "min" else max)(c.shape.get(rule.top_key, 0) for c in group)
         for c in group:
-            c.in_sample = c.shape.get(rule.top_key, 0) == top
+            if c.shape.get(rule.top_key, 0) == top:
+                c.fits.add(rule.param)
 
 
 def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:
@@ -265,7 +288,7 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
     fitted: dict[str, float] = {}
     for rule in FIT_RULES:
         values = []
-        subset = [c for c in cases if c.in_sample and rule in _rules_of(c)]
+        subset = [c for c in cases if rule.param in c.fits]
         if any(c.graph_launch for c in subset):  # host-free captures, when there are any, fit the GPU-side rate
             subset = [c for c in subset if c.graph_launch]
         for case in subset:

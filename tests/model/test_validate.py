@@ -82,6 +82,25 @@ def test_fitting_subset_is_marked_and_reported(tmp_path):
     assert any("fitting subset" in n for n in v.notes)
 
 
+def test_a_bundle_can_be_in_the_subsets_of_two_rules(tmp_path, monkeypatch):
+    """Each rule keeps its own subset: a rule picking the smallest M and one picking the largest over
+    the same bundles both fit (one rule's marks once overwrote the other's)."""
+    from dataclasses import replace
+
+    _model_bundle(tmp_path / "push8k", "push", {**AG, "M": 8192}, 2)
+    _model_bundle(tmp_path / "push4k", "push", AG, 2)
+    gemm = next(r for r in val.FIT_RULES if r.param == "triton_gemm_efficiency")
+    small = replace(gemm, param="peer_store_bytes_per_s_per_sm", low=1e9, high=500e9, pick="min")
+    monkeypatch.setattr(val, "FIT_RULES", (gemm, small))
+    cases, _ = val.find_cases(tmp_path)
+    val.mark_in_sample(cases)
+    fits = {c.shape["M"]: c.fits for c in cases}
+    assert fits == {8192: {"triton_gemm_efficiency"}, 4096: {"peer_store_bytes_per_s_per_sm"}}
+    assert all(c.in_sample for c in cases)
+    fitted = val.fit_params(cases)
+    assert fitted["triton_gemm_efficiency"] == pytest.approx(ModelParams().triton_gemm_efficiency, abs=0.002)
+
+
 def test_stream_efficiency_is_fitted_on_the_split_kernel_not_the_skewed_window(tmp_path):
     """Rank skew stretches a profiled step but not the split-KV kernel: fitted on the kernel's own
     duration, the streaming efficiency comes back as the model made the bundle, skew or not."""

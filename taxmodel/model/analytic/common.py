@@ -87,6 +87,12 @@ class ModelParams:
     #: 0.41-0.43 us on one H200); the default, for uncalibrated hardware, is that rounded up.
     flag_wait_s: float = 0.5e-6
     flag_wait_gpu_s: float = 0.5e-6
+    #: Rate at which one program of GEMM+RS's reduction kernel (one output tile: W received slots
+    #: read, the tile written) moves bytes. The kernel runs one program per own output tile, so
+    #: with few tiles (small M, many ranks) it is this rate, not HBM, that bounds it: 32 programs
+    #: on 8 H200s at M=1024. Fitted from the reduction's ``combine`` records (validate.FIT_RULES);
+    #: the default is the middle of the records' 19-35 GB/s on 2, 4 and 8 H200s.
+    reduce_program_bytes_per_s: float = 26e9
     #: Bandwidth with which one GPU's SMs load from its peers' memory while every rank does the
     #: same (Triton ``iris.load`` through the symmetric heap), and the latency of one such load.
     peer_load_bytes_per_s: float = 0.0  # 0: use the link bandwidth

@@ -129,11 +129,16 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     # system-scope release, which waits for the tile's remote stores. So a program takes its
     # products plus its push time, and the kernel at least that.
     kernel = max(gemm + comm, finish + latency)
-    # each reduce program waits on its tile's W flags one after another, then sums the W slots
-    reduce_work = c.stream_time((world + 1) * slab, hw, params) + world * params.flag_wait_s
+    # each reduce program (one own tile) waits on its tile's W flags one after another, then sums
+    # the W slots: at the HBM rate when enough programs run, else at one program's rate per wave
+    own_tiles = c.cdiv(m_loc, tm) * c.cdiv(n, tn)
+    program = (world + 1) * tm * tn * elt / params.reduce_program_bytes_per_s
+    waves = c.cdiv(own_tiles, hw.num_sms or 132)
+    reduce_work = max(c.stream_time((world + 1) * slab, hw, params), waves * program + params.kernel_overhead_s) \
+        + world * params.flag_wait_s
     flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
     det.update({"triton_gemm": gemm, "push": push, "push_done": finish + latency, "gemm_kernel": kernel,
-                "reduce": reduce_work, "flag": flag, "push_per_program": comm})
+                "reduce": reduce_work, "reduce_program": program, "flag": flag, "push_per_program": comm})
     # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
     # before that peer's GEMM ended, i.e. before its own reduction started (less the kernel gap).
     sync_after = (finish + latency) - kernel - params.kernel_gap_s
@@ -145,7 +150,9 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                  f"({eff_key}, {src.get(eff_key, 'default')}), {world - 1} of {world} slabs pushed at "
                  f"{store_bw / 1e9:.0f} GB/s peer-store bandwidth ({src.get('peer_store_bytes_per_s', 'default')}) "
                  "while it computes; the reduction kernel (reduce='kernel') waits for the slowest peer's pushes "
-                 "+ half a flag round trip, then streams W slots in and the slab out; reduce='tail' is not modeled; "
+                 "+ half a flag round trip, then streams W slots in and the slab out (at the HBM rate, or, with few own tiles, "
+                 f"one program per tile at {params.reduce_program_bytes_per_s / 1e9:.0f} GB/s "
+                 f"({src.get('reduce_program_bytes_per_s', 'default')}) in waves of one per SM); reduce='tail' is not modeled; "
                  f"each GEMM program pushes for {comm * 1e6:.1f} us on average (store_push records: peer tiles in "
                  "waves that push together, each wave at the slower of one SM's peer-store rate and the GPU's "
                  "peer-store bandwidth shared by the wave; an upper bound once waves drift apart)")
