@@ -90,6 +90,13 @@ FIT_RULES = (
             "gemm_rs fused bundles at the largest M of their (N, K, world size) group fit the Triton GEMM efficiency "
             "of its GEMM kernel on that kernel's own duration (its pushes included as modeled)",
             target="kernel:gemm_rs_kernel", detail="gemm_kernel"),
+    FitRule("ll_push_bytes_per_s", "flash_decode", ("fused",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
+            20e9, 2000e9, "flash_decode fused bundles with in-kernel records (LL words, the pair's last worker pushing; "
+            "device-gated captures) at the shortest KV of their (batch, heads, world size) group, where every pair "
+            "pushes at once, fit the GPU's bandwidth for LL pushes on the longest push (a launch's longest "
+            "store_push records; only where the pushes are bandwidth-bound, not one SM's store rate)",
+            target="records:flash_decode_fused:store_push:max", detail="push", pick="min", device_aligned=True,
+            only=(("fused_slices", 0), ("fused_combiners", 0), ("fused_protocol", 0))),
     FitRule("reduce_program_bytes_per_s", "gemm_rs", ("fused",), ("N", "K"), "M", 3e9, 300e9,
             "gemm_rs fused bundles with in-kernel records at the smallest M of their (N, K, world size) group (the "
             "fewest reduction programs) fit one reduction program's rate on its combine records (a program's sum of "
@@ -167,13 +174,18 @@ def _measured(ledger, events: pd.DataFrame | None = None) -> dict[str, float]:
 
 def _records_per_cta(events: pd.DataFrame) -> dict[str, float]:
     """``records:<kernel>:<phase>`` (ns): per instrumented kernel and phase, the mean over the
-    (launch, CTA) pairs that recorded the phase of the CTA's total time in it."""
+    (launch, CTA) pairs that recorded the phase of the CTA's total time in it; and
+    ``records:<kernel>:<phase>:max``, the mean over launches of the longest such CTA (the one a
+    kernel's critical path waits for)."""
     r = events[(events["kind"] == "record") & (events["iteration"] >= 0)]
     if r.empty or "cta" not in r:
         return {}
     per = (r["end_ns"] - r["start_ns"]).groupby([r["name"], r["phase"], r["rank"], r["repetition"], r["iteration"],
                                                  r["cta"]]).sum()
-    return {f"records:{k}:{ph}": float(v) for (k, ph), v in per.groupby(level=[0, 1]).mean().items()}
+    out = {f"records:{k}:{ph}": float(v) for (k, ph), v in per.groupby(level=[0, 1]).mean().items()}
+    longest = per.groupby(level=[0, 1, 2, 3, 4]).max().groupby(level=[0, 1]).mean()
+    out.update({f"records:{k}:{ph}:max": float(v) for (k, ph), v in longest.items()})
+    return out
 
 
 def _records_after_wait(events: pd.DataFrame) -> float | None:

@@ -290,3 +290,19 @@ def test_a_step_time_is_fitted_as_well_as_a_rate_and_on_records(tmp_path):
         bundle(tmp_path / name, align, records)
         v = val.validate(tmp_path / name)
         assert "ll_merge_step_s" not in v.fitted and not v.cases[0].in_sample, name
+
+
+def test_records_per_cta_gives_the_mean_and_the_longest_cta_of_each_phase():
+    import pandas as pd
+
+    rows = [  # (rank, iteration, cta, phase, start, end): two launches of one kernel on rank 0
+        (0, 0, 0, "store_push", 0, 10), (0, 0, 0, "store_push", 20, 25), (0, 0, 1, "store_push", 0, 30),
+        (0, 1, 0, "store_push", 0, 40), (0, 1, 1, "store_push", 0, 20), (0, 1, 1, "combine", 40, 44),
+        (0, -1, 0, "store_push", 0, 1000),  # warm-up: not profiled
+    ]
+    ev = pd.DataFrame(rows, columns=["rank", "iteration", "cta", "phase", "start_ns", "end_ns"]).assign(
+        kind="record", name="k", repetition=0)
+    got = val._records_per_cta(ev)
+    assert got["records:k:store_push"] == pytest.approx((15 + 30 + 40 + 20) / 4)
+    assert got["records:k:store_push:max"] == pytest.approx((30 + 40) / 2)
+    assert got["records:k:combine"] == got["records:k:combine:max"] == 4

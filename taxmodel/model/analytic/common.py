@@ -87,6 +87,10 @@ class ModelParams:
     #: 0.41-0.43 us on one H200); the default, for uncalibrated hardware, is that rounded up.
     flag_wait_s: float = 0.5e-6
     flag_wait_gpu_s: float = 0.5e-6
+    #: The GPU's bandwidth for the fused flash decode's LL pushes (8-byte words, every pair's pushing
+    #: CTA storing into every peer at once): 0 uses the peer-store bandwidth (``peer_store_bytes_per_s``,
+    #: calibrated with wide stores to one peer). Fitted from the push records (validate.FIT_RULES).
+    ll_push_bytes_per_s: float = 0.0
     #: Rate at which one program of GEMM+RS's reduction kernel (one output tile: W received slots
     #: read, the tile written) moves bytes. The kernel runs one program per own output tile, so
     #: with few tiles (small M, many ranks) it is this rate, not HBM, that bounds it: 32 programs

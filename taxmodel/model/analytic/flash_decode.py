@@ -111,6 +111,8 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         pushers = min(units, combiner_count(fcfg, b * hkv, num_sms) if slices > 0 else num_sms)
         store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
         per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / num_sms
+        if ll and params.ll_push_bytes_per_s:
+            store_bw = params.ll_push_bytes_per_s
         # Each unit's CTA stores its rows (D values and an lse each; LL words carry 4 value bytes in 8) into
         # every peer, all units at about the same time.
         unit_bytes = (world - 1) * rows * (d + 1) * (8 if ll else 4)
