@@ -335,6 +335,36 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
     sys.exit(0 if v.passed or v.table.empty else 1)
 
 
+@cli.command("scaling")
+@click.argument("profile_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.option("--markdown", type=click.Path(dir_okay=False, writable=True), default=None, help="Also write the table as Markdown.")
+def scaling_cmd(profile_dirs, markdown) -> None:
+    """How the taxes and the fine-grained speedup change with the world size.
+
+    For every (workload, shape, launch mode) captured at two or more world sizes under
+    PROFILE_DIRS: per world size the bsp variant's latency and taxes (% of its step), the fastest
+    fine-grained variant, and its speedup over bsp, measured and as the analytic model predicts
+    it. Exit 1 when no such group is found.
+
+    \b
+    taxmodel scaling profiles/h200x4-graph-gate profiles/h200x8-graph-gate
+    """
+    from pathlib import Path
+
+    from taxmodel.model.scaling import markdown as scaling_markdown, scaling_rows
+
+    rows = scaling_rows(list(profile_dirs))
+    if not rows:
+        click.echo("no (workload, shape, launch mode) with bsp and a fine-grained variant at two or more world sizes "
+                   f"under {', '.join(profile_dirs)}", err=True)
+        sys.exit(1)
+    text = scaling_markdown(rows)
+    click.echo(text, nl=False)
+    if markdown:
+        Path(markdown).write_text(text)
+        click.echo(f"wrote {markdown}")
+
+
 # --- report: report, export-trace ----------------------------------------------------------
 
 @cli.command("report")

@@ -288,7 +288,9 @@ def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:
                                      gate_hold_s=case.gate_hold_s, **dict(fitted))
 
 
-def _predict(case: Case, fitted: Mapping[str, float]):
+def predict_case(case: Case, fitted: Mapping[str, float]):
+    """The analytic prediction for one measured bundle: its workload, shape, world size, hardware
+    and capture settings, with ``fitted`` parameter values over the defaults."""
     return predict(case.workload, case.variant, case.shape, case.world_size, case.hardware,
                    _params_for(case, fitted), cost=case.cost)
 
@@ -306,10 +308,10 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
         for case in subset:
             if rule.target is not None:
                 target = case.measured[rule.target]
-                f = lambda e: _predict(case, {rule.param: e}).details[rule.detail] * 1e9 - target  # noqa: E731
+                f = lambda e: predict_case(case, {rule.param: e}).details[rule.detail] * 1e9 - target  # noqa: E731
             else:
                 target = case.measured["latency"]
-                f = lambda e: _predict(case, {rule.param: e}).window_ns - target  # noqa: E731
+                f = lambda e: predict_case(case, {rule.param: e}).window_ns - target  # noqa: E731
             lo, hi = rule.low, rule.high
             f_lo, f_hi = f(lo), f(hi)
             if f_lo * f_hi > 0:  # same side at both ends: the parameter cannot explain this case
@@ -333,7 +335,7 @@ def fit_params(cases: list[Case]) -> dict[str, float]:
 # --- the table -------------------------------------------------------------------------------------
 
 def compare(case: Case, fitted: Mapping[str, float]) -> list[dict[str, Any]]:
-    pred = _predict(case, fitted).taxes_ns()
+    pred = predict_case(case, fitted).taxes_ns()
     pred["latency"] = pred["window"]
     rows = []
     for q in QUANTITIES:

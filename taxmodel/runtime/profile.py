@@ -99,7 +99,7 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
     workload = get_workload(req.workload)
     preset = req.preset or (workload.cpu_preset if device == "cpu" else workload.default_preset)
     for one in preset.split(","):  # several presets run in one process group
-        shape = workload.shape(one, **req.shape)
+        workload.shape(one, **req.shape)  # an unknown preset or a bad value is an InputError here
         unknown_keys = sorted(set(req.shape) - set(workload.presets[one]) - set(workload.option_keys))
         if unknown_keys:
             options = f"; options: {', '.join(workload.option_keys)}" if workload.option_keys else ""

@@ -185,7 +185,7 @@ def _int_or_none(value: Any) -> int | None:
 def sniff(path: Path, head: bytes) -> bool:
     """A Kineto trace: a JSON object or array with ``traceEvents`` and Kineto's own markers."""
     stripped = head.lstrip()
-    if not stripped[:1] in (b"{", b"["):
+    if stripped[:1] not in (b"{", b"["):
         return False
     if b'"traceEvents"' not in head and not stripped.startswith(b"["):
         return False

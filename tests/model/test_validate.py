@@ -11,32 +11,12 @@ from taxmodel.cli import cli
 from taxmodel.model import validate as val
 from taxmodel.model.analytic import predict
 from taxmodel.model.analytic.common import ModelParams, simulate, timeline_events
-from taxmodel.model.hardware import find_preset
 from taxmodel.trace.bundle import make_meta, write_bundle
 from taxmodel.trace.synthetic import synthetic_bundle
 
+from model_bundles import AG, H200, model_bundle as _model_bundle
+
 ROOT = Path(__file__).resolve().parents[2]
-H200 = find_preset("h200")
-AG = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}
-
-
-def _model_bundle(path: Path, variant: str, shape: dict, world: int, workload: str = "ag_gemm",
-                  params: ModelParams | None = None) -> Path:
-    """A bundle whose events are the model's own predicted timeline (validation must give 0 error)."""
-    import importlib
-
-    from taxmodel.model.analytic.common import CollectiveModel, topology
-
-    model = importlib.import_module(f"taxmodel.model.analytic.{workload}")
-    params = params or ModelParams.from_hardware(H200)
-    coll = CollectiveModel.from_hardware(H200, topology(H200, world, params), params)
-    plans, _, _ = model.plans(variant, shape, world, H200, params, coll)
-    events = timeline_events(simulate(plans, params), iterations=3)
-    meta = make_meta(source="capture", workload=workload, variant=variant, shape=shape, world_size=world,
-                     ranks=list(range(world)), hardware={"name": "NVIDIA H200"},
-                     clock_offsets_ns={str(r): 0 for r in range(world)}, capture={"clock_offsets_source": "measured"},
-                     cost=model.cost(shape, world, variant))
-    return write_bundle(path, events, meta)
 
 
 def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):

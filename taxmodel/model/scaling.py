@@ -1,4 +1,5 @@
-"""How the taxes and the fine-grained speedup change with the world size, from real bundles.
+"""How the taxes and the fine-grained speedup change with the world size, from real bundles
+(``taxmodel scaling``).
 
 For every (workload, shape, capture mode) captured at several world sizes, one row per world
 size: the bulk-synchronous variant's latency and its taxes (the ledger's mean per iteration, as
@@ -6,19 +7,16 @@ size: the bulk-synchronous variant's latency and its taxes (the ledger's mean pe
 speedup bsp / fine-grained. Beside the measured speedup, the analytic model's prediction of it
 (`taxmodel predict` with the committed fitted parameters; the capture mode of the bundles).
 
-    python benchmarks/scaling.py profiles/h200x4-graph-gate profiles/h200x8-graph-gate \
-        profiles/h200x4 profiles/h200x8 [--markdown OUT.md]
+    taxmodel scaling profiles/h200x4-graph-gate profiles/h200x8-graph-gate profiles/h200x4 profiles/h200x8
 
 Shapes are compared as captured: AG+GEMM and GEMM+RS presets fix the global M, so a rank's share
 halves from 4 to 8 GPUs; Flash Decode presets fix the KV length per rank, so the sequence doubles.
 """
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
-from pathlib import Path
 
-from taxmodel.model.validate import Case, _predict, find_cases, fitted_for
+from taxmodel.model.validate import Case, find_cases, fitted_for, predict_case
 
 BSP = "bsp"
 TAXES = ("bsp_tax", "locality_tax", "launch_tax")
@@ -34,7 +32,7 @@ def _shape_label(case: Case) -> str:
 
 def _predicted_us(case: Case) -> float:
     fitted, _ = fitted_for(case.hardware.name)
-    return _predict(case, fitted).window_ns / 1e3
+    return predict_case(case, fitted).window_ns / 1e3
 
 
 def scaling_rows(dirs: list[str]) -> list[dict]:
@@ -72,23 +70,3 @@ def markdown(rows: list[dict]) -> str:
         f"{r['locality_tax']:.1f} | {r['launch_tax']:.1f} | {r['fine']} | {r['fine_us']:.1f} | {r['speedup']:.2f}x | "
         f"{r['predicted_speedup']:.2f}x |\n" for r in rows)
     return head + body
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("dirs", nargs="+", help="profile directories (bundles found recursively)")
-    ap.add_argument("--markdown", type=Path, default=None, help="also write the table here")
-    args = ap.parse_args(argv)
-    rows = scaling_rows(args.dirs)
-    if not rows:
-        print("no (workload, shape, capture mode) with bsp and a fine-grained variant at two world sizes")
-        return 1
-    text = markdown(rows)
-    print(text, end="")
-    if args.markdown:
-        args.markdown.write_text(text)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
