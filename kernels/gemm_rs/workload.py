@@ -240,7 +240,7 @@ class GemmRs(Workload):
         rounded partials (each C_r ~ N(0, 1/W)), and a reduce-scatter in 16 bits rounds the running sum
         at each of its W steps, by up to u |s| (unit roundoff u: 2^-8 bf16, 2^-11 fp16); with
         |s| up to ~3 the error stays under 3 u W. 2x and 4x H200: within 0.02; 8x H200 (NCCL ring,
-        bf16): up to 0.047 (one element in 2M per rank), beyond the old fixed 0.02. A missing or
+        bf16): up to 0.047 (one element in 2M on each of 4 ranks), beyond the old fixed 0.02. A missing or
         misplaced partial errs by O(1/sqrt(W)) on most elements, far beyond either."""
         code = int(shape.get("dtype", 16))
         unit = {16: 2.0 ** -8, 15: 2.0 ** -11}.get(code, 0.0)

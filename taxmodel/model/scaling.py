@@ -30,9 +30,12 @@ def _shape_label(case: Case) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(case.shape.items()))
 
 
-def _predicted_us(case: Case) -> float:
-    fitted, _ = fitted_for(case.hardware.name)
-    return predict_case(case, fitted).window_ns / 1e3
+def _predicted_us(case: Case, fitted: dict[str, dict[str, float]]) -> float:
+    """The model's latency for ``case`` with the committed fits of its hardware (``fitted`` caches
+    them per hardware name)."""
+    if case.hardware.name not in fitted:
+        fitted[case.hardware.name] = fitted_for(case.hardware.name)[0]
+    return predict_case(case, fitted[case.hardware.name]).window_ns / 1e3
 
 
 def scaling_rows(dirs: list[str]) -> list[dict]:
@@ -45,7 +48,7 @@ def scaling_rows(dirs: list[str]) -> list[dict]:
     groups: dict[tuple, dict[int, dict[str, Case]]] = defaultdict(lambda: defaultdict(dict))
     for c in cases:
         groups[(c.workload, _shape_label(c), _mode(c))][c.world_size][c.variant] = c
-    rows = []
+    rows, fitted = [], {}
     for (wl, shape, mode), by_world in sorted(groups.items()):
         usable = {w: v for w, v in by_world.items() if BSP in v and len(v) > 1}
         if len(usable) < 2:
@@ -54,7 +57,7 @@ def scaling_rows(dirs: list[str]) -> list[dict]:
             bsp = variants[BSP]
             fine = min((c for name, c in variants.items() if name != BSP), key=lambda c: c.measured["latency"])
             lat_b, lat_f = bsp.measured["latency"] / 1e3, fine.measured["latency"] / 1e3
-            pred_b, pred_f = _predicted_us(bsp), _predicted_us(fine)
+            pred_b, pred_f = _predicted_us(bsp, fitted), _predicted_us(fine, fitted)
             rows.append({"workload": wl, "shape": shape, "mode": mode, "world": w, "bsp_us": lat_b,
                          **{t: 100.0 * bsp.measured.get(t, 0.0) / bsp.measured["latency"] for t in TAXES},
                          "fine": fine.variant, "fine_us": lat_f, "speedup": lat_b / lat_f,

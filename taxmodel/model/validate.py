@@ -361,8 +361,8 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
     test of bundles captured after the fit (a new world size, new shapes)."""
     cases, skipped = find_cases(root)
     if fitted_from is not None:
-        fitted = load_fitted(fitted_from)
-        rows = [r for c in cases for r in compare(c, fitted.get(c.hardware.name, {}))]
+        fitted, fitted_hardware = load_fitted(fitted_from)
+        rows = [r for c in cases for r in compare(c, fitted if c.hardware.name in fitted_hardware else {})]
     else:
         if fit:
             mark_in_sample(cases)
@@ -372,11 +372,10 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
                                         "measured_us", "predicted_us", "error_us", "error_pct", "ok", "sample", "bundle",
                                         "launches"])
     if fitted_from is not None:
-        params = next(iter(fitted.values()), {})
         notes = [f"fitted nothing: parameters from {Path(fitted_from).name} on the hardware it was fitted on "
-                 f"({', '.join(sorted(fitted)) or 'none'}): " + (", ".join(f"{k} = {v:.3g}" for k, v in params.items())
-                                                                 or "defaults") + "; every bundle is out of sample"]
-        return Validation(cases, table, skipped, params, notes)
+                 f"({', '.join(fitted_hardware) or 'none'}): " + (", ".join(f"{k} = {v:.3g}" for k, v in fitted.items())
+                                                                  or "defaults") + "; every bundle is out of sample"]
+        return Validation(cases, table, skipped, fitted, notes)
     notes = [f"fitting subset: {IN_SAMPLE_RULE}"]
     if fitted:
         notes.append("fitted: " + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items()))
@@ -408,8 +407,9 @@ def write_fitted(path: str | os.PathLike, v: Validation) -> Path:
     return out
 
 
-def load_fitted(path: str | os.PathLike) -> dict[str, dict[str, float]]:
-    """Hardware name -> fitted parameters, from a file ``write_fitted`` wrote; InputError if it is not one."""
+def load_fitted(path: str | os.PathLike) -> tuple[dict[str, float], list[str]]:
+    """(fitted values, names of the hardware they were fitted on) from a file ``write_fitted`` wrote;
+    InputError if it is not one."""
     import json
 
     from taxmodel.errors import InputError
@@ -417,24 +417,20 @@ def load_fitted(path: str | os.PathLike) -> dict[str, dict[str, float]]:
     p = Path(path)
     try:
         doc = json.loads(p.read_text())
-        values = {k: float(v) for k, v in doc["fitted"].items()}
-        return {str(h): values for h in doc["hardware"]}
+        return {k: float(v) for k, v in doc["fitted"].items()}, [str(h) for h in doc["hardware"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"{p}: not a fitted-parameters file of `taxmodel validate --update-docs` ({exc})") from None
 
 
 def fitted_for(hardware_name: str, path: str | os.PathLike | None = None) -> tuple[dict[str, float], str | None]:
-    """The fitted parameters that apply to ``hardware_name`` (empty when none were fitted on it)
-    and a sentence for the prediction's assumptions."""
-    import json
-
+    """The fitted parameters that apply to ``hardware_name`` (empty when none were fitted on it, or
+    no file is there) and a sentence for the prediction's assumptions."""
     p = Path(path) if path is not None else FITTED_FILE
     if not p.is_file():
         return {}, None
-    doc = json.loads(p.read_text())
-    if hardware_name not in doc.get("hardware", []) or not doc.get("fitted"):
+    values, hardware = load_fitted(p)
+    if hardware_name not in hardware or not values:
         return {}, None
-    values = {k: float(v) for k, v in doc["fitted"].items()}
     return values, ("fitted on the measured bundles of this hardware (`taxmodel validate`, " + p.name + "): "
                     + ", ".join(f"{k} = {v:.3g}" for k, v in values.items()))
 

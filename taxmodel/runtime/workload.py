@@ -12,7 +12,6 @@ can be loaded with ``taxmodel profile --workload-module my_module``).
 from __future__ import annotations
 
 import inspect
-
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, ClassVar, Mapping
