@@ -166,8 +166,10 @@ def mark(rec_ptr, cta, phase, t_start, INSTRUMENT: tl.constexpr, MODE: tl.conste
 
     Why constants: on 4x H200 the fused flash decode step at batch 1, KV 1K (13-15 us, five records
     on its critical path) was 14.3% slower instrumented with the header loads, 3.5% with the same
-    records and constant sizes, and -0.6% with the barrier and clock read alone (graph replays,
-    medians of 9 interleaved batches, one run each): the loads missed L1 after the KV stream.
+    records and constant sizes, and -0.6% with the barrier alone (graph replays, medians of 9
+    interleaved batches, one run each): the loads missed L1 after the KV stream. What the records
+    still cost there is their stores, not the barrier or the clock read
+    (benchmarks/results/instrument_h200x1.md).
     """
     if INSTRUMENT:
         if INSTRUMENT == 1:  # header-reading mode (graph profiling's append mode needs it)
