@@ -168,8 +168,8 @@ def mark(rec_ptr, cta, phase, t_start, INSTRUMENT: tl.constexpr, MODE: tl.conste
     on its critical path) was 14.3% slower instrumented with the header loads, 3.5% with the same
     records and constant sizes, and -0.6% with the barrier alone (graph replays, medians of 9
     interleaved batches, one run each): the loads missed L1 after the KV stream. What the records
-    still cost there is their stores, not the barrier or the clock read
-    (benchmarks/results/instrument_h200x1.md).
+    still cost is mostly their stores (on one H200 all of it; on 4 the clock reads a few percent
+    too: benchmarks/results/instrument_h200x1.md).
     """
     if INSTRUMENT:
         if INSTRUMENT == 1:  # header-reading mode (graph profiling's append mode needs it)
