@@ -62,8 +62,10 @@ def slow_gemm_on_one_rank(monkeypatch):
 
         def held_back(*args, **kwargs):
             if rank_of_thread() == SLOW_RANK and step.now in SLOW_STEPS:
+                def peers_ahead() -> bool:
+                    return all((r, step.now + 1) in copies for r in range(WORLD) if r != SLOW_RANK)
+
                 with cond:
-                    peers_ahead = lambda: all((r, step.now + 1) in copies for r in range(WORLD) if r != SLOW_RANK)
                     assert cond.wait_for(peers_ahead, timeout=240), "peers never ran their next copy kernel"
             return launch_gemm(*args, **kwargs)
 

@@ -10,7 +10,6 @@ import time
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
 import pytest
-import torch
 
 from aot import compile_report
 from taxmodel.errors import RunError

@@ -10,7 +10,6 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import numpy as np
 import pandas as pd
 import pytest
-import torch
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
