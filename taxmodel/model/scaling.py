@@ -22,14 +22,6 @@ BSP = "bsp"
 TAXES = ("bsp_tax", "locality_tax", "launch_tax")
 
 
-def _mode(case: Case) -> str:
-    return ("graph" if case.graph_launch else "eager") + ("+gate" if case.align == "device" else "")
-
-
-def _shape_label(case: Case) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(case.shape.items()))
-
-
 def _predicted_us(case: Case, fitted: dict[str, dict[str, float]]) -> float:
     """The model's latency for ``case`` with the committed fits of its hardware (``fitted`` caches
     them per hardware name)."""
@@ -47,7 +39,7 @@ def scaling_rows(dirs: list[str]) -> list[dict]:
         cases += found
     groups: dict[tuple, dict[int, dict[str, Case]]] = defaultdict(lambda: defaultdict(dict))
     for c in cases:
-        groups[(c.workload, _shape_label(c), _mode(c))][c.world_size][c.variant] = c
+        groups[(c.workload, c.shape_label, c.launches)][c.world_size][c.variant] = c
     rows, fitted = [], {}
     for (wl, shape, mode), by_world in sorted(groups.items()):
         usable = {w: v for w, v in by_world.items() if BSP in v and len(v) > 1}

@@ -137,8 +137,18 @@ class Case:
     gate_hold_s: float | None = None  # the device gate's hold (capture.gate_hold_us), when aligned on the device
 
     @property
+    def shape_label(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in sorted(self.shape.items()))
+
+    @property
+    def launches(self) -> str:
+        """How the bundle's iterations were launched: graph or eager, ``+gate`` when the device gate
+        aligned the ranks' starts."""
+        return ("graph" if self.graph_launch else "eager") + ("+gate" if self.align == "device" else "")
+
+    @property
     def label(self) -> str:
-        return f"{self.workload}/{self.variant} " + ",".join(f"{k}={v}" for k, v in self.shape.items()) + f" W={self.world_size}"
+        return f"{self.workload}/{self.variant} {self.shape_label} W={self.world_size}"
 
 
 @dataclass
@@ -344,11 +354,11 @@ def compare(case: Case, fitted: Mapping[str, float]) -> list[dict[str, Any]]:
         rel = (p - m) / m if m > 0 else (0.0 if p == 0 else math.inf)
         ok = abs(rel) <= LATENCY_TOLERANCE if q == "latency" else (abs(rel) <= TAX_TOLERANCE or abs(err_us) <= TAX_ABS_US)
         rows.append({"workload": case.workload, "variant": case.variant,
-                     "shape": ",".join(f"{k}={v}" for k, v in case.shape.items()), "world_size": case.world_size,
+                     "shape": case.shape_label, "world_size": case.world_size,
                      "hardware": f"{case.hardware.name} ({case.hardware.source})", "quantity": q,
                      "measured_us": m / 1e3, "predicted_us": p / 1e3, "error_us": err_us, "error_pct": rel * 100.0,
                      "ok": bool(ok), "sample": "in" if case.in_sample else "out", "bundle": case.path.name,
-                     "launches": ("graph" if case.graph_launch else "eager") + ("+gate" if case.align == "device" else "")})
+                     "launches": case.launches})
     return rows
 
 

@@ -237,6 +237,15 @@ def wave_inflation(m: int, n: int, tile: tuple[int, int], slots: int) -> float:
 CALIBRATION_GEMM = (8192, 8192, 8192)
 
 
+#: SMs assumed for hardware whose spec does not say (an H100/H200 SXM has 132).
+DEFAULT_SMS = 132
+
+
+def sm_count(hw: HardwareSpec) -> int:
+    """The GPU's SMs (CUs), or ``DEFAULT_SMS`` when its spec does not say."""
+    return hw.num_sms or DEFAULT_SMS
+
+
 def gemm_time(m: int, n: int, k: int, dtype: str, hw: HardwareSpec, params: ModelParams, *, kind: str = "vendor",
               sms: int | None = None, elt: int = 2) -> float:
     """Seconds for one GEMM [m,k] x [k,n]: max(compute with wave quantization, HBM traffic) plus
@@ -244,7 +253,7 @@ def gemm_time(m: int, n: int, k: int, dtype: str, hw: HardwareSpec, params: Mode
     (fewer than the GPU has) scales the rate down and changes the wave size."""
     if min(m, n, k) <= 0:
         return 0.0
-    num_sms = hw.num_sms or 132
+    num_sms = sm_count(hw)
     use = num_sms if sms is None else max(1, min(int(sms), num_sms))
     rate = hw.flops_per_s(dtype)
     tile = params.vendor_tile

@@ -64,7 +64,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
 
     lens = kv_lengths(shape, world)
     cfg = split_config(shape, "cuda") if isinstance(shape, Mapping) else SplitConfig()
-    num_sms = hw.num_sms or 132
+    num_sms = c.sm_count(hw)
     packed = b * hq * (d + 1) * 4
     out_bytes = b * hq * d * 2
     ht, hv = params.host_launch_triton_s, params.host_launch_torch_s

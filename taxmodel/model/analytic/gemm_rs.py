@@ -121,9 +121,10 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
     push = (world - 1) * slab / store_bw
     latency = params.peer_load_latency_s if world > 1 else 0.0
-    finish = push_finish(gemm, world, tiles, hw.num_sms or 132, push, params.kernel_overhead_s)
-    per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / (hw.num_sms or 132)
-    comm = push_phase_per_cta(world, tiles, min(tiles, hw.num_sms or 132), (world - 1) * slab, per_sm, store_bw,
+    sms = c.sm_count(hw)
+    finish = push_finish(gemm, world, tiles, sms, push, params.kernel_overhead_s)
+    per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / sms
+    comm = push_phase_per_cta(world, tiles, min(tiles, sms), (world - 1) * slab, per_sm, store_bw,
                               latency)
     # A program's pushes do not overlap its own next tile: it signals each pushed tile with a
     # system-scope release, which waits for the tile's remote stores. So a program takes its
@@ -133,7 +134,7 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     # the W slots: at the HBM rate when enough programs run, else at one program's rate per wave
     own_tiles = c.cdiv(m_loc, tm) * c.cdiv(n, tn)
     program = (world + 1) * tm * tn * elt / params.reduce_program_bytes_per_s
-    waves = c.cdiv(own_tiles, hw.num_sms or 132)
+    waves = c.cdiv(own_tiles, sms)
     reduce_work = max(c.stream_time((world + 1) * slab, hw, params), waves * program + params.kernel_overhead_s) \
         + world * params.flag_wait_s
     flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
