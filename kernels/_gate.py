@@ -36,7 +36,7 @@ import triton.language as tl
 
 from taxmodel.kernels import _sync
 
-#: The kernel as traces name it (``taxmodel.runtime.alignment.GATE_ROLES`` gives it the role "other").
+#: The kernel as traces name it (``taxmodel.trace.capture_meta.GATE_ROLES`` gives it the role "other").
 KERNEL_NAME = "taxmodel_gate_kernel"
 #: Kernel id in the error record (``_sync.check_errors``).
 GATE_KERNEL_ID: tl.constexpr = tl.constexpr(90)

@@ -286,23 +286,26 @@ class Profile:
         return _shown(figures.cta_timeline(self.bundle, rank=rank, iteration=iteration, repetition=repetition))
 
     # the analytic model ---------------------------------------------------------------------------
-    def predict(self, **params: Any):
+    def predict(self, fitted: Mapping[str, float] | None = None, **params: Any):
         """The analytic model's prediction for this profile's workload, variant, shape and world
-        size, on the hardware the model would pick for it (a calibrated spec when one ships),
-        measuring "useful" against this bundle's declared cost. ``params`` override ModelParams."""
+        size, as it was captured (records, CUDA graphs, transport, start alignment), on the hardware
+        the model would pick for it (a calibrated spec when one ships), with the parameters
+        `taxmodel validate` fitted for that hardware (``fitted``: others; ``{}``: none), measuring
+        "useful" against this bundle's declared cost. ``params`` override ModelParams fields. The
+        same prediction as ``taxmodel predict`` and ``taxmodel validate`` give for this bundle."""
         from taxmodel.model import analytic
-        from taxmodel.model.analytic.common import ModelParams
+        from taxmodel.model.hardware import HardwareSpec
+        from taxmodel.trace.capture_meta import CaptureSettings
 
         if not (self.workload and self.variant and self.shape):
             raise InputError(f"{self.label}: the analytic model needs workload, variant and shape in the bundle's meta; "
                              "declare them with Profile.with_meta(workload=..., variant=..., shape=...)")
-        from taxmodel.model.hardware import HardwareSpec
-
         if isinstance(self.hardware, HardwareSpec):
             hw = self.hardware
         else:
             hw, _ = analytic.resolve_model_hardware(self.hardware, self.meta)
-        mp = ModelParams.from_hardware(hw, instrumented=bool((self.events["kind"] == "record").any()), **params)
+        settings = CaptureSettings.from_meta(self.meta, instrumented=bool((self.events["kind"] == "record").any()))
+        mp, _ = analytic.model_params(hw, settings, fitted, **params)
         shape = {k: int(v) for k, v in self.shape.items()}
         return analytic.predict(self.workload, self.variant, shape, self.world_size, hw, mp, cost=self.meta.get("cost"))
 
@@ -624,16 +627,21 @@ def open_profiles(root: PathLike, *, workload: str | None = None, fallback: Path
 
 
 def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int = 4, hardware: Any = "h200",
-            **params: Any):
-    """The analytic model's predicted ledger (``taxmodel.model.analytic.predict``); keyword
-    ``params`` override ``ModelParams`` fields (e.g. ``triton_gemm_efficiency=0.9``)."""
+            fitted: Mapping[str, float] | None = None, graph_launch: bool | None = None, transport: str | None = None,
+            align: str = "host", **params: Any):
+    """The analytic model's predicted ledger (``taxmodel.model.analytic.predict``), with the same
+    parameters as ``taxmodel predict``: the hardware's calibration, the parameters `taxmodel
+    validate` fitted for it (``fitted``: others; ``{}``: none), how the iterations are launched
+    (``graph_launch``, ``transport``, ``align``), and keyword ``params`` over ``ModelParams``
+    fields (e.g. ``triton_gemm_efficiency=0.9``)."""
     from taxmodel.model import analytic
-    from taxmodel.model.analytic.common import ModelParams
+    from taxmodel.trace.capture_meta import CaptureSettings
 
     hw = hardware
     if isinstance(hw, str):
         hw, _ = analytic.resolve_model_hardware(hw)
-    mp = ModelParams.from_hardware(hw, **params) if params else None
+    settings = CaptureSettings(graph_launch=graph_launch, transport=transport, align=align)
+    mp, _ = analytic.model_params(hw, settings, fitted, **params)
     return analytic.predict(workload, variant, shape, world_size, hw, mp)
 
 

@@ -11,7 +11,7 @@ import click
 
 from taxmodel import __version__
 from taxmodel.errors import TaxmodelError
-from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
+from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 
 
 class _Group(click.Group):
@@ -262,7 +262,6 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
     import json
 
     from taxmodel.model import analytic
-    from taxmodel.model import validate as val
     from taxmodel.model.analytic.report import plot_sweep, render_prediction, render_sweep
     from taxmodel.runtime.workload import get_workload
 
@@ -270,10 +269,8 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
     shp = wl.shape(preset, **_shape_option(shape))
     hw, note = analytic.resolve_model_hardware(hardware)
     names = [v for v in variants_.split(",") if v] if variants_ else list(analytic.variants(workload))
-    fitted, fitted_note = val.fitted_for(hw.name) if use_fitted else ({}, None)
-    params = analytic.ModelParams.from_hardware(hw, graph_launch=graph_launch or None, ag_transport=transport,
-                                                start_alignment=align)
-    params = params.with_fitted(fitted)
+    settings = analytic.CaptureSettings(graph_launch=graph_launch or None, transport=transport, align=align)
+    params, fitted_note = analytic.model_params(hw, settings, None if use_fitted else {})
     if sweep_:
         key, values = analytic.parse_range(sweep_)
         tables = {v: analytic.sweep(workload, v, shp, world_size, hw, key, values, params) for v in names}

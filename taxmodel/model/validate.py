@@ -24,10 +24,11 @@ from typing import Any, Mapping
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.model.analytic import MODELS, predict, resolve_model_hardware
+from taxmodel.model.analytic import MODELS, model_params, predict, resolve_model_hardware
 from taxmodel.model.analytic.common import ModelParams
+from taxmodel.model.analytic.fitted import FITTED_FILE, fitted_for, load_fitted  # noqa: F401  (validate's public names)
 from taxmodel.model.categories import TAXES
-from taxmodel.runtime.alignment import read_alignment
+from taxmodel.trace.capture_meta import CaptureSettings
 
 LATENCY_TOLERANCE = 0.15
 TAX_TOLERANCE = 0.25
@@ -137,6 +138,13 @@ class Case:
     gate_hold_s: float | None = None  # the device gate's hold (capture.gate_hold_us), when aligned on the device
 
     @property
+    def settings(self) -> CaptureSettings:
+        """How the bundle was captured, as the model reads it (bundles from before the transport was
+        recorded ran the default, the copy engines)."""
+        return CaptureSettings(instrumented=self.instrumented, graph_launch=self.graph_launch, transport=self.transport,
+                               align=self.align, gate_hold_s=self.gate_hold_s)
+
+    @property
     def shape_label(self) -> str:
         return ",".join(f"{k}={v}" for k, v in sorted(self.shape.items()))
 
@@ -233,14 +241,11 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
         hw, note = resolve_model_hardware(None, meta, search=search)
     except InputError as exc:
         return f"{path}: {exc}"
-    align, gate_hold_s = read_alignment(capture)
     ledger = compute_ledger(bundle, hw, lenient=True)
-    records = bool((bundle.events["kind"] == "record").any())
-    config = meta.get("workload_config") or {}
+    st = CaptureSettings.from_meta(meta, instrumented=bool((bundle.events["kind"] == "record").any()))
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
-                meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=records,
-                graph_launch=bool(capture.get("graph")), transport=config.get("transport"),
-                align=align, gate_hold_s=gate_hold_s)
+                meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=st.instrumented,
+                graph_launch=bool(st.graph_launch), transport=st.transport, align=st.align, gate_hold_s=st.gate_hold_s)
 
 
 def _intlike(v: Any) -> bool:
@@ -290,12 +295,8 @@ def mark_in_sample(cases: list[Case]) -> None:
 
 
 def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:
-    """The model's parameters for one bundle: its hardware, plus how it was captured (records, a
-    graph per iteration, the AG+GEMM transport; bundles from before the transport was recorded ran
-    the default, the copy engines)."""
-    return ModelParams.from_hardware(case.hardware, instrumented=case.instrumented, graph_launch=case.graph_launch,
-                                     ag_transport=case.transport, start_alignment=case.align,
-                                     gate_hold_s=case.gate_hold_s, **dict(fitted))
+    """The model's parameters for one bundle: its hardware, how it was captured, and ``fitted``."""
+    return model_params(case.hardware, case.settings, dict(fitted))[0]
 
 
 def predict_case(case: Case, fitted: Mapping[str, float]):
@@ -394,10 +395,6 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
     return Validation(cases, table, skipped, fitted, notes)
 
 
-#: Where ``validate --update-docs`` keeps the fitted parameters for ``taxmodel predict``.
-FITTED_FILE = Path(__file__).resolve().parents[1] / "data" / "fitted.json"
-
-
 def fitted_document(v: Validation) -> dict[str, Any]:
     """The fitted parameters as ``taxmodel predict`` reads them: the values, the hardware of the
     in-sample bundles they were fitted on (predict applies them only to that hardware), and how."""
@@ -415,34 +412,6 @@ def write_fitted(path: str | os.PathLike, v: Validation) -> Path:
     tmp.write_text(json.dumps(fitted_document(v), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, out)
     return out
-
-
-def load_fitted(path: str | os.PathLike) -> tuple[dict[str, float], list[str]]:
-    """(fitted values, names of the hardware they were fitted on) from a file ``write_fitted`` wrote;
-    InputError if it is not one."""
-    import json
-
-    from taxmodel.errors import InputError
-
-    p = Path(path)
-    try:
-        doc = json.loads(p.read_text())
-        return {k: float(v) for k, v in doc["fitted"].items()}, [str(h) for h in doc["hardware"]]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise InputError(f"{p}: not a fitted-parameters file of `taxmodel validate --update-docs` ({exc})") from None
-
-
-def fitted_for(hardware_name: str, path: str | os.PathLike | None = None) -> tuple[dict[str, float], str | None]:
-    """The fitted parameters that apply to ``hardware_name`` (empty when none were fitted on it, or
-    no file is there) and a sentence for the prediction's assumptions."""
-    p = Path(path) if path is not None else FITTED_FILE
-    if not p.is_file():
-        return {}, None
-    values, hardware = load_fitted(p)
-    if hardware_name not in hardware or not values:
-        return {}, None
-    return values, ("fitted on the measured bundles of this hardware (`taxmodel validate`, " + p.name + "): "
-                    + ", ".join(f"{k} = {v:.3g}" for k, v in values.items()))
 
 
 def markdown_table(v: Validation) -> str:

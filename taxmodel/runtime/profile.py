@@ -16,7 +16,7 @@ from typing import Any
 from taxmodel.errors import InputError
 from taxmodel.runtime import launcher
 from taxmodel.runtime.inject import Injection
-from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
+from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 from taxmodel.runtime.worker import DEFAULT_SPEC, _import_workload_modules, resolve_device, shape_tag
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError, RunError, TaxmodelError
-from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, GATE_ROLES, START_ALIGNMENTS, alignment_meta
+from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, GATE_ROLES, START_ALIGNMENTS, alignment_meta
 from taxmodel.runtime.heap import disable_multicast
 from taxmodel.runtime.launcher import RESULT_FILE, STATUS_DIR_ENV, write_status
 from taxmodel.runtime.workload import tolerance_of
@@ -59,7 +59,7 @@ DEFAULT_SPEC: dict[str, Any] = {
     "deadline_unix": None,  # set by the local launcher: every rank's watchdog fires at this time
     "graph": "off",  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
     "graph_backend": "cuda",  # tests register a fake one (taxmodel.runtime.graph.register_backend)
-    "align": "host",  # taxmodel.runtime.alignment: host barrier only, or also a device gate (kernels/_gate.py)
+    "align": "host",  # taxmodel.trace.capture_meta: host barrier only, or also a device gate (kernels/_gate.py)
     "gate_hold_us": DEFAULT_GATE_HOLD_US,  # with align=device: how long a released gate still holds its GPU
 }
 

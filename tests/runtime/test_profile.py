@@ -93,7 +93,7 @@ def test_align_device_gates_every_step_and_says_so_in_meta(tmp_path):
     assert b.meta["capture"]["gate_signals"] == "parallel"  # the gate's adds to every rank at once
     k = b.events[(b.events["kind"] == "kernel") & (b.events["iteration"] >= 0)]
     assert k[k["stream"] == 0].groupby("rank")["name"].apply(list).tolist() == [["scale", "sum"] * 3] * 2
-    from taxmodel.runtime.alignment import alignment_meta, read_alignment
+    from taxmodel.trace.capture_meta import alignment_meta, read_alignment
 
     assert alignment_meta("host", 5.0) == {"align": "host"}
     assert read_alignment({}) == ("host", None)  # bundles from before --align: a host barrier

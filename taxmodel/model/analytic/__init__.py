@@ -15,9 +15,11 @@ from typing import Any, Mapping
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.model.hardware import HardwareSpec, find_preset, load_hardware, presets
+from taxmodel.model.hardware import HardwareSpec, find_preset, load_hardware, normalized_name, presets
+from taxmodel.trace.capture_meta import CaptureSettings
 
 from . import ag_gemm, flash_decode, gemm_rs
+from .fitted import fitted_for
 from .common import CollectiveModel, ModelParams, as_graph_launch, Prediction, predicted_ledger, standard_assumptions, topology
 
 MODELS = {"ag_gemm": ag_gemm, "flash_decode": flash_decode, "gemm_rs": gemm_rs}
@@ -70,8 +72,8 @@ def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping
         raise InputError(f"no hardware given; pass --hardware with one of {', '.join(presets())} or a JSON file")
     preset = find_preset(name)
     # Naming a datasheet preset by its own name ("H200 SXM") asks for the datasheet.
-    asked_for_datasheet = preset is not None and preset.source == "datasheet" and _same_name(preset, name) \
-        and "".join(ch for ch in name.lower() if ch.isalnum()) == "".join(ch for ch in preset.name.lower() if ch.isalnum())
+    asked_for_datasheet = preset is not None and preset.source == "datasheet" \
+        and normalized_name(name) == normalized_name(preset.name)
     for path in ([] if asked_for_datasheet else calibrated_files(search)):
         try:
             spec = load_hardware(path)
@@ -90,8 +92,7 @@ def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping
 
 
 def _same_name(spec: HardwareSpec, name: str) -> bool:
-    norm = lambda s: "".join(ch for ch in s.lower() if ch.isalnum())  # noqa: E731
-    return norm(name) in {norm(spec.name), *(norm(a) for a in spec.aliases)}
+    return normalized_name(name) in {normalized_name(spec.name), *(normalized_name(a) for a in spec.aliases)}
 
 
 # --- prediction ------------------------------------------------------------------------------------
@@ -102,6 +103,29 @@ def with_hardware_note(assumptions: list[str], note: str | None) -> list[str]:
     if not note:
         return list(assumptions)
     return [note] + [a for a in assumptions if not (a.startswith("hardware: ") and "scaled" not in a)]
+
+
+def model_params(hardware: HardwareSpec, settings: CaptureSettings | None = None,
+                 fitted: Mapping[str, float] | None = None, **overrides: Any) -> tuple[ModelParams, str | None]:
+    """The one way every door (the CLI, ``taxmodel.predict``, ``Profile.predict``, ``validate``)
+    builds the model's parameters, so that one bundle gets one prediction whichever door asks:
+    ``hardware``'s calibration, how the bundle was captured (``settings``), the parameters that
+    ``taxmodel validate`` fitted for this hardware (``fitted`` None: the shipped ones,
+    ``taxmodel/data/fitted.json``; ``{}``: none), then explicit ``overrides``.
+    Returns the parameters and a sentence naming the fitted values used (None when none)."""
+    s = settings or CaptureSettings()
+    note = None
+    if fitted is None:
+        fitted, note = fitted_for(hardware.name)
+    elif fitted:
+        note = "fitted: " + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items())
+    params = ModelParams.from_hardware(hardware, instrumented=s.instrumented, graph_launch=s.graph_launch,
+                                       ag_transport=s.transport, start_alignment=s.align, gate_hold_s=s.gate_hold_s)
+    params = params.with_fitted(fitted)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if given:
+        params = params.with_given(given)
+    return params, note
 
 
 def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int, hardware: HardwareSpec | str,
@@ -173,4 +197,4 @@ def parse_range(text: str) -> tuple[str, list[int]]:
     return key.strip(), vals
 
 
-__all__ = ["ModelParams", "Prediction", "predict", "sweep", "parse_range", "resolve_model_hardware", "variants", "MODELS"]
+__all__ = ["CaptureSettings", "model_params", "ModelParams", "Prediction", "predict", "sweep", "parse_range", "resolve_model_hardware", "variants", "MODELS"]

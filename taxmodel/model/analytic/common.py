@@ -26,7 +26,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec
-from taxmodel.runtime.alignment import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
+from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 
 # --- parameters ---------------------------------------------------------------------------------
 
@@ -163,6 +163,10 @@ class ModelParams:
             return self
         return replace(self, **dict(fitted), sources={**dict(self.sources), **{k: "fitted (taxmodel validate)"
                                                                                 for k in fitted}})
+
+    def with_given(self, given: Mapping[str, Any]) -> "ModelParams":
+        """These parameters with ``given`` values in place, each sourced as given."""
+        return replace(self, **dict(given), sources={**dict(self.sources), **{k: "given" for k in given}})
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

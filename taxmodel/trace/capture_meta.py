@@ -1,4 +1,7 @@
-"""How traced steps start (``taxmodel profile --align``), as bundles record it in ``meta.capture``.
+"""What a bundle's ``meta.capture`` says about how it was captured, read and written in one place:
+the capture runtime writes these fields, the model reads them back to predict the same capture.
+
+How traced steps start (``taxmodel profile --align``):
 
 - ``host``: each step starts after a host barrier; ranks start as skewed as their hosts leave it.
 - ``device``: also behind a device gate (``kernels/_gate.py``) that releases every rank's GPU
@@ -9,6 +12,7 @@ same values back from bundles (``ModelParams.start_alignment``).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 START_ALIGNMENTS = ("host", "device")
@@ -39,3 +43,28 @@ def read_alignment(capture: Mapping[str, Any]) -> tuple[str, float | None]:
     """(align, gate hold in seconds or None) of a bundle's ``meta.capture`` (older bundles: host)."""
     hold = capture.get("gate_hold_us")
     return str(capture.get("align") or "host"), float(hold) * 1e-6 if hold is not None else None
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """How a bundle's iterations ran, as far as the analytic model must know to predict that same
+    capture: in-kernel records on, one CUDA graph per iteration, the AG+GEMM transport, and how
+    the ranks' steps started."""
+
+    instrumented: bool = False
+    graph_launch: bool | None = None  # None: the model's default for the variant
+    transport: str | None = None  # AG+GEMM fine-grained transport; None: the default (copy engines)
+    align: str = "host"
+    gate_hold_s: float | None = None
+
+    @classmethod
+    def from_meta(cls, meta: Mapping[str, Any], instrumented: bool = False) -> "CaptureSettings":
+        """The settings a bundle recorded (``instrumented``: whether its events hold in-kernel records)."""
+        capture = meta.get("capture") or {}
+        config = meta.get("workload_config") or {}
+        capture = capture if isinstance(capture, Mapping) else {}
+        config = config if isinstance(config, Mapping) else {}
+        align, hold = read_alignment(capture)
+        transport = config.get("transport")
+        return cls(instrumented=bool(instrumented), graph_launch=bool(capture.get("graph")),
+                   transport=str(transport) if transport else None, align=align, gate_hold_s=hold)

@@ -1,0 +1,76 @@
+"""One bundle, one prediction: the CLI, ``taxmodel.predict``, ``Profile.predict`` and ``validate``
+build the model's parameters through one function (``analytic.model_params``), so they agree."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import taxmodel
+from taxmodel.cli import cli
+from taxmodel.model import analytic
+from taxmodel.model import validate as val
+from taxmodel.trace.capture_meta import CaptureSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+#: A gated CUDA-graph capture of the fine-grained AG+GEMM (transport 'sm'): every capture setting
+#: the model reads differs from its default here, which is what the doors used to disagree on.
+BUNDLE = ROOT / "profiles" / "h200x4-graph-gate" / "ag_gemm" / "pull-M1024xN8192xK8192xtp0"
+
+
+def _cli_prediction(case: val.Case) -> dict:
+    st = case.settings
+    args = ["predict", case.workload, "--variant", case.variant, "-n", str(case.world_size),
+            "--shape", ",".join(f"{k}={v}" for k, v in case.shape.items()), "--json", "--align", st.align]
+    if st.graph_launch:
+        args.append("--graph")
+    if st.transport:
+        args += ["--transport", st.transport]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)[0]
+
+
+def test_every_door_gives_the_same_prediction_for_one_bundle():
+    case = val.load_case(BUNDLE)
+    assert isinstance(case, val.Case), case
+    st = case.settings
+    assert st.graph_launch and st.transport == "sm" and st.align == "device" and not st.instrumented
+    shipped, _ = val.fitted_for(case.hardware.name)
+    assert shipped, "the shipped fitted.json has parameters for this bundle's hardware"
+
+    by_validate = val.predict_case(case, shipped).taxes_ns()
+    by_profile = taxmodel.load(BUNDLE).predict().taxes_ns()
+    by_api = taxmodel.predict(case.workload, case.variant, case.shape, case.world_size, case.hardware.name,
+                              graph_launch=st.graph_launch, transport=st.transport, align=st.align).taxes_ns()
+    by_cli = _cli_prediction(case)
+    assert by_profile == pytest.approx(by_validate, rel=1e-12)
+    assert by_api == pytest.approx(by_validate, rel=1e-12)
+    assert by_cli["predicted_window_ns"] == pytest.approx(by_validate["window"], rel=1e-9)
+
+
+def test_fitted_parameters_change_the_prediction_and_can_be_left_out():
+    hw, _ = analytic.resolve_model_hardware("h200")
+    settings = CaptureSettings(graph_launch=True, transport="sm", align="device")
+    with_fits, note = analytic.model_params(hw, settings)
+    without, none_note = analytic.model_params(hw, settings, {})
+    fitted, _ = val.fitted_for(hw.name)
+    assert note and none_note is None
+    assert all(getattr(with_fits, k) == pytest.approx(v) for k, v in fitted.items())
+    assert any(getattr(without, k) != pytest.approx(v) for k, v in fitted.items())
+    assert with_fits.sources[next(iter(fitted))].startswith("fitted")
+
+
+def test_settings_read_from_meta_and_explicit_overrides_win():
+    st = CaptureSettings.from_meta({"capture": {"graph": True, "align": "device", "gate_hold_us": 5.0},
+                                    "workload_config": {"transport": "ce"}}, instrumented=True)
+    assert (st.instrumented, st.graph_launch, st.transport, st.align) == (True, True, "ce", "device")
+    assert st.gate_hold_s == pytest.approx(5e-6)
+    assert CaptureSettings.from_meta({}) == CaptureSettings(graph_launch=False)
+    hw, _ = analytic.resolve_model_hardware("h200")
+    p, _ = analytic.model_params(hw, st, {}, triton_gemm_efficiency=0.5)
+    assert p.triton_gemm_efficiency == 0.5 and p.sources["triton_gemm_efficiency"] == "given"
+    assert p.graph_launch and p.ag_transport == "ce" and p.start_alignment == "device"
+    assert p.gate_hold_s == pytest.approx(5e-6)
