@@ -45,7 +45,8 @@ import triton.language as tl
 
 import iris
 from taxmodel.kernels import _sync
-from taxmodel.runtime.timing import Stopwatch
+from taxmodel.model.calibration import STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
+from taxmodel.runtime.timing import Stopwatch, traced_events
 
 REPS = 7
 
@@ -460,25 +461,6 @@ def launch_costs(device: torch.device, n: int = 200) -> dict:
     return out
 
 
-def traced_events(body: Callable[[], object], *, host: bool = False):
-    """What a torch.profiler trace of ``body()`` saw, as taxmodel's Kineto importer reads it (events
-    with ns times; the GPU's kernels, and with ``host`` the host's launch calls too)."""
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile
-
-    from taxmodel.trace import kineto
-
-    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
-    with profile(activities=activities) as prof:
-        body()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "calibrate_trace.json")
-        prof.export_chrome_trace(path)
-        events, _ = kineto.read([Path(path)])
-    return events
-
-
 def _profiled_gaps(device: torch.device, x: torch.Tensor, big: torch.Tensor, n: int = 50) -> dict:
     def body() -> None:
         # Enough GEMM work (about 2 ms on an H200) that the host enqueues all n empty kernels
@@ -533,155 +515,6 @@ def barrier_skew(device: torch.device, rounds: int = 30) -> dict:
 # --- fit ---------------------------------------------------------------------------------------
 
 
-def _first(*values):
-    for v in values:
-        if v is not None:
-            return v
-    return None
-
-
-def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | None = None) -> dict:
-    """Turn raw measurements into a hardware file (the fields of ``HardwareSpec``; model parameters
-    in extra fields named as in ``ModelParams``). Pure: tests call it with made-up measurements."""
-    from taxmodel.model.analytic.common import ModelParams
-    from taxmodel.model.hardware import find_preset, normalized_name
-    from taxmodel.runtime import calibrate_combine
-
-    curves, eager_curve = collective_curves(meas, world)
-    by_world = collectives_by_world(meas, world)
-    ag = (curves or {}).get("allgather") or []
-    link_bw = link_lat = None
-    if world > 1 and ag:
-        (_, small_s), (large_b, large_s) = ag[0], ag[-1]
-        # all-gather receives (world-1) * bytes_per_rank per rank: the large message gives
-        # bandwidth, the small one latency (per ring step).
-        link_bw = (world - 1) * large_b / large_s
-        link_lat = small_s / (world - 1)
-    p2p = [r["bytes_per_s"] for r in meas.get("peer_copy", [])]
-    peer = meas.get("peer") or {}
-    launch = meas.get("launch") or {}
-    preset = find_preset(device_name)
-    if preset is not None and preset.source != "datasheet":  # name after the datasheet part, not an older calibration
-        preset = find_preset(preset.name.replace(" (calibrated)", ""))
-    name = f"{preset.name} (calibrated)" if preset is not None else device_name
-    # The datasheet preset keeps its own name, so `--hardware "H200 SXM"` still selects the datasheet.
-    # ... nor any alias that spells the datasheet's name (e.g. 'h200-sxm' for 'H200 SXM').
-    aliases = sorted({a for a in (*(preset.aliases if preset is not None else ()), device_name)
-                      if preset is None or normalized_name(a) != normalized_name(preset.name)})
-    link = _first(link_bw, statistics.median(p2p) if p2p else None, peer.get("load_bytes_per_s"))
-    if link is None:
-        raise ValueError("no link measurement (collectives, peer copies or peer loads): calibrate with --world-size 2 or more")
-    spec = {
-        "name": name,
-        "vendor": vendor or (preset.vendor if preset is not None else "nvidia"),
-        "source": "calibrated",
-        "aliases": aliases,
-        "num_sms": int(num_sms),
-        "peak_flops": {k: v["flops_per_s"] for k, v in meas["gemm"].items()},
-        "hbm_bytes_per_s": meas["hbm"]["bytes_per_s"],
-        "link_bytes_per_s": link,
-        "link_latency_s": link_lat or 0.0,
-        "launch_latency_s": _first(launch.get("launch_latency_s"), launch.get("graph_per_kernel_s"), 0.0),
-        "kernel_gap_s": _first(launch.get("kernel_gap_s"), launch.get("graph_per_kernel_s"), 0.0),
-        "host_launch_s": _first(launch.get("host_launch_triton_s"), launch.get("host_launch_s"), 0.0),
-        "flag_roundtrip_s": _first((meas.get("flag") or {}).get("roundtrip_s"), 0.0),
-        "notes": (f"measured by `taxmodel calibrate` on {world} x {device_name}: GEMM peaks are cuBLAS rates on 8192^3 "
-                  "(4096^3 for fp32), HBM a device copy, link the all-gather bandwidth at the largest size. "
-                  + _curve_note(curves) + _by_world_note(by_world)),
-        # model parameters (taxmodel.model.analytic.common.ModelParams names)
-        "host_launch_torch_s": _first(launch.get("host_launch_torch_s"), launch.get("host_launch_s")),
-        "p2p_copy_bytes_per_s": statistics.median(p2p) if p2p else None,
-        "peer_load_bytes_per_s": peer.get("load_bytes_per_s"),
-        "peer_load_latency_s": peer.get("load_latency_s"),
-        "peer_store_bytes_per_s": peer.get("store_bytes_per_s"),
-        "peer_store_bytes_per_s_per_sm": peer.get("store_bytes_per_s_per_sm"),
-        "barrier_skew_s": (meas.get("barrier") or {}).get("barrier_skew_s"),
-        "combine_step_s": calibrate_combine.step_seconds(meas.get("combine"), ModelParams().kernel_overhead_s),
-        "flag_wait_s": (meas.get("sync") or {}).get("flag_wait_sys_s"),
-        "flag_wait_gpu_s": (meas.get("sync") or {}).get("flag_wait_gpu_s"),
-        "collectives": curves,
-        "collectives_eager": eager_curve,
-        "collectives_by_world": by_world or None,
-    }
-    return {k: v for k, v in spec.items() if v is not None}
-
-
-def _curve_points(rows: list[dict]) -> dict[str, list[list[float]]]:
-    """op -> [[bytes per rank, seconds], ...] sorted by size, from measurement rows (ms): a row's
-    traced kernel time (``kernel_ms``, graph rows measured since it existed) when it has one, else
-    its per-call time (``ms``)."""
-    out: dict[str, list[list[float]]] = {}
-    for r in rows or []:
-        ms = r.get("kernel_ms") if r.get("kernel_ms") else r.get("ms")
-        if ms is not None and float(ms) > 0:
-            out.setdefault(r["op"], []).append([r["bytes_per_rank"], float(ms) * 1e-3])
-    return {op: sorted(pts) for op, pts in out.items()}
-
-
-def collective_curves(meas: dict, world: int) -> tuple[dict | None, dict | None]:
-    """(the model's curve, the eager curve kept for reference) in hardware-file form.
-
-    The model's curve (``collectives``) is the collective's own device time: per op the graph
-    measurement (``meas["collectives_graph"]``) when it has two sizes or more, else the eager one
-    (``timing`` says which, per op). The eager curve (``collectives_eager``: host launch cost and
-    rank skew included) is written beside it when some op has a graph curve; the model never uses
-    it -- it adds launch costs and skew itself."""
-    eager = _curve_points(meas.get("collectives", []))
-    graph = _curve_points(meas.get("collectives_graph", []))
-    model: dict = {"world_size": world, "timing": {}}
-    traced = {op for op in graph
-              if all(r.get("kernel_ms") for r in meas.get("collectives_graph", []) if r.get("op") == op)}
-    for op in sorted(set(eager) | set(graph)):
-        use, timing = (graph[op], "graph") if len(graph.get(op, [])) >= 2 else (eager.get(op, []), "eager")
-        if len(use) >= 2:
-            model[op], model["timing"][op] = use, timing
-            if timing == "graph" and op in traced:  # the points are the traced kernels' time (else per call)
-                model.setdefault("graph_points", {})[op] = "kernel"
-    if not model["timing"]:
-        return None, None
-    has_graph = "graph" in model["timing"].values()
-    return model, ({"world_size": world, "timing": "eager", **eager} if has_graph and eager else None)
-
-
-def collectives_by_world(meas: dict, world: int) -> dict[str, dict]:
-    """World size (a string key, as JSON has it) -> the model's curve measured on that many ranks,
-    in the form of ``collectives`` (``collective_curves``), from the raw rows an update on another
-    number of ranks stored under ``meas["collectives_at"]`` (``update_spec``). The file's own world
-    size is left out: its curve is ``collectives``. The model interpolates each at its own world size."""
-    out: dict[str, dict] = {}
-    for key, rows in sorted((meas.get("collectives_at") or {}).items(), key=lambda kv: int(kv[0])):
-        other = int(key)
-        if other == world:
-            continue
-        curve, _ = collective_curves(rows or {}, other)
-        if curve is not None:
-            out[str(other)] = curve
-    return out
-
-
-def _by_world_note(by_world: dict) -> str:
-    if not by_world:
-        return ""
-    return (f" Curves measured on other numbers of ranks (collectives_by_world, each used at its own world size): "
-            f"{', '.join(by_world)} ranks.")
-
-
-def _curve_note(curves: dict | None) -> str:
-    timing = set((curves or {}).get("timing", {}).values())
-    if not timing:
-        return "No collective curve."
-    if timing == {"graph"}:
-        kernel = set((curves or {}).get("graph_points", {})) == set(curves["timing"])
-        return ("Collective curve (collectives): each collective's own device time, from N back-to-back calls "
-                "replayed in one CUDA graph (no host launch cost, no rank skew; collectives_eager keeps the eager "
-                "timing for reference); "
-                + ("its kernels' traced time per call." if kernel else
-                   "per call, the gap to the next call included (~2 us for NCCL; no traced kernel times)."))
-    return ("Collective curve (collectives): "
-            + ", ".join(f"{op} {t}" for op, t in sorted(curves["timing"].items()))
-            + " -- an eager-timed op includes host launch cost and rank skew.")
-
-
 # --- entry points --------------------------------------------------------------------------------
 
 
@@ -698,94 +531,6 @@ def _step(name: str, fn: Callable[[], object], meas: dict, key: str, rank: int) 
         print(f"calibrate: {name} {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-#: The measurement steps of a calibration, in the order they run, and the raw keys each writes.
-STEP_KEYS: dict[str, tuple[str, ...]] = {
-    "hbm": ("hbm",), "gemm": ("gemm",), "launch": ("launch",),
-    "collectives": ("collectives", "collectives_graph", "collectives_graph_note"),
-    "barrier": ("barrier",), "peer": ("peer",), "flag": ("flag",), "p2p": ("peer_copy",),
-    "combine": ("combine",), "sync": ("sync",),
-}
-#: Steps that need at least two ranks.
-MULTI_RANK_STEPS = ("collectives", "barrier", "peer", "flag")
-
-
-def parse_steps(text: str | None) -> tuple[str, ...]:
-    """``--only`` ("collectives,barrier") as steps in run order; None or "all": every step."""
-    from taxmodel.errors import InputError
-
-    if text is None or text.strip() in ("", "all"):
-        return tuple(STEP_KEYS)
-    asked = {t.strip() for t in text.split(",") if t.strip()}
-    unknown = sorted(asked - set(STEP_KEYS))
-    if unknown:
-        raise InputError(f"--only {text}: unknown step(s) {', '.join(unknown)}; steps: {', '.join(STEP_KEYS)}")
-    return tuple(s for s in STEP_KEYS if s in asked)
-
-
-def check_update(existing: dict, steps: tuple[str, ...], world: int | None) -> int:
-    """The world size an update of ``existing`` runs at; InputError when ``existing`` cannot be
-    updated (no raw measurements) or was measured on another number of ranks than ``steps`` need.
-    The collectives step may run on another number of ranks (``update_spec`` adds a curve for that
-    world size); the other multi-rank steps need the file's own."""
-    from taxmodel.errors import InputError
-
-    measured = existing.get("measured") or {}
-    raw = measured.get("raw")
-    if not isinstance(raw, dict) or not {"hbm", "gemm"} <= set(raw):
-        raise InputError("--update: the file has no raw measurements (measured.raw with hbm and gemm); only a file "
-                         "written by `taxmodel calibrate` can be updated -- calibrate fully instead")
-    old_world = int(measured.get("world_size") or 1)
-    world = old_world if world is None else int(world)
-    fixed = [s for s in steps if s in MULTI_RANK_STEPS and s != "collectives"]
-    if world != old_world and fixed:
-        raise InputError(f"--update: the file was measured on {old_world} ranks and this run has {world}; only the "
-                         f"collectives step may run on another number of ranks (it adds a curve for {world} ranks), "
-                         f"{', '.join(fixed)} need the file's {old_world}: run them with --world-size {old_world} "
-                         "or calibrate fully")
-    if world != old_world and "collectives" in steps and world < 2:
-        raise InputError(f"--update: the collectives step needs 2 or more ranks, this run has {world}")
-    return world
-
-
-def update_spec(existing: dict, new_meas: dict, steps: tuple[str, ...], *, device_name: str | None = None,
-                num_sms: int | None = None, world: int | None = None, info: dict | None = None) -> dict:
-    """``existing`` (a hardware file an earlier calibration wrote, with ``measured.raw``) with the raw
-    measurements of ``steps`` taken from ``new_meas`` and every fitted number refit from the merged
-    raw measurements, so a partial run (``--only collectives --update FILE``) changes only what its
-    steps feed. The fit is always at the file's own world size. A collectives step on another
-    number of ranks ``world`` stores its rows under ``raw["collectives_at"][str(world)]`` (replacing
-    an earlier entry for ``world``), which the fit turns into ``collectives_by_world``; the file's
-    own curve, its raw rows and the link numbers fitted to them stay. Pure: tests call it with
-    made-up measurements."""
-    measured = dict(existing.get("measured") or {})
-    world = check_update(existing, steps, world)
-    own_world = int(measured.get("world_size") or 1)
-    at_other_world = world != own_world and "collectives" in steps
-    own_steps = tuple(s for s in steps if not (at_other_world and s == "collectives"))
-    raw = measured["raw"]
-    failed = {k: v for k, v in (new_meas.get("errors") or {}).items() if k in steps}
-    merged = {k: v for k, v in raw.items() if k != "errors"}
-    errors = {k: v for k, v in (raw.get("errors") or {}).items() if k not in own_steps or k in failed}
-    if at_other_world and "collectives" not in failed and any(key in new_meas for key in STEP_KEYS["collectives"]):
-        rows = {key: new_meas[key] for key in STEP_KEYS["collectives"] if key in new_meas}
-        merged["collectives_at"] = {**(merged.get("collectives_at") or {}), str(world): rows}
-    for step in own_steps:
-        if step in failed or not any(key in new_meas for key in STEP_KEYS[step]):
-            continue  # a failed (or absent) step keeps the earlier numbers; the update entry names a failure
-        for key in STEP_KEYS[step]:
-            merged.pop(key, None)
-            if key in new_meas:
-                merged[key] = new_meas[key]
-    if errors:
-        merged["errors"] = errors
-    spec = fit(merged, device_name or measured.get("device") or existing["name"], int(num_sms or existing["num_sms"]),
-               own_world, vendor=existing.get("vendor"))
-    entry = {**(info or {}), **({"world_size": world} if world != own_world else {}), "steps": list(steps),
-             **({"failed": failed} if failed else {})}
-    spec["measured"] = {**measured, "raw": merged, "updates": [*measured.get("updates", []), entry]}
-    return spec
-
-
 def _measure_collectives(device: torch.device, world: int, sizes: tuple[int, ...], rank: int) -> dict:
     res = collective_curve(device, world, sizes)
     if res["graph_note"] and rank == 0:
@@ -795,20 +540,6 @@ def _measure_collectives(device: torch.device, world: int, sizes: tuple[int, ...
     if res["graph_note"]:
         out["collectives_graph_note"] = res["graph_note"]
     return out
-
-
-def curve_table(meas: dict) -> str:
-    """Eager, graph per-call and traced kernel time (us) per op and size: the compact summary a
-    calibration prints (the model's curve is the kernel column where there is one)."""
-    eager = {(r["op"], r["bytes_per_rank"]): r["ms"] for r in meas.get("collectives", [])}
-    graph = {(r["op"], r["bytes_per_rank"]): r for r in meas.get("collectives_graph", [])}
-    lines = ["op              bytes/rank    eager us    graph us   kernel us  (method)"]
-    for (op, b), ms in sorted(eager.items()):
-        g = graph.get((op, b))
-        kernel = f"{g['kernel_ms'] * 1e3:11.1f}" if g and g.get("kernel_ms") else "          -"
-        gtxt = f"{g['ms'] * 1e3:10.1f} {kernel}  ({g['method']})" if g else "         -           -"
-        lines.append(f"{op:<15} {b:>10d} {ms * 1e3:11.1f} {gtxt}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,8 +9,7 @@ written over the L2, and 0.42-1.29 us queued right after the split-KV kernel tha
 the bsp variant runs it (more after longer K/V; why is not established). So the step is measured
 in that last setting: the split-KV kernel and then the local combine (one program per KV head,
 ``bsp_slices`` 1), over a grid of batch sizes and K/V lengths, each kernel's duration from a
-profiler trace; the step is the median over the grid of (combine kernel - the model's fixed kernel
-overhead) / steps. One GPU, a few seconds; rank 0 runs it.
+profiler trace; ``taxmodel.model.calibration.combine_step_seconds`` turns the rows into the step. One GPU, a few seconds; rank 0 runs it.
 """
 from __future__ import annotations
 
@@ -46,7 +45,7 @@ def _point(device: torch.device, batch: int, kv_len: int, iterations: int) -> di
     from taxmodel.kernels.flash_decode.combine import combine_block, launch_combine_local, packed_size
     from taxmodel.kernels.flash_decode.split_kv import (SplitConfig, SplitKVArgs, cdiv, device_sm_count,
                                                          launch_split_kv, partial_buffers, plan_splits)
-    from taxmodel.runtime.calibrate import traced_events
+    from taxmodel.runtime.timing import traced_events
 
     cfg = SplitConfig()
     group = Q_HEADS // KV_HEADS
@@ -81,11 +80,3 @@ def _point(device: torch.device, batch: int, kv_len: int, iterations: int) -> di
     return {"batch": batch, "kv_len": kv_len, "splits": args.plan.num_splits, "rows": group,
             "steps": cdiv(args.plan.num_splits, combine_block(group)), "kernels": int(len(comb)),
             "split_s": float(statistics.median(split)), "combine_s": float(statistics.median(comb))}
-
-
-def step_seconds(measured: dict, kernel_overhead_s: float) -> float | None:
-    """``combine_step_s`` from ``measure``'s rows: the median over the grid of (combine kernel -
-    ``kernel_overhead_s``) / steps (None without rows). Pure: tests call it with made-up rows."""
-    per_step = [max(float(r["combine_s"]) - kernel_overhead_s, 0.0) / int(r["steps"])
-                for r in (measured or {}).get("rows", []) if int(r.get("steps", 0)) > 0]
-    return float(statistics.median(per_step)) if per_step else None

@@ -148,3 +148,24 @@ def gpu_sleep(us: float, device: torch.device | str) -> None:
 
 SLEEP_KERNEL_PATTERN = r"spin_kernel|taxmodel_inject_sleep"
 """Kernel names of the injected sleep (torch.cuda._sleep's kernel; the CPU stand-in)."""
+
+
+def traced_events(body: Callable[[], object], *, host: bool = False):
+    """What a torch.profiler trace of ``body()`` saw, as taxmodel's Kineto importer reads it (events
+    with ns times; the GPU's kernels, and with ``host`` the host's launch calls too)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from taxmodel.trace import kineto
+
+    activities = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
+    with profile(activities=activities) as prof:
+        body()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "calibrate_trace.json")
+        prof.export_chrome_trace(path)
+        events, _ = kineto.read([Path(path)])
+    return events

@@ -148,7 +148,7 @@ def _fake_measurements(world: int = 4) -> dict:
 
 def _calibrated_spec(tmp_path=None):
     from taxmodel.model.hardware import HardwareSpec
-    from taxmodel.runtime.calibrate import fit
+    from taxmodel.model.calibration import fit
 
     d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
     return HardwareSpec.from_dict(json.loads(json.dumps(d)))
@@ -156,7 +156,7 @@ def _calibrated_spec(tmp_path=None):
 
 def test_calibrate_fit_round_trip(tmp_path):
     from taxmodel.model.hardware import load_hardware
-    from taxmodel.runtime.calibrate import fit
+    from taxmodel.model.calibration import fit
 
     d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
     path = tmp_path / "h200-calibrated.json"
@@ -184,7 +184,7 @@ def test_calibrate_fit_round_trip(tmp_path):
 
 
 def test_calibrated_file_is_preferred_over_the_preset(tmp_path):
-    from taxmodel.runtime.calibrate import fit
+    from taxmodel.model.calibration import fit
 
     spec, note = resolve_model_hardware("H200 SXM")
     assert spec.source == "datasheet" and "datasheet" in note

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxmodel.errors import InputError
+from taxmodel.model import calibration as calfit
 from taxmodel.runtime import calibrate as cal
 from shipped_calibration import shipped_four_ranks
 
@@ -135,10 +136,10 @@ def test_the_printed_table_shows_the_kernel_time_the_model_uses():
     meas = {"collectives": [{"op": "allgather", "bytes_per_rank": 8192, "ms": 0.044}],
             "collectives_graph": [{"op": "allgather", "bytes_per_rank": 8192, "ms": 0.0104, "kernel_ms": 0.0051,
                                    "method": "difference"}]}
-    row = cal.curve_table(meas).splitlines()[1].split()
+    row = calfit.curve_table(meas).splitlines()[1].split()
     assert row == ["allgather", "8192", "44.0", "10.4", "5.1", "(difference)"]
     meas["collectives_graph"][0].pop("kernel_ms")
-    assert cal.curve_table(meas).splitlines()[1].split()[4] == "-"
+    assert calfit.curve_table(meas).splitlines()[1].split()[4] == "-"
 
 
 def test_curves_prefer_the_traced_kernel_time_and_say_which_they_hold():
@@ -146,11 +147,11 @@ def test_curves_prefer_the_traced_kernel_time_and_say_which_they_hold():
     for r in meas["collectives_graph"]:
         if r["op"] == "allgather":
             r["kernel_ms"] = r["ms"] - 0.0025
-    curve, _ = cal.collective_curves(meas, 4)
+    curve, _ = calfit.collective_curves(meas, 4)
     assert curve["allgather"][0] == [8192, pytest.approx((0.008 + 3 * 8192 / 320e9 * 1e3 - 0.0025) * 1e-3)]
     assert curve["reduce_scatter"][0] == [8192, pytest.approx((0.008 + 3 * 8192 / 320e9 * 1e3) * 1e-3)]
     assert curve["graph_points"] == {"allgather": "kernel"}  # the others are per-call times (no label)
-    assert "graph_points" not in cal.collective_curves(_meas(), 4)[0]  # files without traced times stay as they were
+    assert "graph_points" not in calfit.collective_curves(_meas(), 4)[0]  # files without traced times stay as they were
     from taxmodel.model.analytic import common as c
     from taxmodel.model.hardware import HardwareSpec, find_preset
 
@@ -160,9 +161,9 @@ def test_curves_prefer_the_traced_kernel_time_and_say_which_they_hold():
     coll = c.CollectiveModel.from_hardware(spec, c.topology(spec, 4, params), params)
     assert coll.time("allgather", 8192, 4) == pytest.approx(curve["allgather"][0][1])
     assert set(coll.curves) == {"allgather", "allreduce", "reduce_scatter"}
-    assert "traced time" not in cal._curve_note(curve)
+    assert "traced time" not in calfit._curve_note(curve)
     every = {**curve, "graph_points": {op: "kernel" for op in curve["timing"]}}
-    assert "traced time per call" in cal._curve_note(every)
+    assert "traced time per call" in calfit._curve_note(every)
 
 
 def test_graph_per_call_falls_back_to_the_mean_when_the_difference_is_not_positive():
@@ -288,7 +289,7 @@ def _meas(graph_ops=("allgather", "allreduce", "reduce_scatter")) -> dict:
 
 
 def test_fit_gives_the_model_the_graph_curve_and_keeps_the_eager_one():
-    spec = cal.fit(_meas(), "NVIDIA H200", 132, 4)
+    spec = calfit.fit(_meas(), "NVIDIA H200", 132, 4)
     coll, eager = spec["collectives"], spec["collectives_eager"]
     assert coll["timing"] == {"allgather": "graph", "allreduce": "graph", "reduce_scatter": "graph"}
     assert coll["allgather"][0] == [8192, pytest.approx(0.008e-3 + 3 * 8192 / 320e9)]
@@ -305,7 +306,7 @@ def test_fit_names_the_calibration_after_the_datasheet_without_taking_its_name(t
     for 'H200 SXM'): `--hardware "H200 SXM"` keeps selecting the datasheet, 'NVIDIA H200' the file."""
     from taxmodel.model import hardware
 
-    spec = cal.fit(_meas(), "NVIDIA H200", 132, 4)
+    spec = calfit.fit(_meas(), "NVIDIA H200", 132, 4)
     assert spec["name"] == "H200 SXM (calibrated)" and "NVIDIA H200" in spec["aliases"]
     assert all(hardware.normalized_name(a) != hardware.normalized_name("H200 SXM") for a in spec["aliases"])
     shipped = json.loads((Path(cal.__file__).parents[1] / "data" / "hardware" / "h200-calibrated.json").read_text())
@@ -314,13 +315,13 @@ def test_fit_names_the_calibration_after_the_datasheet_without_taking_its_name(t
 
 
 def test_fit_falls_back_to_eager_per_op():
-    spec = cal.fit(_meas(graph_ops=("allgather",)), "NVIDIA H200", 132, 4)
+    spec = calfit.fit(_meas(graph_ops=("allgather",)), "NVIDIA H200", 132, 4)
     assert spec["collectives"]["timing"] == {"allgather": "graph", "allreduce": "eager", "reduce_scatter": "eager"}
     assert spec["collectives"]["allreduce"][0][1] == pytest.approx(0.060e-3 + 3 * 8192 / 300e9)
-    only_eager = cal.fit(_meas(graph_ops=()), "NVIDIA H200", 132, 4)
+    only_eager = calfit.fit(_meas(graph_ops=()), "NVIDIA H200", 132, 4)
     assert set(only_eager["collectives"]["timing"].values()) == {"eager"} and "collectives_eager" not in only_eager
     assert "eager-timed op includes host launch cost" in only_eager["notes"]
-    none = cal.fit({**_meas(graph_ops=()), "collectives": [], "peer_copy": [{"bytes_per_s": 3e11}]}, "NVIDIA H200", 132, 4)
+    none = calfit.fit({**_meas(graph_ops=()), "collectives": [], "peer_copy": [{"bytes_per_s": 3e11}]}, "NVIDIA H200", 132, 4)
     assert "collectives" not in none and "collectives_eager" not in none
 
 
@@ -330,9 +331,9 @@ def test_fit_falls_back_to_eager_per_op():
 def test_refitting_the_shipped_file_from_its_own_raw_numbers_changes_nothing():
     shipped = shipped_four_ranks()
     raw = shipped["measured"]["raw"]
-    step_raw = {k: raw[k] for k in cal.STEP_KEYS["collectives"] if k in raw}
+    step_raw = {k: raw[k] for k in calfit.STEP_KEYS["collectives"] if k in raw}
     assert "collectives_graph" in step_raw  # the shipped curve is graph-timed (measured on the H200s)
-    new = cal.update_spec(shipped, step_raw, ("collectives",), device_name="NVIDIA H200",
+    new = calfit.update_spec(shipped, step_raw, ("collectives",), device_name="NVIDIA H200",
                           num_sms=132, world=4, info={"date": "d"})
     assert set(shipped["collectives"]["timing"].values()) == {"graph"}
     for key, value in shipped.items():
@@ -346,7 +347,7 @@ def test_refitting_the_shipped_file_from_its_own_raw_numbers_changes_nothing():
 def test_update_replaces_only_what_its_steps_feed():
     shipped = shipped_four_ranks()
     m = _meas()
-    new = cal.update_spec(shipped, {"collectives": m["collectives"], "collectives_graph": m["collectives_graph"],
+    new = calfit.update_spec(shipped, {"collectives": m["collectives"], "collectives_graph": m["collectives_graph"],
                                     "hbm": {"bytes_per_s": 1.0}}, ("collectives",), device_name="NVIDIA H200", num_sms=132,
                           world=4)
     assert new["collectives"]["timing"]["allgather"] == "graph" and "collectives_eager" in new
@@ -355,7 +356,7 @@ def test_update_replaces_only_what_its_steps_feed():
     for key in ("peak_flops", "barrier_skew_s", "peer_load_bytes_per_s", "host_launch_s", "flag_roundtrip_s"):
         assert new[key] == shipped[key], key
     # a failed step keeps the earlier numbers and says so
-    kept = cal.update_spec(shipped, {"collectives": [], "errors": {"collectives": "boom"}}, ("collectives",),
+    kept = calfit.update_spec(shipped, {"collectives": [], "errors": {"collectives": "boom"}}, ("collectives",),
                            device_name="NVIDIA H200", num_sms=132, world=4)
     assert kept["collectives"]["allgather"] == shipped["collectives"]["allgather"]
     assert kept["measured"]["updates"][-1]["failed"] == {"collectives": "boom"}
@@ -363,15 +364,15 @@ def test_update_replaces_only_what_its_steps_feed():
 
 def test_update_refuses_files_it_cannot_update():
     shipped = shipped_four_ranks()
-    assert cal.check_update(shipped, ("collectives",), 2) == 2  # adds a curve for 2 ranks
+    assert calfit.check_update(shipped, ("collectives",), 2) == 2  # adds a curve for 2 ranks
     for steps in (("collectives", "barrier"), ("peer",), ("flag",), ("barrier",)):
         with pytest.raises(InputError, match="measured on 4 ranks.*only the collectives step.*--world-size 4"):
-            cal.check_update(shipped, steps, 2)
+            calfit.check_update(shipped, steps, 2)
     with pytest.raises(InputError, match="needs 2 or more ranks"):
-        cal.check_update(shipped, ("collectives",), 1)
-    assert cal.check_update(shipped, ("hbm",), 1) == 1  # single-GPU steps may run on fewer ranks
+        calfit.check_update(shipped, ("collectives",), 1)
+    assert calfit.check_update(shipped, ("hbm",), 1) == 1  # single-GPU steps may run on fewer ranks
     with pytest.raises(InputError, match="no raw measurements"):
-        cal.check_update({k: v for k, v in shipped.items() if k != "measured"}, ("collectives",), 4)
+        calfit.check_update({k: v for k, v in shipped.items() if k != "measured"}, ("collectives",), 4)
 
 
 def _meas_at(lat_ms: float, bw: float, world: int, sizes=(1 << 13, 1 << 16, 1 << 27)) -> dict:
@@ -393,7 +394,7 @@ def _unchanged_but(new: dict, old: dict, *added: str) -> None:
 def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else():
     shipped = shipped_four_ranks()
     two = _meas_at(0.020, 150e9, 2)
-    new = cal.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2,
+    new = calfit.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2,
                           info={"date": "d", "world_size": 2})
     _unchanged_but(new, shipped, "collectives_by_world")  # primary curve, link fits, every other number
     curve = new["collectives_by_world"]["2"]
@@ -414,20 +415,20 @@ def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else()
 
     # a second update at 2 replaces that curve; one at 3 adds another; neither touches the rest
     again = _meas_at(0.030, 120e9, 2)
-    newer = cal.update_spec(new, again, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2)
+    newer = calfit.update_spec(new, again, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2)
     _unchanged_but(newer, shipped, "collectives_by_world")
     assert newer["measured"]["raw"]["collectives_at"] == {"2": again}
-    assert newer["collectives_by_world"] == {"2": cal.collective_curves(again, 2)[0]}
+    assert newer["collectives_by_world"] == {"2": calfit.collective_curves(again, 2)[0]}
     assert newer["collectives_by_world"]["2"]["allgather"][0][1] == pytest.approx((0.030 + 8192 / 120e9 * 1e3) * 1e-3)
     assert len(newer["measured"]["updates"]) == len(shipped["measured"]["updates"]) + 2
-    three = cal.update_spec(newer, _meas_at(0.025, 140e9, 3), ("collectives",), device_name="NVIDIA H200", num_sms=132,
+    three = calfit.update_spec(newer, _meas_at(0.025, 140e9, 3), ("collectives",), device_name="NVIDIA H200", num_sms=132,
                             world=3)
     assert list(three["collectives_by_world"]) == ["2", "3"] and three["collectives_by_world"]["3"]["world_size"] == 3
     assert three["collectives_by_world"]["2"] == newer["collectives_by_world"]["2"]
 
     # an update at the file's own world size behaves as before and keeps the other curves
-    own = {k: shipped["measured"]["raw"][k] for k in cal.STEP_KEYS["collectives"] if k in shipped["measured"]["raw"]}
-    back = cal.update_spec(three, own, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=4,
+    own = {k: shipped["measured"]["raw"][k] for k in calfit.STEP_KEYS["collectives"] if k in shipped["measured"]["raw"]}
+    back = calfit.update_spec(three, own, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=4,
                            info={"date": "e"})
     _unchanged_but(back, shipped, "collectives_by_world")
     assert back["collectives_by_world"] == three["collectives_by_world"]
@@ -437,19 +438,19 @@ def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else()
 def test_a_failed_update_on_another_world_size_keeps_the_earlier_curve():
     shipped = shipped_four_ranks()
     two = _meas_at(0.020, 150e9, 2)
-    new = cal.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2)
-    kept = cal.update_spec(new, {"collectives": [], "errors": {"collectives": "boom"}}, ("collectives",),
+    new = calfit.update_spec(shipped, two, ("collectives",), device_name="NVIDIA H200", num_sms=132, world=2)
+    kept = calfit.update_spec(new, {"collectives": [], "errors": {"collectives": "boom"}}, ("collectives",),
                            device_name="NVIDIA H200", num_sms=132, world=2)
     assert kept["collectives_by_world"] == new["collectives_by_world"]
     assert kept["measured"]["raw"] == new["measured"]["raw"]  # no error recorded against the 4-rank curve
     assert kept["measured"]["updates"][-1]["failed"] == {"collectives": "boom"}
     with pytest.raises(InputError, match="only the collectives step"):
-        cal.update_spec(shipped, {**two, "barrier": {"barrier_skew_s": 1e-6}}, ("collectives", "barrier"), world=2)
+        calfit.update_spec(shipped, {**two, "barrier": {"barrier_skew_s": 1e-6}}, ("collectives", "barrier"), world=2)
 
 
 def test_a_single_gpu_update_on_fewer_ranks_refits_at_the_files_world_size():
     shipped = shipped_four_ranks()
-    new = cal.update_spec(shipped, {"hbm": {"bytes_per_s": 4.0e12}}, ("hbm",), device_name="NVIDIA H200", num_sms=132,
+    new = calfit.update_spec(shipped, {"hbm": {"bytes_per_s": 4.0e12}}, ("hbm",), device_name="NVIDIA H200", num_sms=132,
                           world=1)
     assert new["hbm_bytes_per_s"] == 4.0e12
     assert new["collectives"] == shipped["collectives"]  # still the 4-rank curve, labelled 4
@@ -458,10 +459,10 @@ def test_a_single_gpu_update_on_fewer_ranks_refits_at_the_files_world_size():
 
 
 def test_parse_steps_and_command():
-    assert cal.parse_steps(None) == tuple(cal.STEP_KEYS) and cal.parse_steps("all") == tuple(cal.STEP_KEYS)
-    assert cal.parse_steps("barrier, collectives") == ("collectives", "barrier")
+    assert calfit.parse_steps(None) == tuple(calfit.STEP_KEYS) and calfit.parse_steps("all") == tuple(calfit.STEP_KEYS)
+    assert calfit.parse_steps("barrier, collectives") == ("collectives", "barrier")
     with pytest.raises(InputError, match="unknown step.*nccl"):
-        cal.parse_steps("collectives,nccl")
+        calfit.parse_steps("collectives,nccl")
     cmd = cal.calibration_command("hw.json", 4, only="collectives", update="old.json", sizes="8192")
     assert cmd[-6:-2] == ["--only", "collectives", "--update", str(Path("old.json").resolve())]
     assert cmd[-2:] == ["--sizes", "8192"] and "--device" not in cmd

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from taxmodel.runtime import calibrate as cal
+from taxmodel.model import calibration as calfit
 from shipped_calibration import shipped_four_ranks
 
 
@@ -20,14 +20,13 @@ def _combine_rows(steps_and_us: list[tuple[int, float]]) -> dict:
 
 
 def test_the_combine_step_is_the_median_over_the_grid_of_the_kernel_less_its_fixed_overhead_per_step():
-    from taxmodel.runtime import calibrate_combine
 
     # (kernel - 2 us) / steps: 0.5, 0.9, 1.0 -> median 0.9 us
     meas = _combine_rows([(4, 4.0), (20, 20.0), (25, 27.0)])
-    assert calibrate_combine.step_seconds(meas, 2e-6) == pytest.approx(0.9e-6)
-    assert calibrate_combine.step_seconds({"rows": []}, 2e-6) is None and calibrate_combine.step_seconds(None, 2e-6) is None
+    assert calfit.combine_step_seconds(meas, 2e-6) == pytest.approx(0.9e-6)
+    assert calfit.combine_step_seconds({"rows": []}, 2e-6) is None and calfit.combine_step_seconds(None, 2e-6) is None
     # a kernel shorter than the fixed overhead counts as no step time, never as a negative one
-    assert calibrate_combine.step_seconds(_combine_rows([(1, 1.5)]), 2e-6) == 0.0
+    assert calfit.combine_step_seconds(_combine_rows([(1, 1.5)]), 2e-6) == 0.0
 
 
 def test_a_combine_update_sets_the_models_step_and_changes_nothing_else():
@@ -35,8 +34,8 @@ def test_a_combine_update_sets_the_models_step_and_changes_nothing_else():
     from taxmodel.model.hardware import HardwareSpec
 
     shipped = shipped_four_ranks()
-    assert "combine" in cal.parse_steps("combine") and "combine" not in cal.MULTI_RANK_STEPS
-    new = cal.update_spec(shipped, {"combine": _combine_rows([(4, 4.0), (20, 20.0), (25, 27.0)])}, ("combine",),
+    assert "combine" in calfit.parse_steps("combine") and "combine" not in calfit.MULTI_RANK_STEPS
+    new = calfit.update_spec(shipped, {"combine": _combine_rows([(4, 4.0), (20, 20.0), (25, 27.0)])}, ("combine",),
                           device_name="NVIDIA H200", num_sms=132, world=1)
     assert new["combine_step_s"] == pytest.approx(0.9e-6)
     for key, value in shipped.items():
@@ -54,14 +53,14 @@ def test_a_sync_update_gives_the_model_both_flag_waits():
     from taxmodel.model.hardware import HardwareSpec
 
     shipped = shipped_four_ranks()
-    assert "sync" in cal.parse_steps("sync") and "sync" not in cal.MULTI_RANK_STEPS
+    assert "sync" in calfit.parse_steps("sync") and "sync" not in calfit.MULTI_RANK_STEPS
     sync = {"waits": [16, 1040], "flag_wait_sys_s": 4.3e-7, "flag_wait_gpu_s": 4.4e-7}
-    new = cal.update_spec(shipped, {"sync": sync}, ("sync",), device_name="NVIDIA H200", num_sms=132, world=1)
+    new = calfit.update_spec(shipped, {"sync": sync}, ("sync",), device_name="NVIDIA H200", num_sms=132, world=1)
     assert new["flag_wait_s"] == 4.3e-7 and new["flag_wait_gpu_s"] == 4.4e-7
     p = ModelParams.from_hardware(HardwareSpec.from_dict(new))
     assert (p.flag_wait_s, p.flag_wait_gpu_s) == (4.3e-7, 4.4e-7)
     raw = {k: v for k, v in shipped["measured"]["raw"].items() if k != "sync"}
-    assert "flag_wait_s" not in cal.fit(raw, "NVIDIA H200", 132, 4)  # not measured: no field (the model's default)
+    assert "flag_wait_s" not in calfit.fit(raw, "NVIDIA H200", 132, 4)  # not measured: no field (the model's default)
 
 
 @pytest.mark.parametrize("gpu_scope", [False, True])
