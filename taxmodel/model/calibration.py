@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 from taxmodel.errors import InputError
-from taxmodel.model.analytic.common import ModelParams
+from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.hardware import find_preset, normalized_name
 
 
@@ -67,7 +67,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "notes": (f"measured by `taxmodel calibrate` on {world} x {device_name}: GEMM peaks are cuBLAS rates on 8192^3 "
                   "(4096^3 for fp32), HBM a device copy, link the all-gather bandwidth at the largest size. "
                   + _curve_note(curves) + _by_world_note(by_world)),
-        # model parameters (taxmodel.model.analytic.common.ModelParams names)
+        # model parameters (taxmodel.model.analytic.params.ModelParams names)
         "host_launch_torch_s": _first(launch.get("host_launch_torch_s"), launch.get("host_launch_s")),
         "p2p_copy_bytes_per_s": statistics.median(p2p) if p2p else None,
         "peer_load_bytes_per_s": peer.get("load_bytes_per_s"),

@@ -25,7 +25,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
 from taxmodel.model.analytic import MODELS, model_params, predict, resolve_model_hardware
-from taxmodel.model.analytic.common import ModelParams
+from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.analytic.fitted import FITTED_FILE, fitted_for, load_fitted  # noqa: F401  (validate's public names)
 from taxmodel.model.categories import TAXES
 from taxmodel.trace.capture_meta import CaptureSettings

@@ -4,7 +4,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from taxmodel.model.analytic.common import CollectiveModel, ModelParams, simulate, timeline_events, topology
+from taxmodel.model.analytic.collective_model import CollectiveModel
+from taxmodel.model.analytic.params import ModelParams
+from taxmodel.model.analytic.timeline import simulate, timeline_events
+from taxmodel.model.analytic.topology import topology
 from taxmodel.model.hardware import find_preset
 from taxmodel.trace.bundle import make_meta, write_bundle
 

@@ -10,7 +10,23 @@ from hypothesis import strategies as st
 
 from taxmodel.errors import InputError
 from taxmodel.model.analytic import parse_range, predict, resolve_model_hardware
-from taxmodel.model.analytic import common as c
+from taxmodel.model.analytic.collective_model import CollectiveModel
+from taxmodel.model.analytic.costs import (
+    gemm_time,
+    pipeline_time,
+    push_wave_time,
+    stream_time,
+    wave_inflation,
+)
+from taxmodel.model.analytic.params import ModelParams
+from taxmodel.model.analytic.timeline import (
+    KernelPlan,
+    as_graph_launch,
+    release_offsets,
+    simulate,
+    start_offsets,
+)
+from taxmodel.model.analytic.topology import topology
 from taxmodel.model.hardware import find_preset
 
 H200 = find_preset("H200 SXM")  # the datasheet preset (a calibrated H200 file also ships)
@@ -79,31 +95,31 @@ def test_unknown_variant_and_workload():
 
 def test_wave_inflation_exact():
     # 8192x8192 with 256x128 tiles: 32*64 = 2048 tiles on 132 SMs -> 16 waves of 132 = 2112 slots
-    assert c.wave_inflation(8192, 8192, (256, 128), 132) == pytest.approx(2112 / 2048)
+    assert wave_inflation(8192, 8192, (256, 128), 132) == pytest.approx(2112 / 2048)
     # one partial tile: 100x100 in a 128x128 tile, one SM
-    assert c.wave_inflation(100, 100, (128, 128), 1) == pytest.approx(128 * 128 / 10000)
+    assert wave_inflation(100, 100, (128, 128), 1) == pytest.approx(128 * 128 / 10000)
 
 
 def test_gemm_time_calibrated_rate_is_reproduced_on_the_calibration_shape():
     spec = _calibrated_spec()
-    params = c.ModelParams.from_hardware(spec)
-    t = c.gemm_time(8192, 8192, 8192, "bf16", spec, params)
+    params = ModelParams.from_hardware(spec)
+    t = gemm_time(8192, 8192, 8192, "bf16", spec, params)
     assert t == pytest.approx(2 * 8192 ** 3 / spec.flops_per_s("bf16") + params.kernel_overhead_s, rel=1e-12)
-    tt = c.gemm_time(8192, 8192, 8192, "bf16", spec, params, kind="triton")
+    tt = gemm_time(8192, 8192, 8192, "bf16", spec, params, kind="triton")
     assert tt > t
 
 
 def test_start_offsets_are_exponential_order_statistics():
-    offs = c.start_offsets(4, 12.0)
+    offs = start_offsets(4, 12.0)
     assert offs == pytest.approx([0.0, 12 / 3, 12 / 3 + 12 / 2, 12 / 3 + 12 / 2 + 12 / 1])
     # the spread is scale * H_{W-1}
     assert offs[-1] == pytest.approx(12 * (1 + 1 / 2 + 1 / 3))
 
 
 def test_collective_alpha_beta_without_curve_is_the_ring_formula():
-    params = c.ModelParams.from_hardware(H200)
-    topo = c.topology(H200, 4, params)
-    coll = c.CollectiveModel.from_hardware(H200, topo, params)
+    params = ModelParams.from_hardware(H200)
+    topo = topology(H200, 4, params)
+    coll = CollectiveModel.from_hardware(H200, topo, params)
     b = 16 << 20
     expect = 3 * H200.link_latency_s + 3 * b / H200.link_bytes_per_s + params.collective_base_s
     assert coll.time("all_gather", b, 4) == pytest.approx(expect)
@@ -112,9 +128,9 @@ def test_collective_alpha_beta_without_curve_is_the_ring_formula():
 
 def test_pipeline_time_fill_and_drain():
     # compute-bound: the pipeline hides the transfer
-    assert c.pipeline_time(100.0, 10, 50.0, 1.0) == 100.0
+    assert pipeline_time(100.0, 10, 50.0, 1.0) == 100.0
     # link-bound: fill + all transfers + the last chunk's compute
-    assert c.pipeline_time(10.0, 10, 50.0, 1.0) == pytest.approx(1.0 + 50.0 + 1.0)
+    assert pipeline_time(10.0, 10, 50.0, 1.0) == pytest.approx(1.0 + 50.0 + 1.0)
 
 
 def test_parse_range():
@@ -147,16 +163,16 @@ def _fake_measurements(world: int = 4) -> dict:
 
 
 def _calibrated_spec(tmp_path=None):
-    from taxmodel.model.hardware import HardwareSpec
     from taxmodel.model.calibration import fit
+    from taxmodel.model.hardware import HardwareSpec
 
     d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
     return HardwareSpec.from_dict(json.loads(json.dumps(d)))
 
 
 def test_calibrate_fit_round_trip(tmp_path):
-    from taxmodel.model.hardware import load_hardware
     from taxmodel.model.calibration import fit
+    from taxmodel.model.hardware import load_hardware
 
     d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
     path = tmp_path / "h200-calibrated.json"
@@ -167,12 +183,12 @@ def test_calibrate_fit_round_trip(tmp_path):
     b = 1 << 27
     assert spec.link_bytes_per_s == pytest.approx(3 * b / ((0.012 + 3 * b / 300e9 * 1e3) * 1e-3))
     assert spec.host_launch_s == 16e-6 and spec.kernel_gap_s == 2.5e-6 and spec.flag_roundtrip_s == 3.3e-6
-    params = c.ModelParams.from_hardware(spec)
+    params = ModelParams.from_hardware(spec)
     assert params.peer_load_bytes_per_s == 320e9 and params.barrier_skew_s == 7e-6
     assert params.host_launch_torch_s == 9e-6 and params.peer_store_bytes_per_s_per_sm == 20e9
     assert params.sources["barrier_skew_s"].startswith("hardware extra")
     # the collective curve is used as measured at its own world size, exactly at its points
-    coll = c.CollectiveModel.from_hardware(spec, c.topology(spec, 4, params), params)
+    coll = CollectiveModel.from_hardware(spec, topology(spec, 4, params), params)
     assert coll.time("allgather", 1 << 22, 4) == pytest.approx((0.012 + 3 * (1 << 22) / 300e9 * 1e3) * 1e-3)
     # and its alpha-beta fit recovers the synthetic alpha and beta for another world size
     alpha, beta = coll.alpha_beta("allgather")
@@ -215,7 +231,7 @@ def test_instrumented_fused_waits_become_flag_wait():
     plain = predict("flash_decode", "fused", ragged, 4, H200).taxes_ns()
     # the records' own cost set to 0 here: this checks how the same timeline is split
     inst = predict("flash_decode", "fused", ragged, 4, H200,
-                   c.ModelParams.from_hardware(H200, instrumented=True, record_overhead_s=0.0)).taxes_ns()
+                   ModelParams.from_hardware(H200, instrumented=True, record_overhead_s=0.0)).taxes_ns()
     assert plain["flag_wait"] == 0 and inst["flag_wait"] > 0
     assert inst["window"] == pytest.approx(plain["window"])
     assert not math.isnan(inst["compute_inefficiency"])
@@ -226,8 +242,8 @@ def test_a_graph_launch_has_one_host_launch_and_no_host_starved_gaps():
     CUDA graph per iteration every kernel after the first is queued (kernel_gap only)."""
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
     hw = find_preset("h200")
-    eager = predict("flash_decode", "bsp", shape, 4, hw, c.ModelParams.from_hardware(hw)).taxes_ns()
-    graph = predict("flash_decode", "bsp", shape, 4, hw, c.ModelParams.from_hardware(hw, graph_launch=True)).taxes_ns()
+    eager = predict("flash_decode", "bsp", shape, 4, hw, ModelParams.from_hardware(hw)).taxes_ns()
+    graph = predict("flash_decode", "bsp", shape, 4, hw, ModelParams.from_hardware(hw, graph_launch=True)).taxes_ns()
     assert graph["host_starved"] == 0.0 and graph["launch_latency"] == 0.0
     assert graph["kernel_gap"] == pytest.approx(3 * hw.kernel_gap_s * 1e9, rel=1e-6)  # three queued gaps per rank
     assert eager["launch_tax"] > graph["launch_tax"]
@@ -235,11 +251,11 @@ def test_a_graph_launch_has_one_host_launch_and_no_host_starved_gaps():
 
 
 def test_a_device_gate_releases_the_last_rank_first_and_the_others_one_flag_latency_later():
-    p = c.ModelParams(flag_roundtrip_s=3e-6, barrier_skew_s=12.0, start_alignment="device")
-    assert c.release_offsets(4, p) == [0.0, 1.5e-6, 1.5e-6, 1.5e-6]
-    assert c.release_offsets(4, c.ModelParams(barrier_skew_s=12.0)) == c.start_offsets(4, 12.0)
+    p = ModelParams(flag_roundtrip_s=3e-6, barrier_skew_s=12.0, start_alignment="device")
+    assert release_offsets(4, p) == [0.0, 1.5e-6, 1.5e-6, 1.5e-6]
+    assert release_offsets(4, ModelParams(barrier_skew_s=12.0)) == start_offsets(4, 12.0)
     with pytest.raises(ValueError, match="start_alignment"):
-        c.release_offsets(2, c.ModelParams(start_alignment="sideways"))
+        release_offsets(2, ModelParams(start_alignment="sideways"))
 
 
 def test_a_gated_graph_iteration_starts_at_the_release_with_no_launch_cost_in_the_window():
@@ -248,11 +264,11 @@ def test_a_gated_graph_iteration_starts_at_the_release_with_no_launch_cost_in_th
     sees is that latency, far below the host barrier's."""
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
     hw = find_preset("h200")
-    host = c.ModelParams.from_hardware(hw, graph_launch=True, barrier_skew_s=20e-6)
-    gated = c.ModelParams.from_hardware(hw, graph_launch=True, barrier_skew_s=20e-6, start_alignment="device",
+    host = ModelParams.from_hardware(hw, graph_launch=True, barrier_skew_s=20e-6)
+    gated = ModelParams.from_hardware(hw, graph_launch=True, barrier_skew_s=20e-6, start_alignment="device",
                                         gate_hold_s=30e-6)
-    plans = [[c.KernelPlan("k", "compute", 5e-6, host_s=hw.host_launch_s)] for _ in range(4)]
-    rows = c.simulate(c.as_graph_launch(plans, gated), gated).rows
+    plans = [[KernelPlan("k", "compute", 5e-6, host_s=hw.host_launch_s)] for _ in range(4)]
+    rows = simulate(as_graph_launch(plans, gated), gated).rows
     starts = sorted(r["start"] for r in rows)
     assert starts == pytest.approx([gated.kernel_gap_s] + [gated.flag_roundtrip_s / 2 + gated.kernel_gap_s] * 3)
     for wl, var in (("flash_decode", "bsp"), ("flash_decode", "fused")):
@@ -270,7 +286,7 @@ def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bou
     from taxmodel.kernels.flash_decode.workload import kv_lengths, split_config
 
     hw = find_preset("h200")
-    p = c.ModelParams.from_hardware(hw, combine_step_s=0.9e-6)
+    p = ModelParams.from_hardware(hw, combine_step_s=0.9e-6)
     for batch in (1, 16):
         shape = {"batch": batch, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 16384}
         splits = plan_splits(batch, 4, kv_lengths(shape, 4)[0], hw.num_sms, split_config(shape, "cuda")).num_splits
@@ -278,7 +294,7 @@ def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bou
         steps = -(-splits // 4)
         bsp = predict("flash_decode", "bsp", shape, 4, hw, p).details
         assert bsp["combine_local"] == pytest.approx(max(p.kernel_overhead_s + steps * 0.9e-6,
-                                                         c.stream_time(batch * 32 * (splits + 1) * 129 * 4, hw, p)))
+                                                         stream_time(batch * 32 * (splits + 1) * 129 * 4, hw, p)))
         assert predict("flash_decode", "fused", shape, 4, hw, p).details["local_combine"] == pytest.approx(steps * 0.9e-6)
     # spread: 4 slices of 2 rows fold 16 partials per step
     spread = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 16384, "fused_slices": 4}
@@ -287,7 +303,7 @@ def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bou
         -(-splits // 16) * 0.9e-6)
 
 
-def _kw(p: c.ModelParams) -> dict:
+def _kw(p: ModelParams) -> dict:
     """The given (non-default) fields of ``p``, to build a variant of it."""
     return {k: getattr(p, k) for k, src in p.sources.items() if src == "given"}
 
@@ -300,7 +316,7 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     a serial release-exchange of every rank's flag, and whose combiner first waits on every rank's
     flag in turn); slice combiners first wait for their pair's ready word."""
     hw = find_preset("h200")
-    p = c.ModelParams.from_hardware(hw, peer_store_bytes_per_s=300e9, peer_store_bytes_per_s_per_sm=20e9,
+    p = ModelParams.from_hardware(hw, peer_store_bytes_per_s=300e9, peer_store_bytes_per_s_per_sm=20e9,
                                     peer_load_latency_s=1e-6, combine_step_s=1e-6, ll_merge_step_s=1.3e-6)
     lat, step = 1e-6, 1.3e-6  # LL merges poll and merge one peer's words a step: ll_merge_step_s
     b1 = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
@@ -317,7 +333,7 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     spread = predict("flash_decode", "fused", {**b1, "fused_slices": 4}, 4, hw, p).details
     assert spread["push"] == pytest.approx(16 * 3 * 2 * 129 * 8 / 300e9 + lat)  # just over 16 x 6 KiB / 20 GB/s
     waited = predict("flash_decode", "fused", {**b1, "fused_slices": 4}, 4, hw,
-                     c.ModelParams.from_hardware(hw, **{**_kw(p), "flag_wait_gpu_s": 2e-6})).details
+                     ModelParams.from_hardware(hw, **{**_kw(p), "flag_wait_gpu_s": 2e-6})).details
     assert waited["fused_work"] - spread["fused_work"] == pytest.approx(2e-6 - p.flag_wait_gpu_s)
     # batch 16 spread: 256 slices, but only as many slice combiners push at once as the kernel has
     # (at most half the SMs: 66 on an H200)
@@ -335,9 +351,9 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
 
 
 def test_a_push_wave_is_bound_by_one_sm_or_by_the_shared_bandwidth():
-    assert c.push_wave_time(1e6, 1, 20e9, 300e9, 1e-6) == pytest.approx(1e6 / 20e9 + 1e-6)
-    assert c.push_wave_time(1e6, 100, 20e9, 300e9, 1e-6) == pytest.approx(100e6 / 300e9 + 1e-6)
-    assert c.push_wave_time(0.0, 4, 20e9, 300e9, 1e-6) == 0.0
+    assert push_wave_time(1e6, 1, 20e9, 300e9, 1e-6) == pytest.approx(1e6 / 20e9 + 1e-6)
+    assert push_wave_time(1e6, 100, 20e9, 300e9, 1e-6) == pytest.approx(100e6 / 300e9 + 1e-6)
+    assert push_wave_time(0.0, 4, 20e9, 300e9, 1e-6) == 0.0
 
 
 def test_the_hardware_note_replaces_the_plain_hardware_line_once():
@@ -361,7 +377,7 @@ def test_an_instrumented_fused_kernel_pays_its_records_own_cost():
     hw = find_preset("h200")
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
     for variant, extra in (("fused", 1), ("bsp", 0)):
-        plain = predict("flash_decode", variant, shape, 2, hw, c.ModelParams.from_hardware(hw)).window_ns
+        plain = predict("flash_decode", variant, shape, 2, hw, ModelParams.from_hardware(hw)).window_ns
         inst = predict("flash_decode", variant, shape, 2, hw,
-                       c.ModelParams.from_hardware(hw, instrumented=True, record_overhead_s=3e-6)).window_ns
+                       ModelParams.from_hardware(hw, instrumented=True, record_overhead_s=3e-6)).window_ns
         assert inst - plain == pytest.approx(extra * 3e3, abs=1.0), variant

@@ -12,7 +12,16 @@ from hypothesis import strategies as st
 
 from taxmodel.errors import InputError
 from taxmodel.model.analytic import MODELS, gemm_rs, predict, variants
-from taxmodel.model.analytic import common as c
+from taxmodel.model.analytic.collective_model import CollectiveModel
+from taxmodel.model.analytic.costs import wave_inflation
+from taxmodel.model.analytic.params import ModelParams
+from taxmodel.model.analytic.timeline import (
+    KernelPlan,
+    simulate,
+    start_offsets,
+    timeline_events,
+)
+from taxmodel.model.analytic.topology import topology
 from taxmodel.model.hardware import HardwareSpec, find_preset
 
 #: A calibrated toy GPU: 1 PFLOP/s bf16 (50 TFLOP/s fp32), 4 TB/s HBM, 400 GB/s link with 5 us latency, 200 GB/s of
@@ -28,14 +37,14 @@ SLAB4 = 2048 * 8192 * 2  # one rank's rows of C at 4 ranks, bf16
 
 
 def _plans(variant: str, shape: dict, world: int, hw: HardwareSpec = TOY, **overrides):
-    params = c.ModelParams.from_hardware(hw, **overrides)
-    coll = c.CollectiveModel.from_hardware(hw, c.topology(hw, world, params), params)
+    params = ModelParams.from_hardware(hw, **overrides)
+    coll = CollectiveModel.from_hardware(hw, topology(hw, world, params), params)
     plans, det, notes = gemm_rs.plans(variant, shape, world, hw, params, coll)
     return plans, det, notes, params
 
 
 def _rows(plans, params, rank: int) -> list[dict]:
-    return [r for r in c.simulate(plans, params).rows if r["rank"] == rank]
+    return [r for r in simulate(plans, params).rows if r["rank"] == rank]
 
 
 def test_registered_with_its_variants():
@@ -52,7 +61,7 @@ def test_bsp_component_times_and_timeline_by_hand():
     assert det == pytest.approx({"gemm": gemm, "reduce_scatter": rs}, rel=1e-12)
     assert [p.name for p in plans[0]] == [gemm_rs.VENDOR_GEMM, gemm_rs.NCCL_RS]
     # The last rank to leave the barrier sets the collective's start; everyone ends together.
-    offs = c.start_offsets(4, params.barrier_skew_s)
+    offs = start_offsets(4, params.barrier_skew_s)
     hv, lat, gap = params.host_launch_torch_s, params.launch_latency_s, params.kernel_gap_s
     end = offs[-1] + hv + lat + gemm + gap + rs
     for r in range(4):
@@ -88,8 +97,8 @@ def test_fused_link_bound_component_times_by_hand():
     assert det["gemm_kernel"] == pytest.approx(max(gemm + comm, finish + lat), rel=1e-12)
     assert det["gemm_kernel"] == pytest.approx(gemm + comm, rel=1e-12)  # 811 us: more than the last push (505 us)
     # 4 slots in, the slab out; first a wait on each of the tile's 4 flags, one after another
-    assert det["reduce"] == pytest.approx(5 * SLAB4 / (4e12 * 0.8) + T0 + 4 * c.ModelParams().flag_wait_s, rel=1e-12)
-    assert det["flag"] == pytest.approx(c.ModelParams().flag_roundtrip_s / 2)
+    assert det["reduce"] == pytest.approx(5 * SLAB4 / (4e12 * 0.8) + T0 + 4 * ModelParams().flag_wait_s, rel=1e-12)
+    assert det["flag"] == pytest.approx(ModelParams().flag_roundtrip_s / 2)
 
 
 def test_fused_compute_bound_hides_the_pushes_in_the_gemm():
@@ -112,7 +121,7 @@ def test_fused_reduction_waits_for_the_last_ranks_pushes():
     # ranks released 300 us x (1, 1/2, 1/3) apart: more than the 306 us between the last push
     # landing and the GEMM's end, so the first ranks' reductions wait for the last rank's pushes
     plans, det, _, params = _plans("fused", BIG, 4, barrier_skew_s=300e-6)
-    offs = c.start_offsets(4, params.barrier_skew_s)
+    offs = start_offsets(4, params.barrier_skew_s)
     ht, lat, gap = params.host_launch_triton_s, params.launch_latency_s, params.kernel_gap_s
     for r in range(4):
         gemm, red = _rows(plans, params, r)
@@ -131,8 +140,8 @@ def test_fused_reduction_waits_for_the_last_ranks_pushes():
 
 def test_torch_fused_structure_and_overlap():
     plans, det, _, params = _plans("torch_fused", BIG, 4)
-    chunk = 2 * 2048 * 8192 * 2048 / 1e15 * c.wave_inflation(2048, 8192, (256, 128), 132) \
-        / c.wave_inflation(8192, 8192, (256, 128), 132) + T0
+    chunk = 2 * 2048 * 8192 * 2048 / 1e15 * wave_inflation(2048, 8192, (256, 128), 132) \
+        / wave_inflation(8192, 8192, (256, 128), 132) + T0
     assert det["gemm_chunk"] == pytest.approx(chunk, rel=1e-12)
     assert det["copy_chunk"] == pytest.approx(SLAB4 / 2.5e11 + T0, rel=1e-12)
     assert det["sum"] == pytest.approx(5 * SLAB4 / 4e12 + T0, rel=1e-12)
@@ -153,10 +162,10 @@ def test_torch_fused_structure_and_overlap():
 
 
 def test_simulate_rejects_an_after_that_is_not_earlier():
-    params = c.ModelParams()
-    bad = [[c.KernelPlan("a", "compute", 1e-6, 1e-6), c.KernelPlan("b", "comm", 1e-6, 1e-6, stream=1, after=1)]]
+    params = ModelParams()
+    bad = [[KernelPlan("a", "compute", 1e-6, 1e-6), KernelPlan("b", "comm", 1e-6, 1e-6, stream=1, after=1)]]
     with pytest.raises(ValueError, match="not an earlier one"):
-        c.simulate(bad, params)
+        simulate(bad, params)
 
 
 @pytest.mark.parametrize("variant", ["bsp", "fused", "torch_fused"])
@@ -187,7 +196,7 @@ def test_bsp_tax_grows_with_world_size_for_fixed_work_per_rank():
 def test_fused_beats_bsp_when_the_pushes_hide_behind_the_gemm():
     """At 4 ranks with fast peer stores the pushes cost each program little and the reduce-scatter
     is gone: fused is faster than bsp (on the datasheet H200 it is not at M=8192: docs/model.md)."""
-    fast = c.ModelParams.from_hardware(TOY, peer_store_bytes_per_s=4e12, peer_store_bytes_per_s_per_sm=1e11)
+    fast = ModelParams.from_hardware(TOY, peer_store_bytes_per_s=4e12, peer_store_bytes_per_s_per_sm=1e11)
     for m in (4096, 8192):
         shape = {"M": m, "N": 8192, "K": 8192}
         fused = predict("gemm_rs", "fused", shape, 4, TOY, fast)
@@ -206,7 +215,7 @@ def test_instrumented_fused_waits_become_flag_wait():
     plain = predict("gemm_rs", "fused", shape, 8, H200).taxes_ns()
     # the records' own cost set to 0 here: this checks how the same timeline is split
     inst = predict("gemm_rs", "fused", shape, 8, H200,
-                   c.ModelParams.from_hardware(H200, instrumented=True, record_overhead_s=0.0)).taxes_ns()
+                   ModelParams.from_hardware(H200, instrumented=True, record_overhead_s=0.0)).taxes_ns()
     assert plain["flag_wait"] == 0 and inst["flag_wait"] > 0
     assert inst["window"] == pytest.approx(plain["window"])
 
@@ -231,7 +240,7 @@ def test_instrumented_fused_pushes_become_exposed_communication():
     """With records, the GEMM's per-program push time is a store_push record: the ledger's exposed
     communication equals it, and the window does not change (the records' own cost set to 0)."""
     shape = {"M": 8192, "N": 8192, "K": 8192}
-    params = c.ModelParams.from_hardware(TOY, instrumented=True, record_overhead_s=0.0)
+    params = ModelParams.from_hardware(TOY, instrumented=True, record_overhead_s=0.0)
     _, det, _, _ = _plans("fused", shape, 2)
     assert det["push_per_program"] > 0
     inst = predict("gemm_rs", "fused", shape, 2, TOY, params).taxes_ns()
@@ -251,8 +260,8 @@ def test_the_fused_gemm_takes_its_own_fitted_efficiency_when_there_is_one():
     from taxmodel.model.analytic import ag_gemm
 
     def ag_details(**over) -> dict:
-        params = c.ModelParams.from_hardware(TOY, **over)
-        coll = c.CollectiveModel.from_hardware(TOY, c.topology(TOY, 4, params), params)
+        params = ModelParams.from_hardware(TOY, **over)
+        coll = CollectiveModel.from_hardware(TOY, topology(TOY, 4, params), params)
         return ag_gemm.plans("pull", {"M": 8192, "N": 8192, "K": 8192}, 4, TOY, params, coll)[1]
 
     ag, ag_ref = ag_details(rs_gemm_efficiency=0.5), ag_details()
@@ -293,7 +302,7 @@ def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):
     for variant, world in (("bsp", 4), ("fused", 2), ("torch_fused", 4)):
         shape = {"M": 4096, "N": 4096, "K": 4096}
         plans, _, _, params = _plans(variant, shape, world, hw)
-        events = c.timeline_events(c.simulate(plans, params), iterations=3)
+        events = timeline_events(simulate(plans, params), iterations=3)
         meta = make_meta(source="capture", workload="gemm_rs", variant=variant, shape=shape, world_size=world,
                          ranks=list(range(world)), hardware={"name": "NVIDIA H200"},
                          clock_offsets_ns={str(r): 0 for r in range(world)},

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from taxmodel.model.analytic import flash_decode, predict
-from taxmodel.model.analytic import common as c
+from taxmodel.model.analytic.collective_model import CollectiveModel
+from taxmodel.model.analytic.params import ModelParams
+from taxmodel.model.analytic.topology import topology
 from taxmodel.model.hardware import HardwareSpec
 
 SHIPPED = Path(__file__).resolve().parents[2] / "taxmodel" / "data" / "hardware" / "h200-calibrated.json"
@@ -41,9 +43,9 @@ def _spec(collectives: dict | None, eager: dict | None = None) -> HardwareSpec:
     return HardwareSpec.from_dict(d)
 
 
-def _coll(spec: HardwareSpec, world: int = 4) -> c.CollectiveModel:
-    params = c.ModelParams.from_hardware(spec)
-    return c.CollectiveModel.from_hardware(spec, c.topology(spec, world, params), params)
+def _coll(spec: HardwareSpec, world: int = 4) -> CollectiveModel:
+    params = ModelParams.from_hardware(spec)
+    return CollectiveModel.from_hardware(spec, topology(spec, world, params), params)
 
 
 def _loglog(b: float, times) -> float:
@@ -69,7 +71,7 @@ def test_the_eager_reference_curve_is_never_used():
 @pytest.mark.parametrize("graph_launch", [True, False])
 def test_flash_decode_bsp_all_gather_takes_the_curve_time_for_both_launch_modes(graph_launch):
     spec = _spec(_curve(GRAPH_S, "graph"))
-    params = c.ModelParams.from_hardware(spec, graph_launch=graph_launch)
+    params = ModelParams.from_hardware(spec, graph_launch=graph_launch)
     p = predict("flash_decode", "bsp", FD, 4, spec, params)
     assert p.details["all_gather"] == pytest.approx(_loglog(PACKED, GRAPH_S), rel=1e-12)
     assert any("graph-timed" in a for a in p.assumptions)
@@ -89,7 +91,7 @@ def test_the_ranks_skew_comes_from_the_timeline_not_from_the_curve(graph_launch)
     taxes = {}
     for name, spec in (("fast", fast), ("slow", slow)):
         for skew in (0.0, 11.5e-6):
-            params = c.ModelParams.from_hardware(spec, graph_launch=graph_launch, barrier_skew_s=skew)
+            params = ModelParams.from_hardware(spec, graph_launch=graph_launch, barrier_skew_s=skew)
             p = predict("flash_decode", "bsp", FD, 4, spec, params)
             taxes[name, skew] = (p.taxes_ns(), p.details["all_gather"])
     for skew in (0.0, 11.5e-6):
@@ -179,7 +181,7 @@ def test_curves_of_other_world_sizes_are_dropped_beyond_one_domain_and_when_bad(
     coll = _coll(spec, 2)
     assert set(coll.by_world) == {2}  # one point is no curve; the file's own 4-rank curve wins over a duplicate
     assert coll.timing == {op: "graph" for op in OPS} and coll.time("allgather", 65536, 4) == pytest.approx(9e-6)
-    params = c.ModelParams.from_hardware(spec, domain_size=1)
-    split = c.CollectiveModel.from_hardware(spec, c.topology(spec, 2, params), params)
+    params = ModelParams.from_hardware(spec, domain_size=1)
+    split = CollectiveModel.from_hardware(spec, topology(spec, 2, params), params)
     assert split.curves == {} and split.by_world == {}
     assert "no calibrated curve" in split.curve_note(2)

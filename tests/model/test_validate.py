@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from taxmodel.cli import cli
 from taxmodel.model import validate as val
 from taxmodel.model.analytic import predict
-from taxmodel.model.analytic.common import ModelParams, simulate, timeline_events
+from taxmodel.model.analytic.params import ModelParams
+from taxmodel.model.analytic.timeline import simulate, timeline_events
 from taxmodel.trace.bundle import make_meta, write_bundle
 from taxmodel.trace.synthetic import synthetic_bundle
 
@@ -85,7 +86,8 @@ def test_stream_efficiency_is_fitted_on_the_split_kernel_not_the_skewed_window(t
     """Rank skew stretches a profiled step but not the split-KV kernel: fitted on the kernel's own
     duration, the streaming efficiency comes back as the model made the bundle, skew or not."""
     from taxmodel.model.analytic import flash_decode
-    from taxmodel.model.analytic.common import CollectiveModel, topology
+    from taxmodel.model.analytic.collective_model import CollectiveModel
+    from taxmodel.model.analytic.topology import topology
 
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 65536}
     params = ModelParams.from_hardware(H200)

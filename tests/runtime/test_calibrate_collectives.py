@@ -17,13 +17,11 @@ import torch.distributed as dist
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shipped_calibration import shipped_four_ranks
 
 from taxmodel.errors import InputError
 from taxmodel.model import calibration as calfit
 from taxmodel.runtime import calibrate as cal
-from shipped_calibration import shipped_four_ranks
-
-
 
 # --- graph_per_call_ms: what cancels, what is kept ------------------------------------------------
 
@@ -152,13 +150,15 @@ def test_curves_prefer_the_traced_kernel_time_and_say_which_they_hold():
     assert curve["reduce_scatter"][0] == [8192, pytest.approx((0.008 + 3 * 8192 / 320e9 * 1e3) * 1e-3)]
     assert curve["graph_points"] == {"allgather": "kernel"}  # the others are per-call times (no label)
     assert "graph_points" not in calfit.collective_curves(_meas(), 4)[0]  # files without traced times stay as they were
-    from taxmodel.model.analytic import common as c
+    from taxmodel.model.analytic.collective_model import CollectiveModel
+    from taxmodel.model.analytic.params import ModelParams
+    from taxmodel.model.analytic.topology import topology
     from taxmodel.model.hardware import HardwareSpec, find_preset
 
     hw = find_preset("H200 SXM")
     spec = HardwareSpec.from_dict({**hw.to_dict(), "collectives": curve})  # the model reads the points, skips the label
-    params = c.ModelParams.from_hardware(spec)
-    coll = c.CollectiveModel.from_hardware(spec, c.topology(spec, 4, params), params)
+    params = ModelParams.from_hardware(spec)
+    coll = CollectiveModel.from_hardware(spec, topology(spec, 4, params), params)
     assert coll.time("allgather", 8192, 4) == pytest.approx(curve["allgather"][0][1])
     assert set(coll.curves) == {"allgather", "allreduce", "reduce_scatter"}
     assert "traced time" not in calfit._curve_note(curve)

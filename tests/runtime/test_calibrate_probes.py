@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from taxmodel.model import calibration as calfit
-from shipped_calibration import shipped_four_ranks
 
+from shipped_calibration import shipped_four_ranks
 
 # --- the flash decode combine step -----------------------------------------------------------------
 
@@ -30,7 +30,7 @@ def test_the_combine_step_is_the_median_over_the_grid_of_the_kernel_less_its_fix
 
 
 def test_a_combine_update_sets_the_models_step_and_changes_nothing_else():
-    from taxmodel.model.analytic.common import ModelParams
+    from taxmodel.model.analytic.params import ModelParams
     from taxmodel.model.hardware import HardwareSpec
 
     shipped = shipped_four_ranks()
@@ -49,7 +49,7 @@ def test_a_combine_update_sets_the_models_step_and_changes_nothing_else():
 
 
 def test_a_sync_update_gives_the_model_both_flag_waits():
-    from taxmodel.model.analytic.common import ModelParams
+    from taxmodel.model.analytic.params import ModelParams
     from taxmodel.model.hardware import HardwareSpec
 
     shipped = shipped_four_ranks()
@@ -66,6 +66,7 @@ def test_a_sync_update_gives_the_model_both_flag_waits():
 @pytest.mark.parametrize("gpu_scope", [False, True])
 def test_the_flag_probe_waits_on_each_flag_and_a_missing_one_gives_up(gpu_scope):
     from taxmodel.kernels import _sync
+
     from taxmodel.runtime import calibrate_sync
 
     flags = torch.ones(8, dtype=torch.int64)

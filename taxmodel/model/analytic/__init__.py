@@ -4,7 +4,8 @@
         -> Prediction (summary() in the columns of Ledger.summary())
 
 One module per workload (``ag_gemm.py``, ``flash_decode.py``, ``gemm_rs.py``) turns a shape into each rank's
-kernel plans; ``common.py`` places them on a timeline and splits it with the measured ledger.
+kernel plans from the building blocks (``params``, ``topology``, ``costs``, ``collective_model``);
+``timeline`` places them on a timeline and ``prediction`` splits it with the measured ledger.
 """
 from __future__ import annotations
 
@@ -19,8 +20,12 @@ from taxmodel.model.hardware import HardwareSpec, find_preset, load_hardware, no
 from taxmodel.trace.capture_meta import CaptureSettings
 
 from . import ag_gemm, flash_decode, gemm_rs
+from .collective_model import CollectiveModel
 from .fitted import fitted_for
-from .common import CollectiveModel, ModelParams, as_graph_launch, Prediction, predicted_ledger, standard_assumptions, topology
+from .params import ModelParams
+from .prediction import Prediction, predicted_ledger, standard_assumptions
+from .timeline import as_graph_launch
+from .topology import topology
 
 MODELS = {"ag_gemm": ag_gemm, "flash_decode": flash_decode, "gemm_rs": gemm_rs}
 

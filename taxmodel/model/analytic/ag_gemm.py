@@ -4,7 +4,7 @@ Per rank (W ranks, M global rows, A shard [M/W, K], B [K, N_loc], element size e
 - bsp: NCCL all_gather of M/W*K*e bytes per rank (collective model), then a vendor GEMM
   M x N_loc x K (W = 1: a device copy of A instead of the collective).
 - pull and push: one persistent Triton GEMM (own rows first), each remote M-block consumed when
-  its flag arrives (fill/drain pipeline, common.pipeline_time; the GEMM cannot end before the
+  its flag arrives (fill/drain pipeline, costs.pipeline_time; the GEMM cannot end before the
   slowest peer's blocks arrived: a synced fused kernel). The transport (``ModelParams.ag_transport``,
   as ``GemmConfig.transport``): "ce" copy engines, one stream per peer at the P2P copy bandwidth,
   the host enqueueing a copy and a flag write per block and peer before it launches the GEMM (that
@@ -21,7 +21,11 @@ from typing import Any, Mapping
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec
 
-from . import common as c
+from .collective_model import CollectiveModel
+from .costs import cdiv, gemm_time, pipeline_time, shape_dtype, stream_time
+from .params import ModelParams
+from .timeline import KernelPlan
+from .topology import topology
 
 VARIANTS = ("bsp", "pull", "push", "torch_fused")
 NCCL_AG = "ncclDevKernel_AllGather_RING_LL"
@@ -38,12 +42,12 @@ def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int,
         raise InputError(f"ag_gemm: M={m} must be a multiple of the world size {world}")
     if tp and n % world:
         raise InputError(f"ag_gemm: tensor-parallel layout needs N={n} divisible by the world size {world}")
-    elt, dtype = c.shape_dtype(shape)
+    elt, dtype = shape_dtype(shape)
     return m, m // world, (n // world if tp else n), k, elt, dtype
 
 
-def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: c.ModelParams,
-          coll: c.CollectiveModel) -> tuple[list[list[c.KernelPlan]], dict[str, float], list[str]]:
+def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: ModelParams,
+          coll: CollectiveModel) -> tuple[list[list[KernelPlan]], dict[str, float], list[str]]:
     """Kernel plans of every rank, the component times (seconds) and variant-specific assumptions."""
     m, m_loc, n_loc, k, elt, dtype = dims(shape, world)
     shard = m_loc * k * elt
@@ -51,14 +55,14 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     det: dict[str, float] = {}
     hv = params.host_launch_torch_s
     if variant == "bsp":
-        det["gemm"] = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="vendor", elt=elt)
+        det["gemm"] = gemm_time(m, n_loc, k, dtype, hw, params, kind="vendor", elt=elt)
         if world > 1:
             det["all_gather"] = coll.time("allgather", shard, world)
-            first = c.KernelPlan(NCCL_AG, "comm", det["all_gather"], hv, collective="allgather")
+            first = KernelPlan(NCCL_AG, "comm", det["all_gather"], hv, collective="allgather")
         else:
-            det["copy"] = c.stream_time(2 * shard, hw, params, triton=False)
-            first = c.KernelPlan("Memcpy DtoD", "copy", det["copy"], hv)
-        one = [first, c.KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv)]
+            det["copy"] = stream_time(2 * shard, hw, params, triton=False)
+            first = KernelPlan("Memcpy DtoD", "copy", det["copy"], hv)
+        one = [first, KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv)]
         notes.append("bsp: all_gather from the collective model, then the vendor GEMM at the calibrated rate with "
                      f"{params.vendor_tile[0]}x{params.vendor_tile[1]} tile/wave quantization")
         return [list(one) for _ in range(world)], det, notes
@@ -67,18 +71,18 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     if variant == "torch_fused":
         if world == 1:
             raise InputError("ag_gemm/torch_fused needs more than one rank")
-        chunk = c.gemm_time(m_loc, n_loc, k, dtype, hw, params, kind="vendor", elt=elt)
+        chunk = gemm_time(m_loc, n_loc, k, dtype, hw, params, kind="vendor", elt=elt)
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s)
         copy = shard / p2p + params.kernel_overhead_s
         det.update({"gemm_chunk": chunk, "copy_chunk": copy})
-        one: list[c.KernelPlan] = [c.KernelPlan(VENDOR_GEMM, "compute", chunk, hv)]
+        one: list[KernelPlan] = [KernelPlan(VENDOR_GEMM, "compute", chunk, hv)]
         # Copies run one after another on a copy stream from the start; chunk i's GEMM can start
         # only after copy i is done and GEMM i-1 ended: its wait is modeled as a longer GEMM.
-        one += [c.KernelPlan("Memcpy PtoP (symm_mem copy)", "comm", copy, hv / 2, stream=1) for _ in range(1, world)]
+        one += [KernelPlan("Memcpy PtoP (symm_mem copy)", "comm", copy, hv / 2, stream=1) for _ in range(1, world)]
         gemm_end = chunk
         for step in range(1, world):
             start = max(gemm_end, step * copy)
-            one.append(c.KernelPlan(VENDOR_GEMM, "compute", chunk + (start - gemm_end), hv))
+            one.append(KernelPlan(VENDOR_GEMM, "compute", chunk + (start - gemm_end), hv))
             gemm_end = start + chunk
         notes.append("torch_fused: W chunked vendor GEMMs (M/W rows each), copies on copy-engine streams at the "
                      "P2P copy bandwidth; a chunk waiting for its copy shows as longer GEMM time")
@@ -92,20 +96,20 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     ht = params.host_launch_triton_s
     transport = params.ag_transport
     if world == 1:
-        det["triton_gemm"] = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
-        return [[c.KernelPlan(FUSED, "fused", det["triton_gemm"], ht)]], det, notes
-    if not c.topology(hw, world, params).single_domain:
+        det["triton_gemm"] = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        return [[KernelPlan(FUSED, "fused", det["triton_gemm"], ht)]], det, notes
+    if not topology(hw, world, params).single_domain:
         raise InputError(f"ag_gemm/{variant} at {world} GPUs spans several NVLink/xGMI domains: peer access through a "
                          "symmetric heap needs one domain; out of the model's scope")
     notes.append(f"Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
                  f"({params.sources.get('triton_gemm_efficiency', 'default')}); transport '{transport}'")
-    blocks = c.cdiv(m_loc, BLOCK_M)
+    blocks = cdiv(m_loc, BLOCK_M)
     flag = params.flag_roundtrip_s / 2
     if transport == "direct":
         if variant != "pull":
             raise InputError("transport 'direct' exists for pull only")
-        gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
-        n_tiles = c.cdiv(n_loc, BLOCK_N)
+        gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        n_tiles = cdiv(n_loc, BLOCK_N)
         peer_bw = params.peer_load_bytes_per_s or hw.link_bytes_per_s
         det.update({"triton_gemm": gemm, "remote_link": (world - 1) * shard * n_tiles / peer_bw})
         own = (gemm - params.kernel_overhead_s) / world
@@ -113,35 +117,35 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         det["fused_kernel"] = params.kernel_overhead_s + own + params.peer_load_latency_s + remote
         notes.append(f"pull/direct: each remote A tile crosses the link once per N-tile ({n_tiles}x the all-gather's "
                      f"bytes) at {peer_bw / 1e9:.0f} GB/s peer-load bandwidth ({params.sources.get('peer_load_bytes_per_s', 'default')})")
-        return [[c.KernelPlan(FUSED, "fused", det["fused_kernel"], ht)] for _ in range(world)], det, notes
+        return [[KernelPlan(FUSED, "fused", det["fused_kernel"], ht)] for _ in range(world)], det, notes
     if transport == "ce":
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s / max(world - 1, 1))
         per_peer = shard / p2p  # one copy stream per peer, all at once; each pair at the P2P copy rate
         xfer = max(per_peer, (world - 1) * shard / hw.link_bytes_per_s)
         host_pre = 2 * blocks * params.host_copy_call_s  # per peer stream: a copy and a flag write per block
-        gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
-        copies = [c.KernelPlan(f"Memcpy PtoP ({'push' if variant == 'push' else 'pull'})", "comm", xfer, host_pre,
+        gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        copies = [KernelPlan(f"Memcpy PtoP ({'push' if variant == 'push' else 'pull'})", "comm", xfer, host_pre,
                                stream=1 + i) for i in range(world - 1)]
         lead = (world - 1) * host_pre + ht  # the GEMM's launch returns after every copy call and its own
         notes.append(f"{variant}/ce: copy engines at {p2p / 1e9:.0f} GB/s per peer pair, {2 * blocks} calls of "
                      f"{params.host_copy_call_s * 1e6:.0f} us per peer before the GEMM launch; the GEMM keeps every SM")
     elif transport == "sm":
         progs = 32
-        gemm = c.gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
         store_bw = min(params.peer_store_bytes_per_s or hw.link_bytes_per_s, progs * params.peer_store_bytes_per_s_per_sm)
         xfer = (world - 1) * shard / store_bw
-        copies = [c.KernelPlan("copy_blocks_kernel", "comm", xfer, ht, stream=1)]
+        copies = [KernelPlan("copy_blocks_kernel", "comm", xfer, ht, stream=1)]
         lead = ht
         notes.append(f"{variant}/sm: a {progs}-program copy kernel at {store_bw / 1e9:.0f} GB/s sharing the SMs with the GEMM")
     else:
         raise InputError(f"unknown ag_gemm transport {transport!r}; use ce, sm or direct")
     first = xfer / blocks + flag
-    pipe = c.pipeline_time(gemm, blocks, xfer, first, local_fraction=1.0 / world)
+    pipe = pipeline_time(gemm, blocks, xfer, first, local_fraction=1.0 / world)
     drain = (gemm - params.kernel_overhead_s) * (1 - 1.0 / world) / blocks
     det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": pipe})
     # the GEMM cannot finish before the slowest peer's blocks arrived (measured from its own start)
     sync_after = max(xfer + flag - lead, 0.0)
-    gemm_plan = c.KernelPlan(FUSED, "fused", pipe - drain, ht, sync=True, post_s=drain, sync_after_s=sync_after)
+    gemm_plan = KernelPlan(FUSED, "fused", pipe - drain, ht, sync=True, post_s=drain, sync_after_s=sync_after)
     return [copies + [gemm_plan] for _ in range(world)], det, notes
 
 

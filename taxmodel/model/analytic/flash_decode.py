@@ -18,7 +18,7 @@ dominate: 20-30 us on one H200, where bandwidth alone says 1 us.
 - fused: one kernel; workers do the split and the local combine, the last worker per head group
   stores the combined partial into every peer (LL words: value and epoch in one store, no fence;
   8 bytes per 4-byte value) from one CTA, so at one SM's peer-store rate unless the pushing CTAs
-  together exceed the GPU's peer-store bandwidth (``common.push_wave_time``), and then waits for
+  together exceed the GPU's peer-store bandwidth (``costs.push_wave_time``), and then waits for
   every rank's partial of its group (the slowest rank's work + a one-way latency, modelled as
   half a flag round trip), then combines them: with LL words one serial step per peer (it polls
   each peer's words and merges them in rank order; ``ll_merge_step_s`` each, fitted on the
@@ -33,7 +33,11 @@ from typing import Any, Mapping
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec
 
-from . import common as c
+from .collective_model import CollectiveModel
+from .costs import push_wave_time, serial_steps_time, sm_count, stream_time
+from .params import ModelParams
+from .timeline import KernelPlan
+from .topology import topology
 
 VARIANTS = ("bsp", "fused")
 SPLIT, COMBINE_LOCAL, COMBINE_GLOBAL = "flash_decode_split_kv", "flash_decode_combine_local", "flash_decode_combine_global"
@@ -48,8 +52,8 @@ def _dims(shape: Mapping[str, int]) -> tuple[int, int, int, int]:
         raise InputError(f"flash_decode shape needs batch, q_heads, kv_heads, head_dim and kv_len; missing {exc}") from exc
 
 
-def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: c.ModelParams,
-          coll: c.CollectiveModel) -> tuple[list[list[c.KernelPlan]], dict[str, float], list[str]]:
+def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: ModelParams,
+          coll: CollectiveModel) -> tuple[list[list[KernelPlan]], dict[str, float], list[str]]:
     from taxmodel.kernels.flash_decode.split_kv import SplitConfig, plan_splits
     from taxmodel.kernels.flash_decode.workload import kv_lengths, split_config
 
@@ -64,7 +68,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
 
     lens = kv_lengths(shape, world)
     cfg = split_config(shape, "cuda") if isinstance(shape, Mapping) else SplitConfig()
-    num_sms = c.sm_count(hw)
+    num_sms = sm_count(hw)
     packed = b * hq * (d + 1) * 4
     out_bytes = b * hq * d * 2
     ht, hv = params.host_launch_triton_s, params.host_launch_torch_s
@@ -81,23 +85,23 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     if variant == "bsp":
         ag = coll.time("allgather", packed, world) if world > 1 else 0.0
         rows = max(group // max(int(shape.get("bsp_slices", 1)), 1), 1)
-        glob = max(c.stream_time(world * packed + out_bytes, hw, params),  # W partials: one step (NB = next_pow2(W))
-                   params.kernel_overhead_s + c.serial_steps_time(1, params))
+        glob = max(stream_time(world * packed + out_bytes, hw, params),  # W partials: one step (NB = next_pow2(W))
+                   params.kernel_overhead_s + serial_steps_time(1, params))
         out = []
         for kv, partials, splits in per_rank:
-            split = c.stream_time(kv + partials, hw, params)
-            local = max(c.stream_time(partials + packed, hw, params),
-                        params.kernel_overhead_s + c.serial_steps_time(steps(splits, rows), params))
-            ks = [c.KernelPlan(SPLIT, "compute", split, ht), c.KernelPlan(COMBINE_LOCAL, "compute", local, ht)]
+            split = stream_time(kv + partials, hw, params)
+            local = max(stream_time(partials + packed, hw, params),
+                        params.kernel_overhead_s + serial_steps_time(steps(splits, rows), params))
+            ks = [KernelPlan(SPLIT, "compute", split, ht), KernelPlan(COMBINE_LOCAL, "compute", local, ht)]
             if world > 1:
-                ks.append(c.KernelPlan(NCCL_AG, "comm", ag, hv, collective="allgather"))
-            ks.append(c.KernelPlan(COMBINE_GLOBAL, "compute", glob, ht))
+                ks.append(KernelPlan(NCCL_AG, "comm", ag, hv, collective="allgather"))
+            ks.append(KernelPlan(COMBINE_GLOBAL, "compute", glob, ht))
             out.append(ks)
         det.update({"split_kv": mean([p[0].duration_s for p in out]), "combine_local": mean([p[1].duration_s for p in out]),
                     "all_gather": ag, "combine_global": glob})
         return out, det, notes
     if variant == "fused":
-        if world > 1 and not c.topology(hw, world, params).single_domain:
+        if world > 1 and not topology(hw, world, params).single_domain:
             raise InputError(f"flash_decode/fused at {world} GPUs spans several NVLink/xGMI domains: out of the model's scope")
         from taxmodel.kernels.flash_decode.fused import combiner_count
         from taxmodel.kernels.flash_decode.workload import fused_config
@@ -116,7 +120,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         # Each unit's CTA stores its rows (D values and an lse each; LL words carry 4 value bytes in 8) into
         # every peer, all units at about the same time.
         unit_bytes = (world - 1) * rows * (d + 1) * (8 if ll else 4)
-        push = c.push_wave_time(unit_bytes, pushers, per_sm, store_bw, params.peer_load_latency_s) \
+        push = push_wave_time(unit_bytes, pushers, per_sm, store_bw, params.peer_load_latency_s) \
             if world > 1 else 0.0
         if not ll and world > 1:
             # flags: after its stores the CTA signals every rank's flag with a system-scope
@@ -133,15 +137,15 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         # program the calibrated wait on a set flag even when the flag landed long ago)
         flag_waits = 0.0 if ll else world * params.flag_wait_s
         post = max((world * packed + out_bytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency),
-                   flag_waits + c.serial_steps_time(max(post_steps, 1), params, params.ll_merge_step_s if ll else None))
+                   flag_waits + serial_steps_time(max(post_steps, 1), params, params.ll_merge_step_s if ll else None))
         # slice combiners first wait for their pair's workers (the pair's ready word, GPU scope)
         ready_wait = params.flag_wait_gpu_s if slices > 0 else 0.0
         out, local_steps = [], []
         for kv, partials, splits in per_rank:
-            local = c.serial_steps_time(steps(splits, rows), params)  # after the last split of the group
+            local = serial_steps_time(steps(splits, rows), params)  # after the last split of the group
             local_steps.append(local)
-            work = c.stream_time(kv + partials, hw, params) + ready_wait + local + push
-            out.append([c.KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag)])
+            work = stream_time(kv + partials, hw, params) + ready_wait + local + push
+            out.append([KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag)])
         det.update({"fused_work": mean([p[0].duration_s for p in out]), "local_combine": mean(local_steps), "push": push,
                     "flag": flag, "combine": post, "wait_merge": flag + post})
         notes.append("fused: each head group's combine waits for the slowest rank's partial plus a one-way "

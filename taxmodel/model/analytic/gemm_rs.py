@@ -26,7 +26,11 @@ from typing import Any, Mapping
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec
 
-from . import common as c
+from .collective_model import CollectiveModel
+from .costs import cdiv, gemm_time, push_wave_time, shape_dtype, sm_count, stream_time
+from .params import ModelParams
+from .timeline import KernelPlan
+from .topology import topology
 
 VARIANTS = ("bsp", "fused", "torch_fused")
 NCCL_RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL"
@@ -42,7 +46,7 @@ def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int,
     from taxmodel.kernels.gemm_rs.workload import shape_dims
 
     m, m_loc, n, _, k_loc = shape_dims(shape, world)
-    elt, dtype = c.shape_dtype(shape)
+    elt, dtype = shape_dtype(shape)
     return m, m_loc, n, k_loc, elt, dtype
 
 
@@ -54,7 +58,7 @@ def push_finish(gemm_s: float, world: int, tiles: int, slots: int, push_s: float
     if world <= 1 or push_s <= 0:
         return 0.0
     work = max(gemm_s - overhead_s, 0.0)
-    waves = max(1, c.cdiv(tiles, max(1, slots)))
+    waves = max(1, cdiv(tiles, max(1, slots)))
     peer_tiles = max(1, tiles * (world - 1) // world)
     return overhead_s + max(work / waves + push_s, work * (world - 1) / world + push_s / peer_tiles)
 
@@ -72,14 +76,14 @@ def push_phase_per_cta(world: int, tiles: int, programs: int, push_bytes: float,
     tile = push_bytes / peer_tiles
 
     def wave(k: int) -> float:
-        return c.push_wave_time(tile, k, per_sm_bytes_per_s, link_bytes_per_s, release_s)
+        return push_wave_time(tile, k, per_sm_bytes_per_s, link_bytes_per_s, release_s)
 
     full, rest = divmod(peer_tiles, programs)
     return full * wave(programs) + (rest * wave(rest) / programs if rest else 0.0)
 
 
-def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: c.ModelParams,
-          coll: c.CollectiveModel) -> tuple[list[list[c.KernelPlan]], dict[str, float], list[str]]:
+def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: ModelParams,
+          coll: CollectiveModel) -> tuple[list[list[KernelPlan]], dict[str, float], list[str]]:
     """Kernel plans of every rank, the component times (seconds) and variant-specific assumptions."""
     m, m_loc, n, k_loc, elt, dtype = dims(shape, world)
     slab = m_loc * n * elt  # one rank's rows of C (the reduce-scatter's output per rank)
@@ -87,14 +91,14 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     det: dict[str, float] = {}
     notes: list[str] = []
     if variant == "bsp":
-        det["gemm"] = c.gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
-        gemm = c.KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv)
+        det["gemm"] = gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
+        gemm = KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv)
         if world > 1:
             det["reduce_scatter"] = coll.time("reduce_scatter", slab, world)
-            second = c.KernelPlan(NCCL_RS, "comm", det["reduce_scatter"], hv, collective="reduce_scatter")
+            second = KernelPlan(NCCL_RS, "comm", det["reduce_scatter"], hv, collective="reduce_scatter")
         else:
-            det["copy"] = c.stream_time(2 * m * n * elt, hw, params, triton=False)
-            second = c.KernelPlan("Memcpy DtoD", "copy", det["copy"], hv)
+            det["copy"] = stream_time(2 * m * n * elt, hw, params, triton=False)
+            second = KernelPlan("Memcpy DtoD", "copy", det["copy"], hv)
         notes.append("bsp: the vendor GEMM of the whole partial product at the calibrated rate with "
                      f"{params.vendor_tile[0]}x{params.vendor_tile[1]} tile/wave quantization, then reduce_scatter "
                      "from the collective model")
@@ -108,20 +112,20 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
 
 def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     """Persistent Triton GEMM pushing peer tiles, then the flag-waiting reduction kernel."""
-    if world > 1 and not c.topology(hw, world, params).single_domain:
+    if world > 1 and not topology(hw, world, params).single_domain:
         raise InputError(f"gemm_rs/fused at {world} GPUs spans several NVLink/xGMI domains: peer stores through a "
                          "symmetric heap need one domain; out of the model's scope")
     slab = m_loc * n * elt
     ht = params.host_launch_triton_s
     eff = params.rs_gemm_efficiency or params.triton_gemm_efficiency
     eff_key = "rs_gemm_efficiency" if params.rs_gemm_efficiency else "triton_gemm_efficiency"
-    gemm = c.gemm_time(m, n, k_loc, dtype, hw, replace(params, triton_gemm_efficiency=eff), kind="triton", elt=elt)
+    gemm = gemm_time(m, n, k_loc, dtype, hw, replace(params, triton_gemm_efficiency=eff), kind="triton", elt=elt)
     tm, tn = params.triton_tile
-    tiles = world * c.cdiv(m_loc, tm) * c.cdiv(n, tn)  # an M-block never straddles two ranks' slabs
+    tiles = world * cdiv(m_loc, tm) * cdiv(n, tn)  # an M-block never straddles two ranks' slabs
     store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
     push = (world - 1) * slab / store_bw
     latency = params.peer_load_latency_s if world > 1 else 0.0
-    sms = c.sm_count(hw)
+    sms = sm_count(hw)
     finish = push_finish(gemm, world, tiles, sms, push, params.kernel_overhead_s)
     per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / sms
     comm = push_phase_per_cta(world, tiles, min(tiles, sms), (world - 1) * slab, per_sm, store_bw,
@@ -132,10 +136,10 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     kernel = max(gemm + comm, finish + latency)
     # each reduce program (one own tile) waits on its tile's W flags one after another, then sums
     # the W slots: at the HBM rate when enough programs run, else at one program's rate per wave
-    own_tiles = c.cdiv(m_loc, tm) * c.cdiv(n, tn)
+    own_tiles = cdiv(m_loc, tm) * cdiv(n, tn)
     program = (world + 1) * tm * tn * elt / params.reduce_program_bytes_per_s
-    waves = c.cdiv(own_tiles, sms)
-    reduce_work = max(c.stream_time((world + 1) * slab, hw, params), waves * program + params.kernel_overhead_s) \
+    waves = cdiv(own_tiles, sms)
+    reduce_work = max(stream_time((world + 1) * slab, hw, params), waves * program + params.kernel_overhead_s) \
         + world * params.flag_wait_s
     flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
     det.update({"triton_gemm": gemm, "push": push, "push_done": finish + latency, "gemm_kernel": kernel,
@@ -143,8 +147,8 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
     # before that peer's GEMM ended, i.e. before its own reduction started (less the kernel gap).
     sync_after = (finish + latency) - kernel - params.kernel_gap_s
-    one = [c.KernelPlan(FUSED_GEMM, "fused", kernel, ht, comm_s=comm),
-           c.KernelPlan(FUSED_REDUCE, "fused", 0.0, ht, sync=world > 1, post_s=reduce_work, sync_after_s=sync_after,
+    one = [KernelPlan(FUSED_GEMM, "fused", kernel, ht, comm_s=comm),
+           KernelPlan(FUSED_REDUCE, "fused", 0.0, ht, sync=world > 1, post_s=reduce_work, sync_after_s=sync_after,
                         flag_latency_s=flag)]
     src = params.sources
     notes.append(f"fused: Triton GEMM at {eff:.2f} of the vendor rate "
@@ -166,27 +170,27 @@ def _torch_fused(m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
         raise InputError("gemm_rs/torch_fused needs more than one rank")
     slab = m_loc * n * elt
     hv = params.host_launch_torch_s
-    chunk = c.gemm_time(m_loc, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
+    chunk = gemm_time(m_loc, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
     p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s)
     copy = slab / p2p + params.kernel_overhead_s
     barrier = params.flag_roundtrip_s
-    total = c.stream_time((world + 1) * slab, hw, params, triton=False)
+    total = stream_time((world + 1) * slab, hw, params, triton=False)
     det.update({"gemm_chunk": chunk, "copy_chunk": copy, "barrier": barrier, "sum": total})
 
-    def bar(stream: int, after: int | None = None) -> c.KernelPlan:
-        return c.KernelPlan(SYMM_BARRIER, "comm", barrier, hv, stream=stream, collective="barrier", after=after)
+    def bar(stream: int, after: int | None = None) -> KernelPlan:
+        return KernelPlan(SYMM_BARRIER, "comm", barrier, hv, stream=stream, collective="barrier", after=after)
 
-    one: list[c.KernelPlan] = [bar(0)]
+    one: list[KernelPlan] = [bar(0)]
     last_side = 0
     for _ in range(1, world):  # the peers' chunks: GEMM, then barrier - pull - barrier beside the next GEMM
-        one.append(c.KernelPlan(VENDOR_GEMM, "compute", chunk, hv))
+        one.append(KernelPlan(VENDOR_GEMM, "compute", chunk, hv))
         one.append(bar(1, after=len(one) - 1))
-        one.append(c.KernelPlan(PEER_COPY, "comm", copy, hv, stream=1))
+        one.append(KernelPlan(PEER_COPY, "comm", copy, hv, stream=1))
         one.append(bar(1))
         last_side = len(one) - 1
-    one.append(c.KernelPlan(VENDOR_GEMM, "compute", chunk, hv))  # own chunk, straight into the output slot
+    one.append(KernelPlan(VENDOR_GEMM, "compute", chunk, hv))  # own chunk, straight into the output slot
     one.append(bar(0, after=last_side))  # the main stream waits for the side stream, then all ranks
-    one.append(c.KernelPlan(SUM, "compute", total, hv))
+    one.append(KernelPlan(SUM, "compute", total, hv))
     notes.append("torch_fused: W chunked vendor GEMMs (M/W rows each) back to back; per peer chunk a symmetric-memory "
                  f"barrier ({barrier * 1e6:.1f} us, the flag round trip), a pull at {p2p / 1e9:.0f} GB/s (P2P copy "
                  "bandwidth) and a barrier on a side stream; then a barrier and the sum of the W stacked partials")

@@ -9,7 +9,7 @@ import pandas as pd
 
 from taxmodel.model.categories import CATEGORY_ORDER, LABELS
 
-from .common import Prediction
+from .prediction import Prediction
 
 
 def render_prediction(preds: Sequence[Prediction]) -> str:

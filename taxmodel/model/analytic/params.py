@@ -1,0 +1,157 @@
+"""The analytic model's parameters beyond a datasheet: documented defaults, replaced by a
+calibrated hardware file's values, fitted values and explicit ones; ``sources`` says which."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Mapping
+
+from taxmodel.model.hardware import HardwareSpec
+from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """Numbers the model needs beyond a datasheet. Each has a documented default (docs/model.md);
+    ``from_hardware`` takes the calibrated value where the hardware file has one, and ``sources``
+    says for every field where its value came from."""
+
+    #: Triton tile GEMM rate / vendor (cuBLAS, hipBLASLt) rate on the same shape. Default from
+    #: DEVICE_NOTES (plain Triton 0.84 at 8192^3 .. 0.97 at 1024 rows); fit from bundles with
+    #: ``fit_params`` (validate.py) on a documented subset.
+    triton_gemm_efficiency: float = 0.90
+    #: The same for the GEMM+RS fused kernel's GEMM (its own tile configuration and K split), when
+    #: fitted (``fit_params``, on that kernel's duration); None: ``triton_gemm_efficiency``.
+    rs_gemm_efficiency: float | None = None
+    #: Vendor GEMM rate as a fraction of a *datasheet* peak (cuBLAS reached ~0.8 of the H200's
+    #: 989 TFLOP/s, DEVICE_NOTES); 1.0 for calibrated peaks, which are measured cuBLAS rates.
+    vendor_fraction_of_datasheet: float = 0.80
+    #: Vendor GEMM tile (nvjet 256x128 in the H200 traces) and the Triton kernels' tile (GPU_CONFIG).
+    vendor_tile: tuple[int, int] = (256, 128)
+    triton_tile: tuple[int, int] = (128, 256)
+    #: Fixed time every kernel pays (ramp-up, tail, prologue): a few microseconds.
+    kernel_overhead_s: float = 2e-6
+    #: Memory-bound Triton kernels stream at this fraction of the HBM copy bandwidth.
+    triton_stream_efficiency: float = 0.80
+    #: One step of a flash decode combine program: load a [rows, NB, D] fp32 tile of partials
+    #: (16 KB) and merge it. The steps of one program are serial (each waits for its loads), so a
+    #: combine with few programs and many partials is latency-bound, not bandwidth-bound: about one
+    #: loaded-memory latency plus the merge. Calibrated (`taxmodel calibrate`'s combine step: the
+    #: local combine kernel queued after the split-KV kernel, as the bsp variant runs them).
+    combine_step_s: float = 1.0e-6
+    #: One step of the fused flash decode kernel's merge of the ranks' partials with LL words: poll
+    #: one source rank's words until they all carry this launch's epoch, then merge them. Fitted from
+    #: the fused bundles' in-kernel records (validate.FIT_RULES).
+    ll_merge_step_s: float = 1.0e-6
+    #: Host time of one Triton launch and of one torch op / NCCL call (DEVICE_NOTES: 15 us, 10 us).
+    host_launch_triton_s: float = 15e-6
+    host_launch_torch_s: float = 10e-6
+    #: GPU idle between a launch call's end and the kernel's start on an idle GPU; GPU-side gap
+    #: between back-to-back queued kernels (both as the profiler sees them).
+    launch_latency_s: float = 4e-6
+    kernel_gap_s: float = 1.1e-6
+    #: Scale of the ranks' release times after a host barrier (exponential order statistics).
+    barrier_skew_s: float = 5e-6
+    #: How ranks start an iteration: "host" (they leave a host barrier, spread by barrier_skew_s) or
+    #: "device" (``taxmodel profile --align device``: a device gate releases every GPU together; see
+    #: ``release_offsets``); with the gate, each host enqueues for ``gate_hold_s`` before its GPU starts.
+    start_alignment: str = "host"
+    gate_hold_s: float = DEFAULT_GATE_HOLD_US * 1e-6
+    #: Fixed cost of one NCCL/RCCL collective beyond alpha-beta (kernel setup, protocol handshake).
+    collective_base_s: float = 8e-6
+    #: Flag round trip between two GPUs (release-set on one, acquire-wait on the other, and back).
+    flag_roundtrip_s: float = 2e-6
+    #: What one ``_sync.wait_geq`` costs a program when the flag is already set (poll, barriers, an
+    #: acquire atomic): system scope, and GPU scope. Calibrated (`taxmodel calibrate`'s sync step;
+    #: 0.41-0.43 us on one H200); the default, for uncalibrated hardware, is that rounded up.
+    flag_wait_s: float = 0.5e-6
+    flag_wait_gpu_s: float = 0.5e-6
+    #: The GPU's bandwidth for the fused flash decode's LL pushes (8-byte words, every pair's pushing
+    #: CTA storing into every peer at once): 0 uses the peer-store bandwidth (``peer_store_bytes_per_s``,
+    #: calibrated with wide stores to one peer). Fitted from the push records (validate.FIT_RULES).
+    ll_push_bytes_per_s: float = 0.0
+    #: Rate at which one program of GEMM+RS's reduction kernel (one output tile: W received slots
+    #: read, the tile written) moves bytes. The kernel runs one program per own output tile, so
+    #: with few tiles (small M, many ranks) it is this rate, not HBM, that bounds it: 32 programs
+    #: on 8 H200s at M=1024. Fitted from the reduction's ``combine`` records (validate.FIT_RULES);
+    #: the default is the middle of the records' 19-35 GB/s on 2, 4 and 8 H200s.
+    reduce_program_bytes_per_s: float = 26e9
+    #: Bandwidth with which one GPU's SMs load from its peers' memory while every rank does the
+    #: same (Triton ``iris.load`` through the symmetric heap), and the latency of one such load.
+    peer_load_bytes_per_s: float = 0.0  # 0: use the link bandwidth
+    peer_load_latency_s: float = 1.5e-6
+    #: Store bandwidth to peers with all SMs, and per SM (the push kernel runs on a few SMs).
+    peer_store_bytes_per_s: float = 0.0  # 0: use the link bandwidth
+    peer_store_bytes_per_s_per_sm: float = 25e9
+    #: How the fine-grained AG+GEMM variants move remote rows (kernels/ag_gemm GemmConfig.transport):
+    #: "ce" copy engines (the default there), "sm" a Triton copy kernel, "direct" (pull only) loads
+    #: from the peers inside the GEMM. Host time of one copy-engine call (cuMemcpyAsync or a stream
+    #: flag write): the host enqueues 2 per block and peer before it launches the GEMM.
+    ag_transport: str = "ce"
+    host_copy_call_s: float = 3e-6
+    #: GPUs that one NVLink/xGMI domain connects all-to-all (NVL72 switch; MI300X 8 fully connected).
+    domain_size: int = 72
+    #: Beyond one domain: bandwidth and latency per GPU of the scale-out network (400 Gb/s NIC per GPU).
+    internode_bytes_per_s: float = 50e9
+    internode_latency_s: float = 10e-6
+    #: Whether fused kernels write in-kernel trace records (then their waits are flag_wait; without
+    #: records the ledger cannot see them and counts them as compute time).
+    instrumented: bool = False
+    #: What the records add to one instrumented fused kernel launch. Measured instrumented against
+    #: plain in the same run (CUDA graphs, 4 H200s, fused flash decode; docs/records.md): about
+    #: 1.1 us at batch 1 KV 1K (+8.0 % of ~14 us), 0.7 us at batch 16 KV 1K (+2.9 % of ~23.5 us),
+    #: 0-1 us at batch 1 KV 16K (-0.2 to +3.0 % of ~33 us); the middle one is the default. Measured
+    #: on that kernel only; the GEMM+RS fused kernels get the same value, unmeasured for them.
+    record_overhead_s: float = 0.7e-6
+    #: Whether each iteration is one CUDA/HIP graph launch (``taxmodel profile --graph``): one host
+    #: launch call (``host_launch_torch_s``) per iteration, every kernel queued behind it.
+    graph_launch: bool = False
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @staticmethod
+    def from_hardware(hw: HardwareSpec, **overrides: Any) -> "ModelParams":
+        """Defaults, replaced by what ``hw`` (a preset or a calibrated file) measured."""
+        base = ModelParams()
+        values: dict[str, Any] = {}
+        src: dict[str, str] = {f: "default" for f in _PARAM_FIELDS}
+        direct = {"host_launch_triton_s": hw.host_launch_s, "launch_latency_s": hw.launch_latency_s,
+                  "kernel_gap_s": hw.kernel_gap_s, "flag_roundtrip_s": hw.flag_roundtrip_s}
+        for name, val in direct.items():
+            if val and float(val) > 0:
+                values[name] = float(val)
+                src[name] = f"hardware ({hw.source})"
+        extra = dict(hw.extra or {})
+        for name in _PARAM_FIELDS:
+            if name in extra and extra[name] is not None and name not in ("sources",):
+                values[name] = type(getattr(base, name))(extra[name]) if not isinstance(getattr(base, name), tuple) \
+                    else tuple(extra[name])
+                src[name] = f"hardware extra ({hw.source})"
+        if hw.vendor == "amd":
+            values.setdefault("domain_size", 8)
+            src["domain_size"] = "MI300X: 8 GPUs fully connected by xGMI"
+        for name, val in overrides.items():
+            if val is not None:
+                values[name] = val
+                src[name] = "given"
+        return replace(base, **values, sources=src)
+
+    def with_fitted(self, fitted: Mapping[str, float]) -> "ModelParams":
+        """These parameters with ``fitted`` values (``taxmodel validate``'s fits) in place, each
+        sourced as fitted."""
+        if not fitted:
+            return self
+        return replace(self, **dict(fitted), sources={**dict(self.sources), **{k: "fitted (taxmodel validate)"
+                                                                                for k in fitted}})
+
+    def with_given(self, given: Mapping[str, Any]) -> "ModelParams":
+        """These parameters with ``given`` values in place, each sourced as given."""
+        return replace(self, **dict(given), sources={**dict(self.sources), **{k: "given" for k in given}})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sources"] = dict(self.sources)
+        return d
+
+
+_PARAM_FIELDS = [f for f in ModelParams.__dataclass_fields__ if f != "sources"]
+
+

@@ -1,0 +1,99 @@
+"""A prediction: the simulated timeline split by the measured ledger's own code
+(``taxmodel.model.ledger.compute_ledger``), so a predicted tax means what a measured one means,
+with the assumptions stated."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+
+from taxmodel.model.hardware import HardwareSpec
+
+from .params import ModelParams
+from .timeline import KernelPlan, simulate, timeline_events
+from .topology import Topology
+
+
+@dataclass
+class Prediction:
+    """A predicted ledger: the ledger of the predicted timeline, with what it assumed.
+
+    ``summary()`` has the columns of ``Ledger.summary()`` (category, subcategory, mean_ns, pct),
+    so reports and ``validate`` put predicted and measured side by side."""
+
+    workload: str
+    variant: str
+    shape: dict[str, int]
+    world_size: int
+    hardware: HardwareSpec
+    params: ModelParams
+    ledger: Any  # taxmodel.model.ledger.Ledger
+    assumptions: list[str]
+    details: dict[str, float]  # named component times (seconds), for the docs and debugging
+
+    @property
+    def window_ns(self) -> float:
+        return float(self.ledger.windows["window_ns"].mean())
+
+    def summary(self) -> pd.DataFrame:
+        return self.ledger.summary()
+
+    def category_summary(self) -> pd.DataFrame:
+        return self.ledger.category_summary()
+
+    def taxes_ns(self) -> dict[str, float]:
+        """Window, each category and each sub-category, mean ns per rank-iteration."""
+        s = self.summary()
+        out = {"window": self.window_ns}
+        out.update({c: float(v) for c, v in s.groupby("category", sort=False)["mean_ns"].sum().items()})
+        out.update({sc: float(v) for sc, v in zip(s["subcategory"], s["mean_ns"]) if sc not in out})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload, "variant": self.variant, "shape": dict(self.shape), "world_size": self.world_size,
+            "hardware": {"name": self.hardware.name, "source": self.hardware.source},
+            "predicted_window_ns": self.window_ns,
+            "summary": self.summary().to_dict(orient="records"),
+            "components_us": {k: v * 1e6 for k, v in self.details.items()},
+            "params": self.params.to_dict(),
+            "assumptions": list(self.assumptions),
+        }
+
+
+def predicted_ledger(plans: Sequence[Sequence[KernelPlan]], cost: Mapping[str, Any], hw: HardwareSpec,
+                     params: ModelParams, *, workload: str, variant: str, shape: Mapping[str, int]) -> Any:
+    """Simulate ``plans`` and split the timeline with the measured ledger's own code."""
+    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.trace.bundle import Bundle, make_meta
+
+    tl = simulate(plans, params)
+    events = timeline_events(tl, instrumented=params.instrumented)
+    world = len(plans)
+    meta = make_meta(source="model", workload=workload, variant=variant, shape=dict(shape), world_size=world,
+                     ranks=list(range(world)), hardware={"name": hw.name, "vendor": hw.vendor},
+                     clock_offsets_ns={str(r): 0 for r in range(world)},
+                     capture={"tracer": "analytic model", "clock_offsets_source": "measured"}, cost=dict(cost))
+    return compute_ledger(Bundle(events=events, meta=meta), hardware=hw), tl
+
+
+def standard_assumptions(hw: HardwareSpec, topo: Topology, params: ModelParams) -> list[str]:
+    scaled = (f"; datasheet peaks scaled by {params.vendor_fraction_of_datasheet:.2f} for vendor GEMMs"
+              if hw.source == "datasheet" else "")
+    named = f"({hw.source})" in hw.name  # a calibrated file's name says so already
+    out = [
+        f"hardware: {hw.name}" + ("" if named and not scaled else f" ({hw.source}{scaled})"),
+        f"topology: {topo.description}",
+        (f"ranks leave the per-iteration host barrier spread like exponential delays of mean {params.barrier_skew_s * 1e6:.1f} us "
+         f"({params.sources.get('barrier_skew_s', 'default')})") if params.start_alignment == "host" else
+        (f"a device gate releases the ranks (profile --align device): the last to arrive at once, the others one flag "
+         f"latency later ({params.flag_roundtrip_s / 2 * 1e6:.1f} us, half the flag round trip); hosts enqueue "
+         f"{params.gate_hold_s * 1e6:.0f} us before the release"),
+        f"launch: {params.host_launch_triton_s * 1e6:.1f} us host per Triton launch, {params.host_launch_torch_s * 1e6:.1f} us per "
+        f"torch/NCCL call, {params.launch_latency_s * 1e6:.1f} us launch latency, {params.kernel_gap_s * 1e6:.1f} us between queued kernels",
+    ]
+    if not params.instrumented:
+        out.append("fused kernels without in-kernel trace records: their flag waits count as compute time (as the ledger "
+                   "measures them)")
+    return out
