@@ -298,9 +298,9 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
 @cli.command("validate")
 @click.argument("profiles_dir", default="profiles", type=click.Path(file_okay=False))
 @click.option("--markdown", type=click.Path(dir_okay=False, writable=True), default=None, help="Also write the table as Markdown.")
-@click.option("--update-docs", is_flag=True, help="Rewrite the table in docs/model.md (between its validation markers) "
+@click.option("--update-docs", is_flag=True, help="Rewrite the table in benchmarks/results/model_validation.md (between its validation markers) "
                                                    "and the fitted parameters that predict uses (taxmodel/data/fitted.json).")
-@click.option("--docs", "docs_file", default="docs/model.md", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--docs", "docs_file", default="benchmarks/results/model_validation.md", show_default=True, type=click.Path(dir_okay=False))
 @click.option("--no-fit", is_flag=True, help="Use the documented defaults; fit nothing from the bundles.")
 @click.option("--fitted-from", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Fit nothing; use the parameters of this file (a fitted.json that --update-docs wrote, e.g. "

@@ -23,7 +23,7 @@ The grid is ``B*Hkv*S + C`` programs:
    of them (``_combine_rows``). The two combines and the push, which at short KV are most of the
    step, run on K programs per pair instead of one: at batch 1 on 4x H200 this is the fastest
    structure (14.2 us per step at KV 1K per rank with K = 2 against 16.5 us with the last worker
-   combining, in the session's final run);
+   combining);
    at batch 16 the 64 pairs already give the last workers enough parallelism and the capped
    combiners would have to loop (benchmarks/results/flash_decode_h200x4.md).
 
@@ -31,7 +31,7 @@ Push protocols (``LL`` constexpr; ``FusedConfig.protocol``):
 - ``ll`` (default): LL words (``ll.py``): each fp32 value travels with its epoch in one 8-byte
   store; the receiver polls the words until all hold the epoch. No fence, no flag, no atomic on
   the critical path: the step's cross-rank latency is one NVLink store plus the poll.
-- ``flags`` (the first session's protocol): fp32 stores, then per peer a system-scope
+- ``flags``: fp32 stores, then per peer a system-scope
   release-exchange of flag [pair, rank] (``_sync.signal``); the receiver waits on each peer's flag
   (``_sync.wait_geq``: poll, then a system-scope acquire). That is W system-scope releases
   serialized behind remote atomics, and W acquires, per pair: measured 0.82x of BSP at b1-kv1k

@@ -415,7 +415,7 @@ def write_fitted(path: str | os.PathLike, v: Validation) -> Path:
 
 
 def markdown_table(v: Validation) -> str:
-    """The validation as Markdown (deterministic: what docs/model.md holds between the markers)."""
+    """The validation as Markdown (deterministic: what benchmarks/results/model_validation.md holds between the markers)."""
     lines = []
     if v.table.empty:
         lines.append("No measured bundles to validate against yet.")

@@ -176,8 +176,8 @@ def classify_role(name: str, roles: Mapping[str, str], default: str = "compute")
 
 
 def tolerance_of(workload: Any, shape: Mapping[str, int], world_size: int) -> tuple[float, float]:
-    """``workload.tolerance`` at ``world_size``, also for workloads whose ``tolerance`` takes only the
-    shape (as before the world size was passed)."""
+    """``workload.tolerance`` at ``world_size``; a user's workload whose ``tolerance`` takes only the
+    shape gets its shape-only answer."""
     if "world_size" in inspect.signature(workload.tolerance).parameters:
         return workload.tolerance(shape, world_size=world_size)
     return workload.tolerance(shape)

@@ -151,8 +151,8 @@ def test_docs_table_matches_the_committed_profiles():
     if not profiles.exists() or not find_bundles(profiles):
         pytest.skip("no measured bundles committed under profiles/ yet")
     v = val.validate(profiles)
-    assert val.docs_table(ROOT / "docs" / "model.md") == val.markdown_table(v), \
-        "docs/model.md is stale: run `taxmodel validate profiles --update-docs`"
+    assert val.docs_table(ROOT / "benchmarks" / "results" / "model_validation.md") == val.markdown_table(v), \
+        "benchmarks/results/model_validation.md is stale: run `taxmodel validate profiles --update-docs`"
     assert json.loads(val.FITTED_FILE.read_text()) == json.loads(json.dumps(val.fitted_document(v))), \
         "taxmodel/data/fitted.json is stale: run `taxmodel validate profiles --update-docs`"
 

@@ -21,7 +21,7 @@ _OP_ALIASES = {"all_gather": "allgather", "allgather": "allgather", "all_reduce"
 #: the collective's own device time (N calls replayed in one CUDA graph: no host launch cost, no rank
 #: skew), what the timeline needs, since it adds launch costs and the ranks' skew itself; "eager" is
 #: back-to-back host calls, which include both, so small collectives come out too slow. Files
-#: written before the graph timing existed have no ``timing``: their curves are eager.
+#: without ``timing`` have eager curves.
 CURVE_TIMINGS = ("graph", "eager")
 
 
@@ -52,10 +52,10 @@ class CollectiveModel:
     measured on other numbers of ranks (``collectives_by_world``, from ``taxmodel calibrate --only
     collectives --update FILE -n W``). At a world size with a curve of its own, inside that curve's
     sizes, the curve is interpolated in log-log space. Elsewhere alpha and beta are fitted to the
-    curve of the *nearest* measured world size (least squares on the ring formula; ties go to the
-    file's own curve, then to the larger world) and the formula is evaluated at the asked world
-    size: the nearest curve has the closest ring length and protocol choice, and with only the
-    file's own curve this is the fit to it, as before ``collectives_by_world`` existed.
+    curve of the *nearest* measured world size (through its smallest and largest message,
+    ``_alpha_beta_of``; ties go to the file's own curve, then to the larger world) and the formula
+    is evaluated at the asked world size: the nearest curve has the closest ring length and protocol
+    choice.
     The time is the collective's own, after its last member arrived: the timeline (``simulate``)
     places it after the host launch, launch latency and the ranks' start skew, for graph and eager
     launches alike. Only the hardware file's ``collectives`` and ``collectives_by_world`` curves are
@@ -148,7 +148,7 @@ class CollectiveModel:
         message, or the topology's own.
 
         Each term comes from the regime that measures it: alpha from the latency-bound end, beta from
-        the bandwidth-bound end. A least-squares fit over the whole curve (what this was before) is
+        the bandwidth-bound end. A least-squares fit over the whole curve would be
         ruled by the largest messages, whose times are 100-1000x the smallest, and puts their protocol
         overhead into alpha: fitted to the 4-rank H200 all-gather it gave alpha 5.1 us a step and
         36 us for an 8 KB all-gather on 8 ranks, which took 12.5 us there (17 us with this fit; the
