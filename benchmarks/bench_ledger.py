@@ -24,7 +24,7 @@ from pathlib import Path
 
 def build(out: Path, kernels: int, world_size: int) -> None:
     from taxmodel.trace.bundle import write_bundle
-    from taxmodel.trace.synthetic import large_synthetic_bundle
+    from taxmodel.testing.synthetic import large_synthetic_bundle
 
     b = large_synthetic_bundle(world_size=world_size, kernels=kernels)
     write_bundle(out / "bundle", b.events, b.meta)

@@ -1,7 +1,7 @@
 """taxmodel: where the time of multi-GPU kernels goes (the Three Taxes), measured and predicted."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from taxmodel.version import __version__  # noqa: F401  (taxmodel.__version__)
 
 
 def load(path, **kwargs):

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from taxmodel import __version__
+from taxmodel.version import __version__
 from taxmodel.errors import TaxmodelError
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 

@@ -19,7 +19,7 @@ from taxmodel.errors import InputError
 from taxmodel.model.categories import CATEGORY_ORDER
 from taxmodel.model.ledger import compute_ledger
 from taxmodel.trace.bundle import load_bundle, write_bundle
-from taxmodel.trace.synthetic import synthetic_bundle
+from taxmodel.testing.synthetic import synthetic_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 KINETO = sorted((ROOT / "tests" / "data" / "kineto").glob("h200x4_ag_gemm_bsp_clean_rank*.json.gz"))

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from taxmodel.cli import cli
 from taxmodel.regress import compare_paths
 from taxmodel.trace.bundle import META_FILE, write_bundle
-from taxmodel.trace.synthetic import synthetic_bundle
+from taxmodel.testing.synthetic import synthetic_bundle
 
 VARIANTS = ("bsp", "fused")
 NOISE = dict(world_size=2, iterations=6, repetitions=8, jitter_ns=5000)

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from taxmodel import __version__
+from taxmodel.version import __version__
 from taxmodel.errors import InputError
 from taxmodel.model.categories import TAXES
 from taxmodel.regress.config import LATENCY

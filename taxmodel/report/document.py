@@ -18,7 +18,7 @@ from typing import Callable, Sequence, Union
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
 
-from taxmodel import __version__
+from taxmodel.version import __version__
 from taxmodel.errors import AnalysisError
 from taxmodel.report import compare, figures, headline
 from taxmodel.report.compare import LedgerLike

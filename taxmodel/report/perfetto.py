@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from taxmodel import __version__
+from taxmodel.version import __version__
 from taxmodel.model.categories import LABELS, PARENT, SUBCATEGORY_ORDER
 from taxmodel.report import compare
 from taxmodel.report.compare import LedgerLike

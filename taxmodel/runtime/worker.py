@@ -239,7 +239,7 @@ def _versions() -> dict[str, Any]:
 
     import torch
 
-    import taxmodel
+    from taxmodel.version import __version__
 
     def version(dist_name: str) -> str | None:
         try:
@@ -247,7 +247,7 @@ def _versions() -> dict[str, Any]:
         except md.PackageNotFoundError:
             return None
 
-    sw: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "taxmodel": taxmodel.__version__,
+    sw: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "taxmodel": __version__,
                           "triton": version("triton") or version("pytorch-triton") or version("pytorch-triton-rocm"),
                           "iris": version("tokenspeed-iris"), "cuda": torch.version.cuda, "hip": getattr(torch.version, "hip", None)}
     try:

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.trace.bundle import write_bundle
-from taxmodel.trace.synthetic import synthetic_bundle
+from taxmodel.testing.synthetic import synthetic_bundle
 
 
 def make(tmp_path, name, **kw):

@@ -8,7 +8,7 @@ import pytest
 from taxmodel.errors import AnalysisError, InputError
 from taxmodel.model.ledger import compute_ledger
 from taxmodel.trace.schema import normalize_events
-from taxmodel.trace.synthetic import synthetic_bundle
+from taxmodel.testing.synthetic import synthetic_bundle
 
 
 def drop(case, mask):

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from taxmodel.model.ledger import compute_ledger
 from taxmodel.trace.bundle import Bundle, make_meta
 from taxmodel.trace.schema import normalize_events
-from taxmodel.trace.synthetic import synthetic_bundle
+from taxmodel.testing.synthetic import synthetic_bundle
 
 ROLES = ["compute", "comm", "fused", "copy", "other"]
 

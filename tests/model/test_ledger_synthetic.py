@@ -1,6 +1,6 @@
 """The ledger recovers every injected tax of a synthetic bundle to the nanosecond.
 
-Expected values come from the synthetic generator's scalar reference (taxmodel.trace.synthetic),
+Expected values come from the synthetic generator's scalar reference (taxmodel.testing.synthetic),
 and where a closed form is obvious (a sleeping rank's delay shows up as the other ranks'
 skew_wait) the test also states it directly, so the two implementations cannot agree on a
 shared mistake unnoticed.
@@ -12,7 +12,7 @@ import pytest
 
 from taxmodel.model.categories import SUBCATEGORY_ORDER
 from taxmodel.model.ledger import compute_ledger
-from taxmodel.trace.synthetic import synthetic_bundle
+from taxmodel.testing.synthetic import synthetic_bundle
 
 KEYS = ["repetition", "iteration", "rank", "category", "subcategory"]
 

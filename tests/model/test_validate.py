@@ -13,7 +13,7 @@ from taxmodel.model.analytic import predict
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.analytic.timeline import simulate, timeline_events
 from taxmodel.trace.bundle import make_meta, write_bundle
-from taxmodel.trace.synthetic import synthetic_bundle
+from taxmodel.testing.synthetic import synthetic_bundle
 
 from model_bundles import AG, H200, model_bundle as _model_bundle
 

@@ -1,6 +1,6 @@
 """Fixtures for the report tests: (bundle, ledger) pairs.
 
-Real pairs come from ``taxmodel.trace.synthetic`` + ``taxmodel.model.ledger.compute_ledger``;
+Real pairs come from ``taxmodel.testing.synthetic`` + ``taxmodel.model.ledger.compute_ledger``;
 ``fake_ledger.fake_case`` (built from CONTRACTS.md) is kept for what the synthetic generator
 does not produce (several CTA phases, clock offsets on every rank) and for numbers chosen by hand.
 """
@@ -27,7 +27,7 @@ def real_ledger_available() -> bool:
 def synthetic_case(variant: str = "bsp", *, shape: dict | None = None, **kw):
     """(bundle, ledger) from the synthetic generator and the real ledger."""
     from taxmodel.model.ledger import compute_ledger
-    from taxmodel.trace.synthetic import synthetic_bundle
+    from taxmodel.testing.synthetic import synthetic_bundle
 
     case = synthetic_bundle(variant=variant, workload="ag_gemm", shape=shape or {"M": 1024, "N": 256, "K": 512}, **kw)
     return case.bundle, compute_ledger(case.bundle, case.hardware)

@@ -18,7 +18,7 @@ from taxmodel.kernels import _sync, _trace
 from taxmodel.model.ledger import compute_ledger
 from taxmodel.runtime import records
 from taxmodel.trace import schema
-from taxmodel.trace.synthetic import synthetic_bundle
+from taxmodel.testing.synthetic import synthetic_bundle
 
 from record_writer import write_records
 
