@@ -129,7 +129,7 @@ def ag_gemm_cases(sizes: list[str], variants: list[str]) -> list[Case]:
 
 def make_workload(case: Case, ctx: Any, reserve_sms: bool = False) -> Any:
     """The workload object of a case: AG+GEMM with the graph-safe, instrumented ``sm`` transport."""
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     if case.workload == "ag_gemm":
         from taxmodel.kernels.ag_gemm.gemm_tiles import default_config

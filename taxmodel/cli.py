@@ -263,7 +263,7 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
 
     from taxmodel.model import analytic
     from taxmodel.model.analytic.report import plot_sweep, render_prediction, render_sweep
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     wl = get_workload(workload)
     shp = wl.shape(preset, **_shape_option(shape))

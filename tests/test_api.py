@@ -164,7 +164,7 @@ def test_cpu_stand_ins_are_marked_emulated():
 def test_traces_with_declared_meta_and_prediction():
     p = taxmodel.load(KINETO)
     assert p.categories_ns()["useful"] == 0  # no declared cost yet
-    from taxmodel.runtime.workload import get_workload, load_builtin_workloads
+    from taxmodel.workload import get_workload, load_builtin_workloads
 
     load_builtin_workloads()
     shape = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}

@@ -169,7 +169,7 @@ def _kineto_ledger(**meta):
 
 def test_04_model_accuracy(kernel_env, monkeypatch):
     from taxmodel.model import analytic
-    from taxmodel.runtime.workload import get_workload, load_builtin_workloads
+    from taxmodel.workload import get_workload, load_builtin_workloads
 
     lines, images = _run("04_model_accuracy", kernel_env, monkeypatch)
     assert images >= 1

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from taxmodel.errors import InputError
-from taxmodel.runtime.workload import Cost, Intermediate, RankBound, Variant, Workload, register
+from taxmodel.workload import Cost, Intermediate, RankBound, Variant, Workload, register
 
 from .gemm_tiles import GemmConfig, default_config
 

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from taxmodel.errors import InputError
-from taxmodel.runtime.workload import Cost, Intermediate, Variant, Workload, register
+from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 from taxmodel.kernels.flash_decode import bsp, fused
 from taxmodel.kernels.flash_decode.combine import packed_size
 from taxmodel.kernels.flash_decode.reference import make_kv_sequence, make_kv_shard, make_query, reference_output

@@ -24,7 +24,7 @@ from taxmodel.kernels.ag_gemm.gemm_tiles import CPU_CONFIG, GPU_CONFIG, GemmConf
 from taxmodel.kernels.ag_gemm import workload as ag_workload
 from taxmodel.kernels.ag_gemm.workload import DTYPE_CODES, DTYPE_NAMES
 from taxmodel.kernels.ag_gemm.workload import symmetric_heap  # noqa: F401  (duck-typed: any state with ctx/heap)
-from taxmodel.runtime.workload import Cost, Intermediate, RankBound, Variant, Workload, register
+from taxmodel.workload import Cost, Intermediate, RankBound, Variant, Workload, register
 
 #: Kernel names (regex). The bulk-synchronous pair: the partial-product GEMM (cuBLAS/hipBLASLt on
 #: GPUs, "matmul" on CPU) and the collective (NCCL/RCCL, "reduce_scatter" on CPU).

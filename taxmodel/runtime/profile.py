@@ -68,7 +68,7 @@ def default_world_size(device: str) -> int:
 
 def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
     """Validate ``req`` and return (worker spec, world size, device kind)."""
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
     from taxmodel.trace.capture import get_tracer
 
     device = resolve_device(req.device)
@@ -167,7 +167,7 @@ def bundle_path(out: str | os.PathLike, workload: str, variant: str, shape: dict
 
 def describe_workloads(workload_modules: list[str] | None = None) -> str:
     """A plain-text listing of every registered workload: presets (shapes) and variants."""
-    from taxmodel.runtime.workload import all_workloads
+    from taxmodel.workload import all_workloads
 
     _import_workload_modules(list(workload_modules or []))
     lines: list[str] = []

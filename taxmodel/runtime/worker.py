@@ -33,7 +33,7 @@ from taxmodel.errors import InputError, RunError, TaxmodelError
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, GATE_ROLES, START_ALIGNMENTS, alignment_meta
 from taxmodel.runtime.heap import disable_multicast
 from taxmodel.runtime.launcher import RESULT_FILE, STATUS_DIR_ENV, write_status
-from taxmodel.runtime.workload import tolerance_of
+from taxmodel.workload import tolerance_of
 
 PHASES = ("init", "setup", "compile", "check", "graph", "capture", "gather", "write", "done")
 
@@ -350,7 +350,7 @@ def run_rank(spec: Mapping[str, Any], state: RankState) -> dict[str, Any]:
     from taxmodel.runtime.context import RankContext
     from taxmodel.runtime.heap import make_heap
     from taxmodel.runtime.inject import Injection
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
     from taxmodel.trace.capture import get_tracer
 
     spec = {**DEFAULT_SPEC, **spec}

@@ -28,7 +28,7 @@ RAW_DIR = "raw"
 
 # meta.json keys every bundle has; importers and capture fill what they know, the rest stays at
 # these defaults. `cost` is the workload's declared cost per rank and iteration (see
-# taxmodel.runtime.workload.Cost.to_dict); the ledger reads it without importing any workload.
+# taxmodel.workload.Cost.to_dict); the ledger reads it without importing any workload.
 META_DEFAULTS: dict[str, Any] = {
     "schema_version": schema.SCHEMA_VERSION,
     "source": "unknown",  # kineto | nsys | rocprof | rocpd | capture | synthetic

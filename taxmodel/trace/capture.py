@@ -176,7 +176,7 @@ def assign_roles(events: pd.DataFrame, roles: Mapping[str, str],
     ``other``.
     """
     if classify is None:
-        from taxmodel.runtime.workload import classify_role as classify
+        from taxmodel.workload import classify_role as classify
     events = events.copy()
     kernel = (events["kind"] == "kernel").to_numpy()
     if kernel.any():

@@ -16,7 +16,7 @@ from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
 from taxmodel.kernels.ag_gemm.workload import AgGemm, shape_dims
 from taxmodel.runtime.context import RankContext, run_in_threads
-from taxmodel.runtime.workload import get_workload
+from taxmodel.workload import get_workload
 
 interpreted = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",
                                  reason="kernels were imported without TRITON_INTERPRET=1")

@@ -18,7 +18,7 @@ from taxmodel.kernels.ag_gemm import gemm_tiles
 from taxmodel.kernels.ag_gemm import pull, push
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
-from taxmodel.runtime.workload import get_workload
+from taxmodel.workload import get_workload
 
 pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",
                                 reason="kernels were imported without TRITON_INTERPRET=1")

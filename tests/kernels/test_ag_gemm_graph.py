@@ -21,7 +21,7 @@ from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles, push
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
-from taxmodel.runtime.workload import get_workload
+from taxmodel.workload import get_workload
 
 from launch_tape import Recorder
 

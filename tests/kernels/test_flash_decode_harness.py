@@ -25,7 +25,7 @@ JOIN_TIMEOUT_S = 150
 
 
 def _scenario(ctx, name: str, variant: str, shape_over: dict, steps: int, seeds: list[int]) -> dict:
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     wl = get_workload("flash_decode")
     v = wl.variants()[variant]
@@ -56,7 +56,7 @@ def _scenario(ctx, name: str, variant: str, shape_over: dict, steps: int, seeds:
 def _timeout_scenario(ctx) -> dict:
     """Rank 1 never launches its step: the others' combiners must give up and name rank 1's flag."""
     from taxmodel.errors import RunError
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     wl = get_workload("flash_decode")
     v = wl.variants()["fused"]

@@ -21,7 +21,7 @@ from taxmodel.kernels.flash_decode.reference import make_kv_shard, make_query, r
 from taxmodel.kernels.flash_decode.workload import FlashDecode, kv_lengths
 from taxmodel.runtime.context import RankContext
 from taxmodel.runtime.heap import ThreadHeap
-from taxmodel.runtime.workload import get_workload
+from taxmodel.workload import get_workload
 
 pytestmark = pytest.mark.skipif(not sk.interpreted(sk.flash_decode_split_kv),
                                 reason="kernels were imported without TRITON_INTERPRET=1")

@@ -19,7 +19,7 @@ from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
 from taxmodel.kernels.gemm_rs.workload import CPU_RS_CONFIG, GemmRs, make_a_shard, make_b_shard, shape_dims
 from taxmodel.runtime.context import RankContext, run_in_threads
-from taxmodel.runtime.workload import classify_role, get_workload
+from taxmodel.workload import classify_role, get_workload
 
 interpreted = pytest.mark.skipif(type(tiles.gemm_rs_kernel).__name__ != "InterpretedFunction",
                                  reason="kernels were imported without TRITON_INTERPRET=1")

@@ -25,7 +25,7 @@ from taxmodel.kernels.gemm_rs import tiles
 from taxmodel.kernels.gemm_rs.workload import CPU_RS_CONFIG, GemmRs, make_a_shard, make_b_shard
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.runtime.graph import GraphBackend, eager_reason
-from taxmodel.runtime.workload import get_workload
+from taxmodel.workload import get_workload
 
 from launch_tape import Recorder
 

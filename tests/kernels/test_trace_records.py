@@ -145,7 +145,7 @@ def test_instrument_off_writes_nothing():
 @interpreted
 def test_fused_flash_decode_records_on_one_rank():
     from taxmodel.runtime.context import thread_contexts
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     ctx = thread_contexts(1)[0]
     ctx.instrument = True
@@ -186,7 +186,7 @@ def test_fused_flash_decode_records_on_one_rank():
 
 def _prepare_fused(ctx):
     """Flash decode fused on this rank (rank 1 is a producer of every pair)."""
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     wl = get_workload("flash_decode")
     v = wl.variants()["fused"]

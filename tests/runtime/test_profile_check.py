@@ -33,7 +33,7 @@ class _ShapeOnlyTolerance:
 
 
 def test_tolerance_of_passes_the_world_size_only_where_it_is_taken():
-    from taxmodel.runtime.workload import get_workload, tolerance_of
+    from taxmodel.workload import get_workload, tolerance_of
 
     assert tolerance_of(_ShapeOnlyTolerance(), {"N": 3}, 8) == (0.0, 3.0)
     rs = get_workload("gemm_rs")

@@ -22,7 +22,7 @@ from taxmodel.errors import InputError
 from taxmodel.kernels import _sync, _trace
 from taxmodel.runtime import graph as g
 from taxmodel.runtime import records
-from taxmodel.runtime.workload import Variant
+from taxmodel.workload import Variant
 
 HERE = Path(__file__).resolve().parent
 TOY = str(HERE / "toy_workload.py")

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-from taxmodel.runtime.workload import Cost, Intermediate, Variant, Workload, register
+from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

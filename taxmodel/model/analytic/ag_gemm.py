@@ -151,6 +151,6 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
 
 def cost(shape: Mapping[str, int], world: int, variant: str) -> dict[str, Any]:
     """The workload's own declared cost (what the ledger of a real bundle uses)."""
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     return get_workload("ag_gemm").cost(dict(shape), world, variant).to_dict()

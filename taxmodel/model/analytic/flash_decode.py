@@ -160,6 +160,6 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
 
 
 def cost(shape: Mapping[str, int], world: int, variant: str) -> dict[str, Any]:
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     return get_workload("flash_decode").cost(dict(shape), world, variant).to_dict()

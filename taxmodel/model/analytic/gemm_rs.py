@@ -199,6 +199,6 @@ def _torch_fused(m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
 
 def cost(shape: Mapping[str, int], world: int, variant: str) -> dict[str, Any]:
     """The workload's own declared cost (what the ledger of a real bundle uses)."""
-    from taxmodel.runtime.workload import get_workload
+    from taxmodel.workload import get_workload
 
     return get_workload("gemm_rs").cost(dict(shape), world, variant).to_dict()

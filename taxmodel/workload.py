@@ -6,6 +6,10 @@ correctness, declares its cost, and offers variants. A variant enqueues one iter
 and says which kernel names play which role; the ledger then never needs to import the
 workload: the declared cost and roles travel in the bundle's metadata and events.
 
+This module sits below everything that uses it (the runtime runs variants, the capture reads roles,
+the model reads costs and presets) and imports nothing of taxmodel but its errors; only
+``load_builtin_workloads`` imports the built-ins (``taxmodel.kernels``), on demand.
+
 Register a workload with ``@register`` (built-ins live in ``taxmodel.kernels``; a user's module
 can be loaded with ``taxmodel profile --workload-module my_module``).
 """
