@@ -15,8 +15,8 @@ collectives with ``collective_op`` and ``collective_id`` = ``"<group>:<n>"`` (th
 collective on that rank: every rank issues the same collectives in the same order). The whole
 pipeline (ledger, reports) then works on CPU bundles; meta marks them ``emulated_gpu``.
 
-Tracers are pluggable by name (``register_tracer``); ``torch`` (torch.profiler / Kineto) is
-built in.
+Tracers are pluggable by name (``tracer.register_tracer``); ``torch`` (torch.profiler / Kineto) is
+built in here, ``rocprofiler`` in ``rocprofiler_capture``; importing this module registers both.
 """
 from __future__ import annotations
 
@@ -25,70 +25,18 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from taxmodel.errors import UnavailableError
+from taxmodel.trace.tracer import TRACERS, Tracer, get_tracer, register_tracer  # noqa: F401  (the tracers' registry)
 
 KERNEL_RANGE_PREFIX = "kernel::"  # the same prefix RankContext.kernel writes
 COLLECTIVE_RANGE_PREFIX = "gloo:"
 EMULATED_COMPUTE_STREAM = 0
 EMULATED_COMM_STREAM = 1
 DEFAULT_GROUP = "0"
-
-
-class Tracer:
-    """One way of recording a rank. Subclasses implement ``start``/``stop``/``export`` (on every
-    rank) and ``read`` (on rank 0, over all ranks' exported files of one repetition)."""
-
-    name: str = ""
-    file_suffix: str = ".json.gz"
-
-    def __init__(self, device: Any) -> None:
-        self.device = device
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def export(self) -> bytes:
-        """This rank's raw trace of the last session."""
-        raise NotImplementedError
-
-    @staticmethod
-    def read(paths: Sequence[Path]) -> tuple[pd.DataFrame, dict]:
-        raise NotImplementedError
-
-    def __enter__(self) -> "Tracer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
-TRACERS: dict[str, type[Tracer]] = {}
-
-
-def register_tracer(cls: type[Tracer]) -> type[Tracer]:
-    """Make a tracer available to ``taxmodel profile --tracer NAME``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    TRACERS[cls.name] = cls
-    return cls
-
-
-def get_tracer(name: str) -> type[Tracer]:
-    if name not in TRACERS:
-        raise UnavailableError(f"unknown tracer '{name}'; available: {', '.join(sorted(TRACERS))}")
-    reason = getattr(TRACERS[name], "unavailable_reason", lambda: None)()
-    if reason:
-        raise UnavailableError(f"tracer '{name}' is not available here: {reason}")
-    return TRACERS[name]
 
 
 @register_tracer

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from taxmodel.errors import UnavailableError
-from taxmodel.trace.capture import Tracer, register_tracer
+from taxmodel.trace.tracer import Tracer, register_tracer
 
 INSTEAD = ("use --tracer torch (torch.profiler records HIP kernels on ROCm and CUDA kernels on NVIDIA), or run the "
            "ranks under `rocprofv3 --kernel-trace --hip-runtime-trace --memory-copy-trace --marker-trace "
