@@ -233,14 +233,23 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
         hw, note = resolve_model_hardware(None, meta, search=search)
     except InputError as exc:
         return f"{path}: {exc}"
-    align, gate_hold_s = read_alignment(capture)
     ledger = compute_ledger(bundle, hw, lenient=True)
-    records = bool((bundle.events["kind"] == "record").any())
-    config = meta.get("workload_config") or {}
+    how = capture_params(meta, bool((bundle.events["kind"] == "record").any()))
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
-                meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=records,
-                graph_launch=bool(capture.get("graph")), transport=config.get("transport"),
-                align=align, gate_hold_s=gate_hold_s)
+                meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=how["instrumented"],
+                graph_launch=how["graph_launch"], transport=how["ag_transport"],
+                align=how["start_alignment"], gate_hold_s=how["gate_hold_s"])
+
+
+def capture_params(meta: Mapping[str, Any], instrumented: bool) -> dict[str, Any]:
+    """``ModelParams`` values that say how a bundle was captured (meta ``capture`` and
+    ``workload_config``): in-kernel records, a graph per iteration, the AG+GEMM transport, how the
+    ranks' steps started. The model has to run the kernels the way the capture ran them."""
+    capture = meta.get("capture") or {}
+    align, gate_hold_s = read_alignment(capture)
+    return {"instrumented": bool(instrumented), "graph_launch": bool(capture.get("graph")),
+            "ag_transport": (meta.get("workload_config") or {}).get("transport"), "start_alignment": align,
+            "gate_hold_s": gate_hold_s}
 
 
 def _intlike(v: Any) -> bool:
