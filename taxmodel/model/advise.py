@@ -159,7 +159,7 @@ def collective_pairs(k: pd.DataFrame, chain: np.ndarray) -> pd.DataFrame:
     occ, pos, kind = [], [], []
     coll = np.flatnonzero(k["cls"].to_numpy(object) == "comm")
     if not len(coll):
-        return pd.DataFrame({"occ": [], "pos": [], "kind": []})
+        return pd.DataFrame({"occ": np.zeros(0, np.int64), "pos": np.zeros(0, np.int64), "kind": np.zeros(0, object)})
     prod, cons = _neighbours(k, coll)
     cls = k["cls"].to_numpy(object)
     op = k["op"].to_numpy(object)
@@ -227,13 +227,15 @@ def occurrences(k: pd.DataFrame, sync_ends: Mapping[int, np.ndarray]) -> pd.Data
     base += int(chain.max()) + 1 if in_chain.any() else 0
     pairs = collective_pairs(k, chain)
     frames.append(pairs.assign(occ=pairs["occ"].to_numpy(np.int64) + base))
-    return pd.concat(frames, ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)
+    return out.astype({"occ": np.int64, "pos": np.int64})
 
 
 def occurrence_table(k: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
     """One row per occurrence: kind, signature (member names in time order), rank, repetition,
     iteration, span [start, end), whether it holds a collective."""
-    m = members.assign(start=k["start"].to_numpy(np.int64)[members["pos"]], end=k["end"].to_numpy(np.int64)[members["pos"]])
+    pos = members["pos"].to_numpy(np.int64)
+    m = members.assign(pos=pos, start=k["start"].to_numpy(np.int64)[pos], end=k["end"].to_numpy(np.int64)[pos])
     m = m.sort_values(["occ", "start", "pos"], kind="stable")
     kk = k.iloc[m["pos"].to_numpy()]
     m["short"] = kk["short"].to_numpy(object)
@@ -317,7 +319,7 @@ def declared_locality(occ: pd.DataFrame, members: pd.DataFrame, k: pd.DataFrame,
         return per_occurrence(per_kernel, occ, members), "measured"
     cost = inp.ledger.meta.get("cost") or {}
     inters = cost.get("intermediates") or []
-    hw = inp.ledger.hardware
+    hw = getattr(inp.ledger, "hardware", None)
     if not inters or hw is None:
         return np.zeros(len(occ)), ""
     names = k["name"].astype(str)
@@ -367,7 +369,7 @@ def candidates(inp: Inputs) -> pd.DataFrame:
     if floors is not None:
         bound = np.minimum(bound, np.where(np.isfinite(floors), occ["span_ns"] - floors, bound))
     occ["bound_ns"] = np.maximum(bound, 0)
-    n = max(len(inp.ledger.windows) * max(len(inp.ledger.ranks), 1), 1)
+    n = max(len(inp.ledger.windows) * rank_count(inp.ledger), 1)
     g = occ.groupby(["kind", "kernels"], sort=False)
     out = g.agg(ops=("ops", "first"), n_kernels=("n_kernels", "first"), count=("occ", "size"),
                 span_ns=("span_ns", "sum"), launch_ns=("launch_ns", "sum"), locality_ns=("locality_ns", "sum"),
@@ -378,6 +380,12 @@ def candidates(inp: Inputs) -> pd.DataFrame:
     out["locality_source"] = loc_source
     out["floors"] = floors is not None
     return _drop_duplicates_of_specific(out)
+
+
+def rank_count(ledger: Ledger) -> int:
+    """Ranks the ledger's means are taken over (every rank of the bundle, idle ones included)."""
+    ranks = getattr(ledger, "ranks", None) or ledger.parts["rank"].unique()
+    return max(len(ranks), 1)
 
 
 def _drop_duplicates_of_specific(out: pd.DataFrame) -> pd.DataFrame:

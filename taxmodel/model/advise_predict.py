@@ -58,6 +58,8 @@ def model_shape(workload: str, meta: Mapping[str, Any]) -> dict[str, int] | None
 
 def for_candidate(kind: str, inp: Any, hardware: Any = None) -> FusionPrediction:
     """The prediction for a candidate of ``kind`` in the analyzed bundle ``inp`` (``advise.Inputs``)."""
+    from taxmodel.model.advise import rank_count
+
     if kind not in WORKLOAD_OF_KIND:
         return NO_PREDICTION
     workload, variants = WORKLOAD_OF_KIND[kind]
@@ -66,7 +68,7 @@ def for_candidate(kind: str, inp: Any, hardware: Any = None) -> FusionPrediction
     if shape is None:
         return FusionPrediction(missing=f"shapes for the {workload} model (the trace does not name this {kind}'s "
                                         "shapes; per-kernel op shapes would)")
-    world = int(meta.get("world_size") or len(inp.ledger.ranks))
+    world = int(meta.get("world_size") or rank_count(inp.ledger))
     try:
         return predict_fusion(workload, variants, shape, world, meta, hardware)
     except InputError as exc:
