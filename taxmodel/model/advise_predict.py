@@ -76,16 +76,17 @@ def for_candidate(kind: str, inp: Any, hardware: Any = None) -> FusionPrediction
 
 
 def predict_fusion(workload: str, variants: tuple[str, ...], shape: Mapping[str, int], world: int,
-                   meta: Mapping[str, Any], hardware: Any = None) -> FusionPrediction:
+                   meta: Mapping[str, Any], hardware: Any = None, use_fitted: bool = True) -> FusionPrediction:
     """Predicted bsp and best fine-grained iteration of ``workload`` at ``shape`` on ``world`` GPUs,
     on the hardware the model picks for the bundle (a calibrated spec when one ships), launched
-    as the bundle was captured, with the parameters ``taxmodel validate`` fitted for that hardware."""
+    as the bundle was captured, with the parameters ``taxmodel validate`` fitted for that hardware
+    (``use_fitted``; else the documented defaults and the calibration only)."""
     from taxmodel.model import analytic
     from taxmodel.model.analytic.common import ModelParams
     from taxmodel.model.validate import capture_params, fitted_for
 
     hw, _ = analytic.resolve_model_hardware(hardware, meta)
-    fitted, _ = fitted_for(hw.name)
+    fitted, _ = fitted_for(hw.name) if use_fitted else ({}, None)
     params = ModelParams.from_hardware(hw, **capture_params(meta, instrumented=False)).with_fitted(fitted)
     cost = meta.get("cost") or None
 
