@@ -104,7 +104,9 @@ def _classes(names: pd.Series, role: pd.Series, op: pd.Series, costs: pd.DataFra
         known = pd.notna(b)
         memory = np.where(known, b == "memory", memory)
         gemm = gemm & ~(known & (b == "memory"))
-    return np.select([comm, memory, gemm, attn], ["comm", "memory", "gemm", "attention"], "other").astype(object)
+    # a GEMM with a fused epilogue ("..._gemm_relu_...") is a GEMM; attention kernels that only
+    # combine partials ("flash_decode_combine") are memory-bound
+    return np.select([comm, gemm, memory, attn], ["comm", "gemm", "memory", "attention"], "other").astype(object)
 
 
 def _sync_ends(inp: Inputs) -> dict[int, np.ndarray]:

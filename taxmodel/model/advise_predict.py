@@ -71,7 +71,7 @@ def for_candidate(kind: str, inp: Any, hardware: Any = None) -> FusionPrediction
     world = int(meta.get("world_size") or rank_count(inp.ledger))
     try:
         return predict_fusion(workload, variants, shape, world, meta, hardware)
-    except InputError as exc:
+    except (InputError, KeyError, ValueError) as exc:  # a shape the model cannot take
         return FusionPrediction(missing=f"a {workload} prediction ({exc})")
 
 

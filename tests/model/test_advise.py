@@ -168,3 +168,27 @@ def test_cli_prints_table_and_json_and_fails_cleanly():
     assert doc["candidates"][0]["kind"] == "AG+GEMM"
     r = CliRunner().invoke(cli, ["advise", str(ROOT / "docs")])
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_kernel_classes_by_name():
+    names = pd.Series(["cutlass_80_tensorop_bf16_s16816gemm_relu_bf16", "triton_poi_fused_add_mul_0",
+                       "flash_fwd_kernel", "flash_decode_combine_local", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                       "some_custom_kernel"])
+    role = pd.Series(["compute"] * 4 + ["comm", "compute"])
+    op = pd.Series([""] * 4 + ["allreduce", ""])
+    got = adv._classes(names, role, op, None, names.index)
+    assert list(got) == ["gemm", "memory", "attention", "memory", "comm", "other"]
+
+
+def test_gemm_then_all_reduce_is_a_pair_without_a_model():
+    from taxmodel.trace.bundle import Bundle
+
+    p = taxmodel.load(ROOT / "profiles" / "h200x4-graph-gate" / "gemm_rs" / "bsp-M1024xN8192xK8192")
+    ev = p.events.copy()
+    ev["collective_op"] = ev["collective_op"].replace({"reduce_scatter": "allreduce"})
+    q = taxmodel.api.Profile(Bundle(events=ev, meta=p.meta, path=p.path))
+    t = q.advise()
+    pair = _row(t, "GEMM+AR")
+    assert pair["ops"] == "gemm -> allreduce"
+    assert pair["model"] == "" and np.isnan(pair["predicted_saving_us"])
+    assert pair["bsp_tax_us"] == pytest.approx(_row(p.advise(), "GEMM+RS")["bsp_tax_us"])
