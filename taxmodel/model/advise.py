@@ -96,9 +96,10 @@ def short_names(names: pd.Series) -> pd.Series:
 
 def _classes(names: pd.Series, role: pd.Series, op: pd.Series, costs: pd.DataFrame | None, index) -> np.ndarray:
     comm = (role == "comm").to_numpy() | (op != "").to_numpy()
-    gemm = names.str.contains(GEMM_PATTERN, regex=True).to_numpy()
-    attn = names.str.contains(ATTENTION_PATTERN, regex=True).to_numpy()
-    memory = names.str.contains(MEMORY_BOUND_PATTERN, regex=True).to_numpy()
+    codes, uniq = pd.factorize(names)  # names repeat: match each distinct one once
+    uniq = pd.Series(uniq)
+    gemm, attn, memory = (uniq.str.contains(p, regex=True).to_numpy(bool)[codes]
+                          for p in (GEMM_PATTERN, ATTENTION_PATTERN, MEMORY_BOUND_PATTERN))
     if costs is not None and "bound" in costs:
         b = costs["bound"].reindex(index).astype(object).to_numpy()
         known = pd.notna(b)
@@ -235,20 +236,32 @@ def occurrences(k: pd.DataFrame, sync_ends: Mapping[int, np.ndarray]) -> pd.Data
 
 def occurrence_table(k: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
     """One row per occurrence: kind, signature (member names in time order), rank, repetition,
-    iteration, span [start, end), whether it holds a collective."""
+    iteration, span [start, end), whether it holds a collective. Reductions over each
+    occurrence's members run as ``reduceat`` over the members sorted by (occurrence, start)."""
     pos = members["pos"].to_numpy(np.int64)
-    m = members.assign(pos=pos, start=k["start"].to_numpy(np.int64)[pos], end=k["end"].to_numpy(np.int64)[pos])
-    m = m.sort_values(["occ", "start", "pos"], kind="stable")
-    kk = k.iloc[m["pos"].to_numpy()]
-    m["short"] = kk["short"].to_numpy(object)
-    m["op"] = np.where(kk["cls"].to_numpy(object) == "comm", kk["op"].to_numpy(object), kk["cls"].to_numpy(object))
-    m["rank"], m["repetition"], m["iteration"] = (kk[c].to_numpy(np.int64) for c in ("rank", "repetition", "iteration"))
-    g = m.groupby("occ", sort=False)
-    occ = g.agg(kind=("kind", "first"), rank=("rank", "first"), repetition=("repetition", "first"),
-                iteration=("iteration", "first"), start=("start", "min"), end=("end", "max"),
-                kernels=("short", " -> ".join), ops=("op", " -> ".join), n_kernels=("pos", "size"))
-    occ["has_collective"] = occ["ops"].str.contains("|".join(COLLECTIVE_KINDS), regex=True)
-    return occ.reset_index()
+    start, end = k["start"].to_numpy(np.int64)[pos], k["end"].to_numpy(np.int64)[pos]
+    occ_id = members["occ"].to_numpy(np.int64)
+    order = np.lexsort((pos, start, occ_id))
+    pos, start, end, occ_id = pos[order], start[order], end[order], occ_id[order]
+    kinds = members["kind"].to_numpy(object)[order]
+    first = np.flatnonzero(np.r_[True, occ_id[1:] != occ_id[:-1]])
+    cls = k["cls"].to_numpy(object)[pos]
+    op = np.where(cls == "comm", k["op"].to_numpy(object)[pos], cls)
+    sep = np.array(" -> ", dtype=object)
+
+    def joined(values: np.ndarray) -> np.ndarray:  # "a -> b -> c" per occurrence, in C over the members
+        return np.array([v[:-4] for v in np.add.reduceat(values.astype(object) + sep, first)], dtype=object)
+
+    out = pd.DataFrame({
+        "occ": occ_id[first], "kind": kinds[first],
+        "rank": k["rank"].to_numpy(np.int64)[pos[first]], "repetition": k["repetition"].to_numpy(np.int64)[pos[first]],
+        "iteration": k["iteration"].to_numpy(np.int64)[pos[first]],
+        "start": np.minimum.reduceat(start, first), "end": np.maximum.reduceat(end, first),
+        "kernels": joined(k["short"].to_numpy(object)[pos]), "ops": joined(op),
+        "n_kernels": np.diff(np.r_[first, len(pos)]),
+        "has_collective": np.add.reduceat((cls == "comm").astype(np.int64), first) > 0,
+    })
+    return out
 
 
 # --- attribution from the ledger's intervals ------------------------------------------------------
