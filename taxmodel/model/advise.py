@@ -427,12 +427,18 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
     rank, % of the mean step): largest bound first, ``top`` rows (None: all)."""
     from taxmodel.model import advise_predict
 
-    c = candidates(inp)
+    c = candidates(inp).sort_values(["bound_ns", "kind"], ascending=[False, True], kind="stable")
+    if top is not None:
+        c = c.head(int(top))
     window = float(inp.ledger.windows["window_ns"].mean()) if len(inp.ledger.windows) else 0.0
     rows = []
-    for r in c.to_dict(orient="records"):  # a loop over candidates (distinct kernel sequences)
+    preds: dict[str, Any] = {}  # one prediction per kind: the shape comes from the bundle, not the kernels
+    for r in c.to_dict(orient="records"):  # a loop over the listed candidates
         missing = missing_inputs(r, inp.ledger)
-        pred = advise_predict.for_candidate(r["kind"], inp, hardware) if predict else advise_predict.NO_PREDICTION
+        if r["kind"] not in preds:
+            preds[r["kind"]] = (advise_predict.for_candidate(r["kind"], inp, hardware) if predict
+                                else advise_predict.NO_PREDICTION)
+        pred = preds[r["kind"]]
         if pred.missing:
             missing.append(pred.missing)
         estimated = (r["locality_source"] == "declared" and r["locality_ns"] > 0) or bool(pred.model)
@@ -447,7 +453,5 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
             "predicted_pct": 100.0 * pred.saving_us * NS_PER_US / window if window else np.nan,
             "confidence": "estimated" if estimated else "measured", "missing": "; ".join(missing),
         })
-    table = pd.DataFrame(rows, columns=list(COLUMNS))
-    table = table.sort_values(["bound_us", "kind"], ascending=[False, True], kind="stable").reset_index(drop=True)
-    return table if top is None else table.head(int(top)).reset_index(drop=True)
+    return pd.DataFrame(rows, columns=list(COLUMNS))
 

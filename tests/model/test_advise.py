@@ -192,3 +192,17 @@ def test_gemm_then_all_reduce_is_a_pair_without_a_model():
     assert pair["ops"] == "gemm -> allreduce"
     assert pair["model"] == "" and np.isnan(pair["predicted_saving_us"])
     assert pair["bsp_tax_us"] == pytest.approx(_row(p.advise(), "GEMM+RS")["bsp_tax_us"])
+
+
+def test_a_bundle_of_lone_kernels_has_no_candidates_and_says_so():
+    from taxmodel.report.advice import render_advice
+    from taxmodel.trace.bundle import Bundle
+
+    case = synthetic_bundle(world_size=2, iterations=2)
+    ev = case.bundle.events
+    keep = (ev["kind"] != "kernel") | (ev["name"] == GEMM)
+    bundle = Bundle(events=ev[keep].reset_index(drop=True), meta=case.bundle.meta)
+    led = compute_ledger(bundle, case.hardware)
+    t = adv.advise(adv.Inputs(bundle, led))
+    assert t.empty and list(t.columns) == list(adv.COLUMNS)
+    assert "no fusion candidates" in render_advice(t, "x", 1.0)
