@@ -223,6 +223,18 @@ class Profile:
         out = gpu[cols].assign(duration_ns=gpu["end_ns"] - gpu["start_ns"])
         return out.sort_values(["start_ns", "rank"], kind="stable").reset_index(drop=True)
 
+    def advise(self, top: int | None = 10, *, kernel_costs: pd.DataFrame | None = None) -> pd.DataFrame:
+        """Fusion candidates ranked by what fusing them would recover (``taxmodel.model.advise``;
+        docs/advise.md): one row each with its kernels, the launch, locality and bulk-synchronous
+        tax on its boundaries (us per iteration and rank), the bound (us, % of the step), the
+        analytic model's predicted saving where a built-in workload matches, and the confidence.
+        ``kernel_costs``: optional per-kernel roofline floors (``floor_ns``, ``bound``) and measured
+        locality (``locality_ns``), indexed like ``events``."""
+        from taxmodel.model.advise import Inputs, advise
+
+        hw = self.hardware if isinstance(self.hardware, str) or self.hardware is None else None
+        return advise(Inputs(self.bundle, self.analysis, kernel_costs), top=top, hardware=hw)
+
     def top_kernels(self, n: int = 10) -> pd.DataFrame:
         """The GPU activities that took the most time over all ranks (``taxmodel show``'s table)."""
         from taxmodel.trace.summary import top_kernels

@@ -205,6 +205,30 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
         click.echo(render_analysis(ledgers, per_rank=per_rank), nl=False)
 
 
+@cli.command("advise")
+@click.argument("bundle", type=click.Path(exists=True))
+@click.option("--top", type=int, default=10, show_default=True, help="How many candidates to list (largest bound first).")
+@click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
+@click.option("--hardware", default=None, metavar="NAME|FILE",
+              help="Hardware preset or a JSON file from `taxmodel calibrate` (default: from the bundle).")
+@click.option("--lenient", is_flag=True, help="Skip (and list) iterations that cannot be analyzed instead of failing.")
+def advise_cmd(bundle, top, as_json, hardware, lenient) -> None:
+    """Which kernels to fuse and what it would buy: fusion candidates ranked by the taxes on their boundaries
+    (docs/advise.md)."""
+    import json
+
+    from taxmodel.api import Profile
+    from taxmodel.report.advice import advice_document, render_advice
+
+    p = Profile.from_path(bundle, hardware=hardware, lenient=lenient)
+    table = p.advise(top=top)
+    window_us = p.window_ns / 1e3
+    if as_json:
+        click.echo(json.dumps(advice_document(table, p.label, window_us), indent=2, default=float))
+    else:
+        click.echo(render_advice(table, p.label, window_us), nl=False)
+
+
 @cli.command("calibrate")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True), help="Hardware JSON file to write.")
 @click.option("-n", "--world-size", type=int, default=None,

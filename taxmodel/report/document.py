@@ -20,7 +20,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from taxmodel.version import __version__
 from taxmodel.errors import AnalysisError
-from taxmodel.report import compare, figures, headline
+from taxmodel.report import advice, compare, figures, headline
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.bundle import Bundle
 
@@ -164,6 +164,8 @@ def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "
             doc.add(fig_block(lambda: figures.sweep(wl_ledgers, workload=workload), f"{workload}-sweep",
                               f"Latency, speedup over {compare.REFERENCE_VARIANT} and each tax against problem size.",
                               f"Sweep of {workload} over problem size"))
+
+    doc.add(*advice.section(cases))
 
     with_records = [(b, led) for b, led in cases if figures.has_cta_records(b)]
     if with_records:

@@ -31,7 +31,7 @@ def test_report_html_from_a_directory_of_bundles(bundle_dir, real_cases, tmp_pat
     assert len(lines) == 3
     assert lines[-1] == f"wrote {out}"
     html = out.read_text()
-    assert html.count('src="data:image/png;base64,') == 6
+    assert html.count('src="data:image/png;base64,') == 7  # 6 ledger views and what fusing would buy
 
 
 def test_report_markdown(bundle_dir, tmp_path):
@@ -39,7 +39,7 @@ def test_report_markdown(bundle_dir, tmp_path):
     res = CliRunner().invoke(cli, ["report", str(bundle_dir / "ag_gemm"), "-o", str(out), "--format", "md"])
     assert res.exit_code == 0, res.output
     pngs = sorted(p.name for p in out.parent.glob("*.png"))
-    assert len(pngs) == 6 and all(p.startswith("report-") for p in pngs)
+    assert len(pngs) == 7 and all(p.startswith("report-") for p in pngs)
     assert all(f"]({p})" in out.read_text() for p in pngs)
 
 

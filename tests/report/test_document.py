@@ -37,8 +37,9 @@ def test_document_reading_order_and_content(doc, real_cases):
     assert "Inside fused kernels" in headings
     names = [f.name for f in doc.figures]
     assert len(names) == len(set(names))
-    # ledger bars, 2 timelines (one per size), sweep, 2 CTA views (fused bundles)
-    assert len(names) == 6
+    # ledger bars, 2 timelines (one per size), sweep, what fusing would buy, 2 CTA views (fused bundles)
+    assert len(names) == 7
+    assert "What fusing would buy" in headings and "what-fusing-would-buy" in names
     sentences = [b.text for b in doc.blocks if isinstance(b, document.Paragraph) and b.emphasis]
     assert sentences == headline.headlines([led for _, led in real_cases])
 
@@ -125,3 +126,18 @@ def test_a_figure_that_cannot_be_drawn_leaves_a_sentence(fake_cases):
     notes = [b.text for b in doc.blocks if isinstance(b, document.Paragraph) and b.text.startswith("Figure not drawn")]
     assert len(notes) == 1 and "no iterations in repetition 0" in notes[0]
     assert any(isinstance(b, document.Figure) for b in doc.blocks)  # the ledger bars are still there
+
+
+def test_what_fusing_would_buy_lists_each_bundles_candidates(doc, real_cases):
+    from taxmodel.report.advice import TERMINAL_COLUMNS
+
+    i = next(j for j, b in enumerate(doc.blocks) if isinstance(b, document.Heading) and b.text == "What fusing would buy")
+    tables = []
+    for b in doc.blocks[i + 1:]:
+        if isinstance(b, document.Heading) and b.level == 2:
+            break
+        if isinstance(b, document.Table):
+            tables.append(b)
+    assert tables and all(t.columns == TERMINAL_COLUMNS for t in tables)
+    # the synthetic bsp bundles hold an all-gather and its GEMM
+    assert any(row[0] == "AG+GEMM" for t in tables for row in t.rows)

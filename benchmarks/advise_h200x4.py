@@ -1,0 +1,123 @@
+"""The advisor against what fine-grained kernels measured: per bulk-synchronous AG+GEMM and GEMM+RS
+bundle captured on 4x H200, the advisor's predicted saving for its collective+GEMM candidate
+(``taxmodel advise``: the analytic model's bsp minus its best fine-grained variant, at the bundle's
+shape, world size and launch settings) against the measured saving of the best fine-grained variant
+captured at the same shape in the same folder (bsp window minus that variant's window, means over
+repetitions and iterations). The bound (the taxes on the pair's boundaries) is listed beside them.
+
+    python benchmarks/advise_h200x4.py [--markdown benchmarks/results/advise_h200x4.md]
+
+Folders: ``profiles/h200x4-graph-gate`` (CUDA graphs, ranks released by a device gate; AG+GEMM and
+GEMM+RS) and ``profiles/h200x4-graph`` (CUDA graphs, host barrier; AG+GEMM). Eager captures are
+left out: their fine-grained AG+GEMM steps are host-bound under the profiler (profiles/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from taxmodel.api import Profile
+from taxmodel.model import advise_predict
+from taxmodel.model.advise import Inputs, advise
+from taxmodel.trace.bundle import find_bundles
+
+ROOT = Path(__file__).resolve().parents[1]
+SETS = (("h200x4-graph-gate", "ag_gemm"), ("h200x4-graph-gate", "gemm_rs"), ("h200x4-graph", "ag_gemm"))
+PAIR_KIND = {"ag_gemm": "AG+GEMM", "gemm_rs": "GEMM+RS"}
+TOLERANCE = 0.25
+
+
+def _shape_key(p: Profile) -> tuple:
+    return tuple(sorted(p.shape.items()))
+
+
+def compare_folder(folder: Path, workload: str) -> list[dict]:
+    """One row per bsp bundle of ``workload`` under ``folder`` that has fine-grained bundles of its shape."""
+    profiles = [Profile.from_path(b) for b in find_bundles(folder / workload)]
+    rows = []
+    for bsp in (p for p in profiles if p.variant == "bsp"):
+        fine = [p for p in profiles if p.variant != "bsp" and _shape_key(p) == _shape_key(bsp)]
+        if not fine:
+            continue
+        best = min(fine, key=lambda p: p.window_ns)
+        table = advise(Inputs(bsp.bundle, bsp.analysis), top=None)
+        pair = table[table["kind"] == PAIR_KIND[workload]]
+        if len(pair) != 1:
+            raise RuntimeError(f"{bsp.path}: expected one {PAIR_KIND[workload]} candidate, the advisor found {len(pair)}")
+        r = pair.iloc[0]
+        kind, variants = advise_predict.WORKLOAD_OF_KIND[PAIR_KIND[workload]]
+        shape = {k: int(v) for k, v in bsp.shape.items()}
+        fitted = advise_predict.predict_fusion(kind, variants, shape, bsp.world_size, bsp.meta)
+        plain = advise_predict.predict_fusion(kind, variants, shape, bsp.world_size, bsp.meta, use_fitted=False)
+        modeled = next(p for p in fine if f"{kind}/{p.variant}" == fitted.model)
+        measured = (bsp.window_ns - best.window_ns) / 1e3
+        rows.append({
+            "folder": folder.name, "workload": workload,
+            "shape": " ".join(f"{k}={v}" for k, v in sorted(bsp.shape.items()) if k != "tp"),
+            "bsp_us": bsp.window_ns / 1e3, "best_variant": best.variant, "best_us": best.window_ns / 1e3,
+            "measured_saving_us": measured, "bound_us": float(r["bound_us"]),
+            "predicted_saving_us": float(r["predicted_saving_us"]), "model": str(r["model"]),
+            "predicted_defaults_us": plain.saving_us,
+            "model_bsp_error_pct": 100.0 * (fitted.bsp_us * 1e3 / bsp.window_ns - 1.0),
+            "model_fused_error_pct": 100.0 * (fitted.fused_us * 1e3 / modeled.window_ns - 1.0),
+            "within_25pct": bool(abs(r["predicted_saving_us"] - measured) <= TOLERANCE * abs(measured)),
+            "bound_covers": bool(r["bound_us"] >= measured),
+        })
+    return rows
+
+
+def comparison(root: Path = ROOT / "profiles") -> pd.DataFrame:
+    return pd.DataFrame([row for folder, wl in SETS for row in compare_folder(root / folder, wl)])
+
+
+def markdown(t: pd.DataFrame) -> str:
+    lines = ["| folder | workload | shape | bsp us | best fine-grained (us) | measured saving us | bound us | "
+             "predicted saving us (model variant) | within 25% | predicted, defaults only | model error bsp / fused |",
+             "|---|---|---|---:|---|---:|---:|---|---|---:|---:|"]
+    for r in t.itertuples(index=False):
+        lines.append(f"| {r.folder} | {r.workload} | {r.shape} | {r.bsp_us:.1f} | {r.best_variant} ({r.best_us:.1f}) | "
+                     f"{r.measured_saving_us:.1f} | {r.bound_us:.1f} | {r.predicted_saving_us:.1f} ({r.model}) | "
+                     f"{'yes' if r.within_25pct else 'no'} | {_num(r.predicted_defaults_us)} | "
+                     f"{r.model_bsp_error_pct:+.1f}% / {r.model_fused_error_pct:+.1f}% |")
+    n = int(t["within_25pct"].sum())
+    lines += ["", f"{n} of {len(t)} pairs within 25%; the bound covers the measured saving in "
+              f"{int(t['bound_covers'].sum())} of {len(t)}."]
+    return "\n".join(lines) + "\n"
+
+
+def _num(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", default=None, help="write the table (between markers) into this Markdown file")
+    args = ap.parse_args()
+    t = comparison()
+    text = markdown(t)
+    print(text, end="")
+    if args.markdown:
+        replace_table(Path(args.markdown), text)
+
+
+MARK_START, MARK_END = "<!-- advise-table:start -->", "<!-- advise-table:end -->"
+
+
+def replace_table(doc: Path, text: str) -> None:
+    """Put ``text`` between the markers of ``doc`` (the rest of the page is prose)."""
+    page = doc.read_text()
+    head, rest = page.split(MARK_START, 1)
+    _, tail = rest.split(MARK_END, 1)
+    doc.write_text(f"{head}{MARK_START}\n{text}{MARK_END}{tail}")
+
+
+def table_in(doc: Path) -> str:
+    """The text between the markers of ``doc``."""
+    return doc.read_text().split(MARK_START, 1)[1].split(MARK_END, 1)[0].lstrip("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""The analytic model's word on a fusion candidate that matches a built-in fine-grained workload.
+
+A collective with its GEMM or attention kernels is what the built-in workloads fuse:
+``AG+GEMM`` is All-Gather+GEMM (fine-grained pull and push), ``GEMM+RS`` GEMM+Reduce-Scatter
+(fused), ``attention+AG`` Flash Decode (fused). For such a candidate the model predicts, at the
+trace's shape and world size and with the capture's launch settings, the bulk-synchronous
+iteration and the best fine-grained variant's; the predicted saving is their difference (the
+model's own, so that what it gets wrong about both sides, e.g. the GEMM rate, cancels), shown
+beside the bound read off the ledger.
+
+The shape comes from the bundle's meta when the bundle is the same workload (taxmodel's own
+captures). Anyone else's trace does not name GEMM shapes: until per-kernel op shapes are known
+(the launching op's input shapes), the prediction is left out and the candidate says so.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from taxmodel.errors import InputError
+
+#: Candidate kind -> (modeled workload, its fine-grained variants).
+WORKLOAD_OF_KIND: dict[str, tuple[str, tuple[str, ...]]] = {
+    "AG+GEMM": ("ag_gemm", ("pull", "push")),
+    "GEMM+RS": ("gemm_rs", ("fused",)),
+    "attention+AG": ("flash_decode", ("fused",)),
+}
+REFERENCE = "bsp"
+
+
+@dataclass(frozen=True)
+class FusionPrediction:
+    """``model``: "workload/variant" of the best fine-grained variant ("" when none);
+    ``fused_us`` its predicted iteration, ``bsp_us`` the predicted bulk-synchronous iteration,
+    ``saving_us`` their difference; ``missing``: why there is no prediction ("" when there is)."""
+
+    model: str = ""
+    fused_us: float = math.nan
+    bsp_us: float = math.nan
+    saving_us: float = math.nan
+    missing: str = ""
+
+
+NO_PREDICTION = FusionPrediction()
+
+
+def model_shape(workload: str, meta: Mapping[str, Any]) -> dict[str, int] | None:
+    """The shape the model needs, when the bundle says it (its own workload), else None."""
+    shape = meta.get("shape") or {}
+    if meta.get("workload") != workload or not shape:
+        return None
+    try:
+        return {k: int(v) for k, v in shape.items()}
+    except (TypeError, ValueError):
+        return None
+
+
+def for_candidate(kind: str, inp: Any, hardware: Any = None) -> FusionPrediction:
+    """The prediction for a candidate of ``kind`` in the analyzed bundle ``inp`` (``advise.Inputs``)."""
+    from taxmodel.model.advise import rank_count
+
+    if kind not in WORKLOAD_OF_KIND:
+        return NO_PREDICTION
+    workload, variants = WORKLOAD_OF_KIND[kind]
+    meta = inp.ledger.meta
+    shape = model_shape(workload, meta)
+    if shape is None:
+        return FusionPrediction(missing=f"shapes for the {workload} model (the trace does not name this {kind}'s "
+                                        "shapes; per-kernel op shapes would)")
+    world = int(meta.get("world_size") or rank_count(inp.ledger))
+    try:
+        return predict_fusion(workload, variants, shape, world, meta, hardware)
+    except (InputError, KeyError, ValueError) as exc:  # a shape the model cannot take
+        return FusionPrediction(missing=f"a {workload} prediction ({exc})")
+
+
+def predict_fusion(workload: str, variants: tuple[str, ...], shape: Mapping[str, int], world: int,
+                   meta: Mapping[str, Any], hardware: Any = None, use_fitted: bool = True) -> FusionPrediction:
+    """Predicted bsp and best fine-grained iteration of ``workload`` at ``shape`` on ``world`` GPUs,
+    on the hardware the model picks for the bundle (a calibrated spec when one ships), launched
+    as the bundle was captured, with the parameters ``taxmodel validate`` fitted for that hardware
+    (``use_fitted``; else the documented defaults and the calibration only)."""
+    from taxmodel.model import analytic
+    from taxmodel.trace.capture_meta import CaptureSettings
+
+    hw, _ = analytic.resolve_model_hardware(hardware, meta)
+    params, _ = analytic.model_params(hw, CaptureSettings.from_meta(meta), None if use_fitted else {})
+    cost = meta.get("cost") or None
+
+    def window_us(variant: str) -> float:
+        return analytic.predict(workload, variant, shape, world, hw, params, cost=cost).window_ns / 1e3
+
+    bsp = window_us(REFERENCE)
+    fused, best = min((window_us(v), v) for v in variants)
+    return FusionPrediction(f"{workload}/{best}", fused, bsp, bsp - fused)
