@@ -14,8 +14,17 @@ from taxmodel.errors import TaxmodelError
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 
 
+INTERNAL_ERROR_EXIT = 70
+"""Exit code of an error taxmodel did not foresee (a bug): neither 1 (regression) nor 2 (bad input)."""
+
+
 class _Group(click.Group):
-    """A click group that reports TaxmodelError as one clear line instead of a traceback."""
+    """A click group that reports TaxmodelError as one clear line instead of a traceback.
+
+    Last-resort net: an OSError (a full disk, a permission) is the user's environment: one line
+    naming the file, exit 2. Any other unexpected exception is a bug: one line with its type,
+    exit 70; ``TAXMODEL_TRACEBACK=1`` shows the traceback for the report. (An EOFError would
+    otherwise reach click, which prints "Aborted!".)"""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -23,6 +32,24 @@ class _Group(click.Group):
         except TaxmodelError as exc:
             click.echo(f"taxmodel: error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
+            raise
+        except Exception as exc:
+            import os
+
+            if os.environ.get("TAXMODEL_TRACEBACK"):
+                raise
+            detail = " ".join(str(exc).split())[:300]
+            if isinstance(exc, BrokenPipeError):  # the reader went away (`| head`): stop quietly
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                sys.exit(141)
+            if isinstance(exc, OSError):
+                where = f"{exc.filename}: " if exc.filename else ""
+                click.echo(f"taxmodel: error: {where}{exc.strerror or detail}", err=True)
+                sys.exit(2)
+            click.echo(f"taxmodel: internal error: {type(exc).__name__}: {detail} (a bug in taxmodel; "
+                       "run again with TAXMODEL_TRACEBACK=1 and report the traceback)", err=True)
+            sys.exit(INTERNAL_ERROR_EXIT)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -45,24 +72,30 @@ def cli() -> None:
 
 @cli.command("import")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Bundle directory to write (replaced atomically).")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
+              help="Bundle directory to write (atomically). It must be new or empty, or hold a bundle and --force be "
+                   "given; anything else there (your files, the input traces) is refused, never deleted.")
+@click.option("--force", is_flag=True, help="Replace the bundle already at -o (the output says so).")
 @click.option("--format", "fmt", default="auto", show_default=True, metavar="FORMAT",
               help="auto (decide by content), or a format name such as kineto; a wrong name lists the known ones.")
 @click.option("--iteration-pattern", default=None, metavar="REGEX",
               help="Marker names that delimit iterations, one group capturing the number (default for kineto: ProfilerStep#N).")
 @click.option("--keep-raw/--no-keep-raw", default=True, show_default=True, help="Copy the original traces into the bundle's raw/.")
 @click.option("--allow-missing-ranks", is_flag=True, help="Accept traces of only some ranks of the run (e.g. only rank 0 was profiled).")
-def import_cmd(traces, output, fmt, iteration_pattern, keep_raw, allow_missing_ranks) -> None:
+def import_cmd(traces, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks) -> None:
     """Import torch.profiler (and other) traces, one file per rank, into a profile bundle."""
     from taxmodel.trace import importers, summary
+    from taxmodel.trace.bundle import prepare_output
+
+    replaces = prepare_output(output, force=force, inputs=traces)  # before the work: refuse early
 
     if fmt == "auto":  # every file is checked again inside the import; this is for the message
         click.echo(f"format: {importers.detect_format(traces[0])} (detected from the content of {traces[0]})")
     else:
         click.echo(f"format: {fmt} (as given)")
     bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, keep_raw=keep_raw,
-                                          allow_missing_ranks=allow_missing_ranks)
-    click.echo(f"wrote {output}")
+                                          allow_missing_ranks=allow_missing_ranks, force=force)
+    click.echo(f"wrote {output}" + (" (replaced the bundle that was there: --force)" if replaces else ""))
     click.echo(summary.describe(bundle, fmt))
 
 

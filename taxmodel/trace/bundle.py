@@ -13,14 +13,17 @@ import os
 import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
 
+from taxmodel import fsutil
 from taxmodel.errors import BundleError, InputError
 from taxmodel.trace import schema
+from taxmodel.trace.bundle_meta import check_meta
 
 EVENTS_FILE = "events.parquet"
 META_FILE = "meta.json"
@@ -88,33 +91,91 @@ def make_meta(**values: Any) -> dict[str, Any]:
     return meta
 
 
+BUNDLE_ENTRIES = frozenset({EVENTS_FILE, META_FILE, RAW_DIR})
+"""What a bundle directory holds; anything else in it was put there by someone else."""
+
+
+def is_bundle_dir(path: str | os.PathLike) -> bool:
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and (path / META_FILE).is_file()
+
+
+def prepare_output(path: str | os.PathLike, *, force: bool = False,
+                   inputs: Iterable[str | os.PathLike] = ()) -> bool:
+    """Check that a bundle may be written at ``path``; return True when it replaces one there.
+
+    The rule every bundle writer follows (``import -o``, ``profile``'s one bundle per variant,
+    ``Profile.save``), so that a run never deletes what the tool did not write:
+      * nothing there, or an empty directory: fine;
+      * a bundle there (``meta.json`` + only ``events.parquet``/``raw/`` beside it): replaced only
+        with ``force`` (the caller says so), else InputError;
+      * anything else (a file, a link, a device, a directory holding other things, a bundle with
+        files of the user's beside it): InputError, even with ``force``;
+      * ``path`` equal to, or containing, one of ``inputs`` (the traces being imported): InputError.
+    """
+    path = Path(path)
+    fsutil.check_parent(path, "bundle")
+    for p in inputs:
+        p = Path(p)
+        try:
+            inside = p.resolve().is_relative_to(path.resolve())
+        except OSError:
+            inside = False
+        if inside:
+            raise InputError(f"{path}: holds the input {p}; write the bundle to a new directory "
+                             "(a bundle output is replaced as a whole)")
+    kind = fsutil.describe(path)
+    if kind is None:
+        return False
+    if kind != "a directory":
+        raise InputError(f"{path}: is {kind}, not a bundle directory; choose a new directory for -o "
+                         "(taxmodel never replaces what it did not write)")
+    entries = sorted(e.name for e in os.scandir(path))
+    if not entries:
+        return False
+    if META_FILE not in entries:
+        raise InputError(f"{path}: is a directory holding other things ({', '.join(entries[:3])}"
+                         f"{', ...' if len(entries) > 3 else ''}), not a bundle; choose a new directory for -o "
+                         "(taxmodel never replaces what it did not write)")
+    foreign = [e for e in entries if e not in BUNDLE_ENTRIES]
+    if foreign:
+        raise InputError(f"{path}: holds a bundle and also {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}, "
+                         "which taxmodel did not write; move those away or choose another -o")
+    if not force:
+        raise InputError(f"{path}: a bundle already exists there; pass --force to replace it, or choose another -o")
+    return True
+
+
 def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, Any],
                  raw_files: Iterable[str | os.PathLike] = (), overwrite: bool = True) -> Path:
     """Normalize, validate and atomically write a bundle directory; return its path.
 
-    With ``overwrite=False`` an existing bundle at ``path`` is an error. Nothing is written
-    when validation fails.
+    ``prepare_output`` decides what may be at ``path``: with ``overwrite=False`` an existing
+    bundle is an error; a path holding anything but a bundle is always an error. Nothing is
+    written when validation fails.
     """
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise InputError(f"{path}: a bundle already exists there; choose another -o or remove it first")
+    raw_files = [Path(f) for f in raw_files]
+    prepare_output(path, force=overwrite, inputs=raw_files)
     events = schema.normalize_events(events)
     schema.validate_events(events)
+    check_time_range(events, "events")
     meta = make_meta(**meta)
     if meta.get("schema_version") != schema.SCHEMA_VERSION:
         raise BundleError(f"meta: field 'schema_version' is {meta.get('schema_version')}, this taxmodel writes {schema.SCHEMA_VERSION}")
     if not meta.get("ranks"):
         meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    check_meta(json.loads(json.dumps(meta, default=_json_default)), "meta")
+    fsutil.make_dirs(path.parent, "bundle")
+    tmp = fsutil.make_temp_dir(path)
     try:
         events.to_parquet(tmp / EVENTS_FILE, index=False)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
-        raw_files = list(raw_files)
         if raw_files:
             (tmp / RAW_DIR).mkdir()
             for f in raw_files:
-                shutil.copy2(f, tmp / RAW_DIR / Path(f).name)
+                shutil.copy2(f, tmp / RAW_DIR / f.name)
+        prepare_output(path, force=overwrite)  # again: something may have appeared meanwhile
         replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -137,6 +198,24 @@ def replace_dir(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+EXACT_NS = 2 ** 53
+"""Times are int64 ns, but the ledger's shares are float64 sums: exact only below 2**53 ns (104
+days). A bundle whose events span more is damaged (a wrapped or garbage timestamp)."""
+
+
+def check_time_range(events: pd.DataFrame, where: str) -> None:
+    """BundleError when the events' times span 2**53 ns or more (see ``EXACT_NS``)."""
+    if events.empty:
+        return
+    lo = min(int(events["start_ns"].min()), int(events["end_ns"].min()))
+    hi = max(int(events["start_ns"].max()), int(events["end_ns"].max()))
+    if hi - lo >= EXACT_NS:
+        first = events.iloc[int((events["end_ns"] - events["start_ns"]).abs().to_numpy().argmax())]
+        raise BundleError(f"{where}: times span {hi - lo} ns (more than 2**53 ns, 104 days), e.g. {first['kind']} "
+                          f"{str(first['name'])[:60]!r} from {first['start_ns']} to {first['end_ns']} ns; "
+                          "a timestamp is damaged: import or capture the trace again")
+
+
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return obj.item()
@@ -152,53 +231,85 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
         raise InputError(f"{path}: no such bundle (expected a directory with {EVENTS_FILE} and {META_FILE}, or an archive of one)")
     if path.is_file():
         return _load_archive(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: is {fsutil.describe(path)}, not a bundle directory or archive")
     meta_path, events_path = path / META_FILE, path / EVENTS_FILE
     for p in (meta_path, events_path):
-        if not p.exists():
+        if not p.is_file():
             raise BundleError(f"{path}: not a bundle, {p.name} is missing")
     try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
+        meta = json.loads(meta_path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise BundleError(f"{meta_path}: not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise BundleError(f"{meta_path}: cannot be read ({exc.strerror or exc})") from exc
     if not isinstance(meta, dict):
         raise BundleError(f"{meta_path}: expected a JSON object")
     version = meta.get("schema_version")
     if version != schema.SCHEMA_VERSION:
         raise BundleError(f"{meta_path}: field 'schema_version' is {version!r}; this taxmodel reads version {schema.SCHEMA_VERSION}")
+    check_meta(meta, str(meta_path))
     try:
         events = pd.read_parquet(events_path)
     except Exception as exc:  # pyarrow raises several types for damaged files
         raise BundleError(f"{events_path}: cannot be read as parquet ({exc})") from exc
     try:
         schema.validate_events(events)
+        check_time_range(events, str(events_path))
     except BundleError as exc:
         raise BundleError(f"{path}: {exc}") from exc
     return Bundle(events=events, meta=make_meta(**meta), path=path)
 
 
+MAX_ARCHIVE_MEMBER_BYTES = 16 * 2 ** 30
+"""The largest meta.json or events.parquet an archive may unpack to (a guard against a small
+archive that inflates without end; real bundles of a million kernels are tens of MB)."""
+
+
 def _load_archive(path: Path) -> Bundle:
-    if not tarfile.is_tarfile(path):
-        raise BundleError(f"{path}: not a bundle directory and not a tar archive of one")
-    with tempfile.TemporaryDirectory(prefix="taxmodel-bundle-") as tmp:
-        with tarfile.open(path) as tar:
-            tar.extractall(tmp, filter="data")
-        roots = [p.parent for p in Path(tmp).rglob(META_FILE)]
-        if len(roots) != 1:
-            raise BundleError(f"{path}: archive holds {len(roots)} bundles; expected exactly one")
-        bundle = load_bundle(roots[0])
-        bundle.events = bundle.events.copy()
-        bundle.path = path
-        return bundle
+    """Unpack only the archive's meta.json and events.parquet (raw traces are not needed to
+    load) into a temporary directory, refusing links, devices and paths that leave it."""
+    try:
+        tar = tarfile.open(path)
+    except tarfile.ReadError as exc:
+        raise BundleError(f"{path}: not a bundle directory and not a tar archive of one") from exc
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise BundleError(f"{path}: the archive cannot be opened ({type(exc).__name__}: {exc})") from exc
+    try:
+        with tempfile.TemporaryDirectory(prefix="taxmodel-bundle-") as tmp:
+            with tar:
+                members = [m for m in tar if Path(m.name).name in (META_FILE, EVENTS_FILE)
+                           and RAW_DIR not in Path(m.name).parts[:-1]]
+                for m in members:
+                    if not m.isfile():
+                        raise BundleError(f"{path}: archive member {m.name!r} is not a regular file; "
+                                          "pack the bundle again with `tar czf`")
+                    if m.size > MAX_ARCHIVE_MEMBER_BYTES:
+                        raise BundleError(f"{path}: archive member {m.name!r} unpacks to {m.size} bytes, more than "
+                                          f"{MAX_ARCHIVE_MEMBER_BYTES}; this is not a bundle")
+                tar.extractall(tmp, members=members, filter="data")
+            roots = sorted({(Path(tmp) / m.name).parent for m in members if Path(m.name).name == META_FILE})
+            if len(roots) != 1:
+                raise BundleError(f"{path}: archive holds {len(roots)} bundles; expected exactly one")
+            bundle = load_bundle(roots[0])
+            bundle.events = bundle.events.copy()
+            bundle.path = path
+            return bundle
+    except tarfile.FilterError as exc:
+        raise BundleError(f"{path}: unsafe archive ({type(exc).__name__}: {exc}); a bundle archive holds plain "
+                          "files inside one folder") from exc
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise BundleError(f"{path}: the archive is damaged or truncated ({type(exc).__name__}: {' '.join(str(exc).split())}); "
+                          "copy or pack it again") from exc
 
 
 def archive_bundle(bundle_dir: str | os.PathLike, archive: str | os.PathLike) -> Path:
     """Pack a bundle directory into one ``.tar.gz`` (atomically)."""
     bundle_dir, archive = Path(bundle_dir), Path(archive)
     load_bundle(bundle_dir)  # refuse to pack something that is not a valid bundle
-    tmp = archive.with_name(f".{archive.name}.tmp")
-    with tarfile.open(tmp, "w:gz") as tar:
-        tar.add(bundle_dir, arcname=bundle_dir.name)
-    os.replace(tmp, archive)
+    with fsutil.atomic_path(archive, "archive") as tmp:
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(bundle_dir, arcname=bundle_dir.name)
     return archive
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as _dt
 import importlib
 import re
+import sqlite3
 import zlib
 from pathlib import Path
 from types import ModuleType
@@ -31,9 +32,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from taxmodel.errors import InputError
+from taxmodel.errors import InputError, TaxmodelError
 from taxmodel.trace import schema
-from taxmodel.trace.bundle import Bundle, load_bundle, write_bundle
+from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
     "taxmodel.trace.kineto",
@@ -154,7 +155,7 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
             raise InputError(f"traces of different formats given together ({example}); import one run's traces at a time")
         fmt = kinds[0]
     mod = importer_for(fmt)
-    events, meta = mod.read(paths, iteration_pattern=iteration_pattern)
+    events, meta = read_with(mod, paths, iteration_pattern)
     meta = dict(meta)
     meta.setdefault("source", fmt)
     meta["notes"] = list(meta.get("notes") or [])
@@ -168,12 +169,36 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
     return events, meta, fmt
 
 
+READ_FAILURES = (sqlite3.Error, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError,
+                 EOFError, zlib.error, UnicodeError, RecursionError, OSError)
+"""What a parser can raise on input it did not foresee (a partly copied SQLite file, a NULL in a
+numeric column, a field of the wrong type)."""
+
+
+def read_with(mod: ModuleType, paths: list[Path], iteration_pattern: str | None) -> tuple[pd.DataFrame, dict]:
+    """``mod.read``, with a last-resort net: an error the importer did not turn into an
+    InputError itself becomes one line naming the files, the format and the original error
+    (the importer's own checks name the field; this only keeps a traceback from the user)."""
+    try:
+        return mod.read(paths, iteration_pattern=iteration_pattern)
+    except TaxmodelError:
+        raise
+    except READ_FAILURES as exc:
+        names = ", ".join(str(p) for p in paths[:3]) + (f" (+{len(paths) - 3} more)" if len(paths) > 3 else "")
+        detail = " ".join(str(exc).split())[:200]
+        raise InputError(f"{names}: cannot be read as {mod.FORMAT} ({type(exc).__name__}: {detail}); the file is "
+                         "damaged or not what its content looked like: export it again, or name the format with --format") from exc
+
+
 def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "auto",
                   iteration_pattern: str | None = None, *, keep_raw: bool = True,
-                  allow_missing_ranks: bool = False) -> tuple[Bundle, str]:
+                  allow_missing_ranks: bool = False, force: bool = False) -> tuple[Bundle, str]:
     """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format).
-    ``keep_raw`` copies the original files into the bundle's ``raw/``."""
+    ``keep_raw`` copies the original files into the bundle's ``raw/``. An existing bundle at
+    ``output`` is replaced only with ``force``; anything else there is refused
+    (``bundle.prepare_output``)."""
     paths = [Path(p) for p in paths]
+    prepare_output(output, force=force, inputs=paths)  # refuse before the (long) import
     events, meta, fmt = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks)
     raw = []
     if keep_raw:
@@ -182,7 +207,7 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
         if dup:
             raise InputError(f"two traces are named {dup!r}; rename one, or import with --no-keep-raw")
         raw = paths
-    return load_bundle(write_bundle(output, events, meta, raw_files=raw)), fmt
+    return load_bundle(write_bundle(output, events, meta, raw_files=raw, overwrite=force)), fmt
 
 
 # --- cross-file checks -------------------------------------------------------------------------

@@ -1,0 +1,217 @@
+"""Writing outputs without losing the user's files: what may stand at an output path, and one
+atomic write (a unique temporary sibling renamed into place) for every file the tool writes.
+
+Why each rule:
+  * a temporary file has a unique name (``mkstemp`` in the target's directory, carrying the
+    writer's pid), never a fixed ``.<name>.tmp``: a link planted at a fixed name would redirect
+    the write, and two writers of one file would clobber each other's halves;
+  * only a regular file (or nothing) at an output path is replaced: a directory, a symbolic
+    link, a device (``/dev/full``) or a FIFO is refused, so a rename never swaps a device node or
+    a link for a regular file behind the user's back;
+  * the result gets the permissions a plain ``open()`` would give (``0666``/``0777`` less the
+    umask), not ``mkstemp``'s private ``0600``/``0700``, so that teammates can read shared outputs;
+  * a temporary left by a writer that was killed (its pid is gone) is removed by the next write
+    of the same name, so killed runs do not pile up hidden files.
+
+This module is at the bottom layer (it imports only ``errors``), so that trace, report, regress,
+model and runtime can all use it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from taxmodel.errors import InputError
+
+TMP_SUFFIX = ".tmp"
+
+
+def current_umask() -> int:
+    """The process's umask (read without changing it where /proc allows, else set and restored)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(directory: bool = False) -> int:
+    """What ``open()``/``mkdir()`` would give a new file or directory under the current umask."""
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def describe(path: str | os.PathLike) -> str | None:
+    """What stands at ``path`` (without following a final link): None when nothing does."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return None
+    return "a regular file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+
+
+def check_parent(path: str | os.PathLike, what: str = "output") -> None:
+    """InputError when a directory above ``path`` exists but is not a directory (an output
+    "under a regular file"), naming that component."""
+    path = Path(path)
+    for parent in reversed(path.absolute().parents):  # from the root down; stop at the first missing
+        try:
+            st = os.stat(parent)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode):
+            kind = "a regular file" if stat.S_ISREG(st.st_mode) else _kind(st.st_mode)
+            raise InputError(f"{path}: cannot write the {what} there, {parent} is {kind}, not a directory; "
+                             "choose another path")
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
+    """Refuse an output file path at which anything but a regular file (or nothing) stands,
+    or whose parent is not a directory. Returns the path."""
+    path = Path(path)
+    check_parent(path, what)
+    kind = describe(path)
+    if kind not in (None, "a regular file"):
+        hint = ("remove the link or name the file it points to" if kind == "a symbolic link"
+                else "name a file inside it" if kind == "a directory"
+                else "write to a regular file (and copy it there if you must)")
+        raise InputError(f"{path}: is {kind}; taxmodel only replaces regular files ({hint})")
+    return path
+
+
+def make_dirs(path: str | os.PathLike, what: str = "output") -> Path:
+    """``mkdir -p`` with the umask's permissions; InputError (not a traceback) when it cannot."""
+    path = Path(path)
+    check_parent(path / "x", what)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        raise InputError(f"{path}: exists and is not a directory; choose another path for the {what}") from exc
+    except OSError as exc:
+        raise InputError(f"{path}: cannot create the directory ({exc.strerror or exc})") from exc
+    return path
+
+
+_STALE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[A-Za-z0-9_]+" + re.escape(TMP_SUFFIX) + "$")
+
+
+def temp_prefix(target: Path) -> str:
+    """The prefix of this process's temporaries for ``target``: ``.<name>.<pid>-``."""
+    return f".{target.name}.{os.getpid()}-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def clean_stale_temps(target: str | os.PathLike) -> list[Path]:
+    """Remove temporaries of ``target`` (``.<name>.<pid>-XXXX.tmp`` beside it) whose writer's pid
+    is no longer alive on this host; return what was removed. Others' files are never touched:
+    only names of exactly this pattern for exactly this target are considered."""
+    target = Path(target)
+    removed = []
+    try:
+        entries = list(os.scandir(target.parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _STALE.match(entry.name)
+        if not m or m.group("name") != target.name or _pid_alive(int(m.group("pid"))):
+            continue
+        p = Path(entry.path)
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+def make_temp_dir(target: str | os.PathLike) -> Path:
+    """A new, unique, empty directory beside ``target`` (same file system: a rename moves it
+    into place), with the umask's permissions. Stale temporaries of ``target`` are removed first."""
+    target = Path(target)
+    clean_stale_temps(target)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(target), suffix=TMP_SUFFIX, dir=target.parent))
+    os.chmod(tmp, default_mode(directory=True))
+    return tmp
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, what: str = "output") -> Iterator[Path]:
+    """Yield a unique temporary path beside ``path``; on success it is renamed onto ``path``,
+    on any error it is removed and ``path`` is untouched.
+
+    For writers that want a file name (``savefig``, ``tarfile.open``, ``to_parquet``). The
+    target is checked first (``check_output_file``) and again right before the rename."""
+    path = check_output_file(path, what)
+    make_dirs(path.parent, what)
+    clean_stale_temps(path)
+    fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(path), suffix=TMP_SUFFIX, dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        os.chmod(tmp, default_mode())
+        yield tmp
+        check_output_file(path, what)  # something may have appeared meanwhile
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: str | os.PathLike, data: str | bytes, *, encoding: str = "utf-8",
+                 what: str = "output") -> Path:
+    """Write ``data`` (text or bytes) to ``path`` atomically; return the path.
+
+    InputError when ``path`` is not a regular file (see the module docstring) or cannot be
+    written (no space, no permission): one line naming the path."""
+    path = Path(path)
+    try:
+        with atomic_path(path, what) as tmp:
+            if isinstance(data, bytes):
+                tmp.write_bytes(data)
+            else:
+                tmp.write_text(data, encoding=encoding)
+    except InputError:
+        raise
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write the {what} ({exc.strerror or exc})") from exc
+    return path

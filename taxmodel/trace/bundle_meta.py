@@ -1,0 +1,180 @@
+"""The JSON types of a bundle's ``meta.json`` fields, checked where a bundle is loaded or written.
+
+Every reader of a bundle (the ledger, the model, reports, comparisons, summaries) trusts these
+types; a damaged or hand-edited ``meta.json`` (a list where a mapping belongs, text where a
+number belongs) must stop at the door with one line naming the file and the field, not deep
+inside a reader as a traceback. Only the fields taxmodel reads are checked; unknown keys are
+kept as they are. ``None`` (JSON null) is accepted wherever the field is optional, because
+bundles written by older versions and by importers leave unknown fields empty.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable, Mapping
+
+from taxmodel.errors import BundleError
+
+# A check returns None when the value is fine, else what was expected (for the message).
+Check = Callable[[Any], "str | None"]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def integer(lo: int | None = None) -> Check:
+    def check(v: Any) -> str | None:
+        if _is_int(v) and (lo is None or v >= lo):
+            return None
+        return "an integer" + (f" >= {lo}" if lo is not None else "")
+    return check
+
+
+def number(lo: float | None = None) -> Check:
+    def check(v: Any) -> str | None:
+        if _is_num(v) and (lo is None or v >= lo):
+            return None
+        return "a finite number" + (f" >= {lo}" if lo is not None else "")
+    return check
+
+
+def text(v: Any) -> str | None:
+    return None if isinstance(v, str) else "a string"
+
+
+def boolean(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "true or false"
+
+
+def mapping(v: Any) -> str | None:
+    return None if isinstance(v, dict) else "a JSON object"
+
+
+def scalar(v: Any) -> str | None:
+    return None if v is None or isinstance(v, (str, bool)) or _is_num(v) else "a string, number or boolean"
+
+
+def optional(check: Check) -> Check:
+    def opt(v: Any) -> str | None:
+        return None if v is None else check(v)
+    return opt
+
+
+def list_of(check: Check) -> Check:
+    def lst(v: Any) -> str | None:
+        if not isinstance(v, list):
+            return "a JSON list"
+        bad = next((check(x) for x in v if check(x)), None)
+        return f"a JSON list whose items are each {bad}" if bad else None
+    return lst
+
+
+def int_keyed(check: Check) -> Check:
+    """An object whose keys are integers written as text (ranks) and whose values pass ``check``."""
+    def obj(v: Any) -> str | None:
+        if not isinstance(v, dict):
+            return "a JSON object"
+        for k, x in v.items():
+            if not str(k).lstrip("-").isdigit() or check(x):
+                return f"a JSON object from rank numbers to {check(x) or 'values'}"
+        return None
+    return obj
+
+
+def values(check: Check) -> Check:
+    def obj(v: Any) -> str | None:
+        if not isinstance(v, dict):
+            return "a JSON object"
+        bad = next((check(x) for x in v.values() if check(x)), None)
+        return f"a JSON object whose values are each {bad}" if bad else None
+    return obj
+
+
+# field -> check; "a.b" names a field of the object "a" (checked when "a" is an object).
+FIELDS: dict[str, Check] = {
+    "source": optional(text),
+    "workload": optional(text),
+    "variant": optional(text),
+    "shape": optional(values(integer())),
+    "world_size": optional(integer(1)),
+    "ranks": optional(list_of(integer(0))),
+    "hardware": optional(mapping),
+    "hardware.name": optional(text),
+    "hardware.vendor": optional(text),
+    "hardware.num_sms": optional(integer(1)),
+    "hardware.memory_bytes": optional(integer(0)),
+    "hardware.warp_size": optional(integer(1)),
+    "hardware.emulated": optional(boolean),
+    "software": optional(values(scalar)),
+    "clock_offsets_ns": optional(int_keyed(integer())),
+    "clock": optional(mapping),
+    "clock.method": optional(text),
+    "clock.uncertainty_ns": optional(number(0)),
+    "capture": optional(mapping),
+    "capture.graph": optional(boolean),
+    "capture.graph_note": optional(text),
+    "capture.align": optional(text),
+    "capture.gate_hold_us": optional(number(0)),
+    "capture.clock_offsets_source": optional(text),
+    "capture.clock_uncertainty_ns": optional(number(0)),
+    "capture.emulated_gpu": optional(boolean),
+    "capture.inject": optional(mapping),
+    "capture.instrument": optional(boolean),
+    "capture.iteration_pattern": optional(text),
+    "capture.roles": optional(values(text)),
+    "capture.tracer": optional(text),
+    "capture.warmup": optional(integer(0)),
+    "capture.iterations": optional(integer(0)),
+    "repetitions": optional(integer(1)),
+    "cost": optional(mapping),
+    "cost.flops": number(0),
+    "cost.hbm_bytes": number(0),
+    "cost.link_bytes": number(0),
+    "cost.dtype": optional(text),
+    "cost.intermediates": optional(list_of(mapping)),
+    "created": optional(text),
+    "notes": optional(list_of(text)),
+    "records": optional(mapping),
+    "workload_config": optional(mapping),
+    "inputs": optional(list_of(mapping)),
+}
+
+INTERMEDIATE_FIELDS: dict[str, Check] = {"name": text, "bytes": integer(0), "producer": text, "consumer": text}
+
+
+def _show(value: Any) -> str:
+    try:
+        s = json.dumps(value)
+    except (TypeError, ValueError):
+        s = repr(value)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def check_meta(meta: Mapping[str, Any], where: str) -> None:
+    """Raise BundleError naming ``where`` (the meta.json) and the first field of a wrong type."""
+    for name, check in FIELDS.items():
+        parent, _, child = name.rpartition(".")
+        obj = meta.get(parent) if parent else meta
+        if not isinstance(obj, dict) or (child not in obj and _optional_when_missing(check)):
+            continue
+        value = obj.get(child)
+        want = check(value)
+        if want:
+            raise BundleError(f"{where}: field '{name}' must be {want}, not {_show(value)}; "
+                              "the bundle is damaged or was edited by hand: fix the field, or import/capture it again")
+    for i, inter in enumerate((meta.get("cost") or {}).get("intermediates") or []):
+        for key, check in INTERMEDIATE_FIELDS.items():
+            want = check(inter.get(key))
+            if want:
+                raise BundleError(f"{where}: field 'cost.intermediates[{i}].{key}' must be {want}, not "
+                                  f"{_show(inter.get(key))}; fix the field, or capture the bundle again")
+
+
+def _optional_when_missing(check: Check) -> bool:
+    """A field missing from its object is fine when the check accepts None (an optional field)."""
+    return check(None) is None
