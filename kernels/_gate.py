@@ -46,7 +46,7 @@ GATE_KERNEL_ID: tl.constexpr = tl.constexpr(90)
 def taxmodel_gate_kernel(counter_ptr, heap_bases, err_ptr, rank, world_size, target, budget, hold,
                          MODE: tl.constexpr, W_P2: tl.constexpr):
     """Arrive at every rank's counter, wait until all ``world_size`` ranks arrived ``target //
-    world_size`` times, then spin ``hold`` more (ns, 10-ns ticks, or polls under the interpreter)."""
+    world_size`` times, then spin ``hold`` more (``_sync.spin_budget`` units: 10-ns ticks on AMD, else ns)."""
     # One add per rank, all in flight at once (one thread each): added one after another, each
     # release-add waited for the previous one (~1 us over NVLink), so on 4 H200s the ranks were
     # released in the adder's loop order, 0, ~1 and ~2 us apart.
@@ -59,10 +59,7 @@ def taxmodel_gate_kernel(counter_ptr, heap_bases, err_ptr, rank, world_size, tar
         start = _sync.now(MODE)
         held = tl.full((), 0, tl.int64)
         while held < hold:
-            if MODE == 0:
-                held += 1
-            else:
-                held = _sync.now(MODE) - start
+            held = _sync.now(MODE) - start
 
 
 class DeviceGate:

@@ -11,8 +11,10 @@ by ``sync_mode``):
 
 - ``SYNC_NVIDIA``: the GPU global timer (``%globaltimer``, nanoseconds);
 - ``SYNC_AMD``: ``s_memrealtime`` (a 100 MHz counter, 10 ns per tick);
-- ``SYNC_POLL``: Triton's interpreter (``TRITON_INTERPRET=1``) has no device clock, so the bound is a
-  number of polls (``now`` still reads the host's monotonic clock there, for in-kernel trace records).
+- ``SYNC_POLL``: Triton's interpreter (``TRITON_INTERPRET=1``) has no device clock; ``now`` reads the
+  host's monotonic clock (ns) there, so waits are bounded by wall-clock time as on a GPU. (Counting
+  polls instead made the bound depend on the machine's speed: at an assumed 10,000 polls per second a
+  30 s wait lasted 40 s on a loaded 2-core machine.)
 
 ``spin_budget`` converts seconds into the unit of the mode. Flags hold epochs (iteration numbers,
 counting from 1): a producer sets a flag to the current epoch and a consumer waits until the flag is
@@ -43,10 +45,6 @@ SYNC_POLL = 0
 SYNC_NVIDIA = 1
 SYNC_AMD = 2
 
-#: Interpreted polls per second, roughly (a poll is a few Python-level tensor ops); only used to turn
-#: a timeout in seconds into a poll count, so it errs on the fast side (a longer real bound when polls are slower).
-INTERPRETER_POLLS_PER_S = 10_000
-
 #: Error buffer layout (int64): what a kernel that gave up records, first failure wins.
 ERR_FIELDS = ("failed", "rank", "peer", "flag_index", "kernel_id", "target", "seen", "waited")
 ERR_LEN = len(ERR_FIELDS)
@@ -68,23 +66,20 @@ def sync_mode(device: torch.device | str | None = None) -> int:
 
 
 def spin_budget(timeout_s: float, mode: int) -> int:
-    """``timeout_s`` in the unit ``wait_geq`` counts in ``mode`` (ns, 10-ns ticks or polls)."""
+    """``timeout_s`` in the unit ``now(mode)`` counts in: 10-ns ticks on AMD, ns elsewhere (the
+    interpreter's clock is the host's)."""
     if timeout_s <= 0:
         raise ValueError("spin timeout must be positive")
-    if mode == SYNC_NVIDIA:
-        return int(timeout_s * 1e9)
     if mode == SYNC_AMD:
         return int(timeout_s * 1e8)
-    return max(1, int(timeout_s * INTERPRETER_POLLS_PER_S))
+    return max(1, int(timeout_s * 1e9))
 
 
 def budget_seconds(units: int, mode: int) -> float:
     """Inverse of ``spin_budget`` (for messages)."""
-    if mode == SYNC_NVIDIA:
-        return units / 1e9
     if mode == SYNC_AMD:
         return units / 1e8
-    return units / INTERPRETER_POLLS_PER_S
+    return units / 1e9
 
 
 def new_error_buffer(device: torch.device | str) -> torch.Tensor:
@@ -109,8 +104,7 @@ def check_errors(err: torch.Tensor, kernel_name: str | dict[int, str], ctx: Any 
     if mode is None:
         mode = sync_mode(err.device)
     waited = budget_seconds(f["waited"], mode)
-    unit = "polls" if mode == SYNC_POLL else "s"
-    amount = f"{f['waited']} {unit} (~{waited:.3g} s)" if mode == SYNC_POLL else f"{waited:.3g} s"
+    amount = f"{waited:.3g} s"
     timeout = getattr(ctx, "spin_timeout_s", None)
     hint = (f" (spin timeout {timeout} s)" if timeout is not None else "")
     raise RunError(
@@ -135,7 +129,7 @@ host_clock_ns.__triton_builtin__ = True  # type: ignore[attr-defined]
 @triton.jit
 def now(MODE: tl.constexpr):
     """A timestamp in the unit of ``MODE``: %globaltimer ns (1), s_memrealtime 10-ns ticks (2), or
-    under the interpreter (0) the host's monotonic ns (waits there count polls, not time)."""
+    under the interpreter (0) the host's monotonic ns."""
     if MODE == 1:
         t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
                                       is_pure=False, pack=1)
@@ -163,10 +157,7 @@ def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_i
     waited = tl.full((), 0, tl.int64)
     while (seen < target64) & (waited < budget) & (failed == 0):
         seen = tl.load(flag_ptr, volatile=True).to(tl.int64)
-        if MODE == 0:
-            waited += 1
-        else:
-            waited = now(MODE) - start
+        waited = now(MODE) - start
         failed = tl.load(err_ptr, volatile=True)
     # The loop ran in every thread on its own (a scalar lives in every thread), so threads can leave
     # it disagreeing: one saw the flag land, another timed out or saw another program's give-up.

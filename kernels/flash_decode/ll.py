@@ -97,10 +97,7 @@ def _poll(ptrs, mask, e, waited, failed, start, budget, err_ptr, MODE: tl.conste
         _pause(MODE)
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
         miss = _missing(words, mask, e)
-        if MODE == 0:
-            waited += 1
-        else:
-            waited = _sync.now(MODE) - start
+        waited = _sync.now(MODE) - start
         failed = tl.load(err_ptr, volatile=True)
     return words, miss, waited, failed
 
