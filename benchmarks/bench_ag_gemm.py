@@ -332,7 +332,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     ctx.heap = heap
     wl.config = configs[0]
     st = wl.setup(ctx, shape, variants["bsp"])
-    from taxmodel.kernels.ag_gemm.workload import make_shard
+    from taxmodel.kernels.ag_gemm.state import make_shard
 
     gathered = torch.cat([make_shard(1, r, st.m_loc, st.k, st.dtype, ctx.device) for r in range(ctx.world_size)])
     record("floor:matmul(cublas)", time_batches(ctx, lambda: torch.matmul(gathered, st.b, out=st.c), iters, reps, warmup))
@@ -454,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ctx = init(args)
     from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG
-    from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes, pick_dtype
+    from taxmodel.kernels.ag_gemm.state import pick_dtype
+    from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes
 
     sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
     wl = AgGemm()

@@ -82,7 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def fused_configs(args: argparse.Namespace, device: torch.device) -> list[Any]:
-    from taxmodel.kernels.gemm_rs.workload import GPU_RS_CONFIG, default_rs_config
+    from taxmodel.kernels.gemm_rs.state import GPU_RS_CONFIG, default_rs_config
 
     if args.cpu:
         base = default_rs_config(device)
@@ -315,7 +315,8 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     ctx = init(args)
-    from taxmodel.kernels.gemm_rs.workload import GemmRs, heap_bytes, pick_dtype
+    from taxmodel.kernels.gemm_rs.state import heap_bytes, pick_dtype
+    from taxmodel.kernels.gemm_rs.workload import GemmRs
 
     sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
     wl = GemmRs()

@@ -142,7 +142,8 @@ def make_workload(case: Case, ctx: Any, reserve_sms: bool = False) -> Any:
 def heap_bytes_needed(ag_sizes: list[str], variants: list[str], world: int, device: Any) -> int:
     """Heap for two AG+GEMM states at once (plain and instrumented), the largest size."""
     from taxmodel.kernels.ag_gemm.gemm_tiles import default_config
-    from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes, pick_dtype
+    from taxmodel.kernels.ag_gemm.state import pick_dtype
+    from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes
 
     cfg = replace(default_config(device), transport="sm")
     dtype = pick_dtype({}, device)

@@ -128,6 +128,11 @@ def show_cmd(bundle, as_json, top) -> None:
                .to_string(index=False, formatters={"pct": "{:.1f}".format, "name": lambda s: s[:70]}))
 
 
+def _note(line: str) -> None:
+    """One line on stderr (what --lenient skipped), so stdout stays the command's output."""
+    click.echo(f"taxmodel: {line}", err=True)
+
+
 def _us_columns(df, columns):
     """Times in ns shown as us with 3 decimals (exact: the ns digits), renamed *_us."""
     out = df.copy()
@@ -231,7 +236,7 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
     from taxmodel.report.build import load_cases
     from taxmodel.report.terminal import analysis_document, render_analysis
 
-    ledgers = [led for _, led in load_cases(bundles, hardware=hardware, lenient=lenient)]
+    ledgers = [led for _, led in load_cases(bundles, hardware=hardware, lenient=lenient, on_skip=_note)]
     if as_json:
         click.echo(json.dumps(analysis_document(ledgers), indent=2, default=float))
     else:
@@ -368,8 +373,7 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
 
     Exit 0 when every comparison is within target (latency 15%, each tax 25% or 20 us), 1 otherwise.
     """
-    from pathlib import Path
-
+    from taxmodel.fsutil import atomic_write
     from taxmodel.model import validate as val
 
     if fitted_from and (no_fit or update_docs):
@@ -380,7 +384,7 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
     for s in v.skipped:
         click.echo(f"skipped {s}", err=True)
     if markdown:
-        Path(markdown).write_text(text)
+        atomic_write(markdown, text, what="Markdown table")
         click.echo(f"wrote {markdown}")
     if update_docs:
         click.echo(f"updated {val.update_docs(docs_file, v)}")
@@ -403,8 +407,7 @@ def scaling_cmd(profile_dirs, markdown) -> None:
     \b
     taxmodel scaling profiles/h200x4-graph-gate profiles/h200x8-graph-gate
     """
-    from pathlib import Path
-
+    from taxmodel.fsutil import atomic_write
     from taxmodel.model.scaling import markdown as scaling_markdown, scaling_rows
 
     rows = scaling_rows(list(profile_dirs))
@@ -415,7 +418,7 @@ def scaling_cmd(profile_dirs, markdown) -> None:
     text = scaling_markdown(rows)
     click.echo(text, nl=False)
     if markdown:
-        Path(markdown).write_text(text)
+        atomic_write(markdown, text, what="Markdown table")
         click.echo(f"wrote {markdown}")
 
 
@@ -438,7 +441,7 @@ def report_cmd(bundles, output, fmt, hardware, lenient) -> None:
     from taxmodel.report.build import load_cases, write_report
     from taxmodel.report.headline import headlines
 
-    cases = load_cases(bundles, hardware=hardware, lenient=lenient)
+    cases = load_cases(bundles, hardware=hardware, lenient=lenient, on_skip=_note)
     path = write_report(cases, output, fmt)
     for line in headlines([led for _, led in cases]):
         click.echo(line)

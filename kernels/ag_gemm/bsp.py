@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .workload import AgGemmState, AgGemmVariant, symmetric_heap
+from .state import AgGemmState, AgGemmVariant, symmetric_heap
 
 #: Kernel names (regex) of the collective and of the GEMM on NVIDIA/AMD GPUs, and the names this
 #: module gives its steps on CPU (``ctx.kernel``).

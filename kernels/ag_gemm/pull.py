@@ -6,7 +6,7 @@ Transports (``cfg.transport``):
 - ``"ce"`` (default): copy engines read every remote M-block exactly once (one side stream per
   peer, one ``cuMemcpyAsync`` per block) and set a local flag to the epoch after each block; the
   GEMM's waits poll local memory and no SM moves data.
-- ``"sm"``: ``push.copy_blocks_kernel`` in pull mode (16-byte vector Iris loads from the peer,
+- ``"sm"``: ``transport.copy_blocks_kernel`` in pull mode (16-byte vector Iris loads from the peer,
   local stores, a local release-set per K piece, which the GEMM waits on piece by piece) on a side
   stream, beside the GEMM.
 - ``"direct"``: the GEMM loads remote tiles straight from the peers' heaps with ``iris.load``. Each
@@ -21,7 +21,7 @@ single: this iteration's staging copies wait for the previous iteration's GEMM (
 on the main stream), and the flags hold epochs, so they never need a reset.
 
 CUDA graphs: the ``sm`` copy kernel and the GEMM read their epochs from device memory (see
-``push``), and ``direct`` has no flags at all, so both are graph-safe; the copy engines' flag
+``transport``), and ``direct`` has no flags at all, so both are graph-safe; the copy engines' flag
 value is chosen on the host (eager only). In-kernel records: the copy kernel records one
 ``remote_load`` per work item, the GEMM as in ``gemm_tiles``.
 """
@@ -34,12 +34,12 @@ import triton
 
 from .copy_engine import CopyEngine
 from .gemm_tiles import A_PULL, A_WAIT, gemm_record_layout, k_pieces, launch_ag_gemm, make_descriptor, tma_available
-from .push import (ce_transfer_blocks, copy_record_layout, fork, join, launch_copy_blocks,  # noqa: F401
-                   reserved_programs, side_streams, wait_target)
-from .workload import AgGemmState, AgGemmVariant, symmetric_heap
+from .state import AgGemmState, AgGemmVariant, symmetric_heap
+from .transport import (COPY_KERNEL, ce_transfer_blocks, copy_record_layout, fork, join, launch_copy_blocks,
+                        reserved_programs, side_streams)
 
 KERNEL = "ag_gemm_kernel"
-STAGE_KERNEL = "copy_blocks_kernel"
+STAGE_KERNEL = COPY_KERNEL
 CE_PULL = "ce_get"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .workload import AgGemmState, AgGemmVariant
+from .state import AgGemmState, AgGemmVariant
 
 COPY_KERNELS = r"(?i)memcpy|copy|symm|barrier"
 _MATMUL = r"(?i)gemm|matmul|nvjet|cutlass|xmma|cublas"

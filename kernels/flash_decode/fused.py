@@ -455,9 +455,7 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
         rank=ctx.rank, world_size=w, num_combiners=combiners,
         budget=_sync.spin_budget(ctx.spin_timeout_s, mode), mode=mode, config=config,
     )
-    from taxmodel.runtime.records import record_buffer  # the runtime's side of kernels/_trace.py
-
-    state.records = record_buffer(ctx, KERNEL_NAME, state.record_layout, dev)
+    state.records = ctx.record_buffer(KERNEL_NAME, state.record_layout, dev)
     return state
 
 

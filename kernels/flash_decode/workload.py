@@ -183,9 +183,7 @@ class FlashDecode(Workload):
             impl = bsp.make_bsp_state(ctx, args, out, int(shape.get("bsp_slices", 1)))
         elif variant.name == "fused":
             if ctx.heap is None:
-                from taxmodel.runtime.heap import make_heap
-
-                own_heap = make_heap(ctx, self.heap_bytes(shape, ctx.world_size))
+                own_heap = ctx.new_heap(self.heap_bytes(shape, ctx.world_size))
                 ctx = replace(ctx, heap=own_heap)
             impl = fused.make_fused_state(ctx, args, out, _num_sms(dev), fused_config(shape))
             fused.warmup_fused(impl)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .workload import (GEMM_KERNELS, REDUCE_SCATTER_KERNELS, GemmRsState, GemmRsVariant, heap_bytes,
+from .state import (GEMM_KERNELS, REDUCE_SCATTER_KERNELS, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
 

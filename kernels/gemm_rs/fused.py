@@ -36,7 +36,7 @@ from taxmodel.kernels._sync import check_errors
 
 from .tiles import (KERNEL_NAMES, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, own_tiles,
                     reduce_record_layout)
-from .workload import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
+from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
 
@@ -56,14 +56,12 @@ def prepare(st: GemmRsState) -> None:
 
 def _record_buffers(st: GemmRsState) -> None:
     """In-kernel record buffers of both kernels when ``ctx.instrument`` is set (else None)."""
-    from taxmodel.runtime.records import record_buffer  # the runtime's side of kernels/_trace.py
-
     cfg, dev = st.cfg, st.out.device
     tail = cfg.reduce == "tail"
-    st.rec_gemm = record_buffer(st.ctx, FUSED_GEMM_KERNEL,
-                                gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, tail, dev), dev)
-    st.rec_reduce = None if tail else record_buffer(st.ctx, FUSED_REDUCE_KERNEL,
-                                                    reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev)
+    st.rec_gemm = st.ctx.record_buffer(FUSED_GEMM_KERNEL,
+                                       gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, tail, dev), dev)
+    st.rec_reduce = None if tail else st.ctx.record_buffer(FUSED_REDUCE_KERNEL,
+                                                           reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev)
 
 
 def _compile(st: GemmRsState) -> None:

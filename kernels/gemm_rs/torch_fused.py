@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .workload import GEMM_KERNELS, GemmRsState, GemmRsVariant
+from .state import GEMM_KERNELS, GemmRsState, GemmRsVariant
 
 #: Peer copies and symmetric-memory barriers of the op, and the final sum over received chunks.
 COMM_KERNELS = r"(?i)memcpy|copy|symm|barrier"

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from taxmodel.model import advise_predict
 from taxmodel.model.ledger import Ledger
 from taxmodel.model.ledger import _matches  # the ledger's own matching of declared producers/consumers
 from taxmodel.trace.bundle import Bundle
@@ -425,8 +426,6 @@ def missing_inputs(row: Mapping[str, Any], ledger: Ledger) -> list[str]:
 def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: bool = True) -> pd.DataFrame:
     """The ranked table of fusion candidates (columns ``COLUMNS``, times in us per iteration and
     rank, % of the mean step): largest bound first, ``top`` rows (None: all)."""
-    from taxmodel.model import advise_predict
-
     c = candidates(inp).sort_values(["bound_ns", "kind"], ascending=[False, True], kind="stable")
     if top is not None:
         c = c.head(int(top))
@@ -436,7 +435,8 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
     for r in c.to_dict(orient="records"):  # a loop over the listed candidates
         missing = missing_inputs(r, inp.ledger)
         if r["kind"] not in preds:
-            preds[r["kind"]] = (advise_predict.for_candidate(r["kind"], inp, hardware) if predict
+            preds[r["kind"]] = (advise_predict.for_candidate(r["kind"], inp.ledger.meta, rank_count(inp.ledger),
+                                                             hardware) if predict
                                 else advise_predict.NO_PREDICTION)
         pred = preds[r["kind"]]
         if pred.missing:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
+from taxmodel.model import analytic
+from taxmodel.trace.capture_meta import CaptureSettings
 
 #: Candidate kind -> (modeled workload, its fine-grained variants).
 WORKLOAD_OF_KIND: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -56,19 +58,17 @@ def model_shape(workload: str, meta: Mapping[str, Any]) -> dict[str, int] | None
         return None
 
 
-def for_candidate(kind: str, inp: Any, hardware: Any = None) -> FusionPrediction:
-    """The prediction for a candidate of ``kind`` in the analyzed bundle ``inp`` (``advise.Inputs``)."""
-    from taxmodel.model.advise import rank_count
-
+def for_candidate(kind: str, meta: Mapping[str, Any], ranks: int, hardware: Any = None) -> FusionPrediction:
+    """The prediction for a candidate of ``kind`` in the bundle of ``meta`` whose ledger covers
+    ``ranks`` ranks (the world size when the meta does not say it)."""
     if kind not in WORKLOAD_OF_KIND:
         return NO_PREDICTION
     workload, variants = WORKLOAD_OF_KIND[kind]
-    meta = inp.ledger.meta
     shape = model_shape(workload, meta)
     if shape is None:
         return FusionPrediction(missing=f"shapes for the {workload} model (the trace does not name this {kind}'s "
                                         "shapes; per-kernel op shapes would)")
-    world = int(meta.get("world_size") or rank_count(inp.ledger))
+    world = int(meta.get("world_size") or ranks)
     try:
         return predict_fusion(workload, variants, shape, world, meta, hardware)
     except (InputError, KeyError, ValueError) as exc:  # a shape the model cannot take
@@ -81,9 +81,6 @@ def predict_fusion(workload: str, variants: tuple[str, ...], shape: Mapping[str,
     on the hardware the model picks for the bundle (a calibrated spec when one ships), launched
     as the bundle was captured, with the parameters ``taxmodel validate`` fitted for that hardware
     (``use_fitted``; else the documented defaults and the calibration only)."""
-    from taxmodel.model import analytic
-    from taxmodel.trace.capture_meta import CaptureSettings
-
     hw, _ = analytic.resolve_model_hardware(hardware, meta)
     params, _ = analytic.model_params(hw, CaptureSettings.from_meta(meta), None if use_fitted else {})
     cost = meta.get("cost") or None

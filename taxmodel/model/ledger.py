@@ -35,6 +35,7 @@ from taxmodel.model.categories import CATEGORY_ORDER, LEDGER_COLUMNS, PARENT, SU
 from taxmodel.model.clock import ClockAlignment, estimate_clock
 from taxmodel.model.collectives import last_arrivals, match_collectives
 from taxmodel.model.hardware import HardwareSpec, resolve_hardware
+from taxmodel.model.windows import GPU_SPAN_NOTE, fallback_iterations, partition_windows
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import Bundle
 
@@ -143,6 +144,10 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     kinds = {k: ev[codes == i] for i, k in enumerate(kind_names) if k not in schema.GPU_KINDS}  # small host-side frames
     gpu = ev[np.isin(codes, [i for i, k in enumerate(kind_names) if k in schema.GPU_KINDS])]
     ev = _KindFrames(ev.iloc[:0], kinds)
+    spanned_it, spanned = fallback_iterations(gpu["iteration"].to_numpy())
+    if spanned:  # no markers: one window over all GPU activity (model/windows.py)
+        gpu = gpu.assign(iteration=spanned_it)
+        caveats.append(GPU_SPAN_NOTE)
     skip = _check_iterations(gpu, lenient, skipped)
     match = match_collectives(gpu)
     for row in match.incomplete.itertuples(index=False):
@@ -180,6 +185,10 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
                             "kernels (check the importer's --iteration-pattern, or profile with iteration markers)")
     wdf = wdf.sort_values(["start_ns", "repetition", "iteration"], kind="stable").reset_index(drop=True)
     wdf["window_ns"] = wdf["end_ns"] - wdf["start_ns"]
+    wdf, n_cut = partition_windows(wdf)
+    if n_cut:
+        caveats.append(f"{n_cut} iteration window(s) reached into the next iteration's (pipelined steps); windows were cut "
+                       "at the next iteration's first GPU activity, so each is one step period and no time is counted twice")
     ws, we = wdf["start_ns"].to_numpy(np.int64), wdf["end_ns"].to_numpy(np.int64)
     nw = len(wdf)
     _check_clock(clock, wdf, lenient, caveats, skipped)

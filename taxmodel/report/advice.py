@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from taxmodel.errors import AnalysisError
 from taxmodel.model.advise import Inputs, advise
 from taxmodel.model.categories import LABELS
+from taxmodel.report import blocks as d
 from taxmodel.report import style
 from taxmodel.report.figures import _new_figure
 from taxmodel.report.terminal import _text_table
@@ -90,8 +91,6 @@ def fusion_figure(tables: Sequence[tuple[str, pd.DataFrame]]) -> Figure:
 
 def section(cases: Sequence[tuple[Any, Any]]) -> list:
     """The report's "What fusing would buy" blocks for (bundle, ledger) pairs."""
-    from taxmodel.report import document as d
-
     blocks: list = [d.Heading("What fusing would buy"),
                     d.Paragraph("Per bundle, the fusion candidates the trace shows (runs of kernels on one stream between "
                                 "host syncs, a collective with its GEMM, memory-bound ops after a GEMM or attention), "

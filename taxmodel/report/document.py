@@ -1,19 +1,14 @@
 """The report's content as a small document model, assembled once and rendered by ``html`` and
 ``markdown`` (so the two formats can never disagree about what a report says).
 
-A document is a title and a flat list of blocks (headings, paragraphs, bullet lists, tables of
-pre-formatted strings, matplotlib figures). ``build_document`` decides what goes in it from
-(bundle, ledger) pairs: headline, per-size comparisons, timelines, sweeps, per-CTA views, the
-caveats the ledgers raised, and the runs' metadata.
+A document is a title and a flat list of blocks (``blocks.py``). ``build_document`` decides what
+goes in it from (bundle, ledger) pairs: headline, per-size comparisons, timelines, sweeps, per-CTA
+views, the caveats the ledgers raised, and the runs' metadata.
 """
 from __future__ import annotations
 
-import io
-import math
-import re
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable, Sequence, Union
+from typing import Callable, Sequence
 
 import pandas as pd
 from matplotlib.figure import Figure as MplFigure
@@ -21,90 +16,12 @@ from matplotlib.figure import Figure as MplFigure
 from taxmodel.version import __version__
 from taxmodel.errors import AnalysisError
 from taxmodel.report import advice, compare, figures, headline
+from taxmodel.report.blocks import Block, Bullets, Document, Figure, Heading, Paragraph, slug, table_from_frame
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.bundle import Bundle
 
 MAX_TIMELINE_VARIANTS = 4  # more stacked panels than this stop being readable
 
-
-@dataclass
-class Heading:
-    text: str
-    level: int = 2
-
-
-@dataclass
-class Paragraph:
-    text: str
-    emphasis: bool = False  # the headline: rendered prominently
-
-
-@dataclass
-class Bullets:
-    items: list[str]
-
-
-@dataclass
-class Table:
-    columns: list[str]
-    rows: list[list[str]]
-    numeric: list[bool]  # right-align these columns
-    caption: str = ""
-    total_last: bool = False  # the last row is a total: rendered in bold
-
-
-@dataclass
-class Figure:
-    figure: MplFigure
-    name: str  # file-name stem, unique within the document
-    caption: str
-    alt: str
-
-
-Block = Union[Heading, Paragraph, Bullets, Table, Figure]
-
-
-@dataclass
-class Document:
-    title: str
-    blocks: list[Block] = field(default_factory=list)
-
-    def add(self, *blocks: Block) -> None:
-        self.blocks.extend(blocks)
-
-    @property
-    def figures(self) -> list[Figure]:
-        return [b for b in self.blocks if isinstance(b, Figure)]
-
-
-def format_number(value: object) -> str:
-    """Cell text: floats with 2 decimals (10 ns resolution for us), everything else as str; NaN as an empty cell."""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return ""
-        text = f"{value:,.2f}"
-        return "0.00" if text == "-0.00" else text
-    return str(value)
-
-
-def table_from_frame(frame: pd.DataFrame, caption: str = "", total_last: bool = False) -> Table:
-    numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-    rows = [[format_number(v) for v in row] for row in frame.itertuples(index=False, name=None)]
-    return Table([str(c) for c in frame.columns], rows, numeric, caption, total_last)
-
-
-def figure_png(fig: MplFigure, dpi: int = 130) -> bytes:
-    """PNG bytes of a figure (white background, so it reads on dark-themed pages too)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
-    return buf.getvalue()
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "figure"
-
-
-# --- assembly ------------------------------------------------------------------------------------
 
 def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "taxmodel report") -> Document:
     """Everything a reader needs, in reading order: headline first, evidence after, caveats and
@@ -120,7 +37,7 @@ def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "
             fig = draw()
         except AnalysisError as exc:
             return Paragraph(f"Figure not drawn ({alt}): {exc}")
-        stem, i = _slug(name), 2
+        stem, i = slug(name), 2
         unique = stem
         while unique in names:
             unique, i = f"{stem}-{i}", i + 1

@@ -9,7 +9,7 @@ import base64
 import html
 
 from taxmodel.report import style
-from taxmodel.report.document import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
+from taxmodel.report.blocks import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
 
 _CSS = f"""
 body {{ font-family: "Liberation Sans", Arial, Helvetica, sans-serif; color: {style.TEXT_COLOR};

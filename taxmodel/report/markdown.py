@@ -9,11 +9,22 @@ import os
 import re
 from pathlib import Path
 
+from taxmodel.fsutil import atomic_write, make_dirs
 from taxmodel.report.document import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
 
 
+_ACTIVE = re.compile(r"([\\`*_\[\]<>!|~#&])")
+
+
+def _text(text: str) -> str:
+    """Text as it should read, never as Markdown: every line break becomes a space (a name with a
+    newline cannot start a heading or a list) and Markdown's active characters are escaped (a
+    bundle-supplied name cannot become a link, an image fetched from elsewhere, or HTML)."""
+    return _ACTIVE.sub(r"\\\1", " ".join(str(text).split()))
+
+
 def _cell(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+    return _text(text)
 
 
 def _table(t: Table) -> list[str]:
@@ -37,23 +48,21 @@ def figure_file_name(md_path: Path, fig: Figure) -> str:
 def render_markdown(doc: Document, md_path: str | os.PathLike, *, dpi: int = 130) -> str:
     """Write the figures beside ``md_path`` and return the Markdown text (the caller writes it)."""
     md_path = Path(md_path)
-    md_path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [f"# {doc.title}", ""]
+    make_dirs(md_path.parent, "report")
+    lines = [f"# {_text(doc.title)}", ""]
     for block in doc.blocks:
         if isinstance(block, Heading):
-            lines += ["#" * min(max(block.level, 2), 6) + " " + block.text, ""]
+            lines += ["#" * min(max(block.level, 2), 6) + " " + _text(block.text), ""]
         elif isinstance(block, Paragraph):
-            lines += [f"> **{block.text}**" if block.emphasis else block.text, ""]
+            lines += [f"> **{_text(block.text)}**" if block.emphasis else _text(block.text), ""]
         elif isinstance(block, Bullets):
-            lines += [f"- {item}" for item in block.items] + [""]
+            lines += [f"- {_text(item)}" for item in block.items] + [""]
         elif isinstance(block, Table):
             lines += _table(block) + [""]
         elif isinstance(block, Figure):
             name = figure_file_name(md_path, block)
-            tmp = md_path.parent / f".{name}.tmp"
-            tmp.write_bytes(figure_png(block.figure, dpi))
-            os.replace(tmp, md_path.parent / name)
-            lines += [f"![{block.alt}]({name})", "", f"*{block.caption}*", ""]
+            atomic_write(md_path.parent / name, figure_png(block.figure, dpi), what="figure")
+            lines += [f"![{_text(block.alt)}]({name})", "", f"*{_text(block.caption)}*", ""]
         else:  # pragma: no cover - the Block union is closed
             raise TypeError(f"unknown block {type(block).__name__}")
     return "\n".join(lines)

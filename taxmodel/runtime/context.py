@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, TypeVar
 import torch
 
 from taxmodel.errors import RunError
-from taxmodel.runtime.heap import SymmetricHeap, ThreadHeap
+from taxmodel.runtime.heap import SymmetricHeap, ThreadHeap, make_heap
+from taxmodel.runtime.records import RecordBuffer, record_buffer
 
 KERNEL_RANGE_PREFIX = "kernel::"
 """Prefix of the record_function ranges that stand for kernels on CPU (see ``RankContext.kernel``)."""
@@ -76,6 +77,18 @@ class RankContext:
         if self.is_cuda:
             return contextlib.nullcontext()
         return torch.profiler.record_function(KERNEL_RANGE_PREFIX + name)
+
+    def new_heap(self, nbytes: int) -> SymmetricHeap:
+        """A new symmetric heap of ``nbytes`` on every rank, from the provider that fits this
+        context's device (collective: every rank asks in the same order). Workloads ask the
+        context rather than the runtime's heap module, so ``kernels/`` imports nothing above it."""
+        return make_heap(self, nbytes)
+
+    def record_buffer(self, kernel: str, layout: Any, device: torch.device | str) -> RecordBuffer | None:
+        """Kernel ``kernel``'s in-kernel record buffer when ``instrument`` is set, else None (the
+        kernel then compiles without records). ``layout``: a ``kernels.device.records.RecordLayout``
+        or a CTA count; see ``taxmodel.runtime.records.record_buffer``."""
+        return record_buffer(self, kernel, layout, device)
 
     def synchronize(self) -> None:
         """Wait for this rank's queued GPU work (no-op on CPU)."""

@@ -13,8 +13,8 @@ partial meta. To let the checks below name the offending *file*, meta should car
 (extra keys are kept). Without it the checks still run and name ranks instead of files.
 
 The cross-file checks live here, not in the importers, so that every format gets them:
-no GPU events, ranks missing or duplicated, mixed world sizes, GPU durations that are not
-positive, host durations that are negative, and timestamps going backwards (see
+no GPU events, ranks missing or duplicated, mixed world sizes, durations that are negative
+(zero-length GPU activities get 1 ns, see ``widen_instants``), and timestamps going backwards (see
 ``check_stream_order``). Helpers every importer shares for iterations (``compile_iteration_pattern``,
 ``iteration_numbers``, ``assign_iterations``) live here too.
 """
@@ -133,13 +133,16 @@ def _check_file(path: Path) -> None:
 
 
 def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_pattern: str | None = None,
-                  *, allow_missing_ranks: bool = False) -> tuple[pd.DataFrame, dict, str]:
+                  *, allow_missing_ranks: bool = False, world_size: int | None = None) -> tuple[pd.DataFrame, dict, str]:
     """Read trace files (one or many ranks) into normalized events, meta and the format used.
 
     Raises InputError naming the file and problem for anything the checks reject. With
     ``allow_missing_ranks`` a subset of a run's ranks (e.g. only rank 0 was profiled) is
-    accepted and noted in meta instead of rejected.
+    accepted and noted in meta instead of rejected. ``world_size`` says how many ranks the run
+    had where the traces do not record it (it must agree with them where they do).
     """
+    if world_size is not None and world_size <= 0:
+        raise InputError(f"--world-size {world_size} is not positive")
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("no trace files given")
@@ -163,7 +166,9 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
         meta["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     events = schema.normalize_events(events)
     shown = {p.name: str(p) for p in paths}  # name files in messages as the user gave them
-    check_ranks(events, meta, allow_missing=allow_missing_ranks, shown=shown)
+    check_same_run(meta, shown=shown)
+    check_ranks(events, meta, allow_missing=allow_missing_ranks, shown=shown, world_size=world_size)
+    events = widen_instants(events, meta)
     check_events(events, meta, shown=shown)
     meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
     return events, meta, fmt
@@ -192,14 +197,16 @@ def read_with(mod: ModuleType, paths: list[Path], iteration_pattern: str | None)
 
 def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "auto",
                   iteration_pattern: str | None = None, *, keep_raw: bool = True,
-                  allow_missing_ranks: bool = False, force: bool = False) -> tuple[Bundle, str]:
+                  allow_missing_ranks: bool = False, force: bool = False,
+                  world_size: int | None = None) -> tuple[Bundle, str]:
     """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format).
     ``keep_raw`` copies the original files into the bundle's ``raw/``. An existing bundle at
     ``output`` is replaced only with ``force``; anything else there is refused
     (``bundle.prepare_output``)."""
     paths = [Path(p) for p in paths]
     prepare_output(output, force=force, inputs=paths)  # refuse before the (long) import
-    events, meta, fmt = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks)
+    events, meta, fmt = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
+                                      world_size=world_size)
     raw = []
     if keep_raw:
         names = [p.name for p in paths]
@@ -229,9 +236,11 @@ def _where(rank: int, files: dict[int, str]) -> str:
 
 
 def check_ranks(events: pd.DataFrame, meta: dict, *, allow_missing: bool = False,
-                shown: dict[str, str] | None = None) -> None:
+                shown: dict[str, str] | None = None, world_size: int | None = None) -> None:
     """Ranks duplicated across files, mixed world sizes, ranks missing or out of range.
-    Sets ``meta['world_size']`` (from the traces, else the number of ranks)."""
+    Sets ``meta['world_size']``: as the traces record it, else ``world_size`` (--world-size),
+    else inferred -- the importer's guess, raised to the highest rank + 1 where a rank lies
+    beyond it (a trace of rank 1 alone comes from a run of at least two ranks)."""
     inputs = meta.get("inputs") or []
     shown = shown or {}
 
@@ -242,8 +251,8 @@ def check_ranks(events: pd.DataFrame, meta: dict, *, allow_missing: bool = False
     for inp in inputs:
         for r in inp.get("ranks") or []:
             if int(r) in seen:
-                raise InputError(f"{name(inp)}: rank {r} is duplicated (also in {seen[int(r)]}); "
-                                 "give each rank's trace once")
+                also = "the same file was given twice" if seen[int(r)] == name(inp) else f"also in {seen[int(r)]}"
+                raise InputError(f"{name(inp)}: rank {r} is duplicated ({also}); give each rank's trace once")
             seen[int(r)] = name(inp)
     worlds = {}
     for inp in inputs:
@@ -252,10 +261,19 @@ def check_ranks(events: pd.DataFrame, meta: dict, *, allow_missing: bool = False
     if len(worlds) > 1:
         desc = ", ".join(f"{f} says {w}" for w, f in sorted(worlds.items()))
         raise InputError(f"traces from runs of different world sizes ({desc}); import one run's traces together")
-    world = next(iter(worlds), None) or meta.get("world_size")
+    declared = next(iter(worlds), None)
+    if world_size is not None and declared is not None and int(world_size) != declared:
+        raise InputError(f"{worlds[declared]}: the trace records world size {declared}, but --world-size is {world_size}; "
+                         "drop --world-size or import the traces of the run it describes")
     ranks = sorted(seen) if seen else sorted(int(r) for r in events["rank"].unique())
+    world = declared or world_size
     if not world:
-        world = len(ranks)
+        world = int(meta.get("world_size") or len(ranks))
+        if ranks and max(ranks) >= world:
+            world = max(ranks) + 1
+            meta.setdefault("notes", []).append(
+                f"import: the traces record no world size; inferred {world} from the highest rank ({max(ranks)}); "
+                "pass --world-size if the run had more ranks")
     world = int(world)
     if world <= 0:
         raise InputError(f"{next(iter(worlds.values()), 'traces')}: world size {world} is not positive; the trace is damaged")
@@ -273,6 +291,40 @@ def check_ranks(events: pd.DataFrame, meta: dict, *, allow_missing: bool = False
         if not allow_missing:
             raise InputError(f"{msg}; pass every rank's trace, or --allow-missing-ranks to import a subset")
         meta.setdefault("notes", []).append(f"import: {msg}; imported as a subset")
+
+
+SAME_RUN_MAX_APART_NS = 7 * 24 * 3600 * 10**9
+"""Captures of one run start within this of each other (a week: generous for long jobs)."""
+EPOCH_CLOCK_NS = 10**18
+"""Timestamps above this (2001 onwards, in ns since 1970) are wall-clock times comparable across hosts."""
+
+
+def check_same_run(meta: dict, *, shown: dict[str, str] | None = None) -> None:
+    """Refuse traces of different jobs given as one run: NCCL versions that differ, or
+    wall-clock capture starts more than a week apart. Importers say what they know per file in
+    ``meta['inputs']`` (optional keys ``nccl``, ``gpu``, ``start_ns``); GPU models that differ
+    only get a note (mixed clusters exist)."""
+    inputs = [i for i in meta.get("inputs") or [] if isinstance(i, dict)]
+    if len(inputs) < 2:
+        return
+    shown = shown or {}
+
+    def name(inp: dict) -> str:
+        return shown.get(str(inp.get("file")), str(inp.get("file")))
+
+    nccl = {str(i["nccl"]): name(i) for i in inputs if i.get("nccl")}
+    if len(nccl) > 1:
+        desc = ", ".join(f"{f} ran NCCL {v}" for v, f in sorted(nccl.items()))
+        raise InputError(f"traces of different jobs given as one run ({desc}); import one run's traces together")
+    starts = sorted((int(i["start_ns"]), name(i)) for i in inputs
+                    if i.get("start_ns") is not None and int(i["start_ns"]) > EPOCH_CLOCK_NS)
+    if len(starts) > 1 and starts[-1][0] - starts[0][0] > SAME_RUN_MAX_APART_NS:
+        days = (starts[-1][0] - starts[0][0]) / (24 * 3600 * 1e9)
+        raise InputError(f"traces of different jobs given as one run ({starts[0][1]} and {starts[-1][1]} were captured "
+                         f"{days:.0f} days apart); import one run's traces together")
+    gpus = sorted({str(i["gpu"]) for i in inputs if i.get("gpu")})
+    if len(gpus) > 1:
+        meta.setdefault("notes", []).append(f"import: the ranks ran on different GPU models ({', '.join(gpus)})")
 
 
 def _missing_ranks(ranks: list[int], world: int, limit: int = 16) -> list[int]:
@@ -302,13 +354,30 @@ def check_events(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] | No
     if not gpu.any():
         raise InputError("no GPU events (kernels, memcpy, memset) in the traces; profile a GPU run with GPU activities on")
     dur = events["end_ns"].to_numpy() - events["start_ns"].to_numpy()
-    bad = (gpu & (dur <= 0)) | (dur < 0)
+    bad = dur < 0
     if bad.any():
         row = events.iloc[int(np.flatnonzero(bad)[0])]
         raise InputError(f"{_where(int(row['rank']), files)}: {row['kind']} {row['name']!r} at {row['start_ns']} ns has "
-                         f"a {'zero' if row['end_ns'] == row['start_ns'] else 'negative'} duration "
-                         f"({int(row['end_ns'] - row['start_ns'])} ns); the trace is damaged")
+                         f"a negative duration ({int(row['end_ns'] - row['start_ns'])} ns); the trace is damaged")
     check_stream_order(events, files)
+
+
+def widen_instants(events: pd.DataFrame, meta: dict) -> pd.DataFrame:
+    """GPU activities recorded with zero duration get 1 ns, and a note says how many.
+
+    Older Kineto writes integer microseconds, so a kernel shorter than 1 us is written as lasting
+    0 (636 of 8,772 GPU events in a 2021 ResNet-50 trace). It ran; the bundle requires GPU work
+    to take time, and 1 ns is below any trace's resolution, so nothing measurable moves."""
+    gpu = events["kind"].isin(schema.GPU_KINDS).to_numpy()
+    zero = gpu & (events["end_ns"].to_numpy() == events["start_ns"].to_numpy())
+    if not zero.any():
+        return events
+    events = events.copy()
+    events.loc[zero, "end_ns"] = events.loc[zero, "start_ns"] + 1
+    meta.setdefault("notes", []).append(
+        f"import: {int(zero.sum())} of {int(gpu.sum())} GPU activities were recorded with zero duration (shorter "
+        "than the trace's clock resolution); each is stored as lasting 1 ns")
+    return events
 
 
 def check_stream_order(events: pd.DataFrame, files: dict[int, str] | None = None) -> None:

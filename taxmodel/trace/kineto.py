@@ -240,7 +240,9 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     for index, (path, frame, info) in enumerate(per_file):
         rank = index if info["rank"] is None else info["rank"]
         inputs.append({"file": path.name, "ranks": [rank], "world_size": info["world"], "rank_source": rank_source,
-                       "iterations": info["iterations"]})
+                       "iterations": info["iterations"], "gpu": (info["hardware"] or {}).get("name"),
+                       "nccl": info["software"].get("nccl"),
+                       "start_ns": int(frame["start_ns"].min()) if len(frame) else None})
         if info["hardware"]:
             hardware.append(info["hardware"])
         for k, v in info["software"].items():
@@ -278,9 +280,16 @@ def _dist_info(doc: dict) -> dict:
     return info if isinstance(info, dict) else {}
 
 
+# Categories as PyTorch 1.8-1.9 (2021) Kineto named them, mapped to today's names.
+_LEGACY_CATS = {"operator": "cpu_op", "runtime": "cuda_runtime", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
+
+
 def _category(e: dict) -> str:
     cat = e.get("cat")
-    return cat.lower() if type(cat) is str else ""
+    if type(cat) is not str:
+        return ""
+    cat = cat.lower()
+    return _LEGACY_CATS.get(cat, cat)
 
 
 _WANTED_CATS = frozenset(_GPU_KIND) | _RUNTIME_CATS | _HOST_RANGE_CATS | _GPU_RANGE_CATS

@@ -60,7 +60,7 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     vc.compile_iteration_pattern(iteration_pattern)
     per_file = []
     for index, path in enumerate(paths):
-        with vc.sqlite_connection(Path(path)) as conn:
+        with vc.sqlite_connection(Path(path)) as conn, vc.sqlite_errors(Path(path), "nsys"):
             per_file.append(_read_file(vc.SqliteSchema(conn, Path(path), "nsys"), index) | {"file": str(path)})
 
     events, ranks, how = vc.assemble(per_file, iteration_pattern)
@@ -109,7 +109,9 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
 
 
 def _col(s: vc.SqliteSchema, table: str, col: str, default: str, alias: str = "t") -> str:
-    return f'{alias}."{col}"' if col in s.columns(table) else default
+    """The column, or ``default`` where it is absent or NULL (real exports leave e.g.
+    ``srcDeviceId`` NULL for host<->device copies)."""
+    return f'COALESCE({alias}."{col}", {default})' if col in s.columns(table) else default
 
 
 def _session_start(s: vc.SqliteSchema) -> int:

@@ -53,7 +53,7 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     vc.compile_iteration_pattern(iteration_pattern)
     per_file, hardware, software = [], {}, {}
     for index, path in enumerate(paths):
-        with vc.sqlite_connection(Path(path)) as conn:
+        with vc.sqlite_connection(Path(path)) as conn, vc.sqlite_errors(Path(path), "rocpd"):
             f = _read_file(vc.SqliteSchema(conn, Path(path), "rocpd"), index) | {"file": str(path)}
         hardware, software = hardware or f.pop("hardware"), software or f.pop("software")
         per_file.append(f)

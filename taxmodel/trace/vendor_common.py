@@ -88,7 +88,7 @@ def open_text(path: Path):
 @contextlib.contextmanager
 def sqlite_connection(path: Path) -> Iterator[sqlite3.Connection]:
     """A read-only connection to a SQLite file (a gzipped one is unpacked to a temp file)."""
-    path = Path(path)
+    path = shown = Path(path)
     tmpdir = None
     try:
         with open(path, "rb") as fh:
@@ -98,9 +98,11 @@ def sqlite_connection(path: Path) -> Iterator[sqlite3.Connection]:
             target = Path(tmpdir) / path.name.removesuffix(".gz")
             with gzip.open(path, "rb") as src, open(target, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-            path, magic = target, SQLITE_MAGIC
+            with open(target, "rb") as fh:
+                magic = fh.read(len(SQLITE_MAGIC))
+            path = target
         if magic != SQLITE_MAGIC:
-            raise InputError(f"{path}: not a SQLite database (the file does not start with the SQLite header)")
+            raise InputError(f"{shown}: not a SQLite database (the file does not start with the SQLite header)")
         conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
         try:
             yield conn
@@ -109,6 +111,17 @@ def sqlite_connection(path: Path) -> Iterator[sqlite3.Connection]:
     finally:
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def sqlite_errors(path: Path, tool: str) -> Iterator[None]:
+    """Turn SQLite's own errors while reading an export (a file cut short, a page that is not
+    a database page) into one InputError naming the file."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise InputError(f"{path}: the {tool} SQLite export cannot be read ({exc}); it may be truncated or "
+                         "damaged -- export it again") from exc
 
 
 def sqlite_object_names(path: Path, head: bytes) -> set[str]:

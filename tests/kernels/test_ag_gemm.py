@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from taxmodel.errors import InputError
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
-from taxmodel.kernels.ag_gemm.workload import AgGemm, shape_dims
+from taxmodel.kernels.ag_gemm.state import shape_dims
+from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.workload import get_workload
 

@@ -22,7 +22,8 @@ import torch
 
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles, pull, push
-from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes, make_shard
+from taxmodel.kernels.ag_gemm.state import make_shard
+from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes
 from taxmodel.runtime.context import RankContext, run_in_threads
 
 pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "InterpretedFunction",

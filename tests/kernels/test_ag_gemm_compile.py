@@ -14,7 +14,7 @@ import pytest
 from aot import assert_fits_an_sm, compile_report
 
 SCRIPT = r'''
-from taxmodel.kernels.ag_gemm import gemm_tiles as gt, push
+from taxmodel.kernels.ag_gemm import gemm_tiles as gt, transport
 
 PATTERNS = {"globaltimer": r"%globaltimer", "tma_loads": r"cp\.async\.bulk\.tensor", "wgmma": r"wgmma\.mma_async",
             "sys_release": r"atom[\w.]*\.sys[\w.]*\.release|atom[\w.]*\.release[\w.]*\.sys",
@@ -51,7 +51,7 @@ copy_args = [("gathered_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0), ("heap_base
 def copy(tag, pull, inst):
     consts = dict(WORLD=4, PULL=pull, BLOCK_M=128, ROWS=32, BLOCK_K=256, CHUNK_K=2048, NUM_PROGS=32, EVEN=True,
                   MODE=1, INSTRUMENT=inst)
-    return build(push.copy_blocks_kernel, copy_args, consts, 4, 1, tag)
+    return build(transport.copy_blocks_kernel, copy_args, consts, 4, 1, tag)
 
 report = dict(
     gemm=gemm("gemm"),

@@ -15,7 +15,7 @@ import torch
 from taxmodel.errors import RunError
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
-from taxmodel.kernels.ag_gemm import pull, push
+from taxmodel.kernels.ag_gemm.transport import wait_target
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.workload import get_workload
@@ -28,7 +28,7 @@ SHAPE = {**AgGemm.presets["tiny"], "M": 72, "seed": 5}  # M_loc 24 at 3 ranks: a
 
 def _protocol_run(variant: str, transport: str, world: int, delay_rank: int | None, delay_s: float, iterations: int):
     wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport))
-    target = {"push": push.wait_target, "pull": pull.wait_target}[variant]
+    target = wait_target  # push and pull: the same flag protocol
 
     def body(ctx: RankContext):
         v = wl.variants()[variant]
@@ -58,7 +58,7 @@ def test_flags_per_block_follow_the_transport() -> None:
     assert gemm_tiles.k_pieces(ce, 40) == 1  # copy engines flag whole blocks
     assert gemm_tiles.k_pieces(sm, 40) == 2 and gemm_tiles.piece_cols(sm, 40) == 32
     assert gemm_tiles.k_pieces(sm, 5) == 1 and gemm_tiles.piece_cols(sm, 5) == 16
-    assert [push.wait_target(sm, 40, e) for e in range(1, 4)] == [1, 2, 3]  # flags hold the epoch
+    assert [wait_target(sm, 40, e) for e in range(1, 4)] == [1, 2, 3]  # flags hold the epoch
     with pytest.raises(ValueError, match="multiple of block_k"):
         gemm_tiles.piece_cols(replace(sm, push_chunk_k=24), 40)
 

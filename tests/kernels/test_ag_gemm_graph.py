@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from taxmodel.kernels._sync import check_errors
-from taxmodel.kernels.ag_gemm import gemm_tiles, push
+from taxmodel.kernels.ag_gemm import gemm_tiles, transport
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.workload import get_workload
@@ -44,7 +44,7 @@ def test_variants_declare_graph_safety_per_transport() -> None:
 def test_replaying_one_recorded_iteration_stays_correct(variant: str, monkeypatch) -> None:
     tape = threading.local()
     monkeypatch.setattr(gemm_tiles, "ag_gemm_kernel", Recorder(gemm_tiles.ag_gemm_kernel, tape))
-    monkeypatch.setattr(push, "copy_blocks_kernel", Recorder(push.copy_blocks_kernel, tape))
+    monkeypatch.setattr(transport, "copy_blocks_kernel", Recorder(transport.copy_blocks_kernel, tape))
     wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport="sm"))
     shape = {"M": 64, "N": 40, "K": 40, "tp": 0, "seed": 1}
     replays = 3  # odd and even epochs: push's parity must flip on the device

@@ -17,7 +17,7 @@ import torch
 
 from taxmodel.kernels import _trace
 from taxmodel.kernels._sync import check_errors
-from taxmodel.kernels.ag_gemm import gemm_tiles, push
+from taxmodel.kernels.ag_gemm import gemm_tiles, transport
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
 
@@ -58,7 +58,7 @@ def test_record_layouts_give_each_program_room_for_its_worst_case() -> None:
     # SHAPE on 2 ranks: 3 programs over 2 x 3 x 3 tiles (9 remote), 2 K pieces; the copy kernel's
     # 2 programs over 6 work items.
     assert gemm_tiles.gemm_record_layout(48, 40, 2, SM, 2, "cpu") == _trace.RecordLayout(3, 1 + 2 * 2 * 3)
-    assert push.copy_record_layout(48, 40, 2, SM) == _trace.RecordLayout(2, 3)
+    assert transport.copy_record_layout(48, 40, 2, SM) == _trace.RecordLayout(2, 3)
     # Every wait spinning: a program records once plus twice per remote tile and piece. Programs
     # take tiles pid, pid + P, ...; the own tiles come first (gemm_tiles._tile_coords).
     for m_loc, n, world, progs, pieces in [(48, 40, 2, 3, 2), (100, 70, 4, 5, 3), (16, 16, 3, 7, 1)]:
@@ -75,7 +75,7 @@ def test_record_layouts_give_each_program_room_for_its_worst_case() -> None:
 def test_records_are_complete_chained_and_inside_their_kernels(variant: str, copy_phase: str, monkeypatch) -> None:
     spans = threading.local()
     monkeypatch.setattr(gemm_tiles, "ag_gemm_kernel", _Timed(gemm_tiles.ag_gemm_kernel, GEMM, spans))
-    monkeypatch.setattr(push, "copy_blocks_kernel", _Timed(push.copy_blocks_kernel, COPY, spans))
+    monkeypatch.setattr(transport, "copy_blocks_kernel", _Timed(transport.copy_blocks_kernel, COPY, spans))
     wl = AgGemm(SM)
     iterations = 2
 

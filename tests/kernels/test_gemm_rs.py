@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from taxmodel.errors import InputError
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
-from taxmodel.kernels.gemm_rs.workload import CPU_RS_CONFIG, GemmRs, make_a_shard, make_b_shard, shape_dims
+from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, make_a_shard, make_b_shard, shape_dims
+from taxmodel.kernels.gemm_rs.workload import GemmRs
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.workload import classify_role, get_workload
 

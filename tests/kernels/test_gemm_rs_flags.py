@@ -16,7 +16,8 @@ import torch
 from taxmodel.errors import RunError
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
-from taxmodel.kernels.gemm_rs.workload import CPU_RS_CONFIG, GemmRs, make_a_shard, make_b_shard
+from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, make_a_shard, make_b_shard
+from taxmodel.kernels.gemm_rs.workload import GemmRs
 from taxmodel.runtime.context import RankContext, run_in_threads
 
 pytestmark = pytest.mark.skipif(type(tiles.gemm_rs_kernel).__name__ != "InterpretedFunction",

@@ -22,7 +22,8 @@ import torch
 
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
-from taxmodel.kernels.gemm_rs.workload import CPU_RS_CONFIG, GemmRs, make_a_shard, make_b_shard
+from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, make_a_shard, make_b_shard
+from taxmodel.kernels.gemm_rs.workload import GemmRs
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.runtime.graph import GraphBackend, eager_reason
 from taxmodel.workload import get_workload

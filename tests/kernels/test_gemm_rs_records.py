@@ -15,7 +15,8 @@ import pytest
 from taxmodel.kernels import _trace
 from taxmodel.kernels._sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
-from taxmodel.kernels.gemm_rs.workload import CPU_RS_CONFIG, FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRs
+from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL
+from taxmodel.kernels.gemm_rs.workload import GemmRs
 from taxmodel.runtime.context import RankContext, run_in_threads
 
 pytestmark = pytest.mark.skipif(type(tiles.gemm_rs_kernel).__name__ != "InterpretedFunction",

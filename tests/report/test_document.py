@@ -7,7 +7,7 @@ import re
 import pytest
 from PIL import Image
 
-from taxmodel.report import document, headline
+from taxmodel.report import blocks, document, headline
 from taxmodel.report.build import report_format, write_report
 from taxmodel.report.html import render_html
 from taxmodel.report.markdown import render_markdown
@@ -30,7 +30,7 @@ def md(doc, tmp_path_factory):
 
 
 def test_document_reading_order_and_content(doc, real_cases):
-    headings = [b.text for b in doc.blocks if isinstance(b, document.Heading)]
+    headings = [b.text for b in doc.blocks if isinstance(b, blocks.Heading)]
     assert headings[0] == "Headline"
     assert headings[-2:] == ["Caveats", "Runs"]
     assert "ag_gemm: sweep over problem size" in headings
@@ -40,7 +40,7 @@ def test_document_reading_order_and_content(doc, real_cases):
     # ledger bars, 2 timelines (one per size), sweep, what fusing would buy, 2 CTA views (fused bundles)
     assert len(names) == 7
     assert "What fusing would buy" in headings and "what-fusing-would-buy" in names
-    sentences = [b.text for b in doc.blocks if isinstance(b, document.Paragraph) and b.emphasis]
+    sentences = [b.text for b in doc.blocks if isinstance(b, blocks.Paragraph) and b.emphasis]
     assert sentences == headline.headlines([led for _, led in real_cases])
 
 
@@ -72,7 +72,7 @@ def test_html_is_self_contained(doc, html):
     assert len(images) == len(doc.figures)
     for data in images:
         Image.open(io.BytesIO(base64.b64decode(data))).verify()
-    assert html.count("<table>") == sum(isinstance(b, document.Table) for b in doc.blocks)
+    assert html.count("<table>") == sum(isinstance(b, blocks.Table) for b in doc.blocks)
 
 
 def test_markdown_writes_pngs_beside_and_links_them(doc, md):
@@ -91,12 +91,12 @@ def test_html_and_markdown_say_the_same(doc, html, md):
     md = md[1]
 
     for block in doc.blocks:
-        if isinstance(block, document.Table):
+        if isinstance(block, blocks.Table):
             for row in block.rows:
                 for cell in row:
                     assert html_mod.escape(cell) in html
                     assert cell.replace("|", "\\|") in md
-        elif isinstance(block, (document.Paragraph, document.Heading)):
+        elif isinstance(block, (blocks.Paragraph, blocks.Heading)):
             assert html_mod.escape(block.text) in html and block.text in md
 
 
@@ -110,10 +110,10 @@ def test_write_report_picks_format_and_is_atomic(real_cases, tmp_path):
 
 
 def test_number_format():
-    assert document.format_number(1234.5678) == "1,234.57"
-    assert document.format_number(-0.001) == "0.00"
-    assert document.format_number(float("nan")) == ""
-    assert document.format_number("x") == "x"
+    assert blocks.format_number(1234.5678) == "1,234.57"
+    assert blocks.format_number(-0.001) == "0.00"
+    assert blocks.format_number(float("nan")) == ""
+    assert blocks.format_number("x") == "x"
 
 
 def test_a_figure_that_cannot_be_drawn_leaves_a_sentence(fake_cases):
@@ -123,20 +123,20 @@ def test_a_figure_that_cannot_be_drawn_leaves_a_sentence(fake_cases):
 
     odd = dataclasses.replace(led, windows=led.windows.assign(repetition=1))
     doc = document.build_document([(bundle, odd)])
-    notes = [b.text for b in doc.blocks if isinstance(b, document.Paragraph) and b.text.startswith("Figure not drawn")]
+    notes = [b.text for b in doc.blocks if isinstance(b, blocks.Paragraph) and b.text.startswith("Figure not drawn")]
     assert len(notes) == 1 and "no iterations in repetition 0" in notes[0]
-    assert any(isinstance(b, document.Figure) for b in doc.blocks)  # the ledger bars are still there
+    assert any(isinstance(b, blocks.Figure) for b in doc.blocks)  # the ledger bars are still there
 
 
 def test_what_fusing_would_buy_lists_each_bundles_candidates(doc, real_cases):
     from taxmodel.report.advice import TERMINAL_COLUMNS
 
-    i = next(j for j, b in enumerate(doc.blocks) if isinstance(b, document.Heading) and b.text == "What fusing would buy")
+    i = next(j for j, b in enumerate(doc.blocks) if isinstance(b, blocks.Heading) and b.text == "What fusing would buy")
     tables = []
     for b in doc.blocks[i + 1:]:
-        if isinstance(b, document.Heading) and b.level == 2:
+        if isinstance(b, blocks.Heading) and b.level == 2:
             break
-        if isinstance(b, document.Table):
+        if isinstance(b, blocks.Table):
             tables.append(b)
     assert tables and all(t.columns == TERMINAL_COLUMNS for t in tables)
     # the synthetic bsp bundles hold an all-gather and its GEMM

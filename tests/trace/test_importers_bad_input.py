@@ -102,14 +102,25 @@ def test_rank_outside_world(tmp_path):
     assert _import_error([a, b]) == f"{b}: rank 5 is outside world size 2"
 
 
-@pytest.mark.parametrize("dur", [0, -1.5])
-def test_zero_or_negative_gpu_duration(tmp_path, dur):
+def test_negative_gpu_duration(tmp_path):
     doc, _ = build_trace(0, 1)
     kern = next(e for e in doc["traceEvents"] if e.get("name") == "gemm_kernel")
-    kern["dur"] = dur
+    kern["dur"] = -1.5
     p = write_trace(tmp_path / "t.json", doc)
     msg = _import_error([p])
-    assert msg.startswith(f"{p}: kernel 'gemm_kernel'") and ("zero duration" if dur == 0 else "negative duration") in msg
+    assert msg.startswith(f"{p}: kernel 'gemm_kernel'") and "negative duration (-1500 ns)" in msg
+
+
+def test_zero_gpu_duration_is_kept_as_one_ns_with_a_note(tmp_path):
+    """Integer-microsecond Kineto writes sub-microsecond kernels as lasting 0: they ran."""
+    doc, _ = build_trace(0, 1)
+    kerns = [e for e in doc["traceEvents"] if e.get("name") == "gemm_kernel"]
+    for k in kerns:
+        k["dur"] = 0
+    events, meta, _ = importers.import_traces([write_trace(tmp_path / "t.json", doc)])
+    gemm = events[events["name"] == "gemm_kernel"]
+    assert len(gemm) == len(kerns) and ((gemm["end_ns"] - gemm["start_ns"]) == 1).all()
+    assert any(f"{len(kerns)} of " in n and "zero duration" in n for n in meta["notes"])
 
 
 def test_negative_host_duration(tmp_path):

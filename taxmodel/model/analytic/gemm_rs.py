@@ -43,7 +43,7 @@ SUM = "reduce_kernel (sum of stacked partials)"
 
 def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int, str]:
     """(M, M per rank, N, K per rank, element bytes, dtype) after the workload's own split checks."""
-    from taxmodel.kernels.gemm_rs.workload import shape_dims
+    from taxmodel.kernels.gemm_rs.state import shape_dims
 
     m, m_loc, n, _, k_loc = shape_dims(shape, world)
     elt, dtype = shape_dtype(shape)
