@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
+from taxmodel.fsutil import atomic_write
+from taxmodel.trace import bundle_meta as types
 
 SOURCES = ("datasheet", "calibrated", "nominal")  # nominal: placeholder numbers for CPU emulation
 
@@ -77,14 +79,25 @@ class HardwareSpec:
         missing = [k for k in ("name", "vendor", "source", "peak_flops", "hbm_bytes_per_s", "link_bytes_per_s") if k not in d]
         if missing:
             raise InputError(f"{where}: field '{missing[0]}' is missing (see taxmodel/data/hardware/*.json for the format)")
+        types.check_fields(d, HARDWARE_FIELDS, where)
         values = {k: v for k, v in d.items() if k in known}
-        values["extra"] = {**dict(d.get("extra", {})), **{k: v for k, v in d.items() if k not in known}}
+        values["extra"] = {**dict(d.get("extra") or {}), **{k: v for k, v in d.items() if k not in known}}
         values["peak_flops"] = {str(k).lower(): float(v) for k, v in dict(d["peak_flops"]).items()}
         values["aliases"] = tuple(str(a) for a in d.get("aliases", ()))
         try:
             return HardwareSpec(**values)
         except TypeError as exc:
             raise InputError(f"{where}: {exc}") from exc
+
+
+HARDWARE_FIELDS = {
+    "name": types.text, "vendor": types.text, "source": types.text, "peak_flops": types.values(types.number(0)),
+    "hbm_bytes_per_s": types.number(0), "link_bytes_per_s": types.number(0), "link_latency_s": types.number(0),
+    "launch_latency_s": types.number(0), "kernel_gap_s": types.number(0), "host_launch_s": types.number(0),
+    "flag_roundtrip_s": types.number(0), "num_sms": types.integer(0), "aliases": types.list_of(types.text),
+    "notes": types.text, "extra": types.optional(types.mapping),
+}
+"""JSON types of a hardware file's fields (a wrong type is one line naming the field, not a traceback)."""
 
 
 _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
@@ -119,9 +132,7 @@ def load_hardware(path: str | os.PathLike) -> HardwareSpec:
 def save_hardware(spec: HardwareSpec, path: str | os.PathLike) -> Path:
     """Write ``spec`` as JSON atomically (temp file + rename)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n", what="hardware file")
     return path
 
 

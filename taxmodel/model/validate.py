@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
+from taxmodel.fsutil import atomic_write
 from taxmodel.model.analytic import MODELS, model_params, predict, resolve_model_hardware
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.analytic.fitted import FITTED_FILE, fitted_for, load_fitted  # noqa: F401  (validate's public names)
@@ -407,11 +408,7 @@ def write_fitted(path: str | os.PathLike, v: Validation) -> Path:
     """Write ``fitted_document(v)`` to ``path`` (JSON; replaced atomically)."""
     import json
 
-    out = Path(path)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(fitted_document(v), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, out)
-    return out
+    return atomic_write(path, json.dumps(fitted_document(v), indent=2, sort_keys=True) + "\n", what="fitted parameters")
 
 
 def markdown_table(v: Validation) -> str:
@@ -451,10 +448,7 @@ def update_docs(doc: str | os.PathLike, v: Validation) -> Path:
     if not pat.search(text):
         raise InputError(f"{doc}: no '{MARK_START}' ... '{MARK_END}' markers to put the table between")
     new = pat.sub(lambda _: f"{MARK_START}\n{markdown_table(v)}{MARK_END}", text)
-    tmp = doc.with_name(f".{doc.name}.tmp")
-    tmp.write_text(new)
-    os.replace(tmp, doc)
-    return doc
+    return atomic_write(doc, new, what="validation table")
 
 
 def docs_table(doc: str | os.PathLike) -> str:

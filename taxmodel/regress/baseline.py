@@ -15,8 +15,8 @@ import getpass
 import json
 import re
 import shutil
+import os
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -26,6 +26,7 @@ import pandas as pd
 
 from taxmodel.version import __version__
 from taxmodel.errors import InputError
+from taxmodel.fsutil import describe, make_temp_dir
 from taxmodel.model.categories import TAXES
 from taxmodel.regress.config import LATENCY
 from taxmodel.regress.samples import RowKey, RowSamples, describe_meta, load_side
@@ -59,6 +60,9 @@ def plan_update(candidate: str | Path, baseline_dir: str | Path,
         raise InputError(f"{baseline_dir}: is a bundle itself; --baseline must be the directory that holds the "
                          "baseline bundles (e.g. profiles/h200)")
     new = load_side(candidate, "candidate", ledger_fn)
+    for row in new.values():  # before the plan is shown and confirmed
+        for p in row.paths:
+            check_plain_tree(Path(p))
     has_old = baseline_dir.is_dir() and any(baseline_dir.rglob("meta.json"))
     old = load_side(baseline_dir, "baseline", ledger_fn) if has_old else {}
     lines, warnings = [], []
@@ -104,14 +108,15 @@ def plan_text(plan: UpdatePlan) -> str:
 def bundle_dirname(key: RowKey) -> str:
     """A file-system-safe, stable directory name for a row's baseline bundle."""
     text = "__".join(p for p in (key.workload, key.variant, key.shape) if p)
-    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text.replace(",", "_"))
+    name = re.sub(r"[^A-Za-z0-9._=-]+", "_", text.replace(",", "_"))
+    return re.sub(r"^[.]+", "_", name) or "bundle"  # a leading '.' would hide it (and find_bundles skips it)
 
 
 def apply_update(plan: UpdatePlan, message: str = "") -> Path:
     """Write the planned baseline directory atomically and log the update; return its path."""
     target = plan.baseline_dir
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    staging = make_temp_dir(target)
     new_dir = staging / target.name
     try:
         if target.is_dir():
@@ -138,11 +143,29 @@ def apply_update(plan: UpdatePlan, message: str = "") -> Path:
     return target
 
 
+def check_plain_tree(bundle: Path) -> None:
+    """Refuse a candidate bundle directory that holds symbolic links or special files.
+
+    Baselines are committed and shared: a link in ``raw/`` to a private file of the machine
+    (a CI runner's credentials) copied as content would publish that file, and copied as a link
+    it would point nowhere on the next machine. So links are refused, not followed or kept."""
+    if not bundle.is_dir():
+        return
+    for root, dirs, files in os.walk(bundle):
+        for name in dirs + files:
+            p = Path(root) / name
+            kind = describe(p)
+            if kind not in ("a regular file", "a directory"):
+                raise InputError(f"{p}: is {kind}; a baseline bundle may hold only regular files (copy the "
+                                 "file it stands for into the bundle, or remove it) before updating the baseline")
+
+
 def _copy_bundle(src: Path, dst: Path) -> None:
     if dst.exists():
         shutil.rmtree(dst)
     if src.is_dir():
-        shutil.copytree(src, dst)
+        check_plain_tree(src)  # again: the tree may have changed since the plan
+        shutil.copytree(src, dst, symlinks=True)
     else:  # an archive: store it unpacked so that find_bundles sees it
         bundle = load_bundle(src)
         write_bundle(dst, bundle.events, bundle.meta)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -48,6 +49,10 @@ DEFAULTS: dict[str, Any] = {
         "useful": {"gate": False},
     },
 }
+
+MIN_RESAMPLES, MAX_RESAMPLES = 100, 100_000
+"""Bootstrap resamples: below 100 the interval's ends are noise; above 100,000 each side's
+[resamples x metrics] array and the time to fill it grow for no visible gain in the CI."""
 
 _THRESHOLD_KEYS = {"relative": float, "absolute_us": float, "relative_to": str, "gate": bool}
 _STAT_KEYS = {"resamples": int, "confidence": float, "seed": int, "statistic": str, "min_samples": int}
@@ -113,8 +118,13 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Regress
         raise InputError(f"{source} [statistics]: statistic must be one of {STATISTICS}, not {stats['statistic']!r}")
     if not 0.5 <= stats["confidence"] < 1:
         raise InputError(f"{source} [statistics]: confidence must be in [0.5, 1), not {stats['confidence']}")
-    if stats["resamples"] < 100:
-        raise InputError(f"{source} [statistics]: resamples must be at least 100, not {stats['resamples']}")
+    if not MIN_RESAMPLES <= stats["resamples"] <= MAX_RESAMPLES:
+        raise InputError(f"{source} [statistics]: resamples must be between {MIN_RESAMPLES} and {MAX_RESAMPLES:,} "
+                         f"(more costs memory and minutes, not precision), not {stats['resamples']}")
+    if stats["seed"] < 0:
+        raise InputError(f"{source} [statistics]: seed must not be negative, not {stats['seed']}")
+    if stats["min_samples"] < 1:
+        raise InputError(f"{source} [statistics]: min_samples must be at least 1, not {stats['min_samples']}")
     tables = copy.deepcopy(DEFAULTS["thresholds"])
     known = {"default", LATENCY, *CATEGORIES, *PARENT}
     for name, table in (data.get("thresholds") or {}).items():
@@ -124,8 +134,8 @@ def config_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Regress
         if "relative_to" in checked and checked["relative_to"] not in RELATIVE_TO:
             raise InputError(f"{source} [thresholds.{name}]: relative_to must be one of {RELATIVE_TO}")
         for key in ("relative", "absolute_us"):
-            if checked.get(key, 0) < 0:
-                raise InputError(f"{source} [thresholds.{name}]: {key} must not be negative")
+            if not 0 <= checked.get(key, 0) < math.inf:
+                raise InputError(f"{source} [thresholds.{name}]: {key} must be a finite number, not negative")
         tables.setdefault(name, {}).update(checked)
     return RegressConfig(statistics=StatisticsSettings(**stats), tables=tables, source=source)
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from taxmodel.fsutil import atomic_write
 from taxmodel.regress.compare import CompareResult
 from taxmodel.regress.stats import IMPROVED, REGRESSED, UNCHANGED
 
@@ -243,18 +242,9 @@ def error_outputs(message: str, baseline: str, candidate: str) -> dict[str, str]
 # --- files ----------------------------------------------------------------------------------
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary sibling and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``text`` to ``path`` atomically (``fsutil.atomic_write``: a unique temporary sibling
+    and a rename; a device, link or directory at ``path`` is refused)."""
+    return atomic_write(path, text, what="comparison output")
 
 
 def write_outputs(result: CompareResult | dict[str, str], markdown: str | Path | None = None,

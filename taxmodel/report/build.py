@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
-from taxmodel.errors import InputError
+from taxmodel.errors import InputError, TaxmodelError
+from taxmodel.fsutil import atomic_write, check_output_file
 from taxmodel.report.compare import LedgerLike
 from taxmodel.report.document import build_document
 from taxmodel.report.html import render_html
@@ -31,18 +32,31 @@ def expand_bundle_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
-def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = None,
-               lenient: bool = False) -> list[tuple[Bundle, LedgerLike]]:
-    """Load every bundle and compute its ledger."""
+def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = None, lenient: bool = False,
+               on_skip: Callable[[str], None] | None = None) -> list[tuple[Bundle, LedgerLike]]:
+    """Load every bundle and compute its ledger.
+
+    With ``lenient`` a bundle that cannot be loaded or analyzed (a damaged file among good ones)
+    is skipped: ``on_skip`` gets one line saying which and why, and the others go on; without
+    it the first such bundle stops everything. Nothing loadable at all is an error either way."""
     from taxmodel.model.hardware import resolve_hardware
     from taxmodel.model.ledger import compute_ledger
 
-    cases = []
+    cases, skipped = [], []
     for path in expand_bundle_paths(paths):
-        bundle = load_bundle(path)
-        hw = resolve_hardware(bundle.meta, hardware) if hardware else None
-        cases.append((bundle, compute_ledger(bundle, hw, lenient=lenient)))
+        try:
+            bundle = load_bundle(path)
+            hw = resolve_hardware(bundle.meta, hardware) if hardware else None
+            cases.append((bundle, compute_ledger(bundle, hw, lenient=lenient)))
+        except TaxmodelError as exc:
+            if not lenient:
+                raise
+            skipped.append(str(exc))
+            if on_skip:
+                on_skip(f"{exc} (--lenient: skipped)")
     if not cases:
+        if skipped:
+            raise InputError(f"none of the {len(skipped)} bundle(s) could be used; the first: {skipped[0]}")
         raise InputError("no bundles given; name bundle directories, archives, or directories that contain them")
     return cases
 
@@ -58,20 +72,17 @@ def report_format(output: Path, fmt: str | None) -> str:
 
 def write_report(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.PathLike, fmt: str | None = None) -> Path:
     """Write the report (HTML, or Markdown with PNGs beside it) atomically; return its path."""
-    output = Path(output)
+    output = check_output_file(output, "report")  # before the work: a device, link or directory is refused
     fmt = report_format(output, fmt)
     doc = build_document(cases)
-    output.parent.mkdir(parents=True, exist_ok=True)
     text = render_html(doc) if fmt == "html" else render_markdown(doc, output)
-    tmp = output.with_name(f".{output.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, output)
-    return output
+    return atomic_write(output, text, what="report")
 
 
 def export_trace(path: str | os.PathLike, output: str | os.PathLike, *, hardware: str | None = None,
                  lenient: bool = False) -> Path:
     """One bundle's events plus its ledger's tax tracks as a Chrome/Perfetto JSON trace."""
+    check_output_file(output, "trace")
     cases = load_cases([path], hardware=hardware, lenient=lenient)
     if len(cases) != 1:
         raise InputError(f"{path}: holds {len(cases)} bundles; export-trace takes exactly one (name it directly)")

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.version import __version__
+from taxmodel.fsutil import atomic_write
 from taxmodel.model.categories import LABELS, PARENT, SUBCATEGORY_ORDER
 from taxmodel.report import compare
 from taxmodel.report.compare import LedgerLike
@@ -226,15 +227,9 @@ def _ledger_slices(iv: pd.DataFrame, tid_of: pd.Series, base: int) -> list[dict[
 def write_chrome_trace(bundle: Bundle, ledger: LedgerLike, path: str | os.PathLike) -> Path:
     """Write the trace atomically (temp file + rename); ``.gz`` names are gzip-compressed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(chrome_trace(bundle, ledger), separators=(",", ":"))
-    tmp = path.with_name(f".{path.name}.tmp")
+    data = json.dumps(chrome_trace(bundle, ledger), separators=(",", ":")).encode("utf-8")
     if path.suffix == ".gz":
         import gzip
 
-        with gzip.open(tmp, "wt", encoding="utf-8") as f:
-            f.write(text)
-    else:
-        tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+        data = gzip.compress(data, mtime=0)
+    return atomic_write(path, data, what="trace")

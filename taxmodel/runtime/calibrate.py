@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 import iris
+from taxmodel.fsutil import atomic_write
 from taxmodel.kernels import _sync
 from taxmodel.model.calibration import STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
 from taxmodel.runtime.timing import Stopwatch, traced_events
@@ -654,11 +655,7 @@ def main(argv: list[str] | None = None) -> None:
             spec = fit(meas, props.name, props.multi_processor_count, world,
                        vendor="amd" if getattr(torch.version, "hip", None) else "nvidia")
             spec["measured"] = {**info, "raw": meas}
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(json.dumps(spec, indent=2, default=float) + "\n")
-        os.replace(tmp, out)
+        out = atomic_write(args.output, json.dumps(spec, indent=2, default=float) + "\n", what="hardware file")
         from taxmodel.model.hardware import load_hardware
 
         load_hardware(out)  # the file must load as a HardwareSpec

@@ -13,7 +13,7 @@ import json
 import math
 from typing import Any, Callable, Mapping
 
-from taxmodel.errors import BundleError
+from taxmodel.errors import BundleError, InputError
 
 # A check returns None when the value is fine, else what was expected (for the message).
 Check = Callable[[Any], "str | None"]
@@ -153,6 +153,17 @@ def _show(value: Any) -> str:
     except (TypeError, ValueError):
         s = repr(value)
     return s if len(s) <= 60 else s[:57] + "..."
+
+
+def check_fields(data: Mapping[str, Any], fields: Mapping[str, Check], where: str,
+                 error: type[Exception] = InputError) -> None:
+    """``error`` naming ``where`` and the first field of ``fields`` present in ``data`` with a
+    wrong type (for other JSON inputs: hardware files)."""
+    for name, check in fields.items():
+        if name in data:
+            want = check(data[name])
+            if want:
+                raise error(f"{where}: field '{name}' must be {want}, not {_show(data[name])}")
 
 
 def check_meta(meta: Mapping[str, Any], where: str) -> None:

@@ -7,6 +7,8 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
+from taxmodel.errors import InputError
+from taxmodel.fsutil import atomic_path
 from taxmodel.model.categories import CATEGORY_ORDER, LABELS
 
 from .prediction import Prediction
@@ -72,6 +74,11 @@ def plot_sweep(tables: Mapping[str, pd.DataFrame], key: str, path: str | os.Path
         fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        with atomic_path(path, "plot") as tmp:  # the format from the real name: the temporary's ends in .tmp
+            fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
+    except ValueError as exc:  # matplotlib: an unknown format
+        raise InputError(f"{path}: cannot write a plot in this format ({exc}); use .png, .svg or .pdf") from exc
+    finally:
+        plt.close(fig)
     return path
