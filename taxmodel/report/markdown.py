@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from taxmodel.fsutil import atomic_write, make_dirs
-from taxmodel.report.document import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
+from taxmodel.report.blocks import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
 
 
 _ACTIVE = re.compile(r"([\\`*_\[\]<>!|~#&])")
