@@ -13,6 +13,11 @@ measures, so the clocks must be put on one time base first. Sources, best first:
    is minus the median over shared collectives of (end on r - end on the reference rank).
 4. ``meta``: offsets in meta not marked measured; 5. ``none``: all zero (one clock assumed).
 
+Between 1 and 2: ranks whose traces share one clock (``meta["clock_domain"]["shared"]``, set by
+the importer from the traces' host names or, failing those, Kineto's shared base time and
+distinct GPUs of one machine) get no offsets at all: estimating offsets from collective end
+times would only invent a few microseconds of noise where the clock is one.
+
 The uncertainty is the largest, over ranks, median absolute deviation of the per-sample
 estimates around their median: how far one sample typically strays from the chosen offset.
 """
@@ -84,6 +89,9 @@ def estimate_clock(events: pd.DataFrame, meta: Mapping[str, Any], collective_ins
         how = (meta.get("clock") or {}).get("method")
         return ClockAlignment({r: given.get(r, 0) for r in ranks}, int(capture.get("clock_uncertainty_ns", 0) or 0),
                               f"measured by the capture ({how})" if how else "measured by the capture")
+    domain = meta.get("clock_domain") or {}
+    if domain.get("shared") is True and len(ranks) > 1:
+        return ClockAlignment({r: 0 for r in ranks}, 0, f"one host, one clock ({domain.get('evidence', 'shared')}): no offsets")
     markers = events[(events["kind"] == "marker") & events["name"].astype(str).str.contains(BARRIER_MARKER, regex=False)]
     if markers["rank"].nunique() >= 2:
         m = markers.sort_values(["rank", "start_ns"]).copy()

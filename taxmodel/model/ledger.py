@@ -34,7 +34,9 @@ from taxmodel.model import intervals as iv
 from taxmodel.model.categories import CATEGORY_ORDER, LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
 from taxmodel.model.clock import ClockAlignment, estimate_clock
 from taxmodel.model.collectives import last_arrivals, match_collectives
+from taxmodel.model import ledger_kernels as per_kernel
 from taxmodel.model.hardware import HardwareSpec, resolve_hardware
+from taxmodel.model.kernel_costs import hardware_mismatch
 from taxmodel.model.windows import GPU_SPAN_NOTE, fallback_iterations, partition_windows
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import Bundle
@@ -65,6 +67,11 @@ class Ledger:
     label: str
     hardware: HardwareSpec | None = None
     ranks: list[int] = field(default_factory=list)
+    #: how locality_tax was obtained: "measured" (DRAM counters), "estimated" (the workload's
+    #: declared intermediates), "not measured" (NaN in summaries; its time is in compute_inefficiency)
+    locality: str = "estimated"
+    #: per distinct (kernel, op): launches, time, floor, useful, locality, inefficiency, launch tax, costed
+    kernels: pd.DataFrame | None = None
 
     def summary(self) -> pd.DataFrame:
         """One row per sub-category: mean ns over repetitions, iterations and ranks, and % of
@@ -73,12 +80,15 @@ class Ledger:
         total = self.parts.groupby("subcategory")["ns"].sum()
         mean = np.array([float(total.get(s, 0)) / n for s in SUBCATEGORY_ORDER])
         mean_window = float(self.windows["window_ns"].mean()) if len(self.windows) else 0.0
-        return pd.DataFrame({
+        out = pd.DataFrame({
             "category": [PARENT[s] for s in SUBCATEGORY_ORDER],
             "subcategory": list(SUBCATEGORY_ORDER),
             "mean_ns": mean,
             "pct": mean / mean_window * 100.0 if mean_window else np.zeros(len(mean)),
         })
+        if self.locality == per_kernel.LOCALITY_ABSENT:  # not a measured 0: its time stays in compute_inefficiency
+            out.loc[out["subcategory"] == "locality_tax", ["mean_ns", "pct"]] = np.nan
+        return out
 
     def category_summary(self) -> pd.DataFrame:
         """Like ``summary`` but one row per category."""
@@ -111,6 +121,9 @@ class Ledger:
             "summary": self.summary().to_dict(orient="records"),
             "per_iteration": self.per_iteration().to_dict(orient="records"),
             "caveats": list(self.caveats), "skipped": list(self.skipped),
+            "locality": self.locality,
+            "kernels": [] if self.kernels is None else
+            self.kernels.astype(object).where(self.kernels.notna(), None).to_dict(orient="records"),
         }
 
 
@@ -251,11 +264,17 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     transfer_len = np.round(transfer_len).astype(np.int64)
 
     t_compute, t_link_excess = _floors(cost, hw)
-    link_float = np.minimum(t_link_excess, transfer_len.astype(np.float64))
+    kc = per_kernel.prepare(gpu, hw, cost)  # per-kernel floors (no declared cost) and measured DRAM bytes
+    link_excess = t_link_excess
+    if kc is not None and kc.use_floors:
+        is_c, is_l = cls == CLS_COMM, cls == CLS_LOCAL
+        link_excess = per_kernel.link_floor_excess(kc, ai, c_group, is_c, is_l, (c_end - c_start) / np.maximum(g_end - g_start, 1)[ai],
+                                           ngroups)
+    link_float = np.minimum(link_excess, transfer_len.astype(np.float64))
     link_int = iv.largest_remainder(np.stack([link_float, transfer_len - link_float], axis=1), transfer_len)[:, 0]
 
     shares = _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_excess, link_float, win_of, rank_pos,
-                            nr, skip, caveats, hw.hbm_bytes_per_s if hw is not None else 0.0)
+                            nr, skip, caveats, hw.hbm_bytes_per_s if hw is not None else 0.0, kc)
     if not ev["record"].empty:
         unrecorded = (gpu["role"].to_numpy(object) == "fused") & (g_it >= 0) & ~shares["recorded"]
         if unrecorded.any():
@@ -305,9 +324,25 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     intervals = _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, wrank)
     windows = wdf.sort_values(["repetition", "iteration"]).reset_index(drop=True)
 
-    _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw)
+    _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw, kc)
+    locality = per_kernel.locality_mode(kc, cost)
+    in_win = g_it >= 0
+    if skip:
+        in_win &= ~pd.MultiIndex.from_arrays([g_rep, g_it]).isin(list(skip))
+    kernels = per_kernel.kernel_table(gpu, kc, (g_end - g_start).astype(np.float64), in_win, shares["useful"], shares["locality_tax"],
+                              _launch_tax_before(pieces, gpu, g_start, ranks, nr), locality)
+    caveats.extend(per_kernel.kernel_caveats(kernels, kc, gpu, (g_end - g_start).astype(np.float64), in_win, meta))
+    mism = hardware_mismatch(meta, hw)
+    if mism and hardware is not None:
+        caveats.append(mism)
+    launch_pct = float(parts.loc[parts["category"] == "launch_tax", "ns"].sum()) / max(float((we - ws).sum()) * nr, 1.0) * 100
+    prof = per_kernel.profiler_caveat(meta, launch_pct, ev["launch"], nw, nr)
+    if prof:
+        caveats.append(prof)
+    caveats = list(dict.fromkeys(caveats))  # each caveat once
     return Ledger(parts=parts, windows=windows, intervals=intervals, clock=clock, caveats=caveats, skipped=skipped,
-                  meta=meta, label=bundle.label, hardware=hw, ranks=ranks)
+                  meta=meta, label=per_kernel.job_label(meta, bundle.path) or bundle.label, hardware=hw, ranks=ranks,
+                  locality=locality, kernels=kernels)
 
 
 # --- steps ----------------------------------------------------------------------------------------
@@ -461,7 +496,7 @@ def _floors(cost: dict | None, hw: HardwareSpec | None) -> tuple[float, float]:
 
 
 def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_excess, link_float, win_of, rank_pos, nr,
-                   skip, caveats, hbm_bytes_per_s) -> dict[str, np.ndarray]:
+                   skip, caveats, hbm_bytes_per_s, kc=None) -> dict[str, np.ndarray]:
     """Per GPU row, the ns of its duration that are flag_wait, exposed_comm, useful and locality_tax
     (0 for rows that are not local kernels), and whether in-kernel records cover it ("recorded").
     Order: measured flag_wait and communication-only phases first (fused kernels' records), then
@@ -483,6 +518,12 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
     costed = local & (it >= 0)
     if skip:
         costed &= ~pd.MultiIndex.from_arrays([rep, it]).isin(list(skip))
+    if not cost and kc is not None and kc.use_floors and costed.any():
+        # per-kernel floors (docs/ledger.md "Per-kernel floors"): each kernel's own, capped by its time
+        room = np.maximum(d - flag - comm, 0.0)
+        useful[costed] = np.minimum(np.nan_to_num(kc.floor_ns, nan=0.0)[costed], room[costed])
+        loc = kc.measured_locality(d - flag - comm - useful, costed)
+        return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
     if not cost or not hbm_bytes_per_s or not costed.any():
         return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
     # group id per (rank, repetition, iteration) of the costed rows
@@ -519,6 +560,10 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
             g = np.where(hsum > 0, np.minimum(1.0, restg / np.where(hsum > 0, hsum, 1.0)), 0.0)
         useful[fused] += g[gid[fused]] * head[fused] + from_comm[fused]
     names = gpu["name"].astype(str)
+    if kc is not None and kc.locality == per_kernel.LOCALITY_MEASURED:  # DRAM counters replace the declared intermediates
+        comp = np.where(np.isfinite(kc.compulsory), kc.compulsory, per_kernel.declared_compulsory(gpu, cost, work, gid, d))
+        loc = kc.measured_locality(d - flag - comm - useful, costed, comp)
+        return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
     for inter in cost.get("intermediates") or []:
         sel = costed & (_matches(names, role, inter.get("producer", "")) | _matches(names, role, inter.get("consumer", "")))
         if not sel.any():
@@ -660,15 +705,19 @@ def _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, w
                          "start_ns": s0, "end_ns": s1})
 
 
-def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw) -> None:
+def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw, kc=None) -> None:
     if hw is not None and hw.source == "datasheet":
         caveats.append(f"hardware: {hw.name} datasheet peaks; 'useful' is measured against numbers real kernels rarely "
                        "reach (run `taxmodel calibrate` and pass --hardware FILE for measured ones)")
     elif hw is not None and hw.source != "calibrated":
         caveats.append(f"hardware: {hw.name} numbers are {hw.source}, not measured on this machine")
-    if not cost:
-        caveats.append("the bundle declares no cost (meta 'cost'): useful and locality_tax are 0 and all compute time "
-                       "counts as compute_inefficiency")
+    if not cost and kc is not None and kc.use_floors:
+        caveats.append(f"useful = each kernel's roofline floor from its op's shapes (docs/ledger.md, per-kernel floors); "
+                       f"locality_tax is {kc.locality}" + (" (its time stays in compute_inefficiency)"
+                                                           if kc.locality == per_kernel.LOCALITY_ABSENT else ""))
+    elif not cost:
+        caveats.append("the bundle declares no cost (meta 'cost') and its kernels carry no per-kernel cost: useful is 0, "
+                       "locality_tax is not measured, and all compute time counts as compute_inefficiency")
     elif hw is None:
         caveats.append("no hardware spec: useful and locality_tax are 0")
     fused_rows = gpu["role"] == "fused"
@@ -692,3 +741,26 @@ def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, 
     if outside:
         caveats.append(f"{outside} GPU activities lie outside any iteration; where they overlap a window they count "
                        "as busy time without declared cost")
+
+
+def _launch_tax_before(pieces, gpu, g_start, ranks, nr) -> np.ndarray:
+    """Per GPU row, the launch tax (host_starved, launch_latency, kernel_gap) of the idle gaps that
+    end at its start on its rank: what waiting for its launch cost."""
+    out = np.zeros(len(gpu))
+    subs = {SUB["host_starved"], SUB["launch_latency"], SUB["kernel_gap"]}
+    sel = [(g, s1, s1 - s0) for g, sub, s0, s1 in pieces if sub in subs and len(g)]
+    if not sel or not len(gpu):
+        return out
+    g = np.concatenate([x[0] for x in sel])
+    b = np.concatenate([x[1] for x in sel])
+    ln = np.concatenate([x[2] for x in sel]).astype(np.float64)
+    keep = ln > 0
+    rank = np.asarray(ranks, np.int64)[g[keep] % nr]
+    idx = pd.MultiIndex.from_arrays([gpu["rank"].to_numpy(np.int64), g_start])
+    first = ~idx.duplicated()
+    pos = pd.MultiIndex.from_arrays([gpu["rank"].to_numpy(np.int64)[first], g_start[first]]).get_indexer(
+        pd.MultiIndex.from_arrays([rank, b[keep]]))
+    rows = np.flatnonzero(first)
+    ok = pos >= 0
+    np.add.at(out, rows[pos[ok]], ln[keep][ok])
+    return out

@@ -114,8 +114,11 @@ def ledger_sentence(ledger: LedgerLike) -> str:
     ident = compare.identity(ledger)
     window = compare.mean_window_ns(ledger)
     cats = compare.category_means_ns(ledger)
-    parts = ", ".join(f"{_SHORT[t]} {_us(cats[t])} ({100 * cats[t] / window:.1f}%)" for t in _TAX_ORDER) if window else ""
-    return (f"{ident.workload}/{ident.variant} at {ident.shape_label}: {_us(window)} per iteration; "
+    unmeasured = {"locality_tax"} if getattr(ledger, "locality", "") == "not measured" else set()
+    parts = ", ".join(f"{_SHORT[t]} n/m" if t in unmeasured else f"{_SHORT[t]} {_us(cats[t])} ({100 * cats[t] / window:.1f}%)"
+                      for t in _TAX_ORDER) if window else ""
+    name = ledger.label if not (ledger.meta or {}).get("workload") else f"{ident.workload}/{ident.variant} at {ident.shape_label}"
+    return (f"{name}: {_us(window)} per iteration; "
             f"{parts}; useful floor {_us(cats['useful'])} ({100 * cats['useful'] / window:.1f}%).")
 
 
@@ -154,7 +157,7 @@ def _table(columns: dict[str, pd.Series], windows: dict[str, float]) -> pd.DataF
     out = []
     for cat, part, subs in _display_rows():
         row = {"category": cat, "part": part}
-        row.update({name: float(vals[list(subs)].sum()) / 1000.0 for name, vals in columns.items()})
+        row.update({name: float(vals[list(subs)].sum(min_count=1)) / 1000.0 for name, vals in columns.items()})
         out.append(row)
     total = {"category": "Total", "part": "iteration window"}
     total.update({name: w / 1000.0 for name, w in windows.items()})

@@ -20,7 +20,7 @@ from taxmodel.trace.summary import launch_mode
 
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:,.1f}"
+        return "n/m" if math.isnan(v) else f"{v:,.1f}"  # not measured (e.g. locality without counters)
     return str(v)
 
 

@@ -250,7 +250,7 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
         raise BundleError(f"{meta_path}: field 'schema_version' is {version!r}; this taxmodel reads version {schema.SCHEMA_VERSION}")
     check_meta(meta, str(meta_path))
     try:
-        events = pd.read_parquet(events_path)
+        events = schema.add_missing_columns(pd.read_parquet(events_path))
     except Exception as exc:  # pyarrow raises several types for damaged files
         raise BundleError(f"{events_path}: cannot be read as parquet ({exc})") from exc
     try:

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers
+from taxmodel.trace import importers, kineto_ops
 
 FORMAT = "kineto"
 
@@ -259,7 +259,9 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
         "ranks": sorted({i["ranks"][0] for i in inputs}),
         "hardware": _merge_hardware(hardware),
         "software": software,
-        "capture": {"tracer": "torch.profiler (kineto)", "iteration_pattern": pattern.pattern},
+        "capture": {"tracer": "torch.profiler (kineto)", "iteration_pattern": pattern.pattern,
+                    "profiler": kineto_ops.merge_profiler_options([info["profiler"] for _, _, info in per_file])},
+        "clock_domain": kineto_ops.clock_domain([info["host"] for _, _, info in per_file]),
         "inputs": inputs,
         "notes": notes,
     }
@@ -372,8 +374,11 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
 
     launched = np.isin(correlation[gpu_idx], correlation[is_launch]) & (correlation[gpu_idx] >= 0)
     _fill_collectives(frame, gpu_idx, gpu_args, launched)
+    ops, ops_start, ops_end = _cpu_ops(doc, pattern)
+    linked = kineto_ops.attach_op_costs(frame, args, gpu_idx, is_launch, tid, ops, ops_start, ops_end)
     frame = frame[keep].reset_index(drop=True)
-    info = {"hardware": _hardware(doc, frame), "software": _software(doc)}
+    info = {"hardware": _hardware(doc, frame), "software": _software(doc),
+            "profiler": kineto_ops.profiler_options(doc, ops, linked), "host": _host_identity(doc, frame)}
     return frame, host_ranges, gpu_ranges, info
 
 
@@ -548,3 +553,24 @@ def _merge_hardware(per_rank: list[dict]) -> dict:
         merged["name"] = " + ".join(sorted(n for n in names if n))
         merged["mixed"] = True
     return merged
+
+
+def _cpu_ops(doc: dict, pattern: re.Pattern) -> tuple[list[dict], np.ndarray, np.ndarray]:
+    """The trace's ``cpu_op`` ranges (not iteration markers) with exact start and end in ns: the
+    ops that launched kernels (``kineto_ops``)."""
+    ops = [e for e in doc["traceEvents"] if type(e) is dict and e.get("ph") == "X" and _category(e) == "cpu_op"
+           and not (type(e.get("name")) is str and pattern.search(e["name"]))]
+    start = np.array([_to_ns(e.get("ts")) or 0 for e in ops], dtype=np.int64)
+    dur = np.array([max(_to_ns(e.get("dur")) or 0, 0) for e in ops], dtype=np.int64)
+    return ops, start, start + dur
+
+
+def _host_identity(doc: dict, frame: pd.DataFrame) -> dict:
+    """What says which host and clock a rank's trace came from (``kineto_ops.clock_domain``)."""
+    pids = {v for e in doc["traceEvents"][:2000] if type(e) is dict and _category(e) == "cpu_op"
+            and (v := _int_or_none(e.get("pid"))) is not None}
+    devices = sorted(int(d) for d in frame.loc[frame["device"] >= 0, "device"].unique())
+    props = doc.get("deviceProperties")
+    return {"host_name": doc.get("host_name") if isinstance(doc.get("host_name"), str) else None,
+            "base_time_ns": _int_or_none(doc.get("baseTimeNanoseconds")), "pids": sorted(pids), "devices": devices,
+            "devices_per_host": len(props) if isinstance(props, list) else None}

@@ -59,7 +59,14 @@ COLUMNS: tuple[Column, ...] = (
     Column("grid", "string", "", "grid dims 'x,y,z' in blocks"),
     Column("block", "string", "", "block dims 'x,y,z' in threads"),
     Column("bytes", "int64", -1, "bytes moved (memcpy/memset/collective message)"),
-    Column("flops", "int64", -1, "floating-point operations, when declared"),
+    Column("flops", "int64", -1, "floating-point operations, when declared or costed from the launching op's shapes"),
+    Column("op", "string", "", "the framework op that launched a GPU row (e.g. aten::mm), when the trace links it"),
+    Column("dtype", "string", "", "dtype class of the peak a GPU row's flops run at (bf16, fp16, fp8, tf32, fp32)"),
+    Column("floor_bytes", "int64", -1, "compulsory HBM bytes of a GPU row (inputs read once, outputs written once); "
+                                       "for a collective the bytes its rank's link carries"),
+    Column("uncosted", "string", "", "why a GPU row has no per-kernel cost (empty when costed or not tried)"),
+    Column("dram_read_bytes", "int64", -1, "DRAM bytes a kernel read, measured by hardware counters; -1 not measured"),
+    Column("dram_write_bytes", "int64", -1, "DRAM bytes a kernel wrote, measured by hardware counters; -1 not measured"),
     Column("cta", "int32", -1, "CTA (program) id of an in-kernel record"),
     Column("phase", "string", "", "phase of an in-kernel record: flag_wait, remote_load, ..."),
 )
@@ -109,6 +116,18 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
         out[col.name] = s.to_numpy()
     result = pd.DataFrame(out)
     return result.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+
+
+def add_missing_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every optional column it lacks added at its sentinel (bundles written before a
+    column existed load unchanged: per-kernel costs -1 / "", DRAM counters -1 = not measured)."""
+    missing = [c for c in COLUMNS if c.name not in df.columns and c.missing is not None]
+    if not missing:
+        return df
+    extra = {c.name: pd.Series(np.full(len(df), c.missing, dtype=object if c.dtype == "string" else c.dtype), index=df.index)
+             for c in missing}
+    return df.assign(**extra)[[c.name for c in COLUMNS if c.name in df.columns or c.name in extra] +
+                              [c for c in df.columns if c not in _BY_NAME]]
 
 
 def validate_events(df: pd.DataFrame) -> None:

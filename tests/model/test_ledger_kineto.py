@@ -48,5 +48,6 @@ def test_first_step_rank0_waits_in_the_all_gather(ledger):
 def test_hardware_and_clock_reported(ledger):
     assert ledger.hardware.name == "H200 SXM (calibrated)"  # the shipped calibration of these machines
     assert not any("datasheet" in c for c in ledger.caveats)
-    assert "collective" in ledger.clock.method
-    assert any("declares no cost" in c for c in ledger.caveats)
+    # one host: the ranks share a clock, so no offsets are estimated (issue 23, point 5)
+    assert ledger.clock.method.startswith("one host") and set(ledger.clock.offsets_ns.values()) == {0}
+    assert any("no input shapes" in c and "record_shapes=True" in c for c in ledger.caveats)

@@ -1,0 +1,100 @@
+"""Per-kernel roofline floors: what each GPU row costs at the least on a given GPU, from the
+per-kernel work the importer attached (``flops``, ``floor_bytes``, ``dtype``; see
+``trace/op_costs.py``) and the hardware's peaks.
+
+    floor_ns = max(flops / peak[dtype], floor_bytes / hbm_bw)        local kernels, copies
+    floor_ns = floor_bytes / link_bw                                 collectives (bus bytes)
+
+A row with neither flops nor bytes, or whose dtype has no peak on this GPU, is *uncosted*:
+its floor is NaN and ``reason`` says why; nothing is filled in. This frame is the one the
+ledger uses when a bundle declares no workload cost, and the one ``advise`` takes through its
+per-kernel seam (``floor_ns``, ``bound``).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.model.hardware import HardwareSpec, find_preset, normalized_name
+
+KERNEL_COST_COLUMNS = ("floor_ns", "bound", "costed", "reason")
+
+
+def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
+    """One row per row of ``gpu`` (GPU activities, same index): ``floor_ns`` (NaN when
+    uncosted), ``bound`` ("compute" / "memory" / "link" / ""), ``costed`` and ``reason``."""
+    n = len(gpu)
+    flops = _col(gpu, "flops", -1).astype(np.float64)
+    nbytes = _col(gpu, "floor_bytes", -1).astype(np.float64)
+    dtype = _col(gpu, "dtype", "").astype(str)
+    given = _col(gpu, "uncosted", "").astype(str).to_numpy(object)
+    role = _col(gpu, "role", "").astype(str).to_numpy(object)
+    floor = np.full(n, np.nan)
+    bound = np.full(n, "", dtype=object)
+    reason = np.where(given != "", given, "no per-kernel cost in the bundle (import the trace again with record_shapes=True)")
+    if hw is None:
+        reason[:] = "no hardware spec"
+        return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": np.zeros(n, bool), "reason": reason}, index=gpu.index)
+    f = flops.to_numpy()
+    b = nbytes.to_numpy()
+    comm = role == "comm"
+    # peak per distinct dtype (a loop over the few dtype classes)
+    codes, uniq = pd.factorize(dtype)
+    peaks = np.array([_peak(hw, u) for u in uniq] or [np.nan], np.float64)
+    peak = peaks[codes] if n else np.zeros(0)
+    t_f = np.where((f >= 0) & np.isfinite(peak) & (peak > 0), f / np.where(peak > 0, peak, 1.0) * 1e9, np.nan)
+    t_b = np.where(b >= 0, b / hw.hbm_bytes_per_s * 1e9, np.nan)
+    local = ~comm
+    has_f, has_b = np.isfinite(t_f), np.isfinite(t_b)
+    ok = local & (has_f | has_b)
+    floor[ok] = np.fmax(np.where(has_f, t_f, -np.inf), np.where(has_b, t_b, -np.inf))[ok]
+    bound[ok] = np.where(np.where(has_f, t_f, -np.inf)[ok] >= np.where(has_b, t_b, -np.inf)[ok], "compute", "memory")
+    no_peak = local & (f >= 0) & ~np.isfinite(peak) & ~has_b
+    reason[no_peak] = np.array([f"no peak for dtype '{d}' on {hw.name}" for d in dtype.to_numpy(object)[no_peak]], dtype=object)
+    cm = comm & (b >= 0)
+    floor[cm] = b[cm] / hw.link_bytes_per_s * 1e9
+    bound[cm] = "link"
+    costed = np.isfinite(floor)
+    reason[costed] = ""
+    return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": costed, "reason": reason}, index=gpu.index)
+
+
+def has_kernel_costs(events: pd.DataFrame) -> bool:
+    """Whether the bundle carries per-kernel work (imported from a trace with shapes, or older
+    bundles without the columns: False)."""
+    return "floor_bytes" in events.columns and bool(((_col(events, "floor_bytes", -1) >= 0) | (_col(events, "flops", -1) >= 0)).any())
+
+
+def _col(df: pd.DataFrame, name: str, missing: Any) -> pd.Series:
+    return df[name] if name in df.columns else pd.Series([missing] * len(df), index=df.index)
+
+
+def _peak(hw: HardwareSpec, dtype: str) -> float:
+    """Peak FLOP/s of ``dtype`` on ``hw``; a GPU without TF32 (AMD CDNA) runs fp32 GEMMs at its
+    fp32 rate; NaN when the spec has no peak for it."""
+    if not dtype:
+        return np.nan
+    for key in (dtype, "fp32" if dtype == "tf32" else None):
+        if key and key in hw.peak_flops:
+            return float(hw.peak_flops[key])
+    return np.nan
+
+
+def hardware_mismatch(meta: Mapping[str, Any], hw: HardwareSpec | None) -> str | None:
+    """A sentence when the spec in use is not the GPU the trace recorded (``--hardware`` given
+    for another device); None when they agree or the trace names no GPU."""
+    if hw is None:
+        return None
+    rec = (meta or {}).get("hardware") or {}
+    name = rec.get("name") if isinstance(rec, Mapping) else None
+    if not name:
+        return None
+    preset = find_preset(str(name))
+    if preset is not None and normalized_name(preset.name).split()[0] == normalized_name(hw.name).split()[0]:
+        return None
+    if preset is None and normalized_name(hw.name).split()[0] in normalized_name(str(name)):
+        return None
+    return (f"hardware: the trace ran on '{name}' but the floors use {hw.name} ({hw.source}); pass the matching "
+            "--hardware (or none, to use the trace's own device) unless this is a what-if")

@@ -1,0 +1,263 @@
+"""Which PyTorch op launched each GPU kernel of a Kineto trace, and what that op had to do at the
+least (``op_costs``): the columns ``op``, ``dtype``, ``flops``, ``floor_bytes`` and ``uncosted``.
+
+The link: kernel -> ``correlation`` -> the runtime launch call (``cudaLaunchKernel``,
+``cuLaunchKernel``, ...) -> the innermost ``cpu_op`` on the same thread whose time range
+contains the call and that has recorded input shapes (``record_shapes=True``). Kineto nests a
+thread's ops properly, so the innermost op containing a time ``t`` is the latest-starting op
+whose nesting depth equals the depth at ``t``; both depths come from counts of starts and ends
+(searchsorted), with no loop over events.
+
+Several kernels under one op instance (a split-K GEMM and its reduce, a GEMM and its cast)
+share the op's flops and bytes in proportion to their durations. Copies and memsets carry their
+own byte count (a device-to-device copy reads and writes it). NCCL kernels get the bytes their
+rank's link carries (``op_costs.collective_bus_bytes``) in ``floor_bytes``. Kernels of a CUDA
+graph replay are launched by the one graph launch, not by an op: they stay uncosted (the
+capture's shapes are not in a trace of the replay).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from taxmodel.trace.op_costs import OpCall, collective_bus_bytes, op_cost
+
+OP_COLUMNS = ("op", "dtype", "floor_bytes", "uncosted")
+_SHIFT = np.int64(42)
+_DTOD = re.compile(r"(?i)dtod|device\s*->\s*device|ptop")
+
+
+def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, is_launch: np.ndarray, tid: np.ndarray,
+                    ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray) -> dict:
+    """Fill ``op``, ``dtype``, ``flops``, ``floor_bytes`` and ``uncosted`` of the GPU rows of
+    ``frame`` (positions ``gpu_idx``; ``args`` are the selected trace events' args in frame
+    order, ``tid`` their thread ids; ``ops`` the trace's ``cpu_op`` events with their exact
+    start and end in ns). Returns what the meta should say about the capture (whether shapes
+    were recorded, how many kernels were linked to an op)."""
+    n = len(frame)
+    op_name = np.full(n, "", dtype=object)
+    dtype = np.full(n, "", dtype=object)
+    flops = np.full(n, -1, np.int64)
+    fbytes = np.full(n, -1, np.int64)
+    reason = np.full(n, "", dtype=object)
+    kind = frame["kind"].to_numpy(object)
+    corr = frame["correlation"].to_numpy(np.int64)
+    start = frame["start_ns"].to_numpy(np.int64)
+    end = frame["end_ns"].to_numpy(np.int64)
+    gk = gpu_idx[kind[gpu_idx] == "kernel"]
+    shaped = np.array([_has_shapes(o) for o in ops], bool)
+    sel = shaped if shaped.any() else ops_end > ops_start
+    cand = [o for o, keep in zip(ops, sel) if keep]
+    c_start, c_end = ops_start[sel], ops_end[sel]
+    c_tid = np.array([_to_int(o.get("tid")) if _to_int(o.get("tid")) is not None else -1 for o in cand], np.int64)
+
+    # launch call -> innermost candidate op on its thread
+    launches = np.flatnonzero(is_launch & (corr >= 0))
+    op_of_launch = _innermost(c_start, c_end, c_tid, tid[launches], start[launches])
+    lkey = pd.Series(op_of_launch, index=corr[launches])
+    lkey = lkey[~lkey.index.duplicated()]
+    op_of_gpu = lkey.reindex(corr[gk]).fillna(-1).to_numpy(np.int64)
+    graph = frame["graph_id"].to_numpy(np.int64)[gk] >= 0
+    op_of_gpu[graph] = -1
+    role = frame["role"].to_numpy(object)[gk]
+    comm = role == "comm"
+    op_of_gpu[comm] = -1
+
+    # cost per linked op instance (a loop over distinct op signatures, not events)
+    linked = np.unique(op_of_gpu[op_of_gpu >= 0])
+    costs = {}
+    cache: dict = {}
+    for k in linked:
+        o = cand[int(k)]
+        a = o.get("args") if isinstance(o.get("args"), dict) else {}
+        sig = (o.get("name"), _key(a.get("Input Dims")), _key(a.get("Input type")), _key(a.get("Concrete Inputs")),
+               _to_int(a.get("flops")))
+        if sig not in cache:
+            cache[sig] = op_cost(OpCall(str(o.get("name", "")), _list(a.get("Input Dims")), [str(t) for t in _list(a.get("Input type"))],
+                                        [str(c) for c in _list(a.get("Concrete Inputs"))], _to_int(a.get("flops"))))
+        costs[int(k)] = cache[sig]
+    has_op = op_of_gpu >= 0
+    names = np.array([str(cand[int(k)].get("name", "")) for k in op_of_gpu[has_op]], dtype=object)
+    op_name[gk[has_op]] = names
+    if has_op.any():
+        ok = np.array([costs[int(k)].uncosted == "" for k in op_of_gpu[has_op]], bool)
+        f_op = np.array([costs[int(k)].flops for k in op_of_gpu[has_op]], np.float64)
+        b_op = np.array([costs[int(k)].bytes for k in op_of_gpu[has_op]], np.float64)
+        dur = (end - start)[gk[has_op]].astype(np.float64)
+        inst = op_of_gpu[has_op]
+        tot = pd.Series(dur).groupby(inst).transform("sum").to_numpy(np.float64)
+        share = np.where(tot > 0, dur / np.where(tot > 0, tot, 1.0), 1.0)
+        rows = gk[has_op]
+        flops[rows] = np.where(ok & (f_op >= 0), np.round(f_op * share), -1).astype(np.int64)
+        fbytes[rows] = np.where(ok & (b_op >= 0), np.round(b_op * share), -1).astype(np.int64)
+        dtype[rows] = np.array([costs[int(k)].dtype for k in inst], dtype=object)
+        reason[rows] = np.array([costs[int(k)].uncosted for k in inst], dtype=object)
+    no_op = ~has_op & ~comm
+    reason[gk[no_op & graph]] = "CUDA graph replay (the capture's shapes are not in the trace)"
+    reason[gk[no_op & ~graph]] = ("no op recorded its shapes (capture with record_shapes=True)" if not shaped.any()
+                                  else "no enclosing op with shapes")
+    # collectives: the bytes the rank's link carries
+    if comm.any():
+        rows = gk[comm]
+        msg = frame["bytes"].to_numpy(np.int64)[rows]
+        group = _group_sizes([args[i] for i in rows])
+        cop = frame["collective_op"].to_numpy(object)[rows]
+        bus = np.array([collective_bus_bytes(str(o), int(m), int(g)) for o, m, g in zip(cop, msg, group)], np.int64)
+        fbytes[rows] = bus
+        reason[rows] = np.where(bus >= 0, "", "collective size or group not recorded")
+    # copies and memsets: their own byte count
+    cp = gpu_idx[np.isin(kind[gpu_idx], ("memcpy", "memset"))]
+    if len(cp):
+        b = frame["bytes"].to_numpy(np.int64)[cp]
+        dtod = np.array([bool(_DTOD.search(str(s))) for s in frame["name"].to_numpy(object)[cp]], bool)
+        mult = np.where((kind[cp] == "memcpy") & dtod, 2, 1)
+        fbytes[cp] = np.where(b >= 0, b * mult, -1)
+        reason[cp] = np.where(b >= 0, "", "copy size not recorded")
+    frame["op"] = op_name
+    frame["dtype"] = dtype
+    frame["flops"] = flops
+    frame["floor_bytes"] = fbytes
+    frame["uncosted"] = reason
+    return {"record_shapes": bool(shaped.any()), "ops_linked": int(has_op.sum())}
+
+
+def _has_shapes(o: dict) -> bool:
+    a = o.get("args")
+    dims = a.get("Input Dims") if isinstance(a, dict) else None
+    return isinstance(dims, list) and any(isinstance(d, list) and d for d in dims)
+
+
+def _list(v) -> list:
+    return v if isinstance(v, list) else []
+
+
+def _key(v) -> str:
+    return json.dumps(v, separators=(",", ":")) if v is not None else ""
+
+
+def _to_int(v) -> int | None:
+    if type(v) is int:
+        return v
+    if type(v) is str:
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        return int(f) if math.isfinite(f) else None
+    return None
+
+
+def _group_sizes(args: list[dict]) -> np.ndarray:
+    out = []
+    for a in args:
+        g = _to_int(a.get("Group size"))
+        if g is None and isinstance(a.get("Process Group Ranks"), str):
+            g = len([x for x in a["Process Group Ranks"].strip("[]").split(",") if x.strip()])
+        out.append(g if g is not None else -1)
+    return np.asarray(out, np.int64)
+
+
+def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Index of the innermost op (ranges ``[s, e]`` on threads ``otid``) on thread ``tid[i]``
+    whose range contains ``t[i]`` (-1 where none does)."""
+    out = np.full(len(t), -1, np.int64)
+    nops = len(s)
+    if not nops or not len(t):
+        return out
+    d = e - s
+    codes, _ = pd.factorize(np.concatenate([otid, tid]))
+    oc, tc = codes[:nops].astype(np.int64), codes[nops:].astype(np.int64)
+    base = min(int(s.min()), int(t.min()))
+    rs, re_, rt = s - base, e - base, t - base
+    # ops ordered by (thread, start, longer first): a parent precedes a child that starts with it
+    order = np.lexsort((-d, rs, oc))
+    skey = (oc[order] << _SHIFT) + rs[order]
+    ekey = np.sort((oc << _SHIFT) + re_)
+    first = np.searchsorted(skey, oc[order] << _SHIFT, side="left")
+    pos = np.arange(len(order))
+    depth_sorted = (pos - first + 1) - (np.searchsorted(ekey, skey, side="right") - np.searchsorted(ekey, oc[order] << _SHIFT, side="left"))
+    depth = np.empty(nops, np.int64)
+    depth[order] = depth_sorted
+    tkey = (tc << _SHIFT) + rt
+    t_depth = (np.searchsorted(skey, tkey, side="right") - np.searchsorted(skey, tc << _SHIFT, side="left")) - \
+              (np.searchsorted(ekey, tkey, side="right") - np.searchsorted(ekey, tc << _SHIFT, side="left"))
+    # latest op with (thread, depth) == (thread, depth at t) and start <= t
+    gcodes, _ = pd.factorize(pd.MultiIndex.from_arrays([np.concatenate([oc, tc]), np.concatenate([depth, t_depth])]))
+    og, tg = gcodes[:nops].astype(np.int64), gcodes[nops:].astype(np.int64)
+    order2 = np.lexsort((np.arange(nops), rs, og))
+    gkey = (og[order2] << _SHIFT) + rs[order2]
+    j = np.searchsorted(gkey, (tg << _SHIFT) + rt, side="right") - 1
+    jj = np.maximum(j, 0)
+    cand = order2[jj]
+    ok = (j >= 0) & (og[cand] == tg) & (rs[cand] <= rt) & (re_[cand] >= rt) & (t_depth > 0)
+    out[ok] = cand[ok]
+    return out
+
+
+# --- what the capture recorded ------------------------------------------------------------------
+
+_OPTIONS = ("record_shapes", "with_stack", "with_flops", "profile_memory")
+
+
+def profiler_options(doc: dict, ops: list[dict], linked: dict) -> dict:
+    """The torch.profiler options this trace was captured with: Kineto writes them at the top
+    level in recent versions; otherwise they are read off the events (shapes, python stack
+    events, flops, memory events). ``overhead_ns``: the profiler's own ``overhead`` events."""
+    opts: dict = {}
+    for key in _OPTIONS:
+        v = doc.get(key)
+        if v is not None:
+            opts[key] = bool(_to_int(v)) if not isinstance(v, bool) else v
+    events = [e for e in doc["traceEvents"] if type(e) is dict]
+    if "record_shapes" not in opts:
+        opts["record_shapes"] = bool(linked.get("record_shapes"))
+    if "with_stack" not in opts:
+        opts["with_stack"] = any(e.get("cat") == "python_function" for e in events)
+    if "with_flops" not in opts:
+        opts["with_flops"] = any(isinstance(o.get("args"), dict) and "flops" in o["args"] for o in ops)
+    if "profile_memory" not in opts:
+        opts["profile_memory"] = any(e.get("name") == "[memory]" for e in events)
+    over = [e for e in events if e.get("cat") == "overhead" and e.get("ph") == "X"]
+    opts["overhead_ns"] = int(sum((_to_int(e.get("dur")) or 0) * 1000 for e in over)) if over else 0
+    opts["cpu_ops"] = len(ops)
+    opts["kernels_linked_to_ops"] = int(linked.get("ops_linked", 0))
+    return opts
+
+
+def merge_profiler_options(per_rank: list[dict]) -> dict:
+    """One description for all ranks: an option is on when any rank's trace had it on."""
+    if not per_rank:
+        return {}
+    out = {k: any(p.get(k) for p in per_rank) for k in _OPTIONS}
+    out["overhead_ns"] = int(sum(p.get("overhead_ns", 0) for p in per_rank))
+    out["cpu_ops"] = int(sum(p.get("cpu_ops", 0) for p in per_rank))
+    out["kernels_linked_to_ops"] = int(sum(p.get("kernels_linked_to_ops", 0) for p in per_rank))
+    return out
+
+
+def clock_domain(hosts: list[dict]) -> dict:
+    """Whether the ranks' traces share one clock (one host). Evidence, first that applies:
+    every trace names the same ``host_name`` (one host) or different ones (several); without
+    names, one host is inferred when all traces share Kineto's ``baseTimeNanoseconds``, their
+    processes and GPUs are all distinct and there are no more ranks than GPUs per host."""
+    if len(hosts) < 2:
+        return {"shared": True, "evidence": "one trace"}
+    names = [h.get("host_name") for h in hosts]
+    if all(names):
+        if len(set(names)) == 1:
+            return {"shared": True, "evidence": f"every trace was recorded on host {names[0]!r}"}
+        return {"shared": False, "evidence": f"traces come from {len(set(names))} hosts", "hosts": sorted(set(names))}
+    bases = {h.get("base_time_ns") for h in hosts}
+    pids = [p for h in hosts for p in h.get("pids") or []]
+    devices = [d for h in hosts for d in h.get("devices") or []]
+    per_host = {h.get("devices_per_host") for h in hosts}
+    if (len(bases) == 1 and None not in bases and len(pids) == len(set(pids)) and pids
+            and len(devices) == len(set(devices)) == len(hosts) and len(per_host) == 1 and None not in per_host
+            and len(hosts) <= next(iter(per_host))):
+        return {"shared": True, "evidence": "inferred: same Kineto base time, distinct processes and distinct GPUs "
+                                            "of one machine's device table"}
+    return {"shared": None, "evidence": "not known (no host names in the traces)"}
