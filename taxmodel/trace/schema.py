@@ -67,6 +67,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("uncosted", "string", "", "why a GPU row has no per-kernel cost (empty when costed or not tried)"),
     Column("dram_read_bytes", "int64", -1, "DRAM bytes a kernel read, measured by hardware counters; -1 not measured"),
     Column("dram_write_bytes", "int64", -1, "DRAM bytes a kernel wrote, measured by hardware counters; -1 not measured"),
+    Column("l2_hit_pct_x100", "int32", -1, "L2 sector hit rate of a kernel in hundredths of a percent (8406 = 84.06%), "
+                                         "measured by hardware counters; -1 not measured"),
     Column("cta", "int32", -1, "CTA (program) id of an in-kernel record"),
     Column("phase", "string", "", "phase of an in-kernel record: flag_wait, remote_load, ..."),
 )
