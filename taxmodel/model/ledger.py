@@ -37,6 +37,7 @@ from taxmodel.model.collectives import last_arrivals, match_collectives
 from taxmodel.model import ledger_kernels as per_kernel
 from taxmodel.model.hardware import HardwareSpec, resolve_hardware
 from taxmodel.model.kernel_costs import hardware_mismatch
+from taxmodel.model.coverage import coverage_caveat, missing_ranks
 from taxmodel.model.windows import GPU_SPAN_NOTE, fallback_iterations, partition_windows
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import Bundle
@@ -115,6 +116,7 @@ class Ledger:
             "label": self.label,
             "workload": self.meta.get("workload"), "variant": self.meta.get("variant"), "shape": self.meta.get("shape"),
             "world_size": self.meta.get("world_size"), "ranks": self.ranks,
+            "missing_ranks": missing_ranks(self.meta, self.ranks),
             "hardware": None if self.hardware is None else {"name": self.hardware.name, "source": self.hardware.source},
             "clock": self.clock.to_dict(),
             "mean_window_ns": float(self.windows["window_ns"].mean()) if len(self.windows) else 0.0,
@@ -157,6 +159,9 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     kinds = {k: ev[codes == i] for i, k in enumerate(kind_names) if k not in schema.GPU_KINDS}  # small host-side frames
     gpu = ev[np.isin(codes, [i for i, k in enumerate(kind_names) if k in schema.GPU_KINDS])]
     ev = _KindFrames(ev.iloc[:0], kinds)
+    subset = coverage_caveat(meta, ranks)
+    if subset:  # model/coverage.py
+        caveats.append(subset)
     spanned_it, spanned = fallback_iterations(gpu["iteration"].to_numpy())
     if spanned:  # no markers: one window over all GPU activity (model/windows.py)
         gpu = gpu.assign(iteration=spanned_it)

@@ -15,6 +15,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from taxmodel.version import __version__
 from taxmodel.errors import AnalysisError
+from taxmodel.model.coverage import missing_ranks
 from taxmodel.report import advice, compare, figures, headline
 from taxmodel.report.blocks import Block, Bullets, Document, Figure, Heading, Paragraph, slug, table_from_frame
 from taxmodel.report.compare import LedgerLike
@@ -135,6 +136,13 @@ def _hardware(led: LedgerLike) -> dict:
     return dict((led.meta or {}).get("hardware") or {})
 
 
+def _ranks_cell(meta: dict, led: LedgerLike, bundle: Bundle) -> str:
+    """``8``, or ``1 of 8`` when only some of the run's ranks were imported (model/coverage.py)."""
+    world = meta.get("world_size") or bundle.world_size
+    ranks = list(getattr(led, "ranks", None) or [])
+    return f"{len(ranks)} of {world}" if ranks and missing_ranks(meta, ranks) else str(world)
+
+
 def metadata_table(cases: Sequence[tuple[Bundle, LedgerLike]]) -> pd.DataFrame:
     rows = []
     for bundle, led in cases:
@@ -144,7 +152,7 @@ def metadata_table(cases: Sequence[tuple[Bundle, LedgerLike]]) -> pd.DataFrame:
         rows.append({
             "bundle": led.label,
             "device": str(hw.get("name") or "unknown"),
-            "ranks": str(meta.get("world_size") or bundle.world_size),
+            "ranks": _ranks_cell(meta, led, bundle),
             "source": str(meta.get("source") or ""),
             "versions": ", ".join(f"{k} {v}" for k, v in sorted(sw.items())) or "unknown",
             "date": str(meta.get("created") or "unknown"),

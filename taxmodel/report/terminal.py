@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import pandas as pd
 
 from taxmodel.model.categories import SUBCATEGORY_ORDER
+from taxmodel.model.coverage import missing_ranks
 from taxmodel.report import compare, headline
 from taxmodel.trace.summary import launch_mode
 
@@ -42,7 +43,9 @@ def render_ledger(ledger, per_rank: bool = False) -> str:
     """One bundle: header, the mean ledger table, clock and hardware, caveats, skipped."""
     w = ledger.windows
     n_iter = len(w)
-    head = (f"== {ledger.label}: {n_iter} iteration window(s) x {len(ledger.ranks)} rank(s); "
+    missing = missing_ranks(ledger.meta or {}, ledger.ranks)
+    of = f" of {len(ledger.ranks) + len(missing)} (skew unknowable, see caveats)" if missing else ""
+    head = (f"== {ledger.label}: {n_iter} iteration window(s) x {len(ledger.ranks)} rank(s){of}; "
             f"mean window {compare.mean_window_ns(ledger) / 1e3:,.1f} us "
             f"(min {w['window_ns'].min() / 1e3:,.1f}, max {w['window_ns'].max() / 1e3:,.1f})")
     launches = launch_mode(ledger.meta or {})

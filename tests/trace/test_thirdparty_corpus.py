@@ -129,3 +129,48 @@ def test_cli_never_shows_a_traceback(case: Case, tmp_path):
     assert "Traceback" not in res.output and not isinstance(res.exception, AssertionError)
     if case.expect == REFUSED:
         assert res.output.strip().count("\n") <= 1  # 'format: ...' then the one-line error
+
+
+def test_a_subset_of_ranks_says_skew_is_unknowable(tmp_path):
+    """Rank 0 of an 8-rank RCCL job: the ledger, its JSON and the report's metadata say that 7
+    ranks are missing, so skew_wait cannot be measured (model/coverage.py)."""
+    from taxmodel.report.document import metadata_table
+    from taxmodel.trace.bundle import load_bundle
+
+    case = next(c for c in CASES if c.id == "mi300x_resnet_act_checkpoint_rank0_of_8")
+    led = run_case(case, tmp_path / "b")
+    assert led.to_dict()["missing_ranks"] == [1, 2, 3, 4, 5, 6, 7]
+    assert any(c.startswith("only 1 of 8 ranks were imported (missing: 1-7)") for c in led.caveats)
+    assert metadata_table([(load_bundle(tmp_path / "b"), led)])["ranks"].tolist() == ["1 of 8"]
+    res = CliRunner().invoke(cli, ["analyze", str(tmp_path / "b")])
+    assert res.exit_code == 0 and "x 1 rank(s) of 8 (skew unknowable" in res.output
+
+
+def test_a_full_run_has_no_missing_ranks(tmp_path):
+    led = run_case(next(c for c in CASES if c.id == "v100_resnet50_integer_us"), tmp_path / "b")
+    assert led.to_dict()["missing_ranks"] == [] and not any("ranks were imported" in c for c in led.caveats)
+
+
+def test_pipelined_steps_are_not_counted_twice(tmp_path):
+    """The real ResNet-50 trace with every other one of each step's last 100 GPU activities
+    relabelled as the next step's (as a loop that prefetches the next step's work on a side
+    stream would record them): the windows then overlap, and the ledger cuts them into a
+    partition -- the windows sum to the time they cover, once, and every rank's parts still
+    sum to its window."""
+    from taxmodel.trace.bundle import load_bundle
+
+    case = next(c for c in CASES if c.id == "v100_resnet50_integer_us")
+    importers.import_bundle(case.paths(), tmp_path / "b", keep_raw=False)
+    bundle = load_bundle(tmp_path / "b")
+    ev = bundle.events
+    gpu = ev[ev["kind"].isin(["kernel", "memcpy", "memset"]) & (ev["iteration"] >= 0)].sort_values("start_ns")
+    its = sorted(gpu["iteration"].unique())
+    for prev, nxt in zip(its, its[1:]):
+        ev.loc[gpu.index[gpu["iteration"] == prev][-100::2], "iteration"] = nxt
+    led = compute_ledger(bundle)
+    assert_exact(led)
+    assert any("pipelined steps" in c for c in led.caveats)
+    w = led.windows.sort_values("start_ns")
+    assert (w["start_ns"].to_numpy()[1:] >= w["end_ns"].to_numpy()[:-1]).all()
+    moved = gpu[gpu["iteration"] >= 0]
+    assert int(w["window_ns"].sum()) <= int(moved["end_ns"].max() - moved["start_ns"].min())
