@@ -118,7 +118,11 @@ def prepare(mode: str, args: argparse.Namespace, device: torch.device):
         step()
     graph.replay()
     sync(device)
-    return graph.replay
+    keep = (model, opt, ids, labels, step, graph)  # the graph reads these tensors' memory: keep them alive
+
+    def replay() -> None:
+        keep[-1].replay()
+    return replay
 
 
 def sync(device: torch.device) -> None:

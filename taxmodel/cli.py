@@ -82,7 +82,12 @@ def cli() -> None:
               help="Marker names that delimit iterations, one group capturing the number (default for kineto: ProfilerStep#N).")
 @click.option("--keep-raw/--no-keep-raw", default=True, show_default=True, help="Copy the original traces into the bundle's raw/.")
 @click.option("--allow-missing-ranks", is_flag=True, help="Accept traces of only some ranks of the run (e.g. only rank 0 was profiled).")
-def import_cmd(traces, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks) -> None:
+@click.option("--counters", "counters", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Per-kernel hardware counters of the same run, exported by `ncu --csv --metrics "
+                   "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum` "
+                   "(or a .ncu-rep where Nsight Compute's Python module is importable): DRAM bytes per kernel, "
+                   "matched by order and name; a file from another run is refused.")
+def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks) -> None:
     """Import torch.profiler (and other) traces, one file per rank, into a profile bundle."""
     from taxmodel.trace import importers, summary
     from taxmodel.trace.bundle import prepare_output
@@ -93,7 +98,7 @@ def import_cmd(traces, output, force, fmt, iteration_pattern, keep_raw, allow_mi
         click.echo(f"format: {importers.detect_format(traces[0])} (detected from the content of {traces[0]})")
     else:
         click.echo(f"format: {fmt} (as given)")
-    bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, keep_raw=keep_raw,
+    bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, keep_raw=keep_raw, counters=counters,
                                           allow_missing_ranks=allow_missing_ranks, force=force)
     click.echo(f"wrote {output}" + (" (replaced the bundle that was there: --force)" if replaces else ""))
     click.echo(summary.describe(bundle, fmt))
@@ -182,7 +187,11 @@ def _us_columns(df, columns):
                    "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts. "
                    "Under the profiler a rank's host needs 60-100 us from the gate to its graph launch (2x H200), so "
                    "the default leaves room; the hold is outside every traced step.")
-def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
+@click.option("--counters", is_flag=True, default=False,
+              help="After the timed pass, run every variant once more under Nsight Compute (ncu) and attach each "
+                   "kernel's DRAM bytes read/written and L2 hit rate to the bundles (one GPU: -n 1). The timed "
+                   "pass never runs under ncu; the counters pass takes about a minute per bundle.")
+def profile_cmd(workload, counters, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
                 timeout_s, workload_modules, heap_bytes, out, instrument, graph, graph_strict, align,
                 gate_hold_us) -> None:
     """Run WORKLOAD on N local ranks and capture one bundle per variant.
@@ -201,6 +210,10 @@ def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmu
                          timeout_s=timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules),
                          instrument=instrument, graph="require" if graph_strict else "auto" if graph else "off",
                          align=align, gate_hold_us=gate_hold_us)
+    if counters:  # refuse before the timed pass (a CPU run, several ranks, no ncu)
+        from taxmodel.runtime.counters import check_profile_request
+
+        check_profile_request(req)
     outcome = profile(req)
     for v, why in outcome.skipped.items():
         click.echo(f"skipped {workload}/{v}: {why}")
@@ -209,6 +222,12 @@ def profile_cmd(workload, variants, preset, shape, world_size, iterations, warmu
     for path in outcome.bundles:
         click.echo(str(path))
     click.echo(f"{len(outcome.bundles)} bundle(s), {outcome.world_size} rank(s) on {outcome.device}, {outcome.wall_s:.1f} s", err=True)
+    if counters and outcome.bundles:
+        from taxmodel.runtime.counters import counters_pass
+
+        done = counters_pass(req, outcome.bundles, timeout_s=timeout_s)
+        click.echo(f"--counters: DRAM counters of {done.kernels} kernel(s) attached to {len(done.bundles)} bundle(s) "
+                   f"in {done.wall_s:.1f} s (ncu, one step per variant)", err=True)
 
 
 @cli.command("workloads")

@@ -471,6 +471,17 @@ def _profile_shape(spec, state, ctx, workload, variants, chosen, preset, shape, 
             fallbacks.append(f"{workload.name}/{vname} ({preset}): eager launches: {graph_note}")
             progress.write(f"--graph: {workload.name}/{vname} profiled with eager launches: {graph_note}")
 
+        if spec.get("counters_pass"):  # taxmodel.runtime.counters: one step under ncu; nothing traced or written
+            from taxmodel.runtime.counters import counted_step
+
+            state.enter("capture", vname)
+            counted_step(lambda: _barrier(ctx, state), gate, runner)
+            if slots is not None:
+                slots.uninstall()
+            runner.close()
+            runner = eager = st = None
+            continue
+
         state.enter("capture", vname)
         progress.phase(f"{vname}: capture")
 
@@ -597,7 +608,7 @@ def _capture_graph(spec, state, ctx, workload, vname, shape, st, world, step, ba
     from taxmodel.runtime.graph import (EagerIteration, GraphCaptureError, GraphRecordSlots, capture_iteration,
                                         prime_tracer)
 
-    if backend.name == "cuda":
+    if backend.name == "cuda" and not spec.get("counters_pass"):  # no tracer runs under the counter tool
         prime_tracer(tracer_cls, device)
     slots = GraphRecordSlots(book, int(spec["iterations"])) if book is not None else None
     error: str | None = None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -69,7 +70,7 @@ def attach_counters(events: pd.DataFrame, counters: pd.DataFrame, *, source: str
     out = events.copy()
     for col in COUNTER_COLUMNS:
         if col not in out.columns:
-            out[col] = -1
+            out[col] = np.full(len(out), -1, dtype="int32" if col == "l2_hit_pct_x100" else "int64")
     modes, total = set(), 0
     for (rank, device), kidx, crows in pairs:
         mode, target, source_rows = _match(events, kidx, crows, rank, device, source)
@@ -78,9 +79,20 @@ def attach_counters(events: pd.DataFrame, counters: pd.DataFrame, *, source: str
         out.loc[target, "dram_read_bytes"] = source_rows["dram_read_bytes"].to_numpy()
         out.loc[target, "dram_write_bytes"] = source_rows["dram_write_bytes"].to_numpy()
         hit = source_rows["l2_hit_pct"].to_numpy(dtype=float)
-        out.loc[target, "l2_hit_pct_x100"] = np.where(np.isfinite(hit), np.round(hit * 100), -1).astype("int64")
+        out.loc[target, "l2_hit_pct_x100"] = np.where(np.isfinite(hit), np.round(hit * 100), -1).astype(out["l2_hit_pct_x100"].dtype)
     report = MatchReport(mode="/".join(sorted(modes)), kernels=total, counter_rows=len(counters), groups=len(pairs))
     return out, report
+
+
+def attach_counters_file(events: pd.DataFrame, meta: dict, path: str | Path) -> tuple[pd.DataFrame, dict]:
+    """``attach_counters`` with the counters read from an ncu export; meta gains ``counters``."""
+    from taxmodel.trace.ncu import read_counters
+
+    out, report = attach_counters(events, read_counters(path), source=str(path))
+    meta = dict(meta)
+    meta["counters"] = {"source": "ncu", "file": Path(path).name, "match": report.mode,
+                        "kernels_with_counters": report.kernels, "counter_rows": report.counter_rows}
+    return out, meta
 
 
 def _groups(events: pd.DataFrame, counters: pd.DataFrame, source: str):

@@ -198,15 +198,20 @@ def read_with(mod: ModuleType, paths: list[Path], iteration_pattern: str | None)
 def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "auto",
                   iteration_pattern: str | None = None, *, keep_raw: bool = True,
                   allow_missing_ranks: bool = False, force: bool = False,
-                  world_size: int | None = None) -> tuple[Bundle, str]:
+                  world_size: int | None = None, counters: str | Path | None = None) -> tuple[Bundle, str]:
     """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format).
     ``keep_raw`` copies the original files into the bundle's ``raw/``. An existing bundle at
     ``output`` is replaced only with ``force``; anything else there is refused
-    (``bundle.prepare_output``)."""
+    (``bundle.prepare_output``). ``counters``: an ncu export of the same run, attached per kernel
+    (``counter_match``); one that does not match is refused and nothing is written."""
     paths = [Path(p) for p in paths]
     prepare_output(output, force=force, inputs=paths)  # refuse before the (long) import
     events, meta, fmt = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
                                       world_size=world_size)
+    if counters is not None:
+        from taxmodel.trace.counter_match import attach_counters_file
+
+        events, meta = attach_counters_file(events, meta, counters)
     raw = []
     if keep_raw:
         names = [p.name for p in paths]
