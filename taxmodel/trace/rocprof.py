@@ -75,23 +75,30 @@ def finish_gpu(kernels: pd.DataFrame, copies: pd.DataFrame) -> pd.DataFrame:
     wg_x..z, graph_id. copies: pid, stream, direction, src_device, dst_device, start_ns, end_ns,
     correlation, bytes.
     """
-    k = kernels.copy()
-    k["kind"] = "kernel"
-    k["role"], k["collective_op"] = vc.classify_kernels(k["name"])
-    k["grid"] = vc.dims(*(vc.blocks_from_work_items(k[f"grid_{a}"], k[f"wg_{a}"]) for a in "xyz"))
-    k["block"] = vc.dims(k["wg_x"], k["wg_y"], k["wg_z"])
-    k = k.drop(columns=[f"{p}_{a}" for p in ("grid", "wg") for a in "xyz"])
-    if "graph_id" in k:
-        k["graph_id"] = k["graph_id"].fillna(0).astype("int64")
-        k["graph_id"] = k["graph_id"].where(k["graph_id"] > 0, -1)
-    c = copies.copy()
-    src, dst = c["src_device"].astype("int64"), c["dst_device"].astype("int64")
-    c["kind"] = "memcpy"
-    c["name"] = copy_name(c["direction"], src, dst)
-    c["role"] = vc.gpu_memcpy_role(src, dst, c["name"] == "Memcpy PtoP")
-    c["device"] = np.where(dst >= 0, dst, src)
-    c = c.drop(columns=["direction", "src_device", "dst_device"])
-    out = vc.concat([k, c])
+    frames = []
+    if len(kernels):  # a copies-only trace (rocprofv3 --memory-copy-trace) has no kernel columns
+        k = kernels.copy()
+        k["kind"] = "kernel"
+        k["role"], k["collective_op"] = vc.classify_kernels(k["name"])
+        k["grid"] = vc.dims(*(vc.blocks_from_work_items(k[f"grid_{a}"], k[f"wg_{a}"]) for a in "xyz"))
+        k["block"] = vc.dims(k["wg_x"], k["wg_y"], k["wg_z"])
+        k = k.drop(columns=[f"{p}_{a}" for p in ("grid", "wg") for a in "xyz"])
+        if "graph_id" in k:
+            k["graph_id"] = k["graph_id"].fillna(0).astype("int64")
+            k["graph_id"] = k["graph_id"].where(k["graph_id"] > 0, -1)
+        frames.append(k)
+    if len(copies):
+        c = copies.copy()
+        src, dst = c["src_device"].astype("int64"), c["dst_device"].astype("int64")
+        c["kind"] = "memcpy"
+        c["name"] = copy_name(c["direction"], src, dst)
+        # The direction says which end is a GPU: agent ids of host memory are not GPU indices
+        # (without agent_info.csv a CPU agent reads as a number like any other), so only a
+        # device-to-device copy between two GPUs moves data between ranks.
+        c["role"] = np.where(c["name"] == "Memcpy PtoP", "comm", "copy")
+        c["device"] = np.where(c["name"] == "Memcpy DtoH", src, np.where(dst >= 0, dst, src))
+        frames.append(c.drop(columns=["direction", "src_device", "dst_device"]))
+    out = vc.concat(frames) if frames else kernels
     return out.astype({col: "int64" for col in ("pid", "device", "stream", "start_ns", "end_ns", "correlation")})
 
 

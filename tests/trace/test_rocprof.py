@@ -236,3 +236,22 @@ def test_rocprofiler_availability_follows_the_sdk(monkeypatch):
     assert rocprofiler_capture.RocprofilerTracer.unavailable_reason() is None
     events, meta = rocprofiler_capture.RocprofilerTracer.read(DBS)
     pd.testing.assert_frame_equal(sc.comparable(events), _expected())
+
+
+def test_csv_copies_only_are_local_copies_on_the_gpu_end(tmp_path):
+    """A copies-only rocprofv3 CSV (``--memory-copy-trace``, no agent_info.csv) imports: host
+    agents are not GPUs, so HtoD/DtoH copies are local ``copy`` work on the GPU end and only a
+    copy between two different GPUs is communication."""
+    p = tmp_path / "1234_memory_copy_trace.csv"
+    p.write_text(
+        '"Kind","Direction","Stream_Id","Source_Agent_Id","Destination_Agent_Id","Correlation_Id",'
+        '"Start_Timestamp","End_Timestamp"\n'
+        '"MEMORY_COPY","MEMORY_COPY_HOST_TO_DEVICE",0,"Agent 0","Agent 1",1,1000,2000\n'
+        '"MEMORY_COPY","MEMORY_COPY_DEVICE_TO_HOST",0,"Agent 1","Agent 0",2,3000,3500\n'
+        '"MEMORY_COPY","MEMORY_COPY_DEVICE_TO_DEVICE",0,"Agent 1","Agent 2",3,4000,4200\n')
+    events, _, fmt = importers.import_traces([p])
+    copies = events[events["kind"] == "memcpy"].sort_values("start_ns")
+    assert fmt == "rocprof-csv"
+    assert copies["name"].tolist() == ["Memcpy HtoD", "Memcpy DtoH", "Memcpy PtoP"]
+    assert copies["role"].tolist() == ["copy", "copy", "comm"]
+    assert copies["device"].tolist() == [1, 1, 1]
