@@ -254,4 +254,4 @@ def test_csv_copies_only_are_local_copies_on_the_gpu_end(tmp_path):
     assert fmt == "rocprof-csv"
     assert copies["name"].tolist() == ["Memcpy HtoD", "Memcpy DtoH", "Memcpy PtoP"]
     assert copies["role"].tolist() == ["copy", "copy", "comm"]
-    assert copies["device"].tolist() == [1, 1, 1]
+    assert copies["device"].tolist() == [1, 1, 2]  # the GPU end; a peer copy is booked on its destination
