@@ -23,6 +23,7 @@ cap the bound: no fused kernel runs below the sum of its kernels' floors.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -30,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
+from taxmodel.model.kernel_costs import has_kernel_costs, kernel_floors
 from taxmodel.model import advise_predict
 from taxmodel.model.ledger import Ledger
 from taxmodel.model.ledger import _matches  # the ledger's own matching of declared producers/consumers
@@ -426,6 +428,7 @@ def missing_inputs(row: Mapping[str, Any], ledger: Ledger) -> list[str]:
 def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: bool = True) -> pd.DataFrame:
     """The ranked table of fusion candidates (columns ``COLUMNS``, times in us per iteration and
     rank, % of the mean step): largest bound first, ``top`` rows (None: all)."""
+    inp = with_trace_floors(inp)
     c = candidates(inp).sort_values(["bound_ns", "kind"], ascending=[False, True], kind="stable")
     if top is not None:
         c = c.head(int(top))
@@ -455,3 +458,14 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
         })
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
+
+def with_trace_floors(inp: Inputs) -> Inputs:
+    """The per-kernel seam filled from the bundle itself: kernels imported with their op's shapes
+    carry flops and compulsory bytes (``model/kernel_costs.py``), whose floors then cap the bound."""
+    if inp.kernel_costs is not None or not has_kernel_costs(inp.bundle.events):
+        return inp
+    ev = inp.bundle.events
+    gpu = ev[ev["kind"].isin(("kernel", "memcpy", "memset"))]
+    floors = kernel_floors(gpu, inp.ledger.hardware)
+    costs = floors.loc[floors["costed"], ["floor_ns", "bound"]]
+    return dataclasses.replace(inp, kernel_costs=costs.reindex(ev.index))
