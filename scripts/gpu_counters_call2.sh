@@ -32,16 +32,19 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >"$W/logs/wheels.log" 2>&1
   export PYTHONPATH=/tmp/site
 fi
-python -c "import taxmodel.kernels" 2>/dev/null || pip install --no-deps --no-build-isolation -q -e . >"$W/logs/install.log" 2>&1
+# kernels/ ships as taxmodel.kernels (pyproject's package-dir); `python -m` from the repo root finds the
+# source tree's taxmodel/ first, so link the kernels into it on this throw-away copy.
+python -c "import taxmodel.kernels" 2>/dev/null || ln -sfn ../kernels taxmodel/kernels
 python -c "import taxmodel.kernels, iris; print('taxmodel.kernels and iris import')" 2>&1 | tail -n 2 | tee -a "$S"
 
+TRAIN=${TRAIN:-1}
 # 1. The training step, eager + whole-step CUDA graph, batch 1 and 8 (traces + interleaved timings).
-step train_b1 120 python benchmarks/train_step.py --batch 1 --modes eager,graph --out "$W/train"
-step train_b8 120 python benchmarks/train_step.py --batch 8 --modes eager,graph --out "$W/train"
+[ "$TRAIN" = 1 ] && step train_b1 120 python benchmarks/train_step.py --batch 1 --modes eager,graph --out "$W/train"
+[ "$TRAIN" = 1 ] && step train_b8 120 python benchmarks/train_step.py --batch 8 --modes eager,graph --out "$W/train"
 # 2. The locality chain: DRAM bytes of each whole chain (ncu range replay: one result per
 #    cudaProfilerStart/Stop range, the L2 left as the kernels leave it between them).
 step loc_range 60 ncu --csv --print-units base --cache-control none --clock-control none --replay-mode range \
-  --profile-from-start off --metrics "$METRICS" --log-file "$W/loc/locality_ncu_range.csv" \
+  --metrics "$METRICS" --log-file "$W/loc/locality_ncu_range.csv" \
   python benchmarks/bench_locality.py --mode ncu --sizes 8m,1g
 # 3. taxmodel profile --counters on one GPU.
 P="python -m taxmodel profile -n 1 --device cuda --graph --counters --iterations 5 --warmup 2 --timeout 200 -o $W/runs"
