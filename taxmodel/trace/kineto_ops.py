@@ -60,7 +60,7 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     op_of_launch = _innermost(c_start, c_end, c_tid, tid[launches], start[launches])
     lkey = pd.Series(op_of_launch, index=corr[launches])
     lkey = lkey[~lkey.index.duplicated()]
-    op_of_gpu = lkey.reindex(corr[gk]).fillna(-1).to_numpy(np.int64)
+    op_of_gpu = lkey.reindex(corr[gk]).fillna(-1).to_numpy(np.int64, copy=True)  # written below: pandas 3 hands out read-only views
     graph = frame["graph_id"].to_numpy(np.int64)[gk] >= 0
     op_of_gpu[graph] = -1
     role = frame["role"].to_numpy(object)[gk]
