@@ -750,22 +750,25 @@ def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, 
 
 def _launch_tax_before(pieces, gpu, g_start, ranks, nr) -> np.ndarray:
     """Per GPU row, the launch tax (host_starved, launch_latency, kernel_gap) of the idle gaps that
-    end at its start on its rank: what waiting for its launch cost."""
+    end at its start on its rank: what waiting for its launch cost. A piece belongs to the first
+    activity that starts at or after its end (the gap it lies in is idle up to that start)."""
     out = np.zeros(len(gpu))
     subs = {SUB["host_starved"], SUB["launch_latency"], SUB["kernel_gap"]}
     sel = [(g, s1, s1 - s0) for g, sub, s0, s1 in pieces if sub in subs and len(g)]
     if not sel or not len(gpu):
         return out
     g = np.concatenate([x[0] for x in sel])
-    b = np.concatenate([x[1] for x in sel])
+    end = np.concatenate([x[1] for x in sel])
     ln = np.concatenate([x[2] for x in sel]).astype(np.float64)
     keep = ln > 0
     rank = np.asarray(ranks, np.int64)[g[keep] % nr]
-    idx = pd.MultiIndex.from_arrays([gpu["rank"].to_numpy(np.int64), g_start])
-    first = ~idx.duplicated()
-    pos = pd.MultiIndex.from_arrays([gpu["rank"].to_numpy(np.int64)[first], g_start[first]]).get_indexer(
-        pd.MultiIndex.from_arrays([rank, b[keep]]))
-    rows = np.flatnonzero(first)
-    ok = pos >= 0
-    np.add.at(out, rows[pos[ok]], ln[keep][ok])
+    end, ln = end[keep], ln[keep]
+    g_rank = gpu["rank"].to_numpy(np.int64)
+    for r in np.unique(rank):  # a loop over ranks
+        rows = np.flatnonzero(g_rank == r)
+        rows = rows[np.argsort(g_start[rows], kind="stable")]
+        m = rank == r
+        j = np.searchsorted(g_start[rows], end[m], side="left")
+        ok = j < len(rows)
+        np.add.at(out, rows[j[ok]], ln[m][ok])
     return out

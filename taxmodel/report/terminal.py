@@ -16,6 +16,7 @@ import pandas as pd
 from taxmodel.model.categories import SUBCATEGORY_ORDER
 from taxmodel.model.coverage import missing_ranks
 from taxmodel.report import compare, headline
+from taxmodel.report.kernels import top_kernel_lines
 from taxmodel.trace.summary import launch_mode
 
 
@@ -56,6 +57,9 @@ def render_ledger(ledger, per_rank: bool = False) -> str:
         pr = (ledger.per_rank() / 1e3).reset_index()
         pr = pr.rename(columns={s: s for s in SUBCATEGORY_ORDER})
         lines += ["", "per rank (mean us per iteration):", _text_table(pr)]
+    kernel_lines = top_kernel_lines(getattr(ledger, "kernels", None), n_iter * max(len(ledger.ranks), 1))
+    if kernel_lines:
+        lines += [""] + kernel_lines
     hw = ledger.hardware
     hw_text = "none" if hw is None else f"{hw.name} ({hw.source})"
     c = ledger.clock

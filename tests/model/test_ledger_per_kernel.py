@@ -123,3 +123,14 @@ def test_advise_uses_the_floors_through_its_seam(bert):
     table = p.advise(top=None)
     assert isinstance(table, pd.DataFrame)
     assert not table["missing"].astype(str).str.contains("per-kernel floors").any()
+
+
+def test_analyze_prints_top_kernels_with_their_ops(bert):
+    from taxmodel.report.terminal import render_analysis
+
+    _, led = bert
+    text = render_analysis([led])
+    assert "top kernels" in text and "[aten::addmm]" in text
+    assert "Data-locality tax" in text and "n/m" in text
+    launch = led.parts.loc[led.parts["category"] == "launch_tax", "ns"].sum()
+    assert led.kernels["launch_tax_ns"].sum() == pytest.approx(launch, rel=1e-6)  # every launch gap has its kernel
