@@ -168,14 +168,11 @@ def load_builtin_workloads() -> None:
 
 
 def classify_role(name: str, roles: Mapping[str, str], default: str = "compute") -> str:
-    """Role of a kernel named ``name``: the first matching regex in ``roles``, else a guess
-    (NCCL/RCCL kernels are comm, everything else ``default``)."""
+    """Role of a kernel named ``name``: the first matching regex in ``roles``, else ``default``
+    (the capture passes ``comm`` for a communication library's kernels: ``trace.vocabulary``)."""
     for pattern, role in roles.items():
         if re.search(pattern, name):
             return role
-    low = name.lower()
-    if "nccl" in low or "rccl" in low:
-        return "comm"
     return default
 
 

@@ -36,6 +36,7 @@ from taxmodel.model import advise_predict
 from taxmodel.model.ledger import Ledger
 from taxmodel.model.ledger import _matches  # the ledger's own matching of declared producers/consumers
 from taxmodel.trace.bundle import Bundle
+from taxmodel.trace.vocabulary import SHORT_LABELS, normalize_collective
 
 GEMM_PATTERN = r"(?i)gemm|matmul|nvjet|cutlass|xmma|cublas|Cijk|wgmma|hipblaslt"
 ATTENTION_PATTERN = r"(?i)flash|attn|attention|fmha|sdpa|decode"
@@ -44,8 +45,6 @@ ATTENTION_PATTERN = r"(?i)flash|attn|attention|fmha|sdpa|decode"
 MEMORY_BOUND_PATTERN = (r"(?i)elementwise|vectorized|unrolled|reduce_kernel|softmax|norm|triton_poi|triton_per|"
                         r"triton_red|copy|cat_|gelu|silu|relu|swiglu|activation|bias|add|mul|rotary|rope|dropout|"
                         r"cast|fill|combine|epilogue")
-COLLECTIVE_KINDS = {"allgather": "AG", "all_gather": "AG", "reduce_scatter": "RS", "reducescatter": "RS",
-                    "allreduce": "AR", "all_reduce": "AR"}
 LAUNCH_PARTS = ("host_starved", "launch_latency", "kernel_gap")
 BSP_PARTS = ("skew_wait", "exposed_comm", "flag_wait")
 IDLE_BSP_PARTS = ("barrier_idle",)
@@ -170,7 +169,7 @@ def collective_pairs(k: pd.DataFrame, chain: np.ndarray) -> pd.DataFrame:
     cls = k["cls"].to_numpy(object)
     op = k["op"].to_numpy(object)
     for i, c in enumerate(coll):  # one pass over collectives, a handful of rows each
-        short = COLLECTIVE_KINDS.get(op[c], "")
+        short = SHORT_LABELS.get(normalize_collective(op[c]), "")
         p, q = prod[i], cons[i]
         members, label = _pair_members(short, c, p, q, cls, chain)
         if members:

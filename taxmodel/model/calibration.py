@@ -13,6 +13,7 @@ import statistics
 from taxmodel.errors import InputError
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.hardware import find_preset, normalized_name
+from taxmodel.trace.vocabulary import ALLGATHER
 
 
 def _first(*values):
@@ -28,7 +29,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
 
     curves, eager_curve = collective_curves(meas, world)
     by_world = collectives_by_world(meas, world)
-    ag = (curves or {}).get("allgather") or []
+    ag = (curves or {}).get(ALLGATHER) or []
     link_bw = link_lat = None
     if world > 1 and ag:
         (_, small_s), (large_b, large_s) = ag[0], ag[-1]

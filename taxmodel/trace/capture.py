@@ -25,12 +25,14 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from taxmodel.trace.tracer import TRACERS, Tracer, get_tracer, register_tracer  # noqa: F401  (the tracers' registry)
+from taxmodel.trace.vocabulary import is_comm_kernel, normalize_collective
+from taxmodel.workload import classify_role
 
 KERNEL_RANGE_PREFIX = "kernel::"  # the same prefix RankContext.kernel writes
 COLLECTIVE_RANGE_PREFIX = "gloo:"
@@ -101,8 +103,6 @@ def emulated_gpu_rows(events: pd.DataFrame) -> pd.DataFrame:
     events.loc[is_kernel, "name"] = names[is_kernel].str.slice(len(KERNEL_RANGE_PREFIX))
     events.loc[is_coll, "role"] = "comm"
     if is_coll.any():
-        from taxmodel.trace.kineto import normalize_collective
-
         ops = names[is_coll].str.slice(len(COLLECTIVE_RANGE_PREFIX))
         events.loc[is_coll, "collective_op"] = ops.map(normalize_collective).to_numpy()
         # Sequence numbers count per rank (and restart with each repetition's trace).
@@ -116,21 +116,20 @@ def emulated_gpu_rows(events: pd.DataFrame) -> pd.DataFrame:
     return events
 
 
-def assign_roles(events: pd.DataFrame, roles: Mapping[str, str],
-                 classify: Callable[[str, Mapping[str, str]], str] | None = None) -> pd.DataFrame:
-    """Set ``role`` of every kernel row from the variant's name patterns (one lookup per distinct name).
+def assign_roles(events: pd.DataFrame, roles: Mapping[str, str]) -> pd.DataFrame:
+    """Set ``role`` of every kernel row from the variant's name patterns (one lookup per distinct
+    name); a kernel no pattern names is ``comm`` when it belongs to a communication library
+    (``vocabulary.is_comm_kernel``), else ``compute``.
 
     memcpy/memset rows keep the importer's role (copy, or comm for peer copies); host rows stay
     ``other``.
     """
-    if classify is None:
-        from taxmodel.workload import classify_role as classify
     events = events.copy()
     kernel = (events["kind"] == "kernel").to_numpy()
     if kernel.any():
         names = events.loc[kernel, "name"].astype(str)
         unique = names.unique()
-        by_name = {n: classify(n, roles) for n in unique}
+        by_name = {n: classify_role(n, roles, "comm" if is_comm_kernel(n) else "compute") for n in unique}
         # The importer already knows NCCL/collective kernels are comm; an explicit variant
         # pattern may refine that, but the fallback guess ("compute") must not override it.
         explicit = {n: any(re.search(p, n) for p in roles) for n in unique}

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
+from taxmodel.trace import vocabulary
 
 DEFAULT_ITERATION_PATTERN = r"(?:ProfilerStep#|\b[Ii]ter(?:ation)?[\s_#:=-]*)(\d+)"
 """Matches torch.profiler's ``ProfilerStep#N`` and user ranges such as ``iter 3``,
@@ -40,25 +41,6 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 
 _SYNC_CALL = re.compile(r"Synchronize", re.IGNORECASE)
 _API_VERSION_SUFFIX = re.compile(r"_v\d+$")
-_COLLECTIVE_KERNEL = re.compile(r"(?:nccl|rccl|msccl)(?:Dev)?Kernel(?:Debug)?_([A-Za-z]+)", re.IGNORECASE)
-_COMM_KERNEL = re.compile(r"(?:nccl|rccl|msccl)\w*Kernel", re.IGNORECASE)
-_COLLECTIVE_OPS = {
-    "allgather": "allgather",
-    "allreduce": "allreduce",
-    "reducescatter": "reduce_scatter",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "sendrecv": "sendrecv",
-    "send": "send",
-    "recv": "recv",
-    "alltoall": "alltoall",
-    "alltoallv": "alltoall",
-    "gather": "gather",
-    "scatter": "scatter",
-}
-UNKNOWN_COLLECTIVE = "collective"
-"""Stand-in op for a communication kernel whose name does not say which collective it runs
-(e.g. RCCL's ``ncclDevKernel_Generic``); its collectives are numbered under this key."""
 
 
 # --- files ---------------------------------------------------------------------------------
@@ -190,13 +172,9 @@ def strip_api_version(names: pd.Series) -> pd.Series:
 def classify_kernels(names: pd.Series) -> tuple[pd.Series, pd.Series]:
     """(role, collective_op) for kernel names: NCCL/RCCL kernels are ``comm`` with the op read
     from the name (``ncclDevKernel_AllGather_RING_LL`` -> ``allgather``; a generic kernel gets
-    ``UNKNOWN_COLLECTIVE``); everything else is ``compute`` with no op."""
-    names = names.astype(str)
-    is_comm = names.str.contains(_COMM_KERNEL, regex=True)
-    token = names.str.extract(_COLLECTIVE_KERNEL, expand=False).fillna("").str.lower()
-    op = token.map(_COLLECTIVE_OPS).fillna(UNKNOWN_COLLECTIVE)
-    op = op.where(is_comm, "")
-    role = pd.Series(np.where(is_comm, "comm", "compute"), index=names.index)
+    ``vocabulary.UNKNOWN_COLLECTIVE``); everything else is ``compute`` with no op."""
+    op = vocabulary.kernel_collectives(names)
+    role = pd.Series(np.where(vocabulary.comm_kernels(names), "comm", "compute"), index=names.index)
     return role, op
 
 

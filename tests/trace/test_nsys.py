@@ -14,6 +14,7 @@ import pytest
 from taxmodel.errors import InputError
 from taxmodel.trace import importers, nsys
 from taxmodel.trace import vendor_common as vc
+from taxmodel.trace import vocabulary
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "data" / "nsys"
@@ -166,7 +167,7 @@ def test_iteration_pattern_option():
     ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "comm", "allreduce"),
     ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "comm", "sendrecv"),
     ("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "comm", "broadcast"),
-    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "comm", vc.UNKNOWN_COLLECTIVE),
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", "comm", vocabulary.UNKNOWN_COLLECTIVE),
     ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm>(Params)", "compute", ""),
     ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "compute", ""),
 ])

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec
+from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
 from .costs import cdiv, gemm_time, pipeline_time, shape_dtype, stream_time
@@ -28,7 +29,7 @@ from .timeline import KernelPlan
 from .topology import topology
 
 VARIANTS = ("bsp", "pull", "push", "torch_fused")
-NCCL_AG = "ncclDevKernel_AllGather_RING_LL"
+NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
 VENDOR_GEMM = "nvjet_gemm"
 FUSED = "ag_gemm_kernel"
 BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
@@ -57,8 +58,8 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     if variant == "bsp":
         det["gemm"] = gemm_time(m, n_loc, k, dtype, hw, params, kind="vendor", elt=elt)
         if world > 1:
-            det["all_gather"] = coll.time("allgather", shard, world)
-            first = KernelPlan(NCCL_AG, "comm", det["all_gather"], hv, collective="allgather")
+            det["all_gather"] = coll.time(ALLGATHER, shard, world)
+            first = KernelPlan(NCCL_AG, "comm", det["all_gather"], hv, collective=ALLGATHER)
         else:
             det["copy"] = stream_time(2 * shard, hw, params, triton=False)
             first = KernelPlan("Memcpy DtoD", "copy", det["copy"], hv)

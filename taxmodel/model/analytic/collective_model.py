@@ -9,12 +9,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from taxmodel.model.hardware import HardwareSpec
+from taxmodel.trace.vocabulary import ALLGATHER, ALLREDUCE, COLLECTIVES, normalize_collective
 
 from .params import ModelParams
 from .topology import Topology
 
-_OP_ALIASES = {"all_gather": "allgather", "allgather": "allgather", "all_reduce": "allreduce", "allreduce": "allreduce",
-               "reduce_scatter": "reduce_scatter", "reducescatter": "reduce_scatter"}
+
+def _op(name: str) -> str:
+    """The trace's spelling of a collective (``all_gather`` -> ``allgather``); other keys unchanged."""
+    op = normalize_collective(name)
+    return op if op in COLLECTIVES else name
 
 
 #: How a calibrated curve was timed (the hardware file's ``collectives.timing``, per op): "graph" is
@@ -34,7 +38,7 @@ def _read_curve(raw: Mapping[str, Any]) -> tuple[int, dict[str, tuple[tuple[floa
     for op, pts in raw.items():
         if op in ("world_size", "timing") or not isinstance(pts, list):
             continue
-        key = _OP_ALIASES.get(op, op)
+        key = _op(op)
         good = sorted((float(b), float(s)) for b, s in pts if float(b) > 0 and float(s) > 0)
         if len(good) >= 2:
             curves[key] = tuple(good)
@@ -102,7 +106,7 @@ class CollectiveModel:
         sets = self._curve_sets()
         if world is None:
             sets = {w: v for w, v in sets.items() if w == self.curve_world}
-        for fit_op in (op, "allgather"):
+        for fit_op in (op, ALLGATHER):
             worlds = [w for w, (curves, _) in sets.items() if fit_op in curves]
             if worlds:
                 w = self._nearest(world if world is not None else self.curve_world, worlds)
@@ -113,7 +117,7 @@ class CollectiveModel:
         """The assumption line of a prediction: which curve (or formula) gave the collective times."""
         sets = self._curve_sets()
         if not sets:
-            a, b = self.alpha_beta("allgather")
+            a, b = self.alpha_beta(ALLGATHER)
             return (f"collectives: ring alpha-beta, alpha {a * 1e6:.1f} us per step, beta {b / 1e9:.0f} GB/s, plus "
                     f"{self.base_s * 1e6:.0f} us per call (no calibrated curve)")
         used = world if world in sets else self._nearest(world, list(sets))
@@ -135,12 +139,12 @@ class CollectiveModel:
 
     def _steps(self, op: str, world: int) -> float:
         """Bytes received per byte-per-rank (ring): all_gather / reduce_scatter W-1, all_reduce 2(W-1)."""
-        return (2.0 if op == "allreduce" else 1.0) * (world - 1)
+        return (2.0 if op == ALLREDUCE else 1.0) * (world - 1)
 
     def alpha_beta(self, op: str, world: int | None = None) -> tuple[float, float]:
         """(alpha seconds per step, beta bytes/s) for ``op``: fitted to the curve of the measured world
         size nearest ``world`` when there is one (``world`` None: the file's own curve)."""
-        op = _OP_ALIASES.get(op, op)
+        op = _op(op)
         return self._alpha_beta_of(self._fit_source(op, world))
 
     def _alpha_beta_of(self, source: tuple[int, tuple[tuple[float, float], ...], str] | None) -> tuple[float, float]:
@@ -167,7 +171,7 @@ class CollectiveModel:
     def time(self, op: str, bytes_per_rank: float, world: int | None = None) -> float:
         """Seconds of one collective on ``world`` ranks, ``bytes_per_rank`` being each rank's
         contribution (all_gather input, reduce_scatter output, all_reduce buffer / W)."""
-        op = _OP_ALIASES.get(op, op)
+        op = _op(op)
         world = self.topo.world if world is None else world
         if world <= 1 or bytes_per_rank <= 0:
             return 0.0
@@ -181,7 +185,7 @@ class CollectiveModel:
         steps = self._steps(op, world)
         ring = alpha * steps + steps * bytes_per_rank / beta
         base = 0.0 if source is not None and source[2] == op else self.base_s  # a fit to op's own curve has its fixed cost
-        if op == "allreduce":  # a tree halves the latency term for small messages
+        if op == ALLREDUCE:  # a tree halves the latency term for small messages
             tree = 2 * alpha * math.ceil(math.log2(world)) + 2 * bytes_per_rank * world / beta
             ring = min(ring, tree)
         return ring + base

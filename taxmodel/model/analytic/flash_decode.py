@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec
+from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
 from .costs import push_wave_time, serial_steps_time, sm_count, stream_time
@@ -41,7 +42,7 @@ from .topology import topology
 
 VARIANTS = ("bsp", "fused")
 SPLIT, COMBINE_LOCAL, COMBINE_GLOBAL = "flash_decode_split_kv", "flash_decode_combine_local", "flash_decode_combine_global"
-NCCL_AG = "ncclDevKernel_AllGather_RING_LL"
+NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
 FUSED = "flash_decode_fused"
 
 
@@ -83,7 +84,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     notes = [f"K/V streamed at {params.triton_stream_efficiency:.2f} of the HBM bandwidth; splits from the workload's "
              f"planner on {num_sms} SMs"]
     if variant == "bsp":
-        ag = coll.time("allgather", packed, world) if world > 1 else 0.0
+        ag = coll.time(ALLGATHER, packed, world) if world > 1 else 0.0
         rows = max(group // max(int(shape.get("bsp_slices", 1)), 1), 1)
         glob = max(stream_time(world * packed + out_bytes, hw, params),  # W partials: one step (NB = next_pow2(W))
                    params.kernel_overhead_s + serial_steps_time(1, params))
@@ -94,7 +95,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
                         params.kernel_overhead_s + serial_steps_time(steps(splits, rows), params))
             ks = [KernelPlan(SPLIT, "compute", split, ht), KernelPlan(COMBINE_LOCAL, "compute", local, ht)]
             if world > 1:
-                ks.append(KernelPlan(NCCL_AG, "comm", ag, hv, collective="allgather"))
+                ks.append(KernelPlan(NCCL_AG, "comm", ag, hv, collective=ALLGATHER))
             ks.append(KernelPlan(COMBINE_GLOBAL, "compute", glob, ht))
             out.append(ks)
         det.update({"split_kv": mean([p[0].duration_s for p in out]), "combine_local": mean([p[1].duration_s for p in out]),

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.model.hardware import HardwareSpec
+from taxmodel.trace.vocabulary import LIBRARY_KERNEL_NAMES, REDUCE_SCATTER
 
 from .collective_model import CollectiveModel
 from .costs import cdiv, gemm_time, push_wave_time, shape_dtype, sm_count, stream_time
@@ -33,7 +34,7 @@ from .timeline import KernelPlan
 from .topology import topology
 
 VARIANTS = ("bsp", "fused", "torch_fused")
-NCCL_RS = "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL"
+NCCL_RS = LIBRARY_KERNEL_NAMES[REDUCE_SCATTER]
 VENDOR_GEMM = "nvjet_gemm"
 FUSED_GEMM, FUSED_REDUCE = "gemm_rs_kernel", "rs_reduce_kernel"  # kernels/gemm_rs/workload.py
 SYMM_BARRIER = "c10d::symmetric_memory::barrier_kernel"
@@ -94,8 +95,8 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         det["gemm"] = gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
         gemm = KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv)
         if world > 1:
-            det["reduce_scatter"] = coll.time("reduce_scatter", slab, world)
-            second = KernelPlan(NCCL_RS, "comm", det["reduce_scatter"], hv, collective="reduce_scatter")
+            det["reduce_scatter"] = coll.time(REDUCE_SCATTER, slab, world)
+            second = KernelPlan(NCCL_RS, "comm", det["reduce_scatter"], hv, collective=REDUCE_SCATTER)
         else:
             det["copy"] = stream_time(2 * m * n * elt, hw, params, triton=False)
             second = KernelPlan("Memcpy DtoD", "copy", det["copy"], hv)
