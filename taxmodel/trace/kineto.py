@@ -52,7 +52,9 @@ _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_dr
 _HOST_RANGE_CATS = frozenset({"user_annotation"})
 _GPU_RANGE_CATS = frozenset({"gpu_user_annotation"})
 
-_LAUNCH_CALL = re.compile(r"(?i)(?:launch\w*kernel|graphlaunch|memcpy|memset)")
+# ``\b(?=(\w*?X))\1`` takes the first X of a word once and for all (an atomic group that Python
+# 3.10 can run): ``X\w*Y`` alone retries from every X of a long word, quadratic in its length.
+_LAUNCH_CALL = re.compile(r"(?i)(?:\b(?=(\w*?launch))\1\w*kernel|graphlaunch|memcpy|memset)")
 _SYNC_CALL = re.compile(r"(?i)synchronize")
 _GRAPH_LAUNCH = re.compile(r"(?i)graphlaunch")
 _COMM_KERNEL = re.compile(r"(?i)(?:nccl|rccl)")
@@ -83,7 +85,7 @@ _COLLECTIVE_OPS = (
     ("send", "send"), ("recv", "recv"), ("barrier", "barrier"), ("gather", "gather"),
     ("scatter", "scatter"), ("reduce", "reduce"), ("bcast", "broadcast"),
 )
-_NCCL_KERNEL_OP = re.compile(r"(?i)nccl\w*?Kernel_([A-Za-z]+)")
+_NCCL_KERNEL_OP = re.compile(r"(?i)\b(?=(\w*?nccl))\1\w*?Kernel_(?P<op>[A-Za-z]+)")  # first nccl of a word: see _LAUNCH_CALL
 
 
 def normalize_collective(name: str) -> str:
@@ -471,7 +473,7 @@ def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[d
             ops.append(normalize_collective(cname))
         else:
             m = _NCCL_KERNEL_OP.search(kname)
-            ops.append(normalize_collective(m.group(1)) if m else "")
+            ops.append(normalize_collective(m.group("op")) if m else "")
     pg = [str(a.get("Process Group Name")) if a.get("Process Group Name") is not None else "default" for a in sub]
     seq = _arg_ints(sub, "Seq")
     nelems = np.maximum(_arg_ints(sub, "In msg nelems"), _arg_ints(sub, "Out msg nelems"))
