@@ -32,6 +32,9 @@ class _Group(click.Group):
         except TaxmodelError as exc:
             click.echo(f"taxmodel: error: {exc}", err=True)
             sys.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Interrupted): 128 + signal, not 1
+            click.echo(f"taxmodel: {exc or 'interrupted'}", err=True)
+            sys.exit(getattr(exc, "exit_code", 130))
         except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
             raise
         except Exception as exc:
@@ -156,11 +159,16 @@ def _us_columns(df, columns):
 @click.option("--iterations", type=int, default=5, show_default=True, help="Profiled iterations per repetition.")
 @click.option("--warmup", type=int, default=2, show_default=True, help="Untimed iterations first (compiles every kernel). Each repetition also runs one traced step before its first profiled one, and the first variant of a run one whole traced repetition that is thrown away (meta capture.traced_warmup, capture.discarded_repetitions): both absorb one-time costs of the tracer and of the first traced collective.")
 @click.option("--repeat", type=int, default=1, show_default=True, help="Independent repetitions (separate timed loops).")
-@click.option("--inject", multiple=True, metavar="TAX", help="Inject a known tax: sleep_rank=R:US, extra_launches=K, extra_copy=1 (repeatable).")
+@click.option("--inject", multiple=True, metavar="TAX", help="Inject a known tax: sleep_rank=R:US, extra_launches=K, extra_copy=1; or a fault that ends the run "
+                   "(to test crash and hang handling): kill_rank=R@PHASE (SIGKILL), hang_rank=R@PHASE (SIGSTOP), PHASE "
+                   "one of setup, compile, check, graph, capture, gather, write (repeatable).")
 @click.option("--tracer", default="torch", show_default=True, help="Tracer to record with.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu runs kernels in Triton's interpreter with gloo (emulated GPUs).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds for the whole run; a hung rank is then named and the run ended.")
+@click.option("--spin-timeout", "spin_timeout_s", type=float, default=60.0, show_default=True,
+              help="Seconds an in-kernel wait on a peer's flag may last before the kernel gives up and the run "
+                   "names the rank, peer and flag (raise it if a peer is still compiling its kernels).")
 @click.option("--workload-module", "workload_modules", multiple=True, metavar="MODULE",
               help="Import a module (name or .py file) that registers your own workload (repeatable).")
 @click.option("--heap-size", "heap_bytes", type=int, default=None, help="Bytes of symmetric heap per rank (default 4 GiB on GPUs, 256 MiB on CPU).")
@@ -192,7 +200,7 @@ def _us_columns(df, columns):
                    "kernel's DRAM bytes read/written and L2 hit rate to the bundles (one GPU: -n 1). The timed "
                    "pass never runs under ncu; the counters pass takes about a minute per bundle.")
 def profile_cmd(workload, counters, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
-                timeout_s, workload_modules, heap_bytes, out, instrument, graph, graph_strict, align,
+                timeout_s, spin_timeout_s, workload_modules, heap_bytes, out, instrument, graph, graph_strict, align,
                 gate_hold_us) -> None:
     """Run WORKLOAD on N local ranks and capture one bundle per variant.
 
@@ -201,20 +209,23 @@ def profile_cmd(workload, counters, variants, preset, shape, world_size, iterati
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m taxmodel.runtime.worker --workload ag_gemm --preset small -o runs/
     """
+    import time
+
+    started = time.time()  # --timeout counts from here: importing torch and the workloads takes seconds
     from taxmodel.runtime.profile import ProfileRequest, profile
     from taxmodel.runtime.worker import parse_shape
 
     req = ProfileRequest(workload=workload, variants=[v for v in variants.split(",") if v] if variants else None,
                          preset=preset, shape=parse_shape(list(shape)), world_size=world_size, iterations=iterations,
                          warmup=warmup, repeat=repeat, inject=list(inject), tracer=tracer, out=out, device=device,
-                         timeout_s=timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules),
+                         timeout_s=timeout_s, spin_timeout_s=spin_timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules),
                          instrument=instrument, graph="require" if graph_strict else "auto" if graph else "off",
                          align=align, gate_hold_us=gate_hold_us)
     if counters:  # refuse before the timed pass (a CPU run, several ranks, no ncu)
         from taxmodel.runtime.counters import check_profile_request
 
         check_profile_request(req)
-    outcome = profile(req)
+    outcome = profile(req, started_unix=started)
     for v, why in outcome.skipped.items():
         click.echo(f"skipped {workload}/{v}: {why}")
     for line in outcome.graph_fallbacks:

@@ -28,3 +28,15 @@ class RunError(TaxmodelError):
 
 class UnavailableError(TaxmodelError):
     """An optional capability (a tracer, a GPU, a vendor library) is not present here."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """The command was stopped by a signal: Ctrl-C, or SIGTERM / SIGHUP (a CI cancel, ``timeout``,
+    a batch system's preemption), handled alike. Exit code 128 + the signal's number (130 for
+    SIGINT, 143 for SIGTERM), as shells report it, never 1 (which ``compare`` uses for a regression).
+    A KeyboardInterrupt, so code that cleans up after Ctrl-C cleans up after these too."""
+
+    def __init__(self, signum: int = 2, message: str = "interrupted") -> None:
+        super().__init__(message)
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum

@@ -11,15 +11,27 @@
   kernel first runs in an iteration: more data-locality tax (the copy reads and writes the
   intermediate's bytes once more).
 
+and, to check that a failed run ends cleanly (CI on CPU does), faults that end the run:
+
+- ``kill_rank=R@PHASE``: rank R kills itself with SIGKILL on entering PHASE (as the OOM killer
+  or a crashed driver would end it);
+- ``hang_rank=R@PHASE``: rank R stops itself with SIGSTOP on entering PHASE (as a rank stuck in a
+  GPU kernel behaves: no Python runs there, its own watchdog included).
+
+PHASE is one of the phases a failure message names (``FAULT_PHASES``). Faults are ``Fault``,
+apart from ``Injection``: a run with a fault writes no bundle, so they never reach its meta.
+
 Injection points are ``RankContext.kernel`` (workloads wrap every launch in it) and the
 harness's start of an iteration. What was injected is recorded in ``meta["capture"]["inject"]``.
 """
 from __future__ import annotations
 
+import os
 import re
 import dataclasses
+import signal
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -34,6 +46,22 @@ INJECTED_ROLES: dict[str, str] = {
 }
 """Roles of the kernels the harness adds; checked before the variant's own roles."""
 
+FAULT_PHASES = ("setup", "compile", "check", "graph", "capture", "gather", "write")
+"""Phases of a rank a fault can hit (``worker.PHASES`` less start and end): ``compile`` is the
+warm-up, ``capture`` the traced loop; only rank 0 enters ``write``."""
+FAULT_KEYS = {"kill_rank": signal.SIGKILL, "hang_rank": signal.SIGSTOP}
+USAGE = "use sleep_rank=R:US, extra_launches=K, extra_copy=1, kill_rank=R@PHASE or hang_rank=R@PHASE"
+
+
+def _parts(items: Iterable[str]) -> Iterator[tuple[str, str, str]]:
+    """(key, value, text) of every ``KEY=VALUE`` in ``--inject`` values (several may be comma-separated)."""
+    for item in items:
+        for part in filter(None, (p.strip() for p in str(item).split(","))):
+            key, sep, value = part.partition("=")
+            if not sep:
+                raise InputError(f"--inject: cannot read '{part}'; {USAGE}")
+            yield key.strip().replace("-", "_"), value.strip(), part
+
 
 @dataclass(frozen=True)
 class Injection:
@@ -46,28 +74,25 @@ class Injection:
     def parse(cls, items: Iterable[str]) -> "Injection":
         """Parse ``--inject`` values (each ``KEY=VALUE``; several may be comma-separated)."""
         values: dict[str, Any] = {}
-        for item in items:
-            for part in filter(None, (p.strip() for p in str(item).split(","))):
-                key, sep, value = part.partition("=")
-                key = key.strip().replace("-", "_")
-                try:
-                    if not sep:
+        for key, value, part in _parts(items):
+            try:
+                if key in FAULT_KEYS:
+                    continue  # a Fault (Fault.parse)
+                if key == "sleep_rank":
+                    rank, _, us = value.partition(":")
+                    values["sleep_rank"], values["sleep_us"] = int(rank), float(us)
+                    if values["sleep_rank"] < 0 or values["sleep_us"] <= 0:
                         raise ValueError
-                    if key == "sleep_rank":
-                        rank, _, us = value.partition(":")
-                        values["sleep_rank"], values["sleep_us"] = int(rank), float(us)
-                        if values["sleep_rank"] < 0 or values["sleep_us"] <= 0:
-                            raise ValueError
-                    elif key == "extra_launches":
-                        values["extra_launches"] = int(value)
-                        if values["extra_launches"] < 0:
-                            raise ValueError
-                    elif key == "extra_copy":
-                        values["extra_copy"] = value.strip().lower() in ("1", "true", "yes", "on")
-                    else:
-                        raise InputError(f"--inject: unknown tax '{key}'; use sleep_rank=R:US, extra_launches=K or extra_copy=1")
-                except ValueError:
-                    raise InputError(f"--inject: cannot read '{part}'; use sleep_rank=R:US (US > 0), extra_launches=K or extra_copy=1") from None
+                elif key == "extra_launches":
+                    values["extra_launches"] = int(value)
+                    if values["extra_launches"] < 0:
+                        raise ValueError
+                elif key == "extra_copy":
+                    values["extra_copy"] = value.strip().lower() in ("1", "true", "yes", "on")
+                else:
+                    raise InputError(f"--inject: unknown tax '{key}'; {USAGE}")
+            except ValueError:
+                raise InputError(f"--inject: cannot read '{part}'; {USAGE} (US > 0)") from None
         return cls(**values)
 
     @property
@@ -76,6 +101,46 @@ class Injection:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A rank that kills or freezes itself on entering a phase (``kill_rank=R@PHASE``, ``hang_rank=R@PHASE``)."""
+
+    kind: str  # a key of FAULT_KEYS
+    rank: int
+    phase: str
+
+    @classmethod
+    def parse(cls, items: Iterable[str]) -> list["Fault"]:
+        """The faults among ``--inject`` values (taxes are ``Injection.parse``'s)."""
+        faults = []
+        for key, value, part in _parts(items):
+            if key not in FAULT_KEYS:
+                continue
+            rank, at, phase = value.partition("@")
+            try:
+                r = int(rank)
+                if r < 0:
+                    raise ValueError
+            except ValueError:
+                raise InputError(f"--inject: cannot read '{part}'; use {key}=R@PHASE (R a rank, 0 or more)") from None
+            if not at or phase not in FAULT_PHASES:
+                raise InputError(f"--inject {part}: PHASE must be one of {', '.join(FAULT_PHASES)} (e.g. {key}=1@capture)")
+            faults.append(cls(key, r, phase))
+        return faults
+
+    def check(self, world_size: int) -> None:
+        """InputError for a fault no rank of this run could hit."""
+        if self.rank >= world_size:
+            raise InputError(f"--inject {self.kind}={self.rank}@{self.phase}: there are only {world_size} ranks")
+        if self.phase == "write" and self.rank != 0:
+            raise InputError(f"--inject {self.kind}={self.rank}@write: only rank 0 writes bundles; use {self.kind}=0@write")
+
+    def fire(self, rank: int, phase: str) -> None:
+        """Kill or freeze this process if the fault is for ``rank`` in ``phase``."""
+        if rank == self.rank and phase == self.phase:
+            os.kill(os.getpid(), FAULT_KEYS[self.kind])
 
 
 class Injector:

@@ -1,40 +1,52 @@
-"""Starting ranks on this host, and turning a crashed or hung rank into one clear error.
+"""Starting ranks on this host, and turning a crashed, hung or interrupted run into one clear end.
 
 Two ways in:
 
-- ``launch_workers(spec, nproc, timeout_s)``: what ``taxmodel profile`` does. Ranks are started
-  by PyTorch's own launcher (``python -m torch.distributed.run --standalone ... -m
-  taxmodel.runtime.worker --spec spec.json``), the same worker that a user can start across
-  nodes with ``torchrun``. Every rank reports its phase to a status directory; when the run
-  fails or outlives ``timeout_s``, the status files say which rank failed or hung, and where.
+- ``launch_workers(spec, nproc, timeout_s, device)``: what ``taxmodel profile`` does. Every rank
+  is a child of this process, ``python -m taxmodel.runtime.worker --spec spec.json`` with the
+  environment ``torchrun`` would give it (RANK, WORLD_SIZE, LOCAL_RANK...), the same worker a
+  user starts across nodes with ``torchrun``. Why not torchrun here: its workers are session
+  leaders of their own (torch 2.13), so killing the launcher left them running; it waits 30 s
+  for a frozen worker before killing it; and it knows, but does not tell us, which rank died of
+  what. As their parent, this process knows every rank's PID and how it ended, kills each rank's
+  whole process group, and returns only when every rank is gone, within seconds of
+  ``timeout_s``, of a failure, or of SIGINT, SIGTERM or SIGHUP (then ``Interrupted``).
 - ``run_local_processes(world_size, fn, *args)``: ranks as ``multiprocessing`` children of this
   process with a gloo group and a ``SharedMemoryHeap`` (CPU), for tests and interpreter runs
   of fine-grained kernels.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
-from taxmodel.errors import RunError
+from taxmodel.errors import Interrupted, RunError
+from taxmodel.runtime.diagnose import RankExit, diagnose
 from taxmodel.runtime.heap import NO_MULTICAST_ENV
+from taxmodel.runtime.bootstrap import RENDEZVOUS_FILE_ENV
+from taxmodel.runtime.status import STATUS_DIR_ENV, read_result, read_statuses
 
-STATUS_DIR_ENV = "TAXMODEL_STATUS_DIR"
-"""Where each rank writes ``rank<R>.json`` (its phase, or its error) for the launcher to read."""
+KILL_GRACE_S = 3.0
+"""How long a rank sent SIGTERM may take to clean up (a half-written bundle) before SIGKILL."""
+POLL_S = 0.1
+SETTLE_S = 0.5
+"""After the first rank fails, how long the others get to fail too (so the first is told apart)."""
+DEADLINE_GRACE_S = 4.0
+"""After the run's deadline, how long the ranks' own watchdogs get to record where they were."""
 
-RESULT_FILE = "result.json"
-"""Written by rank 0 into the status directory on success: the bundles written and variants skipped."""
-
-KILL_GRACE_S = 5.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def child_env(device: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -43,147 +55,198 @@ def child_env(device: str, extra: Mapping[str, str] | None = None) -> dict[str, 
     env.update(NO_MULTICAST_ENV)
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
-        env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun sets it: N ranks must not each take every core
     if extra:
         env.update(extra)
     return env
 
 
-# --- status files (written by workers, read by the launcher) ----------------------------------
+def rank_env(base: Mapping[str, str], rank: int, world_size: int) -> dict[str, str]:
+    """What torchrun tells a rank on one host, for a rank this launcher starts."""
+    return {**base, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank)}
 
 
-def write_status(directory: str | os.PathLike | None, rank: int, **fields: Any) -> None:
-    """Atomically record this rank's state (phase, variant, waiting, error) for the launcher."""
-    if not directory:
-        return
-    d = Path(directory)
-    payload = {"rank": rank, "time": time.time(), **fields}
-    tmp = d / f".rank{rank}.json.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, d / f"rank{rank}.json")
-
-
-def read_statuses(directory: str | os.PathLike) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for p in Path(directory).glob("rank*.json"):
-        try:
-            s = json.loads(p.read_text())
-            out[int(s["rank"])] = s
-        except (ValueError, KeyError, OSError):
-            continue
-    return out
-
-
-def diagnose(statuses: Mapping[int, Mapping[str, Any]], world_size: int, *, timed_out: bool,
-             timeout_s: float | None = None, returncode: int | None = None) -> str:
-    """One message naming the rank(s) that failed or hung, and the phase they were in."""
-
-    def where(s: Mapping[str, Any]) -> str:
-        w = f"phase '{s.get('phase', '?')}'"
-        if s.get("variant"):
-            w += f" of variant '{s['variant']}'"
-        return w + (s.get("at") or "")
-
-    missing = [r for r in range(world_size) if r not in statuses]
-    errors = {r: s for r, s in statuses.items() if s.get("error") and not s.get("timed_out")}
-    if errors:
-        # The first rank that failed is the cause; later ones usually failed because of it.
-        r = min(errors, key=lambda k: (errors[k].get("time", 0), k))
-        s = errors[r]
-        others = sorted(set(errors) - {r})
-        tail = f" (rank(s) {', '.join(map(str, others))} failed too)" if others else ""
-        return f"rank {r} failed in {where(s)}: {s['error']}{tail}"
-    unfinished = {r: s for r, s in statuses.items() if s.get("phase") != "done"}
-    if timed_out or any(s.get("timed_out") for s in statuses.values()):
-        limits = [s["timeout_s"] for s in statuses.values() if s.get("timed_out") and s.get("timeout_s")]
-        limit = f" after {min(limits):g} s" if limits else (f" after {timeout_s:g} s" if timeout_s else "")
-        busy = sorted(r for r, s in unfinished.items() if not s.get("waiting"))
-        waiting = sorted(r for r, s in unfinished.items() if s.get("waiting"))
-        if busy:
-            msg = "; ".join(f"rank {r} hung in {where(unfinished[r])}" for r in busy)
-            if waiting:
-                msg += f" (rank(s) {', '.join(map(str, waiting))} were waiting for it)"
-        elif waiting:
-            msg = f"ranks {', '.join(map(str, waiting))} all waiting in a barrier ({where(unfinished[waiting[0]])})"
-        else:
-            msg = "no rank reported progress"
-        if missing:
-            msg += f"; rank(s) {', '.join(map(str, missing))} never started"
-        return f"run timed out{limit}: {msg}. Raise --timeout if the run is just slow; otherwise a rank is stuck (a spin-wait or a collective the others never joined)"
-    if missing:
-        return f"rank(s) {', '.join(map(str, missing))} never reported (crashed at start-up?); launcher exit code {returncode}. See the output above"
-    dead = sorted(unfinished)
-    if dead:
-        return f"rank(s) {', '.join(map(str, dead))} stopped in {where(unfinished[dead[0]])} without an error message (killed? out of memory?); launcher exit code {returncode}"
-    return f"ranks exited with code {returncode} after finishing; see the output above"
-
-
-# --- torch.distributed.run ---------------------------------------------------------------------
+def worker_command(spec_path: str | os.PathLike) -> list[str]:
+    return [sys.executable, "-m", "taxmodel.runtime.worker", "--spec", str(spec_path)]
 
 
 @dataclass
 class LaunchResult:
-    status_dir: Path
     result: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
 
 
-def torchrun_command(spec_path: str | os.PathLike, nproc: int, extra_args: tuple[str, ...] = ()) -> list[str]:
-    """The local launch: PyTorch's launcher starting ``nproc`` workers on this host."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        "--monitor-interval=0.2", *extra_args, "-m", "taxmodel.runtime.worker", "--spec", str(spec_path),
-    ]
+@contextlib.contextmanager
+def signals_raise_interrupted() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise ``Interrupted`` as Ctrl-C raises KeyboardInterrupt,
+    so that the launcher's cleanup runs for a CI cancel, ``timeout`` or a preemption too."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupted(signum: int, _frame: Any) -> None:
+        raise Interrupted(signum)
+
+    old = {s: signal.signal(s, raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Signals that would stop us wait until the block is done (a second Ctrl-C must not cut the
+    killing of the ranks short); they are delivered when it ends."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class Ranks:
+    """The rank processes of one run: started in their own process groups, watched without reaping
+    (a zombie keeps its PID, so a PID is never someone else's while we may still signal it)."""
+
+    def __init__(self, cmd: list[str], env: Mapping[str, str], nproc: int, quiet: bool) -> None:
+        out = subprocess.DEVNULL if quiet else None
+        self.procs: list[subprocess.Popen] = []
+        self.exits: dict[int, RankExit] = {}
+        try:
+            for rank in range(nproc):
+                self.procs.append(subprocess.Popen(cmd, env=rank_env(env, rank, nproc), start_new_session=True,
+                                                   stdout=out, stderr=out))
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def poll(self) -> None:
+        """Record ranks that ended since the last poll (how and when), leaving them unreaped."""
+        for rank, proc in enumerate(self.procs):
+            if rank in self.exits:
+                continue
+            try:
+                info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # already reaped (by Popen itself)
+                code = proc.returncode
+                info = None
+                if code is None:
+                    continue
+                self.exits[rank] = RankExit(rank, code=code if code >= 0 else None,
+                                            signal=-code if code < 0 else None, seen_at=time.time())
+                continue
+            if info is None:
+                continue
+            killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            self.exits[rank] = RankExit(rank, code=None if killed else info.si_status,
+                                        signal=info.si_status if killed else None, seen_at=time.time())
+
+    @property
+    def all_ended(self) -> bool:
+        return len(self.exits) == len(self.procs)
+
+    @property
+    def any_failed(self) -> bool:
+        return any(e.failed for e in self.exits.values())
+
+    def stop(self) -> None:
+        """End every rank and whatever it started: SIGTERM to each rank's process group (a rank
+        cleans up and exits), SIGCONT (a stopped rank must run to act on it), SIGKILL after
+        ``KILL_GRACE_S``; then reap them all."""
+        with signals_held():
+            live = [p for r, p in enumerate(self.procs) if r not in self.exits]
+            for sig in (signal.SIGTERM, signal.SIGCONT):
+                for p in live:
+                    _signal_group(p.pid, sig)
+            deadline = time.monotonic() + KILL_GRACE_S
+            while time.monotonic() < deadline and any(_running(p) for p in live):
+                time.sleep(0.05)
+            for p in self.procs:  # also the groups of ranks that ended: what they started goes too
+                _signal_group(p.pid, signal.SIGKILL)
+            for p in self.procs:
+                p.wait()
+
+
+def _running(proc: subprocess.Popen) -> bool:
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except ChildProcessError:
+        return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def launch_workers(spec: Mapping[str, Any], nproc: int, *, timeout_s: float, device: str,
-                   workdir: str | os.PathLike | None = None, quiet: bool = False) -> LaunchResult:
-    """Run the worker on ``nproc`` local ranks and wait at most ``timeout_s`` seconds.
+                   quiet: bool = False, started_unix: float | None = None) -> LaunchResult:
+    """Run the worker on ``nproc`` local ranks and return rank 0's result.
 
-    Raises RunError naming the rank and phase when a rank fails, or when the run outlives its
-    timeout (then every rank is killed).
+    The run has ``timeout_s`` seconds from ``started_unix`` (default: now), start-up included
+    (pass the moment the command started, so that its checks count too): every rank's watchdog gives up then and
+    records where it was, and a rank that cannot (frozen) is killed a few seconds later. Raises
+    RunError naming the rank that failed or hung first, its phase and how it ended; Interrupted
+    on SIGINT, SIGTERM or SIGHUP. Either way no rank is left running, and the run's temporary
+    directory is removed.
     """
-    tmp = Path(tempfile.mkdtemp(prefix="taxmodel-run-", dir=workdir))
-    status_dir = tmp / "status"
-    status_dir.mkdir()
-    spec_path = tmp / "spec.json"
-    spec_path.write_text(json.dumps(dict(spec), indent=2))
-    env = child_env(device, {STATUS_DIR_ENV: str(status_dir)})
-    out = subprocess.DEVNULL if quiet else None
-    t0 = time.monotonic()
-    proc = subprocess.Popen(torchrun_command(spec_path, nproc), env=env, start_new_session=True,
-                            stdout=out, stderr=out)
-    timed_out = False
+    run_dir = Path(tempfile.mkdtemp(prefix="taxmodel-run-"))
     try:
-        rc = proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_session(proc)
-        rc = proc.returncode
-    except BaseException:
-        _kill_session(proc)
-        raise
-    wall = time.monotonic() - t0
-    statuses = read_statuses(status_dir)
-    if timed_out or rc != 0:
-        raise RunError(diagnose(statuses, nproc, timed_out=timed_out, timeout_s=timeout_s, returncode=rc))
-    result_path = status_dir / RESULT_FILE
-    result = json.loads(result_path.read_text()) if result_path.exists() else {}
-    return LaunchResult(status_dir=status_dir, result=result, wall_s=wall)
+        status_dir = run_dir / "status"
+        status_dir.mkdir()
+        t0 = time.monotonic()
+        deadline_unix = (time.time() if started_unix is None else started_unix) + timeout_s
+        spec = {**spec, "deadline_unix": deadline_unix}
+        spec_path = run_dir / "spec.json"
+        spec_path.write_text(json.dumps(spec, indent=2))
+        env = child_env(device, {STATUS_DIR_ENV: str(status_dir), RENDEZVOUS_FILE_ENV: str(run_dir / "rendezvous")})
+        with signals_raise_interrupted():
+            ranks = Ranks(worker_command(spec_path), env, nproc, quiet)
+            try:
+                timed_out = _watch(ranks, t0 + (deadline_unix - time.time()) + DEADLINE_GRACE_S)
+            except KeyboardInterrupt as exc:
+                ranks.stop()
+                code = getattr(exc, "exit_code", 130)
+                raise Interrupted(code - 128, "interrupted: every rank was stopped; bundles of variants not "
+                                  "finished before were not written") from None
+            # What the ranks said before they were stopped (a rank stopped by us reports that, too).
+            statuses, exits = read_statuses(status_dir), dict(ranks.exits)
+            ranks.stop()
+        wall = time.monotonic() - t0
+        if timed_out or any(e.failed for e in exits.values()) or len(exits) < nproc:
+            raise RunError(diagnose(statuses, nproc, timed_out=timed_out, timeout_s=timeout_s, exits=exits))
+        return LaunchResult(result=read_result(status_dir), wall_s=wall)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _kill_session(proc: subprocess.Popen) -> None:
-    """End the launcher we started and every rank it started (they share its session)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+def _watch(ranks: Ranks, deadline: float) -> bool:
+    """Wait until every rank ended, one failed (plus ``SETTLE_S``), or ``deadline``; True if the deadline passed."""
+    while True:
+        ranks.poll()
+        if ranks.all_ended:
+            return False
+        if ranks.any_failed:
+            settle = time.monotonic() + SETTLE_S
+            while time.monotonic() < settle and not ranks.all_ended:
+                time.sleep(POLL_S)
+                ranks.poll()
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(POLL_S)
 
 
 # --- ranks as multiprocessing children (tests, interpreter runs) -------------------------------
@@ -192,18 +255,16 @@ def _kill_session(proc: subprocess.Popen) -> None:
 def _process_rank(rank: int, world_size: int, init_file: str, heap_bytes: int, fn: Callable[..., Any],
                   args: tuple, queue: Any, env: Mapping[str, str], spin_timeout_s: float) -> None:
     os.environ.update(env)
-    import datetime
-
     import torch
     import torch.distributed as dist
 
+    from taxmodel.runtime.bootstrap import join_process_group
     from taxmodel.runtime.context import RankContext
     from taxmodel.runtime.heap import SharedMemoryHeap
 
     heap = None
     try:
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=120))
+        join_process_group("cpu", rank=rank, world_size=world_size, init_method=f"file://{init_file}", timeout_s=120)
         heap = SharedMemoryHeap(rank, world_size, heap_bytes, None) if heap_bytes else None
         ctx = RankContext(rank=rank, world_size=world_size, local_rank=rank, device=torch.device("cpu"),
                           backend="gloo", group=None, heap=heap, interpret=env.get("TRITON_INTERPRET") == "1",

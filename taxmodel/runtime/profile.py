@@ -15,7 +15,7 @@ from typing import Any
 
 from taxmodel.errors import InputError
 from taxmodel.runtime import launcher
-from taxmodel.runtime.inject import Injection
+from taxmodel.runtime.inject import Fault, Injection
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 from taxmodel.runtime.worker import DEFAULT_SPEC, _import_workload_modules, resolve_device, shape_tag
 
@@ -72,9 +72,9 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
     from taxmodel.trace.capture import get_tracer
 
     device = resolve_device(req.device)
+    if req.world_size is not None and int(req.world_size) < 1:
+        raise InputError(f"--world-size {req.world_size}: give 1 or more ranks (or leave it out: every GPU, 2 on CPU)")
     world = int(req.world_size or default_world_size(device))
-    if world < 1:
-        raise InputError("--world-size must be at least 1")
     if device == "cuda":
         import torch
 
@@ -92,6 +92,8 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
         raise InputError("--gate-hold-us must be 0 or more")
     if req.timeout_s <= 0:
         raise InputError("--timeout must be positive")
+    if req.spin_timeout_s <= 0:
+        raise InputError("--spin-timeout must be positive")
     modules = [str(Path(m).resolve()) if m.endswith(".py") else m for m in req.workload_modules]
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # kernel modules imported below see it
@@ -112,6 +114,9 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
     inj = Injection.parse(req.inject)
     if inj.sleep_rank is not None and inj.sleep_rank >= world:
         raise InputError(f"--inject sleep_rank={inj.sleep_rank}: there are only {world} ranks")
+    for fault in Fault.parse(req.inject):
+        fault.check(world)
+    _check_shapes(workload, preset, req.shape, req.variants or list(variants), world)
     get_tracer(req.tracer)
     _check_graph_request(req, workload, variants, device)
     spec = dict(DEFAULT_SPEC)
@@ -125,6 +130,21 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
         "gate_hold_us": float(req.gate_hold_us),
     })
     return spec, world, device
+
+
+def _check_shapes(workload: Any, presets: str, overrides: dict[str, int], variants: list[str], world: int) -> None:
+    """Every shape the ranks would run, costed here for every variant: a shape the workload cannot
+    run at this world size (M not a multiple of the ranks...) is an InputError before any rank starts."""
+    for one in presets.split(","):
+        shape = workload.shape(one, **overrides)
+        for v in variants:
+            try:
+                workload.cost(shape, world, v)
+            except InputError:
+                raise
+            except (ValueError, ArithmeticError, KeyError, TypeError) as exc:
+                raise InputError(f"{workload.name}/{v}: the shape {shape_tag(shape)} cannot run on {world} rank(s) "
+                                 f"({type(exc).__name__}: {exc}); change --shape, --preset or --world-size") from None
 
 
 def _check_graph_request(req: ProfileRequest, workload: Any, variants: dict[str, Any], device: str) -> None:
@@ -149,11 +169,15 @@ def _check_graph_request(req: ProfileRequest, workload: Any, variants: dict[str,
                          f"({', '.join(safe) or 'none here'}), or use --graph to profile the others with eager launches")
 
 
-def profile(req: ProfileRequest, *, quiet: bool = False) -> ProfileOutcome:
-    """Run the request on local ranks; return the bundles written (one per variant)."""
+def profile(req: ProfileRequest, *, quiet: bool = False, started_unix: float | None = None) -> ProfileOutcome:
+    """Run the request on local ranks; return the bundles written (one per variant).
+
+    ``req.timeout_s`` counts from ``started_unix`` (the command's start; default: this call's),
+    so the checks here (imports of torch and the workloads) count too."""
+    started = time.time() if started_unix is None else started_unix
     spec, world, device = build_spec(req)
-    spec["deadline_unix"] = time.time() + req.timeout_s
-    result = launcher.launch_workers(spec, world, timeout_s=req.timeout_s + 30.0, device=device, quiet=quiet)
+    result = launcher.launch_workers(spec, world, timeout_s=req.timeout_s, device=device, quiet=quiet,
+                                     started_unix=started)
     info = result.result
     return ProfileOutcome(bundles=[Path(p) for p in info.get("bundles", [])], skipped=dict(info.get("skipped", {})),
                           shape=dict(next(iter(info.get("shapes", {}).values()), {})), world_size=world, device=device,

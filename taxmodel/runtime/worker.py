@@ -21,6 +21,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import signal
 import socket
 import sys
 import threading
@@ -29,10 +30,12 @@ import traceback
 from pathlib import Path
 from typing import Any, Mapping
 
-from taxmodel.errors import InputError, RunError, TaxmodelError
+from taxmodel.errors import InputError, Interrupted, RunError, TaxmodelError
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, GATE_ROLES, START_ALIGNMENTS, alignment_meta
 from taxmodel.runtime.heap import disable_multicast
-from taxmodel.runtime.launcher import RESULT_FILE, STATUS_DIR_ENV, write_status
+from taxmodel.runtime.bootstrap import join_process_group
+from taxmodel.runtime.inject import Fault
+from taxmodel.runtime.status import STATUS_DIR_ENV, write_result, write_status
 from taxmodel.workload import tolerance_of
 
 PHASES = ("init", "setup", "compile", "check", "graph", "capture", "gather", "write", "done")
@@ -67,18 +70,21 @@ DEFAULT_SPEC: dict[str, Any] = {
 class RankState:
     """What this rank is doing, read by the watchdog thread and written to the status file."""
 
-    def __init__(self, rank: int, status_dir: str | None) -> None:
+    def __init__(self, rank: int, status_dir: str | None, faults: list[Fault] | tuple[Fault, ...] = ()) -> None:
         self.rank = rank
         self.status_dir = status_dir
         self.phase = "init"
         self.variant: str | None = None
         self.waiting = False
+        self.faults = tuple(faults)  # --inject kill_rank/hang_rank: fired on entering their phase
         self.lock = threading.Lock()
 
     def enter(self, phase: str, variant: str | None = None) -> None:
         with self.lock:
             self.phase, self.variant, self.waiting = phase, variant if variant is not None else self.variant, False
         write_status(self.status_dir, self.rank, phase=self.phase, variant=self.variant, waiting=False)
+        for fault in self.faults:
+            fault.fire(self.rank, phase)
 
     def where(self) -> str:
         w = f"phase '{self.phase}'"
@@ -160,36 +166,10 @@ def _import_workload_modules(modules: list[str]) -> None:
 
 
 def _init_distributed(device_kind: str, timeout_s: float):
-    """Join the process group torchrun set up (NCCL on GPUs, gloo on CPU); returns (rank, world, local_rank, device)."""
-    import torch
-    import torch.distributed as dist
-
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_kind == "cuda":
-        if not torch.cuda.is_available():
-            raise RunError(f"rank {rank}: --device cuda but no GPU is visible to this process")
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
-        backend = "nccl"
-    else:
-        device = torch.device("cpu")
-        backend = "gloo"
-    if "MASTER_ADDR" not in os.environ:  # run by hand as a single process
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    """Join the process group (NCCL on GPUs, gloo on CPU); returns (rank, world, local_rank, device, backend)."""
     # Collectives time out after the watchdog, so that the watchdog names the phase first.
-    kwargs: dict[str, Any] = {"backend": backend, "timeout": _dt.timedelta(seconds=timeout_s + 60)}
-    if backend == "nccl":
-        kwargs["device_id"] = device
-    dist.init_process_group(**kwargs)
-    return dist.get_rank(), dist.get_world_size(), local_rank, device, backend
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    m = join_process_group(device_kind, timeout_s=timeout_s + 60)
+    return m.rank, m.world_size, m.local_rank, m.device, m.backend
 
 
 def resolve_device(device: str) -> str:
@@ -819,12 +799,18 @@ def parse_shape(items: list[str]) -> dict[str, int]:
     return out
 
 
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     disable_multicast()
     spec = _parse_args(argv)
     if resolve_device(spec["device"]) == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports triton
-    state = RankState(int(os.environ.get("RANK", "0")), os.environ.get(STATUS_DIR_ENV))
+    state = RankState(int(os.environ.get("RANK", "0")), os.environ.get(STATUS_DIR_ENV), Fault.parse(spec["inject"]))
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the launcher stopping the run: clean up (a half-written bundle)
+        signal.signal(sig, _raise_interrupted)
     state.enter("init")
     _start_watchdog(state, float(spec["timeout_s"]), spec.get("deadline_unix"))
     try:
@@ -833,19 +819,21 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, TaxmodelError):
             msg, code = str(exc), exc.exit_code
         elif isinstance(exc, KeyboardInterrupt):
-            msg, code = "interrupted", 130
+            msg, code = "interrupted", getattr(exc, "exit_code", 130)
         else:
             traceback.print_exc()
             msg, code = f"{type(exc).__name__}: {exc}", RunError.exit_code
         write_status(state.status_dir, state.rank, phase=state.phase, variant=state.variant, waiting=state.waiting,
                      error=msg, exit_code=code)
-        print(f"taxmodel: error: rank {state.rank} failed in {state.where()}: {msg}", file=sys.stderr, flush=True)
+        if isinstance(exc, Interrupted):  # the launcher (or a user) stopped this rank: not a failure of its own
+            print(f"taxmodel: rank {state.rank} stopped by {signal.Signals(exc.signum).name} in {state.where()}",
+                  file=sys.stderr, flush=True)
+        else:
+            print(f"taxmodel: error: rank {state.rank} failed in {state.where()}: {msg}", file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(code)  # peers may be stuck in a collective: do not wait for a clean teardown
-    if state.rank == 0 and state.status_dir:
-        tmp = Path(state.status_dir) / f".{RESULT_FILE}.tmp"
-        tmp.write_text(json.dumps(result))
-        os.replace(tmp, Path(state.status_dir) / RESULT_FILE)
+    if state.rank == 0:
+        write_result(state.status_dir, result)
     state.enter("done")
     import torch.distributed as dist
 

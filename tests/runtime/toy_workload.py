@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from taxmodel.errors import InputError
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -99,5 +100,7 @@ class ToyWorkload(Workload):
 
     def cost(self, shape, world_size, variant):
         n = shape["N"]
+        if n < 1:  # as real workloads refuse shapes they cannot run (checked on the host before ranks start)
+            raise InputError(f"toy: N={n} must be positive")
         return Cost(flops=2 * n * world_size, hbm_bytes=4 * n * (world_size + 2), link_bytes=4 * n * (world_size - 1),
                     intermediates=(Intermediate("gathered", 4 * n * world_size, r"nccl|gloo", r"^sum$"),), dtype="fp32")

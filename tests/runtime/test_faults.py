@@ -1,0 +1,124 @@
+"""Crash, hang and interruption of `taxmodel profile`, end to end on 2 CPU ranks (``--inject
+kill_rank=R@PHASE`` / ``hang_rank=R@PHASE``): the command ends within ``--timeout`` + 10 s with the
+right exit code, names the rank that failed, leaves no process behind, no bundle in ``-o`` and no
+run directory in the temp dir.
+
+Every process of a run is found through a marker in its environment (``/proc/PID/environ``; the
+ranks inherit it from the command), so "no process left" is checked without trusting the code
+under test to report its own children.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+TOY = str(Path(__file__).with_name("toy_workload.py"))
+MARK = "TAXMODEL_TEST_RUN_MARK"
+
+
+def _marked(mark: str) -> dict[int, str]:
+    """PID -> state letter (R, S, T...) of every process whose environment holds ``MARK=mark``."""
+    found: dict[int, str] = {}
+    needle = f"{MARK}={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                found[int(entry.name)] = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone meanwhile, or not ours
+            continue
+    return found
+
+
+def _start(tmp_path: Path, *args: str, timeout: float = 120) -> tuple[subprocess.Popen, str, Path]:
+    mark = uuid.uuid4().hex
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    env = {**os.environ, MARK: mark, "TMPDIR": str(tmpdir)}
+    cmd = [sys.executable, "-m", "taxmodel", "profile", "toy", "--workload-module", TOY, "--device", "cpu",
+           "-n", "2", "--variants", "bsp", "--iterations", "2", "--warmup", "1", "-o", str(tmp_path / "out"),
+           "--timeout", str(timeout), *args]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, mark, tmpdir
+
+
+def _assert_nothing_left(tmp_path: Path, mark: str, tmpdir: Path) -> None:
+    assert _marked(mark) == {}, "processes of the run outlived the command"
+    out = tmp_path / "out"
+    assert not out.exists() or not any(out.rglob("*")), f"a bundle or part of one in -o: {list(out.rglob('*'))}"
+    assert not any(tmpdir.iterdir()), f"left in the temp dir: {list(tmpdir.iterdir())}"
+
+
+def _last_line(stderr: str) -> str:
+    return [line for line in stderr.splitlines() if line.strip()][-1]
+
+
+def test_a_killed_rank_is_named_with_its_signal_and_phase(tmp_path):
+    proc, mark, tmpdir = _start(tmp_path, "--inject", "kill_rank=1@compile")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    # Rank 0 fails too ("Connection reset by peer" in its barrier): the message blames rank 1.
+    assert re.match(r"taxmodel: error: rank 1 was killed by SIGKILL in phase 'compile' of variant 'bsp'",
+                    _last_line(err)), err
+    _assert_nothing_left(tmp_path, mark, tmpdir)
+
+
+def test_a_frozen_rank_is_named_and_killed_within_the_timeout(tmp_path):
+    timeout = 12
+    t0 = time.monotonic()
+    proc, mark, tmpdir = _start(tmp_path, "--inject", "hang_rank=1@capture", timeout=timeout)
+    _, err = proc.communicate(timeout=timeout + 60)
+    elapsed = time.monotonic() - t0
+    assert proc.returncode == 3, err
+    assert re.match(rf"taxmodel: error: run timed out after {timeout} s: rank 1 hung in phase 'capture' of variant "
+                    r"'bsp' \(rank\(s\) 0 were waiting for it\)", _last_line(err)), err
+    assert elapsed < timeout + 10
+    _assert_nothing_left(tmp_path, mark, tmpdir)
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_every_rank_and_exits_128_plus_it(tmp_path, sig, code):
+    """SIGTERM (a CI cancel, `timeout`, a preemption) and Ctrl-C end the command and its ranks alike."""
+    proc, mark, tmpdir = _start(tmp_path, "--inject", "hang_rank=1@capture", timeout=300)
+    deadline = time.monotonic() + 90
+    while "T" not in _marked(mark).values():  # rank 1 stopped itself: the run is under way
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == code, err
+    assert time.monotonic() - t0 < 10
+    assert _last_line(err).startswith("taxmodel: interrupted: every rank was stopped"), err
+    _assert_nothing_left(tmp_path, mark, tmpdir)
+
+
+def test_bad_requests_stop_before_any_rank_starts(tmp_path):
+    """-n 0, a shape the workload cannot run, a fault no rank can hit: exit 2 at once, nothing started."""
+    from click.testing import CliRunner
+
+    from taxmodel.cli import cli
+
+    base = ["profile", "toy", "--workload-module", TOY, "--device", "cpu", "-o", str(tmp_path / "out")]
+    cases = {
+        ("-n", "0"): r"--world-size 0: give 1 or more ranks",
+        ("--shape", "N=-3"): r"toy: N=-3 must be positive",
+        ("--inject", "kill_rank=2@compile"): r"kill_rank=2@compile: there are only 2 ranks",
+        ("--inject", "hang_rank=1@write"): r"only rank 0 writes bundles",
+        ("--inject", "kill_rank=1@lunch"): r"PHASE must be one of setup, compile",
+        ("--spin-timeout", "0"): r"--spin-timeout must be positive",
+    }
+    for args, expected in cases.items():
+        result = CliRunner().invoke(cli, [*base, *args])
+        assert result.exit_code == 2, (args, result.output)
+        assert re.search(expected, result.output), (args, result.output)
+    assert not (tmp_path / "out").exists()
