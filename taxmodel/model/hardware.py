@@ -155,6 +155,21 @@ def find_preset(name: str) -> HardwareSpec | None:
     return candidates[0][1] if candidates else None
 
 
+#: AMD GPUs report their gfx architecture as a CUDA-style compute capability in Kineto's deviceProperties
+_AMD_ARCH_BY_CAPABILITY = {"9.0": "gfx90a", "9.4": "gfx942", "9.5": "gfx950"}
+
+
+def device_arch(hw: Mapping[str, Any]) -> str | None:
+    """The recorded device's architecture (``gcnArchName``, or an AMD GPU's compute capability as
+    its gfx name), used to pick a preset when the device's name is not one; None otherwise."""
+    arch = hw.get("arch")
+    if isinstance(arch, str) and arch:
+        return arch.split(":")[0]
+    if hw.get("vendor") == "amd":
+        return _AMD_ARCH_BY_CAPABILITY.get(str(hw.get("compute_capability", "")))
+    return None
+
+
 def resolve_hardware(meta: Mapping[str, Any] | None, name_or_path: str | os.PathLike | None = None) -> HardwareSpec:
     """The spec to analyze a bundle with: an explicit ``name_or_path`` (a preset name or a JSON
     file) wins; else the bundle's ``meta["hardware"]["name"]``. Raise InputError saying how to
@@ -173,5 +188,11 @@ def resolve_hardware(meta: Mapping[str, Any] | None, name_or_path: str | os.Path
         spec = find_preset(str(name))
         if spec is not None:
             return spec
+    arch = device_arch(hw) if isinstance(hw, Mapping) else None
+    if arch:  # the trace's device table names no known GPU (e.g. "AMD Radeon Graphics"): its architecture may
+        spec = find_preset(arch)
+        if spec is not None:
+            return spec
+    if name:
         raise InputError(f"the bundle's hardware '{name}' is not a known preset ({', '.join(presets())}); pass --hardware NAME or --hardware FILE.json")
     raise InputError(f"the bundle does not say which GPU it ran on; pass --hardware with one of {', '.join(presets())} or a JSON file")

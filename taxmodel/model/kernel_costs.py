@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.hardware import HardwareSpec, find_preset, normalized_name
+from taxmodel.model.hardware import HardwareSpec, device_arch, find_preset, normalized_name
 
 KERNEL_COST_COLUMNS = ("floor_ns", "bound", "costed", "reason")
 
@@ -84,14 +84,19 @@ def _peak(hw: HardwareSpec, dtype: str) -> float:
 
 def hardware_mismatch(meta: Mapping[str, Any], hw: HardwareSpec | None) -> str | None:
     """A sentence when the spec in use is not the GPU the trace recorded (``--hardware`` given
-    for another device); None when they agree or the trace names no GPU."""
+    for another device), or was chosen by the device's architecture alone; None when they agree
+    or the trace names no GPU."""
     if hw is None:
         return None
     rec = (meta or {}).get("hardware") or {}
     name = rec.get("name") if isinstance(rec, Mapping) else None
+    arch = device_arch(rec) if isinstance(rec, Mapping) else None
+    preset = find_preset(str(name)) if name else None
+    if preset is None and arch and find_preset(arch) == hw:
+        return (f"hardware: the trace's device '{name or '(unnamed)'}' is no preset; {hw.name} was chosen by its "
+                f"architecture {arch} (pass --hardware if that is not the part)")
     if not name:
         return None
-    preset = find_preset(str(name))
     if preset is not None and normalized_name(preset.name).split()[0] == normalized_name(hw.name).split()[0]:
         return None
     if preset is None and normalized_name(hw.name).split()[0] in normalized_name(str(name)):

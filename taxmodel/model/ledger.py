@@ -338,7 +338,7 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
                               _launch_tax_before(pieces, gpu, g_start, ranks, nr), locality)
     caveats.extend(per_kernel.kernel_caveats(kernels, kc, gpu, (g_end - g_start).astype(np.float64), in_win, meta))
     mism = hardware_mismatch(meta, hw)
-    if mism and hardware is not None:
+    if mism and (hardware is not None or "architecture" in mism):
         caveats.append(mism)
     launch_pct = float(parts.loc[parts["category"] == "launch_tax", "ns"].sum()) / max(float((we - ws).sum()) * nr, 1.0) * 100
     prof = per_kernel.profiler_caveat(meta, launch_pct, ev["launch"], nw, nr)

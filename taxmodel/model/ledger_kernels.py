@@ -20,6 +20,8 @@ from taxmodel.model.kernel_costs import has_kernel_costs, kernel_floors
 
 #: how a bundle's locality tax was obtained
 LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated", "not measured"
+#: why a kernel of a bundle without per-kernel work has no floor
+NO_COST = "no per-kernel cost in the bundle (the importer costs kernels of Kineto traces recorded with shapes)"
 #: a kernel counts as faster than its floor below this fraction of it (timer granularity aside)
 FASTER_THAN_FLOOR = 0.98
 
@@ -56,7 +58,7 @@ def prepare(gpu: pd.DataFrame, hw: HardwareSpec | None, cost: Mapping[str, Any] 
     """Per-kernel costs of the bundle's GPU rows, or None when it has neither per-kernel work nor
     measured DRAM bytes (taxmodel's own bundles: the workload's cost alone applies)."""
     measured = _measured_bytes(gpu)
-    has_work = has_kernel_costs(gpu)
+    has_work = has_kernel_costs(gpu) or _cost_attempted(gpu)
     if not has_work and not np.isfinite(measured).any():
         return None
     floors = kernel_floors(gpu, hw)
@@ -98,6 +100,12 @@ def link_floor_excess(kc: KernelCosts, gpu_idx: np.ndarray, group: np.ndarray, i
     return np.maximum(t_link - t_comp, 0.0)
 
 
+def _cost_attempted(gpu: pd.DataFrame) -> bool:
+    """Whether the importer tried to cost the kernels (it linked ops or said why not): then an
+    uncosted kernel is shown with its reason, never as a silent 0."""
+    return any(c in gpu.columns and bool((gpu[c].astype(str) != "").any()) for c in ("op", "uncosted"))
+
+
 def _measured_bytes(gpu: pd.DataFrame) -> np.ndarray:
     if "dram_read_bytes" not in gpu.columns or "dram_write_bytes" not in gpu.columns:
         return np.full(len(gpu), np.nan)
@@ -116,7 +124,7 @@ def kernel_table(gpu: pd.DataFrame, kc: KernelCosts | None, d: np.ndarray, in_wi
     sel = in_window & gpu["kind"].isin(("kernel", "memcpy", "memset")).to_numpy()
     op = gpu["op"].astype(str).to_numpy(object) if "op" in gpu.columns else np.full(len(gpu), "", dtype=object)
     floor = kc.floor_ns if kc is not None else np.full(len(gpu), np.nan)
-    reason = kc.floors["reason"].to_numpy(object) if kc is not None else np.full(len(gpu), "", dtype=object)
+    reason = kc.floors["reason"].to_numpy(object) if kc is not None else np.full(len(gpu), NO_COST, dtype=object)
     role = gpu["role"].astype(str).to_numpy(object)
     local = np.isin(role, ("compute", "fused", "copy"))
     df = pd.DataFrame({

@@ -24,7 +24,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from taxmodel.trace.op_costs import OpCall, collective_bus_bytes, op_cost
+from taxmodel.trace.op_costs import OpCall, collective_bus_bytes, list_type_from_kernel, op_cost
 
 OP_COLUMNS = ("op", "dtype", "floor_bytes", "uncosted")
 _SHIFT = np.int64(42)
@@ -69,16 +69,18 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
 
     # cost per linked op instance (a loop over distinct op signatures, not events)
     linked = np.unique(op_of_gpu[op_of_gpu >= 0])
+    list_types = _list_types(op_of_gpu, frame["name"].to_numpy(object)[gk])
     costs = {}
     cache: dict = {}
     for k in linked:
         o = cand[int(k)]
         a = o.get("args") if isinstance(o.get("args"), dict) else {}
+        lt = list_types.get(int(k), "")
         sig = (o.get("name"), _key(a.get("Input Dims")), _key(a.get("Input type")), _key(a.get("Concrete Inputs")),
-               _to_int(a.get("flops")))
+               _to_int(a.get("flops")), lt)
         if sig not in cache:
             cache[sig] = op_cost(OpCall(str(o.get("name", "")), _list(a.get("Input Dims")), [str(t) for t in _list(a.get("Input type"))],
-                                        [str(c) for c in _list(a.get("Concrete Inputs"))], _to_int(a.get("flops"))))
+                                        [str(c) for c in _list(a.get("Concrete Inputs"))], _to_int(a.get("flops")), lt))
         costs[int(k)] = cache[sig]
     has_op = op_of_gpu >= 0
     names = np.array([str(cand[int(k)].get("name", "")) for k in op_of_gpu[has_op]], dtype=object)
@@ -98,8 +100,9 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
         reason[rows] = np.array([costs[int(k)].uncosted for k in inst], dtype=object)
     no_op = ~has_op & ~comm
     reason[gk[no_op & graph]] = "CUDA graph replay (the capture's shapes are not in the trace)"
-    reason[gk[no_op & ~graph]] = ("no op recorded its shapes (capture with record_shapes=True)" if not shaped.any()
-                                  else "no enclosing op with shapes")
+    reason[gk[no_op & ~graph]] = ("no CPU ops in the trace (capture with ProfilerActivity.CPU and record_shapes=True)"
+                                  if not ops else "no op recorded its shapes (capture with record_shapes=True)"
+                                  if not shaped.any() else "no enclosing op with shapes")
     # collectives: the bytes the rank's link carries
     if comm.any():
         rows = gk[comm]
@@ -123,6 +126,20 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     frame["floor_bytes"] = fbytes
     frame["uncosted"] = reason
     return {"record_shapes": bool(shaped.any()), "ops_linked": int(has_op.sum())}
+
+
+def _list_types(op_of_gpu: np.ndarray, names: np.ndarray) -> dict[int, str]:
+    """Per op instance, the element type its kernels' names state (``list_type_from_kernel``),
+    when all its kernels agree; the tensor-list ops' only source of a dtype."""
+    has = op_of_gpu >= 0
+    if not has.any():
+        return {}
+    codes, uniq = pd.factorize(pd.Series(names[has], dtype=object))
+    per_name = np.array([list_type_from_kernel(str(u)) for u in uniq], dtype=object)  # per distinct name
+    df = pd.DataFrame({"inst": op_of_gpu[has], "t": per_name[codes]})
+    df = df[df["t"] != ""]
+    agree = df.groupby("inst")["t"].agg(lambda s: s.iloc[0] if s.nunique() == 1 else "")
+    return {int(k): str(v) for k, v in agree.items() if v}
 
 
 def _has_shapes(o: dict) -> bool:

@@ -36,7 +36,7 @@ _TYPES: dict[str, tuple[int, str]] = {
     "c10::bfloat16": (2, "bf16"), "c10::half": (2, "fp16"), "float": (4, "fp32"), "double": (8, "fp64"),
     "c10::float8_e4m3fn": (1, "fp8"), "c10::float8_e5m2": (1, "fp8"), "c10::float8_e4m3fnuz": (1, "fp8"),
     "c10::float8_e5m2fnuz": (1, "fp8"), "c10::float8_e8m0fnu": (1, "fp8"),
-    "long int": (8, "int"), "int": (4, "int"), "short int": (2, "int"), "signed char": (1, "int"),
+    "long int": (8, "int"), "long": (8, "int"), "int": (4, "int"), "short int": (2, "int"), "signed char": (1, "int"),
     "unsigned char": (1, "int"), "bool": (1, "int"), "unsigned short": (2, "int"), "unsigned int": (4, "int"),
     "c10::complex<float>": (8, "fp32"), "c10::complex<double>": (16, "fp64"), "c10::complex<c10::half>": (4, "fp16"),
 }
@@ -58,6 +58,9 @@ class OpCall:
     types: Sequence[str]
     concrete: Sequence[str] = ()
     kineto_flops: int | None = None
+    #: element type of the op's tensor lists, read off the kernels it launched
+    #: (``list_type_from_kernel``); "" when unknown
+    list_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,15 @@ class _Args:
         if isinstance(parsed, int):
             return [parsed]
         return [int(x) for x in parsed] if isinstance(parsed, (list, tuple)) and all(isinstance(x, int) for x in parsed) else default
+
+    def list_es(self) -> int:
+        """Element size of the op's tensor lists (from its kernels' names), or uncosted."""
+        t = self.call.list_type.strip().lower()
+        if t.startswith("opaque:"):
+            return int(t[7:])
+        if t in _TYPES:
+            return _TYPES[t][0]
+        raise _Uncosted("tensor-list dtypes not recorded")
 
     def list_numel(self, i: int) -> list[int]:
         if not self.is_list(i) or not isinstance(self.dims[i], list):
@@ -422,10 +434,60 @@ def _fill(a: _Args) -> OpCost:  # fill_/zero_: the tensor written once
     return _cost(0.0, a.nbytes(0), "fp32")
 
 
+def _lists(a: _Args) -> list[int]:
+    return [i for i in range(len(a.types)) if a.is_list(i)]
+
+
 def _foreach(a: _Args) -> OpCost:
-    """Tensor-list ops: Kineto records the shapes of a list's tensors but not their dtype, so
-    the bytes cannot be known; counted as uncosted with that reason."""
-    raise _Uncosted("tensor-list dtypes not recorded")
+    """``_foreach_*`` ops: every tensor list (and tensor) read once; the first list written
+    (in place) or an output list of its sizes (out of place); ``_foreach_norm``/``max`` write one
+    value per tensor, not counted. Kineto records a list's shapes, not its dtype: the element
+    type comes from the kernels the op launched (``list_type``), else the op is uncosted."""
+    es = a.list_es()
+    lists = _lists(a)
+    if not lists:
+        raise _Uncosted("no tensor lists recorded")
+    first = sum(a.list_numel(lists[0]))
+    read = sum(sum(a.list_numel(i)) for i in lists) * es + sum(a.nbytes(i) for i in a.tensors())
+    reduction = any(t in a.call.name for t in ("_foreach_norm", "_foreach_max"))
+    return _cost(float(first), read + (0 if reduction else first * es), "fp32")
+
+
+def _fused_optimizer(a: _Args) -> OpCost:
+    """``_fused_adam(w)_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, ...)``:
+    every list read, params and both moments (and max_exp_avg_sqs when given) written;
+    ``_fused_sgd_(params, grads, momentum_buffers, ...)``: params and momenta written."""
+    es = a.list_es()
+    lists = _lists(a)
+    written = (0, 2) if "sgd" in a.call.name else (0, 2, 3, 4)
+    sizes = [sum(a.list_numel(i)) for i in lists]
+    if not sizes:
+        raise _Uncosted("no tensor lists recorded")
+    # state_steps are one fp32 value per parameter, whatever the parameters' dtype
+    steps = 5 if "adam" in a.call.name and len(lists) > 5 else None
+    nbytes = sum(n * (4 if k == steps else es) for k, n in enumerate(sizes))
+    nbytes += sum(sizes[k] * es for k in written if k < len(sizes))
+    return _cost(10.0 * sizes[0], nbytes, "fp32")
+
+
+def _cat(a: _Args) -> OpCost:  # cat(tensors, dim): every input read, the concatenation written
+    es = a.list_es()
+    n = sum(sum(a.list_numel(i)) for i in _lists(a))
+    return _cost(0.0, 2 * n * es, "fp32")
+
+
+def _inductor_kernel(a: _Args) -> OpCost:
+    """A Triton kernel torch.compile (Inductor) launched, recorded as an op of its own name with
+    its buffer arguments: they are exactly the kernel's inputs and outputs, so each is read or
+    written once (an in-out buffer once: a lower bound). Pointwise/reduction kernels
+    (``triton_poi/red/per``) do one flop per element of their largest buffer; other kernels
+    (templates: GEMMs) get a bytes-only floor, still a lower bound."""
+    ts = a.tensors()
+    if not ts:
+        raise _Uncosted("no tensor arguments recorded")
+    nbytes = sum(a.nbytes(i) for i in ts)
+    pointwise = re.match(r"^triton_(?:poi|red|per)_", a.call.name) is not None
+    return OpCost(max(a.numel(i) for i in ts) if pointwise else -1, nbytes, "fp32" if pointwise else "")
 
 
 COST_TABLE: dict[str, Callable[[_Args], OpCost]] = {
@@ -443,7 +505,8 @@ COST_TABLE: dict[str, Callable[[_Args], OpCost]] = {
     "aten::native_dropout": _dropout, "aten::native_dropout_backward": _dropout_bwd,
     "aten::nll_loss_forward": _nll_loss, "aten::nll_loss_backward": _nll_loss_bwd,
     "aten::index_select": _index_select, "aten::gather": _gather, "aten::copy_": _copy, "aten::_to_copy": _to_copy, "aten::fill_": _fill, "aten::zero_": _fill,
-    "aten::cat": _foreach, "aten::stack": _foreach,
+    "aten::cat": _cat, "aten::stack": _cat, "aten::_fused_adam_": _fused_optimizer,
+    "aten::_fused_adamw_": _fused_optimizer, "aten::_fused_sgd_": _fused_optimizer,
     **{n: _attention_fwd for n in _ATTN_FWD}, **{n: _attention_bwd for n in _ATTN_BWD},
 }
 _ELEMENTWISE = (
@@ -458,6 +521,23 @@ for _n in _ELEMENTWISE:
 for _n in "sum mean amax amin max min norm linalg_vector_norm var std argmax argmin prod any all var_mean".split():
     COST_TABLE[f"aten::{_n}"] = _read_input
 _FOREACH = re.compile(r"^aten::_(?:foreach|fused)_\w+$")
+_INDUCTOR = re.compile(r"^triton_\w+$")
+# the element type a tensor-list kernel was instantiated for: the first template argument of its
+# functor (multi_tensor_apply_kernel<..., BinaryOpListAlphaFunctor<float, 2, 2, 0>, ...>) or of the
+# cat kernel (CatArrayBatchedCopy<c10::BFloat16, ...>, or OpaqueType<2u>: two-byte elements)
+_KERNEL_ELEM = re.compile(r"(?:Functor|CatArrayBatchedCopy\w*)<\s*((?:at::native::)?OpaqueType<\s*(\d+)u?\s*>|[\w:]+(?: int)?)")
+
+
+def list_type_from_kernel(kernel_name: str) -> str:
+    """The element type a tensor-list op's kernel works on, as a Kineto type string ("float",
+    "c10::bfloat16") or "opaque:N" (N-byte elements); "" when the name does not say."""
+    m = _KERNEL_ELEM.search(kernel_name.replace("(anonymous namespace)::", ""))
+    if not m:
+        return ""
+    if m.group(2):
+        return f"opaque:{int(m.group(2))}"
+    t = m.group(1).strip().lower()
+    return t if t in _TYPES else ""
 
 
 def op_cost(call: OpCall) -> OpCost:
@@ -465,6 +545,8 @@ def op_cost(call: OpCall) -> OpCost:
     fn = COST_TABLE.get(call.name)
     if fn is None and _FOREACH.match(call.name):
         fn = _foreach
+    if fn is None and _INDUCTOR.match(call.name):
+        fn = _inductor_kernel
     args = _Args(call)
     if fn is None:
         ts = args.tensors()

@@ -134,3 +134,24 @@ def test_analyze_prints_top_kernels_with_their_ops(bert):
     assert "Data-locality tax" in text and "n/m" in text
     launch = led.parts.loc[led.parts["category"] == "launch_tax", "ns"].sum()
     assert led.kernels["launch_tax_ns"].sum() == pytest.approx(launch, rel=1e-6)  # every launch gap has its kernel
+
+
+THIRD = DATA / "thirdparty"
+
+
+@pytest.mark.parametrize("path, device, min_costed", [
+    ("tracelens/mi300x_bert_small.json.gz", "MI300X", 0.95),
+    ("tracelens/mi300x_torch_compile_triton.json.gz", "MI300X", 0.95),  # Inductor kernels: their buffers
+    ("hta/a100_triton_example.json.gz", "A100 SXM 40GB", 0.95),
+    ("hta/mi250_minitoy_train_ROCm6_2_kineto.json.gz", "MI250X GCD", 0.5),  # 'AMD Radeon Graphics': by its gfx90a
+])
+def test_real_traces_from_other_projects_get_floors(path, device, min_costed):
+    f = THIRD / path
+    if not f.exists():
+        pytest.skip("third-party corpus not present")
+    led = compute_ledger(_bundle([f]))
+    assert led.hardware.name == device
+    k = led.kernels
+    assert k.loc[k["costed"], "time_ns"].sum() / k["time_ns"].sum() >= min_costed
+    assert led.summary().set_index("subcategory").loc["useful", "mean_ns"] > 0
+    assert k.loc[~k["costed"], "reason"].str.len().gt(0).all()  # what is not costed says why

@@ -77,3 +77,33 @@ def test_kineto_flops_give_a_floor_for_an_op_outside_the_table():
                                          ("sendrecv", 2, 1000), ("allreduce", 1, 0), ("mystery", 4, -1)])
 def test_collective_bus_bytes(op, n, want):
     assert collective_bus_bytes(op, 1000, n) == want
+
+
+def test_tensor_lists_take_their_dtype_from_the_kernel_name():
+    from taxmodel.trace.op_costs import list_type_from_kernel
+
+    name = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::"
+            "TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, "
+            "std::plus<float>, float>(x)")
+    assert list_type_from_kernel(name) == "float"
+    assert list_type_from_kernel("CatArrayBatchedCopy_contig<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int>") == "opaque:2"
+    assert list_type_from_kernel("ampere_bf16_gemm") == ""
+    # _foreach_add_(list[10, 25], list[10, 25], alpha): reads 2 x 35 floats, writes 35
+    c = op_cost(OpCall("aten::_foreach_add_", [[[10], [5, 5]], [[10], [5, 5]], []], ["TensorList", "TensorList", "Scalar"],
+                       ["", "", "1"], None, "float"))
+    assert (c.bytes, c.flops, c.uncosted) == (3 * 35 * 4, 35, "")
+    # fused AdamW on 35 fp32 params: reads params, grads, exp_avg, exp_avg_sq, steps (fp32 per tensor), writes 3 lists
+    c = op_cost(OpCall("aten::_fused_adamw_", [[[10], [5, 5]]] * 4 + [[], [[], []]] + [[]] * 3,
+                       ["TensorList"] * 4 + ["TensorList", "TensorList"] + ["Scalar"] * 3, [""] * 9, None, "float"))
+    assert c.bytes == 4 * 35 * 4 + 0 + 2 * 4 + 3 * 35 * 4
+    # cat of [2,3] and [4,3] bf16 (OpaqueType<2>): 18 elements read and written
+    c = op_cost(OpCall("aten::cat", [[[2, 3], [4, 3]], []], ["TensorList", "Scalar"], ["", "0"], None, "opaque:2"))
+    assert c.bytes == 2 * 18 * 2
+
+
+def test_an_inductor_kernel_reads_and_writes_each_buffer_once():
+    # triton_poi_fused_add_cos_sin_0(in_ptr0, in_ptr1, out_ptr0, xnumel): three float [10, 10] buffers
+    c = cost("triton_poi_fused_add_cos_sin_0", [[10, 10], [10, 10], [10, 10], []], [F32, F32, F32, "Scalar"], ["", "", "", "100"])
+    assert (c.flops, c.bytes, c.dtype, c.uncosted) == (100, 1200, "fp32", "")
+    c = cost("triton_tem_fused_mm_0", [[64, 32], [32, 16], [64, 16]], [BF, BF, BF])
+    assert (c.flops, c.bytes) == (-1, (2048 + 512 + 1024) * 2)
