@@ -17,6 +17,7 @@ bytes and nanoseconds. A ``.ncu-rep`` is read through Nsight Compute's Python mo
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 from pathlib import Path
 
@@ -62,9 +63,13 @@ def read_counters(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such counters file")
-    if path.suffix == ".ncu-rep":
+    if path.suffix == ".ncu-rep":  # (a .csv may also be gzipped: .csv.gz)
         return _read_report(path)
-    text = path.read_text(errors="replace")
+    try:
+        text = (gzip.open(path, "rt", errors="replace").read() if path.suffix == ".gz"
+                else path.read_text(errors="replace"))
+    except (OSError, EOFError) as exc:
+        raise InputError(f"{path}: cannot be read ({exc})") from exc
     rows = [ln for ln in text.splitlines() if ln.startswith('"')]
     header = next((i for i, ln in enumerate(rows) if ln.startswith('"ID"')), None)
     if header is None:
