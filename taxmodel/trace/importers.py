@@ -99,8 +99,12 @@ def read_head(path: Path, n: int = HEAD_BYTES) -> bytes:
                 out += d.decompress(chunk, n - len(out))
                 while d.unconsumed_tail and len(out) < n:
                     out += d.decompress(d.unconsumed_tail, n - len(out))
-    except zlib.error:
-        pass  # damaged gzip: sniff what was readable; read() reports the damage
+    except zlib.error as exc:
+        if not out:  # nothing readable: say so here, not "the file is empty"
+            raise InputError(f"{path}: damaged gzip file ({exc}); copy or export the trace again") from exc
+        # else: sniff what was readable; read() reports the damage
+    if not out and not d.eof:
+        raise InputError(f"{path}: truncated gzip file (it ends before any content); copy or export the trace again")
     return out[:n]
 
 
@@ -109,8 +113,11 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     _check_file(path)
     head = read_head(path)
-    if not head.strip():
+    if not head:
         raise InputError(f"{path}: the file is empty; export the trace again")
+    if not head.strip():
+        raise InputError(f"{path}: its first {len(head):,} bytes{' (unpacked)' if _is_gzip(path) else ''} are only "
+                         "whitespace; this is not a trace, export it again")
     for mod in importer_modules():
         try:
             claims = mod.sniff(path, head)
@@ -120,6 +127,11 @@ def detect_format(path: str | Path) -> str:
             return mod.FORMAT
     raise InputError(f"{path}: format not recognized (known: {', '.join(available_formats())}); "
                      "check the file, or name the format with --format")
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
 
 
 def _check_file(path: Path) -> None:

@@ -27,10 +27,8 @@ collectives) and ``bytes`` (the larger of the input and output message, in bytes
 from __future__ import annotations
 
 import gc
-import gzip
 import json
 import re
-import zlib
 from collections import Counter
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
@@ -40,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, kineto_ops
+from taxmodel.trace import importers, inflate, kineto_ops
 
 FORMAT = "kineto"
 
@@ -114,11 +112,8 @@ def load_json(path: Path) -> Any:
         data = path.read_bytes()
     except OSError as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise InputError(f"{path}: damaged or truncated gzip file ({exc}); copy or export the trace again") from exc
+    if data[:2] == inflate.GZIP_MAGIC:
+        data = inflate.gunzip_bytes(data, path)  # in chunks, capped: a small hostile gzip cannot take the memory
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import vocabulary
+from taxmodel.trace import inflate, vocabulary
 
 DEFAULT_ITERATION_PATTERN = r"(?:ProfilerStep#|\b[Ii]ter(?:ation)?[\s_#:=-]*)(\d+)"
 """Matches torch.profiler's ``ProfilerStep#N`` and user ranges such as ``iter 3``,
@@ -78,8 +78,8 @@ def sqlite_connection(path: Path) -> Iterator[sqlite3.Connection]:
         if magic.startswith(GZIP_MAGIC):
             tmpdir = tempfile.mkdtemp(prefix="taxmodel-sqlite-")
             target = Path(tmpdir) / path.name.removesuffix(".gz")
-            with gzip.open(path, "rb") as src, open(target, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+            with open(target, "wb") as dst:
+                inflate.gunzip_file(path, dst)  # in chunks, capped: a small hostile gzip cannot fill the disk
             with open(target, "rb") as fh:
                 magic = fh.read(len(SQLITE_MAGIC))
             path = target

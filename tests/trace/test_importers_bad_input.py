@@ -185,7 +185,7 @@ def test_failed_import_leaves_no_bundle_and_keeps_an_old_one(tmp_path):
     importers.import_bundle(paths, out)
     before = (out / "events.parquet").read_bytes()
     paths[1].write_text(paths[1].read_text()[:100])
-    with pytest.raises(InputError, match="truncated|not valid JSON"):
+    with pytest.raises(InputError, match="truncated|not valid JSON|not recognized"):
         importers.import_bundle(paths, out, force=True)
     assert (out / "events.parquet").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []

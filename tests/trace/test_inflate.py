@@ -1,0 +1,63 @@
+"""Gzip input is inflated with a cap and named precisely when damaged (issue 28: a 1 MB gzip that
+inflates to 1 GiB cost 2.2 GB before the error; a corrupt gzip was reported as "the file is empty")."""
+from __future__ import annotations
+
+import gzip
+import os
+
+import pytest
+
+from taxmodel.errors import InputError
+from taxmodel.trace import importers, inflate
+
+
+def test_round_trips_members_and_padding():
+    payload = os.urandom(300_000) + b"x" * 2_000_000
+    g = gzip.compress(payload)
+    assert inflate.gunzip_bytes(g, "t.gz") == payload
+    assert inflate.gunzip_bytes(g + gzip.compress(b"tail"), "t.gz") == payload + b"tail"
+    assert inflate.gunzip_bytes(g + b"\0" * 8, "t.gz") == payload
+
+
+@pytest.mark.parametrize("cut,want", [(0.5, "truncated gzip file"), (None, "damaged gzip file")])
+def test_damage_is_named(cut, want):
+    g = gzip.compress(os.urandom(100_000))
+    bad = g[:int(len(g) * cut)] if cut else g[:10] + b"garbage" * 50
+    with pytest.raises(InputError, match=want):
+        inflate.gunzip_bytes(bad, "t.gz")
+
+
+def test_a_gzip_bomb_stops_at_the_cap(monkeypatch, tmp_path):
+    monkeypatch.setattr(inflate, "MIN_CAP_BYTES", 4 * 2 ** 20)
+    bomb = gzip.compress(b"[" + b" " * (64 * 2 ** 20) + b"]", 9)  # ~64 KB that inflates to 64 MiB
+    with pytest.raises(InputError, match=r"inflates to more than 6,\d{3},\d{3} bytes \(100x"):
+        inflate.gunzip_bytes(bomb, "bomb.json.gz")
+    p = tmp_path / "bomb.sqlite.gz"
+    p.write_bytes(bomb)
+    out = tmp_path / "out"
+    with open(out, "wb") as dst, pytest.raises(InputError, match="inflates to more than"):
+        inflate.gunzip_file(p, dst)
+    assert out.stat().st_size <= inflate.cap_for(len(bomb))  # the disk gets at most the cap
+
+
+def test_a_bomb_through_the_kineto_importer(monkeypatch, tmp_path):
+    monkeypatch.setattr(inflate, "MIN_CAP_BYTES", 4 * 2 ** 20)
+    p = tmp_path / "rank0.json.gz"
+    p.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * (64 * 2 ** 20) + b"]}", 9))
+    with pytest.raises(InputError, match="inflates to more than"):
+        importers.import_traces([p], "kineto")
+
+
+def test_corrupt_or_blank_gzip_is_not_called_empty(tmp_path):
+    corrupt = tmp_path / "c.json.gz"
+    corrupt.write_bytes(b"\x1f\x8b\x08\x00garbagegarbage")
+    with pytest.raises(InputError, match="damaged gzip file"):
+        importers.detect_format(corrupt)
+    blank = tmp_path / "b.json.gz"
+    blank.write_bytes(gzip.compress(b" " * 100_000))
+    with pytest.raises(InputError, match=r"first 65,536 bytes \(unpacked\) are only whitespace"):
+        importers.detect_format(blank)
+    empty = tmp_path / "e.json"
+    empty.write_bytes(b"")
+    with pytest.raises(InputError, match="the file is empty"):
+        importers.detect_format(empty)
