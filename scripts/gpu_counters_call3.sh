@@ -9,6 +9,10 @@ OUT=${OUT:-out/call3}
 W=$(mktemp -d)
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+if [ -d .whl ]; then  # Iris for the built-in workloads' imports (carried wheels, see the device README)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
+  export PYTHONPATH=/tmp/site
+fi
 python -c "import taxmodel.kernels" 2>/dev/null || ln -sfn ../kernels taxmodel/kernels   # see gpu_counters_call2.sh
 t0=$(date +%s)
 timeout -k 5 300 python -m taxmodel profile locality_chain --workload-module benchmarks/locality_workload.py -n 1 \
