@@ -30,7 +30,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except TaxmodelError as exc:
-            click.echo(f"taxmodel: error: {exc}", err=True)
+            click.echo("taxmodel: error: " + " ".join(str(exc).split()), err=True)  # one line, always
             sys.exit(exc.exit_code)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Interrupted): 128 + signal, not 1
             click.echo(f"taxmodel: {exc or 'interrupted'}", err=True)

@@ -61,6 +61,16 @@ def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = Non
     return cases
 
 
+def check_not_inside(output: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> None:
+    """InputError when ``output`` is one of the input bundles (an archive) or inside one: a report
+    written as ``B/meta.json`` would destroy the bundle it describes."""
+    out = Path(output).resolve()
+    for p in map(Path, inputs):
+        p = p.resolve()
+        if out == p or p in out.parents:
+            raise InputError(f"{output}: is inside the input bundle {p}; write outputs outside the bundles they describe")
+
+
 def report_format(output: Path, fmt: str | None) -> str:
     """``--format`` wins; otherwise ``.md``/``.markdown`` outputs are Markdown and everything else HTML."""
     if fmt:
@@ -73,6 +83,7 @@ def report_format(output: Path, fmt: str | None) -> str:
 def write_report(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.PathLike, fmt: str | None = None) -> Path:
     """Write the report (HTML, or Markdown with PNGs beside it) atomically; return its path."""
     output = check_output_file(output, "report")  # before the work: a device, link or directory is refused
+    check_not_inside(output, [b.path for b, _ in cases if b.path is not None])
     fmt = report_format(output, fmt)
     doc = build_document(cases)
     text = render_html(doc) if fmt == "html" else render_markdown(doc, output)
@@ -83,6 +94,7 @@ def export_trace(path: str | os.PathLike, output: str | os.PathLike, *, hardware
                  lenient: bool = False) -> Path:
     """One bundle's events plus its ledger's tax tracks as a Chrome/Perfetto JSON trace."""
     check_output_file(output, "trace")
+    check_not_inside(output, [path])
     cases = load_cases([path], hardware=hardware, lenient=lenient)
     if len(cases) != 1:
         raise InputError(f"{path}: holds {len(cases)} bundles; export-trace takes exactly one (name it directly)")

@@ -118,3 +118,13 @@ def test_wrong_types_in_a_hardware_file_are_one_line(tmp_path, bundle_dir):
     hw.write_text(json.dumps(spec))
     _refused(_runner().invoke(cli, ["analyze", str(bundle_dir), "--hardware", str(hw)]),
              "hw.json: field 'link_latency_s' must be a finite number >= 0, not \"fast\"")
+
+
+@pytest.mark.parametrize("command,name", [("report", "meta.json"), ("export-trace", "events.parquet"),
+                                          ("report", "raw/r.html")])
+def test_an_output_inside_an_input_bundle_is_refused(tmp_path, bundle_dir, command, name):
+    b = tmp_path / "b"
+    shutil.copytree(bundle_dir, b)
+    before = (b / "meta.json").read_bytes()
+    _refused(_runner().invoke(cli, [command, str(b), "-o", str(b / name)]), "is inside the input bundle")
+    assert (b / "meta.json").read_bytes() == before and not (b / "raw").exists()
