@@ -7,6 +7,7 @@ back as RunError naming the rank and phase.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -16,35 +17,10 @@ from typing import Any
 from taxmodel.errors import InputError
 from taxmodel.runtime import launcher
 from taxmodel.runtime.inject import Fault, Injection
-from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
-from taxmodel.runtime.worker import DEFAULT_SPEC, _import_workload_modules, resolve_device, shape_tag
+from taxmodel.runtime.spec import ProfileSpec, import_workload_modules, resolve_device, shape_tag
 
-
-@dataclass
-class ProfileRequest:
-    workload: str
-    variants: list[str] | None = None
-    preset: str | None = None
-    shape: dict[str, int] = field(default_factory=dict)
-    world_size: int | None = None
-    iterations: int = 5
-    warmup: int = 2
-    repeat: int = 1
-    inject: list[str] = field(default_factory=list)
-    tracer: str = "torch"
-    out: str = "runs"
-    device: str = "auto"
-    timeout_s: float = 600.0
-    spin_timeout_s: float = 60.0
-    heap_bytes: int | None = None
-    workload_modules: list[str] = field(default_factory=list)
-    keep_raw: bool = True
-    progress: bool = True
-    instrument: bool = False  # in-kernel trace records from fused kernels (docs/records.md)
-    graph: str = "off"  # off | auto (--graph) | require (--graph-strict): taxmodel.runtime.graph
-    graph_backend: str = "cuda"  # tests register a fake backend (taxmodel.runtime.graph.register_backend)
-    align: str = "host"  # host | device: a device gate before each traced step (kernels/_gate.py)
-    gate_hold_us: float = DEFAULT_GATE_HOLD_US  # the device gate's hold after release (align="device")
+ProfileRequest = ProfileSpec
+"""What ``profile()`` takes: the run's settings (``taxmodel.runtime.spec``)."""
 
 
 @dataclass
@@ -66,14 +42,10 @@ def default_world_size(device: str) -> int:
     return 2
 
 
-def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
-    """Validate ``req`` and return (worker spec, world size, device kind)."""
-    from taxmodel.workload import get_workload
-    from taxmodel.trace.capture import get_tracer
-
+def build_spec(req: ProfileSpec) -> tuple[dict[str, Any], int, str]:
+    """Check ``req`` on this host and return (the spec sent to the ranks, world size, device kind)."""
+    req.check()
     device = resolve_device(req.device)
-    if req.world_size is not None and int(req.world_size) < 1:
-        raise InputError(f"--world-size {req.world_size}: give 1 or more ranks (or leave it out: every GPU, 2 on CPU)")
     world = int(req.world_size or default_world_size(device))
     if device == "cuda":
         import torch
@@ -81,55 +53,52 @@ def build_spec(req: ProfileRequest) -> tuple[dict[str, Any], int, str]:
         if torch.cuda.device_count() < world:
             raise InputError(f"--world-size {world} needs {world} GPUs on this host, {torch.cuda.device_count()} visible; "
                              "use fewer ranks, or torchrun across nodes (see `python -m taxmodel.runtime.worker -h`)")
-    for name, value in (("iterations", req.iterations), ("repeat", req.repeat)):
-        if value < 1:
-            raise InputError(f"--{name} must be at least 1")
-    if req.warmup < 0:
-        raise InputError("--warmup must be 0 or more")
-    if req.align not in START_ALIGNMENTS:
-        raise InputError(f"--align {req.align!r}: choose one of {', '.join(START_ALIGNMENTS)}")
-    if req.gate_hold_us < 0:
-        raise InputError("--gate-hold-us must be 0 or more")
-    if req.timeout_s <= 0:
-        raise InputError("--timeout must be positive")
-    if req.spin_timeout_s <= 0:
-        raise InputError("--spin-timeout must be positive")
-    modules = [str(Path(m).resolve()) if m.endswith(".py") else m for m in req.workload_modules]
+    spec = resolve_spec(dataclasses.replace(req, device=device, world_size=world))
+    return spec.to_dict(), world, device
+
+
+def resolve_spec(spec: ProfileSpec) -> ProfileSpec:
+    """Check ``spec`` against its workload and return it resolved: preset chosen, module and output
+    paths absolute. ``spec.device`` is resolved and ``spec.world_size`` set (the whole run's ranks).
+
+    Everything that can be wrong with a request (unknown workload, variant, preset, shape key, a
+    shape the workload cannot run at this world size, tracer, injection, graph mode) is an
+    InputError here, before any rank starts; the ranks do not check again.
+    """
+    from taxmodel.workload import get_workload
+    from taxmodel.trace.capture import get_tracer
+
+    spec.check()
+    device, world = spec.device, int(spec.world_size or 1)
+    modules = [str(Path(m).resolve()) if m.endswith(".py") else m for m in spec.workload_modules]
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # kernel modules imported below see it
-    _import_workload_modules(modules)
-    workload = get_workload(req.workload)
-    preset = req.preset or (workload.cpu_preset if device == "cpu" else workload.default_preset)
+    import_workload_modules(modules)
+    workload = get_workload(spec.workload)
+    preset = spec.preset or (workload.cpu_preset if device == "cpu" else workload.default_preset)
     for one in preset.split(","):  # several presets run in one process group
-        workload.shape(one, **req.shape)  # an unknown preset or a bad value is an InputError here
-        unknown_keys = sorted(set(req.shape) - set(workload.presets[one]) - set(workload.option_keys))
+        workload.shape(one, **spec.shape)  # an unknown preset or a bad value is an InputError here
+        unknown_keys = sorted(set(spec.shape) - set(workload.presets[one]) - set(workload.option_keys))
         if unknown_keys:
             options = f"; options: {', '.join(workload.option_keys)}" if workload.option_keys else ""
             raise InputError(f"{workload.name}: unknown shape key(s) {', '.join(unknown_keys)}; "
                              f"the shape has {', '.join(workload.presets[one])}{options}")
     variants = workload.variants()
-    unknown = [v for v in (req.variants or []) if v not in variants]
+    unknown = [v for v in (spec.variants or []) if v not in variants]
     if unknown:
         raise InputError(f"{workload.name}: unknown variant(s) {', '.join(unknown)}; choose from {', '.join(variants)}")
-    inj = Injection.parse(req.inject)
+    inj = Injection.parse(spec.inject)
     if inj.sleep_rank is not None and inj.sleep_rank >= world:
         raise InputError(f"--inject sleep_rank={inj.sleep_rank}: there are only {world} ranks")
-    for fault in Fault.parse(req.inject):
+    for fault in Fault.parse(spec.inject):
         fault.check(world)
-    _check_shapes(workload, preset, req.shape, req.variants or list(variants), world)
-    get_tracer(req.tracer)
-    _check_graph_request(req, workload, variants, device)
-    spec = dict(DEFAULT_SPEC)
-    spec.update({
-        "workload": workload.name, "workload_modules": modules, "variants": req.variants, "preset": preset,
-        "shape": dict(req.shape), "iterations": req.iterations, "warmup": req.warmup, "repeat": req.repeat,
-        "inject": list(req.inject), "tracer": req.tracer, "out": str(Path(req.out).resolve()), "device": device,
-        "timeout_s": req.timeout_s, "spin_timeout_s": req.spin_timeout_s, "heap_bytes": req.heap_bytes,
-        "keep_raw": req.keep_raw, "progress": req.progress, "instrument": bool(req.instrument),
-        "graph": req.graph, "graph_backend": req.graph_backend, "align": req.align,
-        "gate_hold_us": float(req.gate_hold_us),
-    })
-    return spec, world, device
+    _check_shapes(workload, preset, spec.shape, spec.variants or list(variants), world)
+    get_tracer(spec.tracer)
+    _check_graph_request(spec, workload, variants, device)
+    return dataclasses.replace(spec, workload=workload.name, workload_modules=modules, preset=preset,
+                               shape=dict(spec.shape), out=str(Path(spec.out).resolve()),
+                               inject=list(spec.inject), instrument=bool(spec.instrument),
+                               gate_hold_us=float(spec.gate_hold_us))
 
 
 def _check_shapes(workload: Any, presets: str, overrides: dict[str, int], variants: list[str], world: int) -> None:
@@ -147,7 +116,7 @@ def _check_shapes(workload: Any, presets: str, overrides: dict[str, int], varian
                                  f"({type(exc).__name__}: {exc}); change --shape, --preset or --world-size") from None
 
 
-def _check_graph_request(req: ProfileRequest, workload: Any, variants: dict[str, Any], device: str) -> None:
+def _check_graph_request(req: ProfileSpec, workload: Any, variants: dict[str, Any], device: str) -> None:
     """``--graph-strict`` that cannot be honoured stops here, before any rank starts (exit 2)."""
     import torch
 
@@ -169,7 +138,7 @@ def _check_graph_request(req: ProfileRequest, workload: Any, variants: dict[str,
                          f"({', '.join(safe) or 'none here'}), or use --graph to profile the others with eager launches")
 
 
-def profile(req: ProfileRequest, *, quiet: bool = False, started_unix: float | None = None) -> ProfileOutcome:
+def profile(req: ProfileSpec, *, quiet: bool = False, started_unix: float | None = None) -> ProfileOutcome:
     """Run the request on local ranks; return the bundles written (one per variant).
 
     ``req.timeout_s`` counts from ``started_unix`` (the command's start; default: this call's),
@@ -193,7 +162,7 @@ def describe_workloads(workload_modules: list[str] | None = None) -> str:
     """A plain-text listing of every registered workload: presets (shapes) and variants."""
     from taxmodel.workload import all_workloads
 
-    _import_workload_modules(list(workload_modules or []))
+    import_workload_modules(list(workload_modules or []))
     lines: list[str] = []
     for name, cls in sorted(all_workloads().items()):
         wl = cls()

@@ -73,14 +73,16 @@ def test_a_killed_rank_is_named_with_its_signal_and_phase(tmp_path):
 
 
 def test_a_frozen_rank_is_named_and_killed_within_the_timeout(tmp_path):
-    timeout = 12
+    # The ranks must reach the phase within the timeout (start-up is seconds here; more under load):
+    # the first phase after they joined keeps that margin wide.
+    timeout = 20
     t0 = time.monotonic()
-    proc, mark, tmpdir = _start(tmp_path, "--inject", "hang_rank=1@capture", timeout=timeout)
+    proc, mark, tmpdir = _start(tmp_path, "--inject", "hang_rank=1@setup", timeout=timeout)
     _, err = proc.communicate(timeout=timeout + 60)
     elapsed = time.monotonic() - t0
     assert proc.returncode == 3, err
-    assert re.match(rf"taxmodel: error: run timed out after {timeout} s: rank 1 hung in phase 'capture' of variant "
-                    r"'bsp' \(rank\(s\) 0 were waiting for it\)", _last_line(err)), err
+    assert re.match(rf"taxmodel: error: run timed out after {timeout} s: rank 1 hung in phase 'setup' "
+                    r"\(rank\(s\) 0 were waiting for it\)", _last_line(err)), err
     assert elapsed < timeout + 10
     _assert_nothing_left(tmp_path, mark, tmpdir)
 
