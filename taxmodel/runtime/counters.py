@@ -66,6 +66,8 @@ def check_request(device: str, world: int) -> None:
 
 def check_profile_request(req: Any) -> None:
     """``check_request`` for a ProfileRequest (device resolved, world size defaulted as profile does)."""
+    if req.device == "cpu":  # before the imports below (they load every workload's kernels)
+        check_request("cpu", 1)
     from taxmodel.runtime.profile import default_world_size
     from taxmodel.runtime.worker import resolve_device
 
