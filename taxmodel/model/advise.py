@@ -24,7 +24,6 @@ cap the bound: no fused kernel runs below the sum of its kernels' floors.
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -33,9 +32,11 @@ import pandas as pd
 
 from taxmodel.model.kernel_costs import has_kernel_costs, kernel_floors
 from taxmodel.model import advise_predict
+from taxmodel.model import advise_regions as regions
 from taxmodel.model.ledger import Ledger
 from taxmodel.model.ledger import _matches  # the ledger's own matching of declared producers/consumers
 from taxmodel.trace.bundle import Bundle
+from taxmodel.trace.counter_match import function_name
 from taxmodel.trace.vocabulary import SHORT_LABELS, normalize_collective
 
 GEMM_PATTERN = r"(?i)gemm|matmul|nvjet|cutlass|xmma|cublas|Cijk|wgmma|hipblaslt"
@@ -70,7 +71,9 @@ class Inputs:
 
 def kernel_table(inp: Inputs) -> pd.DataFrame:
     """Kernels of the analyzed iterations on the ledger's aligned clock, sorted by (rank,
-    repetition, iteration, stream, start), with a class: comm, gemm, attention, memory, other."""
+    repetition, iteration, stream, start), with a class (comm, gemm, attention, memory, other),
+    the op that launched each (``launch_op``, "" unknown) and where it was launched from
+    (``thread``, ``scope``: ``advise_regions``)."""
     ev = inp.bundle.events
     k = ev[(ev["kind"] == "kernel") & (ev["iteration"] >= 0)]
     windows = pd.MultiIndex.from_frame(inp.ledger.windows[["repetition", "iteration"]])
@@ -85,14 +88,20 @@ def kernel_table(inp: Inputs) -> pd.DataFrame:
         "role": k["role"].astype(str).to_numpy(object),
         "op": k["collective_op"].astype(str).str.lower().to_numpy(object),
         "cls": _classes(names, k["role"].astype(str), k["collective_op"].astype(str), inp.kernel_costs, k.index),
+        "launch_op": (k["op"].astype(str) if "op" in k.columns else pd.Series("", index=k.index)).to_numpy(object),
     })
+    out = out.join(regions.kernel_regions(inp.bundle, k.index.to_numpy()), on="row")
     return out.sort_values(["rank", "repetition", "iteration", "stream", "start"], kind="stable").reset_index(drop=True)
 
 
 def short_names(names: pd.Series) -> pd.Series:
-    """Kernel names without template and argument lists (``ncclDevKernel_AllGather_RING_LL``)."""
+    """Kernel names as a reader knows them: the function's own name, without return type,
+    namespaces (``(anonymous namespace)`` included), template and argument lists
+    (``void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<...>(...)`` ->
+    ``vectorized_layer_norm_kernel``; ``ncclDevKernel_AllGather_RING_LL``); the op that launched
+    a kernel stands beside it in the ``ops`` column."""
     uniq = pd.unique(names)
-    short = {u: re.sub(r"[(<].*$", "", u).strip() or u for u in uniq}  # a loop over distinct names
+    short = {u: function_name(u) or u for u in uniq}  # a loop over distinct names
     return names.map(short)
 
 
@@ -123,13 +132,14 @@ def _sync_ends(inp: Inputs) -> dict[int, np.ndarray]:
 
 def stream_runs(k: pd.DataFrame, sync_ends: Mapping[int, np.ndarray]) -> np.ndarray:
     """Run id per kernel (``k`` sorted as ``kernel_table`` sorts): a run is broken by a new (rank,
-    repetition, iteration, stream) or by a host synchronization that returned between the end of
-    the previous kernel and the start of this one."""
+    repetition, iteration, stream), by a host synchronization that returned between the end of
+    the previous kernel and the start of this one, or by a new launching thread or step
+    annotation (``advise_regions.region_breaks``)."""
     n = len(k)
     if not n:
         return np.zeros(0, np.int64)
     key = k[["rank", "repetition", "iteration", "stream"]].to_numpy(np.int64)
-    brk = np.r_[True, (key[1:] != key[:-1]).any(axis=1)]
+    brk = np.r_[True, (key[1:] != key[:-1]).any(axis=1)] | regions.region_breaks(k)
     prev_end = np.r_[np.iinfo(np.int64).min, k["end"].to_numpy(np.int64)[:-1]]
     start = k["start"].to_numpy(np.int64)
     rank = key[:, 0]
@@ -219,21 +229,28 @@ def _neighbours(k: pd.DataFrame, coll: np.ndarray) -> tuple[np.ndarray, np.ndarr
 # --- occurrences ----------------------------------------------------------------------------------
 
 def occurrences(k: pd.DataFrame, sync_ends: Mapping[int, np.ndarray]) -> pd.DataFrame:
-    """Members of every candidate occurrence: occ (id), pos (position in ``k``), kind."""
+    """Members of every candidate occurrence: occ (id), pos (position in ``k``), kind, and cut
+    (for a chain cut at ``advise_regions.MAX_CHAIN_KERNELS``: how many kernels it lost; else 0)."""
     run = stream_runs(k, sync_ends)
-    chain = chains(k, run)
+    chain, lost = regions.cap_chains(chains(k, run))
     frames = []
     n_run = np.bincount(run) if len(run) else np.zeros(0, np.int64)
     keep = n_run[run] >= 2 if len(run) else np.zeros(0, bool)
     frames.append(pd.DataFrame({"occ": run[keep], "pos": np.flatnonzero(keep), "kind": "run"}))
     base = int(run.max()) + 1 if len(run) else 0
     in_chain = chain >= 0
-    frames.append(pd.DataFrame({"occ": chain[in_chain] + base, "pos": np.flatnonzero(in_chain), "kind": "chain"}))
+    frames.append(pd.DataFrame({"occ": chain[in_chain] + base, "pos": np.flatnonzero(in_chain), "kind": "chain",
+                                "cut": lost[in_chain]}))
     base += int(chain.max()) + 1 if in_chain.any() else 0
+    opt = regions.optimizer_groups(k, run)
+    in_opt = opt >= 0
+    frames.append(pd.DataFrame({"occ": opt[in_opt] + base, "pos": np.flatnonzero(in_opt), "kind": "optimizer"}))
+    base += int(opt.max()) + 1 if in_opt.any() else 0
     pairs = collective_pairs(k, chain)
     frames.append(pairs.assign(occ=pairs["occ"].to_numpy(np.int64) + base))
     out = pd.concat(frames, ignore_index=True)
-    return out.astype({"occ": np.int64, "pos": np.int64})
+    out["cut"] = out["cut"].fillna(0) if "cut" in out else 0
+    return out.astype({"occ": np.int64, "pos": np.int64, "cut": np.int64})
 
 
 def occurrence_table(k: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
@@ -248,7 +265,11 @@ def occurrence_table(k: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
     kinds = members["kind"].to_numpy(object)[order]
     first = np.flatnonzero(np.r_[True, occ_id[1:] != occ_id[:-1]])
     cls = k["cls"].to_numpy(object)[pos]
-    op = np.where(cls == "comm", k["op"].to_numpy(object)[pos], cls)
+    launch_op = k["launch_op"].to_numpy(object)[pos]
+    scope = k["scope"].to_numpy(object)[pos]
+    # the collective, else the op that launched the kernel, else its step annotation, else its class
+    op = np.where(cls == "comm", k["op"].to_numpy(object)[pos],
+                  np.where(launch_op != "", launch_op, np.where(scope != "", scope, cls)))
     sep = np.array(" -> ", dtype=object)
 
     def joined(values: np.ndarray) -> np.ndarray:  # "a -> b -> c" per occurrence, in C over the members
@@ -262,6 +283,7 @@ def occurrence_table(k: pd.DataFrame, members: pd.DataFrame) -> pd.DataFrame:
         "kernels": joined(k["short"].to_numpy(object)[pos]), "ops": joined(op),
         "n_kernels": np.diff(np.r_[first, len(pos)]),
         "has_collective": np.add.reduceat((cls == "comm").astype(np.int64), first) > 0,
+        "cut": np.maximum.reduceat(members["cut"].to_numpy(np.int64)[order], first),
     })
     return out
 
@@ -376,7 +398,7 @@ def candidates(inp: Inputs) -> pd.DataFrame:
     members = occurrences(k, _sync_ends(inp))
     if members.empty:
         return pd.DataFrame(columns=["kind", "kernels", "ops", "n_kernels", "per_iteration", "span_ns", "launch_ns",
-                                     "locality_ns", "bsp_ns", "bound_ns", "locality_source", "floors"])
+                                     "locality_ns", "bsp_ns", "bound_ns", "cut", "locality_source", "floors"])
     occ = attribute(occurrence_table(k, members), inp.ledger.intervals)
     loc, loc_source = declared_locality(occ, members, k, inp)
     occ["locality_ns"] = loc
@@ -390,7 +412,7 @@ def candidates(inp: Inputs) -> pd.DataFrame:
     g = occ.groupby(["kind", "kernels"], sort=False)
     out = g.agg(ops=("ops", "first"), n_kernels=("n_kernels", "first"), count=("occ", "size"),
                 span_ns=("span_ns", "sum"), launch_ns=("launch_ns", "sum"), locality_ns=("locality_ns", "sum"),
-                bsp_ns=("bsp_ns", "sum"), bound_ns=("bound_ns", "sum")).reset_index()
+                bsp_ns=("bsp_ns", "sum"), bound_ns=("bound_ns", "sum"), cut=("cut", "max")).reset_index()
     for c in ("span_ns", "launch_ns", "locality_ns", "bsp_ns", "bound_ns"):
         out[c] = out[c] / n
     out["per_iteration"] = out.pop("count") / n
@@ -407,7 +429,7 @@ def rank_count(ledger: Ledger) -> int:
 
 def _drop_duplicates_of_specific(out: pd.DataFrame) -> pd.DataFrame:
     """A run with exactly the kernels of a chain or a collective pair is that candidate: keep the
-    specific one (it gets a prediction and names what it is)."""
+    specific one (it gets a prediction and names what it is); an optimizer is always specific."""
     specific = set(out.loc[out["kind"] != "run", "kernels"])
     return out[~((out["kind"] == "run") & out["kernels"].isin(specific))].reset_index(drop=True)
 
@@ -421,7 +443,24 @@ def missing_inputs(row: Mapping[str, Any], ledger: Ledger) -> list[str]:
         out.append("locality (no counters, no declared intermediates)")
     if len(ledger.windows) < 2:
         out.append("repeats (one iteration: no spread)")
+    if row.get("cut", 0) > 0:
+        out.append(f"the rest of the chain (cut at {regions.MAX_CHAIN_KERNELS} kernels; up to {int(row['cut'])} more "
+                   "memory-bound kernels followed)")
+    if row["launch_ns"] > 0 and profiler_inflated(ledger):
+        out.append(PROFILER_NOTE)
     return out
+
+
+#: how the ledger's caveat reads when the profiler's own options inflated the launch tax
+#: (``ledger_kernels.profiler_caveat``)
+PROFILER_CAVEAT_MARK = "may be inflated by the profiler"
+PROFILER_NOTE = ("the job's own launch tax (the profiler inflated it, see the ledger's caveat: the bound is high by "
+                 "as much)")
+
+
+def profiler_inflated(ledger: Ledger) -> bool:
+    """Whether the ledger says its launch tax is inflated by the profiler's options."""
+    return any(PROFILER_CAVEAT_MARK in c for c in ledger.caveats)
 
 
 def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: bool = True) -> pd.DataFrame:
@@ -455,16 +494,25 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
             "predicted_pct": 100.0 * pred.saving_us * NS_PER_US / window if window else np.nan,
             "confidence": "estimated" if estimated else "measured", "missing": "; ".join(missing),
         })
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    table = pd.DataFrame(rows, columns=list(COLUMNS))
+    # what a reader of the table must know from the ledger (renderers print it under the table)
+    table.attrs["caveats"] = [c for c in inp.ledger.caveats if PROFILER_CAVEAT_MARK in c]
+    return table
 
 
 def with_trace_floors(inp: Inputs) -> Inputs:
-    """The per-kernel seam filled from the bundle itself: kernels imported with their op's shapes
-    carry flops and compulsory bytes (``model/kernel_costs.py``), whose floors then cap the bound."""
-    if inp.kernel_costs is not None or not has_kernel_costs(inp.bundle.events):
-        return inp
+    """The per-kernel seam filled from the bundle and its ledger: kernels imported with their op's
+    shapes carry flops and compulsory bytes (``model/kernel_costs.py``), whose floors then cap the
+    bound; a ledger that measured locality from DRAM counters gives each kernel's
+    (``Ledger.kernel_locality_ns``, computed once, there). What the caller passed wins."""
     ev = inp.bundle.events
-    gpu = ev[ev["kind"].isin(("kernel", "memcpy", "memset"))]
-    floors = kernel_floors(gpu, inp.ledger.hardware)
-    costs = floors.loc[floors["costed"], ["floor_ns", "bound"]]
-    return dataclasses.replace(inp, kernel_costs=costs.reindex(ev.index))
+    costs = inp.kernel_costs
+    if costs is None and has_kernel_costs(ev):
+        gpu = ev[ev["kind"].isin(("kernel", "memcpy", "memset"))]
+        floors = kernel_floors(gpu, inp.ledger.hardware)
+        costs = floors.loc[floors["costed"], ["floor_ns", "bound"]].reindex(ev.index)
+    measured = getattr(inp.ledger, "kernel_locality_ns", None)
+    if measured is not None and (costs is None or "locality_ns" not in costs):
+        costs = (pd.DataFrame(index=ev.index) if costs is None else costs).assign(locality_ns=measured.reindex(
+            costs.index if costs is not None else ev.index))
+    return inp if costs is inp.kernel_costs else dataclasses.replace(inp, kernel_costs=costs)

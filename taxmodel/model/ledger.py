@@ -73,6 +73,9 @@ class Ledger:
     locality: str = "estimated"
     #: per distinct (kernel, op): launches, time, floor, useful, locality, inefficiency, launch tax, costed
     kernels: pd.DataFrame | None = None
+    #: per GPU row (``bundle.events`` index) the locality tax the ledger measured from its DRAM
+    #: counters, in ns; None unless ``locality`` is "measured" (what ``advise`` sums per candidate)
+    kernel_locality_ns: pd.Series | None = None
 
     def summary(self) -> pd.DataFrame:
         """One row per sub-category: mean ns over repetitions, iterations and ranks, and % of
@@ -347,7 +350,9 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     caveats = list(dict.fromkeys(caveats))  # each caveat once
     return Ledger(parts=parts, windows=windows, intervals=intervals, clock=clock, caveats=caveats, skipped=skipped,
                   meta=meta, label=per_kernel.job_label(meta, bundle.path) or bundle.label, hardware=hw, ranks=ranks,
-                  locality=locality, kernels=kernels)
+                  locality=locality, kernels=kernels,
+                  kernel_locality_ns=(pd.Series(shares["locality_tax"], index=gpu.index, name="locality_ns")
+                                      if locality == per_kernel.LOCALITY_MEASURED else None))
 
 
 # --- steps ----------------------------------------------------------------------------------------
