@@ -30,7 +30,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from taxmodel.errors import Interrupted, RunError
 from taxmodel.runtime.diagnose import RankExit, diagnose
@@ -67,8 +67,9 @@ def rank_env(base: Mapping[str, str], rank: int, world_size: int) -> dict[str, s
             "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank)}
 
 
-def worker_command(spec_path: str | os.PathLike) -> list[str]:
-    return [sys.executable, "-m", "taxmodel.runtime.worker", "--spec", str(spec_path)]
+def worker_command(spec_path: str | os.PathLike, wrap: Sequence[str] = ()) -> list[str]:
+    """One rank's command line; ``wrap`` runs it under a tool (``["ncu", "--csv", ...]``)."""
+    return [*wrap, sys.executable, "-m", "taxmodel.runtime.worker", "--spec", str(spec_path)]
 
 
 @dataclass
@@ -192,7 +193,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def launch_workers(spec: Mapping[str, Any], nproc: int, *, timeout_s: float, device: str,
-                   quiet: bool = False, started_unix: float | None = None) -> LaunchResult:
+                   quiet: bool = False, started_unix: float | None = None, wrap: Sequence[str] = ()) -> LaunchResult:
     """Run the worker on ``nproc`` local ranks and return rank 0's result.
 
     The run has ``timeout_s`` seconds from ``started_unix`` (default: now), start-up included
@@ -201,6 +202,9 @@ def launch_workers(spec: Mapping[str, Any], nproc: int, *, timeout_s: float, dev
     RunError naming the rank that failed or hung first, its phase and how it ended; Interrupted
     on SIGINT, SIGTERM or SIGHUP. Either way no rank is left running, and the run's temporary
     directory is removed.
+
+    ``wrap`` runs every rank under a tool (a counters pass under ncu: ``[ncu, *options]``); the
+    tool and the rank it starts share the rank's process group, so both end with the run.
     """
     run_dir = Path(tempfile.mkdtemp(prefix="taxmodel-run-"))
     try:
@@ -213,7 +217,7 @@ def launch_workers(spec: Mapping[str, Any], nproc: int, *, timeout_s: float, dev
         spec_path.write_text(json.dumps(spec, indent=2))
         env = child_env(device, {STATUS_DIR_ENV: str(status_dir), RENDEZVOUS_FILE_ENV: str(run_dir / "rendezvous")})
         with signals_raise_interrupted():
-            ranks = Ranks(worker_command(spec_path), env, nproc, quiet)
+            ranks = Ranks(worker_command(spec_path, wrap), env, nproc, quiet)
             try:
                 timed_out = _watch(ranks, t0 + (deadline_unix - time.time()) + DEADLINE_GRACE_S)
             except KeyboardInterrupt as exc:
