@@ -47,6 +47,7 @@ import iris
 from taxmodel.fsutil import atomic_write
 from taxmodel.kernels import _sync
 from taxmodel.model.calibration import STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
+from taxmodel.runtime.bootstrap import join_process_group, rank_device
 from taxmodel.runtime.timing import Stopwatch, traced_events
 
 REPS = 7
@@ -571,16 +572,11 @@ def main(argv: list[str] | None = None) -> None:
         os.environ[var] = val
     if not cpu and not torch.cuda.is_available():
         raise SystemExit("taxmodel calibrate: no GPU here; calibration measures a GPU machine (datasheet presets serve elsewhere)")
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cpu") if cpu else torch.device("cuda", local)
-    if not cpu:
-        torch.cuda.set_device(device)
     distributed = "WORLD_SIZE" in os.environ
-    if distributed:
-        if cpu:
-            dist.init_process_group("gloo")
-        else:
-            dist.init_process_group("nccl", device_id=device)
+    if distributed:  # started by torch.distributed.run
+        device = join_process_group("cpu" if cpu else "cuda").device
+    else:
+        device, _ = rank_device("cpu" if cpu else "cuda", int(os.environ.get("LOCAL_RANK", 0)))
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     if world < 2 and "collectives" in steps and set(steps) != set(STEP_KEYS):
         raise SystemExit("taxmodel calibrate: the collectives step needs 2 or more ranks (--world-size)")
