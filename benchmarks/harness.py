@@ -8,6 +8,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from taxmodel.runtime.bootstrap import join_process_group, rank_device
 from taxmodel.runtime.context import RankContext
 from taxmodel.runtime.heap import disable_multicast
 
@@ -22,13 +23,12 @@ def init(args: argparse.Namespace) -> RankContext:
     local = int(os.environ.get("LOCAL_RANK", 0))
     if args.cpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-        device, backend = torch.device("cpu"), "gloo"
-    else:
-        torch.cuda.set_device(local)
-        device, backend = torch.device("cuda", local), "nccl"
+    kind = "cpu" if args.cpu else "cuda"
     if world > 1 or "MASTER_ADDR" in os.environ:
-        kw = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend, rank=rank, world_size=world, **kw)
+        m = join_process_group(kind, rank=rank, world_size=world, local_rank=local)
+        device, backend = m.device, m.backend
+    else:
+        device, backend = rank_device(kind, local)
     group = dist.group.WORLD if dist.is_initialized() else None
     return RankContext(rank=rank, world_size=world, local_rank=local, device=device, backend=backend, group=group,
                        heap=None, interpret=args.cpu, spin_timeout_s=args.spin_timeout)
