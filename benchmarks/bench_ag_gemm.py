@@ -175,7 +175,7 @@ def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: to
     """Poison C, run once (``run``, default one iteration of the variant), check in-kernel errors and
     compare with the reference (on every rank)."""
     from taxmodel.errors import RunError
-    from taxmodel.kernels._sync import check_errors
+    from taxmodel.kernels.device.sync import check_errors
 
     st.poison()
     try:  # every rank reaches the collectives below, even when its kernel gave up waiting
@@ -207,7 +207,7 @@ def time_graph(ctx: RankContext, st: Any, variant: Any, timer: Any) -> tuple[flo
     """(median ms per iteration of graph replays, whether they left no in-kernel error on any rank
     (None when capture failed), note). Keeps the replay in ``st.cache`` for ``check_after_replays``."""
     from taxmodel.errors import RunError
-    from taxmodel.kernels._sync import check_errors
+    from taxmodel.kernels.device.sync import check_errors
 
     times, replay, error = timer.graph(lambda: variant.run(st))
     if times is None:

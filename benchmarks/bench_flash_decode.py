@@ -234,7 +234,7 @@ def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple
     from taxmodel.kernels.flash_decode import combine as cb
     from taxmodel.kernels.flash_decode import split_kv as sk
     from taxmodel.kernels.flash_decode.reference import make_kv_shard, make_query
-    from taxmodel.kernels.flash_decode.workload import _num_sms, kv_lengths, split_config
+    from taxmodel.kernels.flash_decode.workload import kv_lengths, planner_sm_count, split_config
 
     base = split_config(shape, ctx.device)
     if args.cpu or args.no_tune:
@@ -250,7 +250,7 @@ def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple
     send = torch.empty(cb.packed_size(b * hq, d), dtype=torch.float32, device=ctx.device)
 
     def time_config(cfg: Any, slices: int) -> dict:
-        plan = sk.plan_splits(b, hkv, n, _num_sms(ctx.device), cfg)
+        plan = sk.plan_splits(b, hkv, n, planner_sm_count(ctx.device), cfg)
         a = sk.SplitKVArgs(q, k, v, n, plan, cfg)
         po, pl = sk.partial_buffers(a)
 

@@ -15,7 +15,7 @@ plain (``INSTRUMENT=False``) and instrumented (records on), over the same inputs
    plain and instrumented interleaved, ``--reps`` times; medians and their ratio (target: < 3 %).
    AG+GEMM also in CUDA graphs (``--iters`` iterations per graph, replays interleaved), because its
    eager time at small M is host-bound and would hide a GPU-side cost. (In a graph the record
-   pointer is frozen; records have fixed slots per CTA (kernels/_trace.py), so every replay
+   pointer is frozen; records have fixed slots per CTA (kernels/device/trace.py), so every replay
    rewrites the same slots with the full cost: clock reads, barriers, header loads and stores.)
 2. Consistency: one instrumented iteration under torch.profiler; the records are drained,
    aligned to the trace's kernels (taxmodel.runtime.records.merge_records) and checked per
@@ -303,7 +303,7 @@ def _check_output(ctx: Any, wl: Any, shape: dict, st: Any, case: Case, which: st
     """In-kernel errors and the output against the reference; raises on every rank if any rank is
     wrong (so no rank is left waiting in a collective)."""
     from taxmodel.errors import RunError
-    from taxmodel.kernels._sync import check_errors
+    from taxmodel.kernels.device.sync import check_errors
 
     problem = ""
     try:
@@ -332,7 +332,7 @@ def _phase_errors(ctx: Any, states: dict[str, Any], case: Case, phase: str) -> s
     error words are then cleared on every rank (after a barrier: no kernel of the phase still runs,
     and the device epochs counted every launch, so the next phase starts consistent)."""
     from taxmodel.errors import RunError
-    from taxmodel.kernels._sync import check_errors
+    from taxmodel.kernels.device.sync import check_errors
 
     ctx.synchronize()
     problem = ""

@@ -4,7 +4,7 @@ time (CUDA events over the replay / calls) against each kernel's own duration an
 them; and the same all-gather alone after a GPU sleep, as it runs inside a workload.
 
 GPU (2 ranks, under a minute):
-    torchrun --standalone --nproc-per-node 2 benchmarks/probe_collective_trace.py
+    torchrun --standalone --nproc-per-node 2 scripts/probe_collective_trace.py
 Results: printed by rank 0 and written to $OUT/coll_trace.json (or /tmp)."""
 import os, json, torch, torch.distributed as dist
 from torch.profiler import profile, ProfilerActivity

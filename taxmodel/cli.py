@@ -405,11 +405,13 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
     """
     from taxmodel.fsutil import atomic_write
     from taxmodel.model import validate as val
+    from taxmodel.model.analytic.fitted import FITTED_FILE
+    from taxmodel.model.validation_markdown import markdown_table, update_docs as update_table
 
     if fitted_from and (no_fit or update_docs):
         raise click.UsageError("--fitted-from fits nothing: it goes with neither --no-fit nor --update-docs")
     v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from)
-    text = val.markdown_table(v)
+    text = markdown_table(v)
     click.echo(text, nl=False)
     for s in v.skipped:
         click.echo(f"skipped {s}", err=True)
@@ -417,9 +419,9 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
         atomic_write(markdown, text, what="Markdown table")
         click.echo(f"wrote {markdown}")
     if update_docs:
-        click.echo(f"updated {val.update_docs(docs_file, v)}")
+        click.echo(f"updated {update_table(docs_file, v)}")
         if not no_fit:
-            click.echo(f"updated {val.write_fitted(val.FITTED_FILE, v)} (the fitted parameters taxmodel predict uses)")
+            click.echo(f"updated {val.write_fitted(FITTED_FILE, v)} (the fitted parameters taxmodel predict uses)")
     sys.exit(0 if v.passed or v.table.empty else 1)
 
 

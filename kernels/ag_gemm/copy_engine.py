@@ -3,7 +3,7 @@
 Why: a DMA copy engine moves a block over NVLink without taking a single SM away from the GEMM,
 and a stream memory operation (``cuStreamWriteValue32``, which fences the stream's earlier writes
 system-wide before it lands) publishes "block j of epoch e is here" without a kernel launch. The
-GEMM then waits on that flag with the usual bounded acquire (``kernels/_sync.py``). Iris's own
+GEMM then waits on that flag with the usual bounded acquire (``kernels/device/sync.py``). Iris's own
 copy-engine ``put`` drives AMD SDMA queues only; on NVIDIA the driver's copy engines are reached
 through ``cuMemcpyAsync`` on UVA addresses (the peers' heaps are mapped into this process).
 
@@ -24,7 +24,7 @@ import torch
 import triton
 
 from taxmodel.errors import RunError
-from taxmodel.kernels._sync import signal
+from taxmodel.kernels.device.sync import signal
 
 
 @triton.jit

@@ -31,7 +31,7 @@ epoch argument would be frozen into the graph). The push variant double-buffers 
 and flags by epoch parity: ``parity_rows`` and ``flag_parity_stride`` are the offsets of the odd
 parity (0 when there is a single buffer); own rows are always read from parity 0.
 
-In-kernel records (``INSTRUMENT``, kernels/_trace.py), only at phase changes because a record
+In-kernel records (``INSTRUMENT``, kernels/device/trace.py), only at phase changes because a record
 costs a CTA barrier and a clock read (and a GEMM waits on up to ``K_PIECES`` flags per remote tile,
 most already set): before each wait on a K piece the flag is read once; if it is not
 there yet, the CTA records ``compute`` (everything since its previous record: MMA loops,
@@ -59,8 +59,8 @@ import triton.language as tl
 
 import iris
 
-from taxmodel.kernels import _trace
-from taxmodel.kernels._sync import fence_tma_after_acquire, interpreting, wait_geq
+from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.sync import fence_tma_after_acquire, interpreting, wait_geq
 
 A_LOCAL = 0
 A_PULL = 1
@@ -128,7 +128,7 @@ def ag_gemm_kernel(
     K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
-    t_rec = _trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
+    t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     num_mblocks = WORLD * blocks_per_rank
     n_tiles = tl.cdiv(N, BLOCK_N)
@@ -173,11 +173,11 @@ def ag_gemm_kernel(
                     # straddle the flag's arrival and split the CTA (misaligned barriers, a hang).
                     late = tl.atomic_add(flags_base + piece_flag, 0, sem="relaxed", scope="sys") < epoch
                     if late:
-                        t_rec = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
+                        t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
                 wait_geq(flags_base + piece_flag, epoch, budget, err_ptr, rank, src, piece_flag, kernel_id, SYNC_MODE)
                 if INSTRUMENT:
                     if late:
-                        t_rec = _trace.mark(rec_ptr, pid, _trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
+                        t_rec = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
                 if USE_TMA:
                     fence_tma_after_acquire(SYNC_MODE)
                 if COUNT:
@@ -231,7 +231,7 @@ def ag_gemm_kernel(
             # Tiles are numbered in C order (global M-block, N-tile) so tests can index them.
             c_tile = (src * blocks_per_rank + j) * n_tiles + pid_n
             tl.atomic_add(count_ptr + c_tile, 1)
-    t_rec = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
+    t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:
         advance_epoch(epoch_ptr, epoch, NUM_PROGS)
@@ -372,7 +372,7 @@ def tile_counts(m_loc: int, n: int, world: int, cfg: GemmConfig) -> tuple[int, i
 
 
 def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, pieces: int, device: torch.device,
-                       reserve: int = 0) -> _trace.RecordLayout:
+                       reserve: int = 0) -> trace.RecordLayout:
     """Record slots of one ``A_WAIT`` launch (the grid ``num_programs`` gives for ``device`` and
     ``reserve``): a program writes at most one record, plus two per remote tile it computes and K
     piece (if every wait spun). Remote tiles come after the own ones in one contiguous run of tile
@@ -380,7 +380,7 @@ def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, pieces: 
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
     programs = num_programs(cfg, device, world * bpr * n_tiles, reserve)
     remote = (world - 1) * bpr * n_tiles
-    return _trace.RecordLayout(programs, 1 + 2 * pieces * triton.cdiv(remote, programs))
+    return trace.RecordLayout(programs, 1 + 2 * pieces * triton.cdiv(remote, programs))
 
 
 def launch_ag_gemm(
@@ -412,7 +412,7 @@ def launch_ag_gemm(
         a, b, c, a_desc, b_desc, c_desc,
         flags if flags is not None else dummy, heap_bases if heap_bases is not None else dummy, err,
         count if count is not None else dummy, seen if seen is not None else dummy,
-        epochs if epochs is not None else dummy, _trace.record_pointer(records, dummy),
+        epochs if epochs is not None else dummy, trace.record_pointer(records, dummy),
         m_loc, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         parity_rows, flag_parity_stride,
@@ -421,5 +421,5 @@ def launch_ag_gemm(
         GROUP_M=cfg.group_m, NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=use_tma,
         SYNC_MODE=sync, COUNT=count is not None, TMA_STORE=tma_store, EPI_SPLIT=cfg.epi_split if tma_store else 1,
         K_PIECES=pieces, KT_PER_PIECE=piece_cols(cfg, k) // cfg.block_k if pieces > 1 else triton.cdiv(k, cfg.block_k),
-        INSTRUMENT=_trace.instrument_code(records), num_warps=cfg.num_warps,
+        INSTRUMENT=trace.instrument_code(records), num_warps=cfg.num_warps,
     )

@@ -11,8 +11,7 @@ Transports (``cfg.transport``):
   stream, beside the GEMM.
 - ``"direct"``: the GEMM loads remote tiles straight from the peers' heaps with ``iris.load``. Each
   A tile then crosses the link once per N-tile that uses it (``N / BLOCK_N`` times the all-gather's
-  bytes: 32x at N=8192, BLOCK_N=256): the first version's design, kept as the reference for why
-  staging matters.
+  bytes: 32x at N=8192, BLOCK_N=256): kept as the reference for why staging matters.
 
 Each rank's shard is its own slab of its gathered buffer, written during setup; setup ends with a
 barrier, so a slab never changes while a peer reads it (a workload whose A changed every iteration

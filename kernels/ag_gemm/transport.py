@@ -32,8 +32,8 @@ import triton.language as tl
 
 import iris
 
-from taxmodel.kernels import _trace
-from taxmodel.kernels._sync import signal
+from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.sync import signal
 
 from .copy_engine import CopyEngine
 from .gemm_tiles import GemmConfig, advance_epoch, k_pieces, piece_cols
@@ -67,7 +67,7 @@ def copy_blocks_kernel(
     clock of the in-kernel records (``INSTRUMENT``).
     """
     pid = tl.program_id(0)
-    t_rec = _trace.begin(INSTRUMENT, MODE)
+    t_rec = trace.begin(INSTRUMENT, MODE)
     epoch = tl.load(epoch_ptr) + 1
     parity = epoch % 2
     dst_shift = parity * parity_rows * stride_m
@@ -112,10 +112,10 @@ def copy_blocks_kernel(
         flag = flags_base + (owner * blocks_per_rank + j) * pieces + piece
         if PULL:
             signal(flag, epoch, rank, rank, heap_bases)
-            t_rec = _trace.mark(rec_ptr, pid, _trace.REMOTE_LOAD, t_rec, INSTRUMENT, MODE)
+            t_rec = trace.mark(rec_ptr, pid, trace.REMOTE_LOAD, t_rec, INSTRUMENT, MODE)
         else:
             signal(flag, epoch, rank, peer, heap_bases)
-            t_rec = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t_rec, INSTRUMENT, MODE)
+            t_rec = trace.mark(rec_ptr, pid, trace.STORE_PUSH, t_rec, INSTRUMENT, MODE)
     advance_epoch(epoch_ptr, epoch, NUM_PROGS)
 
 
@@ -136,11 +136,11 @@ def copy_plan(m_loc: int, k: int, world: int, cfg: GemmConfig) -> tuple[int, int
     return max(1, min(cfg.push_progs, items)), items, ck, bk
 
 
-def copy_record_layout(m_loc: int, k: int, world: int, cfg: GemmConfig) -> _trace.RecordLayout:
+def copy_record_layout(m_loc: int, k: int, world: int, cfg: GemmConfig) -> trace.RecordLayout:
     """Record slots of one ``copy_blocks_kernel`` launch: one record per work item, items taken
     with stride ``programs``."""
     programs, items, _, _ = copy_plan(m_loc, k, world, cfg)
-    return _trace.RecordLayout(programs, triton.cdiv(items, programs))
+    return trace.RecordLayout(programs, triton.cdiv(items, programs))
 
 
 def reserved_programs(st: AgGemmState) -> int:
@@ -165,10 +165,10 @@ def launch_copy_blocks(gathered: torch.Tensor, flags: torch.Tensor, heap_bases: 
     rows = min(cfg.push_rows, cfg.block_m)
     even = (m_loc % cfg.block_m == 0 and k % ck == 0 and cfg.block_m % rows == 0 and gathered.stride(1) == 1)
     copy_blocks_kernel[(progs,)](
-        gathered, flags, heap_bases, epochs, _trace.record_pointer(records, epochs),
+        gathered, flags, heap_bases, epochs, trace.record_pointer(records, epochs),
         m_loc, k, gathered.stride(0), parity_rows, flag_parity_stride, rank,
         WORLD=world, PULL=pull, BLOCK_M=cfg.block_m, ROWS=rows, BLOCK_K=bk, CHUNK_K=ck, NUM_PROGS=progs,
-        EVEN=even, MODE=sync, INSTRUMENT=_trace.instrument_code(records), num_warps=cfg.push_warps,
+        EVEN=even, MODE=sync, INSTRUMENT=trace.instrument_code(records), num_warps=cfg.push_warps,
     )
 
 

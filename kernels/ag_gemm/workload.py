@@ -115,7 +115,7 @@ class AgGemm(Workload):
         }
 
     def setup(self, ctx: Any, shape: Mapping[str, int], variant: Variant) -> AgGemmState:
-        from taxmodel.kernels._sync import new_error_buffer, spin_budget, sync_mode
+        from taxmodel.kernels.device.sync import new_error_buffer, spin_budget, sync_mode
 
         shape = dict(shape)
         world, rank, device = ctx.world_size, ctx.rank, torch.device(ctx.device)

@@ -10,7 +10,7 @@ The model cannot predict the host harness's skew; it can predict a gate's.
 How: before a step, each rank enqueues ``gate_kernel`` (one program) on its stream. The kernel
 adds one to an arrival counter on every rank's symmetric heap (release, system scope; the adds
 to all ranks at once, one thread each), waits until
-its own counter reaches ``world_size x epoch`` (a bounded ``_sync.wait_geq``: a missing peer is
+its own counter reaches ``world_size x epoch`` (a bounded ``sync.wait_geq``: a missing peer is
 reported, never waited for forever), then holds for ``hold`` more (its own clock). The hold is
 what lets every host enqueue the step (a CUDA graph launch, or eager launches for that long)
 behind the gate before its GPU is released, so a rank whose host arrived last does not start
@@ -34,11 +34,11 @@ import torch
 import triton
 import triton.language as tl
 
-from taxmodel.kernels import _sync
+from taxmodel.kernels.device import sync
 
 #: The kernel as traces name it (``taxmodel.trace.capture_meta.GATE_ROLES`` gives it the role "other").
 KERNEL_NAME = "taxmodel_gate_kernel"
-#: Kernel id in the error record (``_sync.check_errors``).
+#: Kernel id in the error record (``sync.check_errors``).
 GATE_KERNEL_ID: tl.constexpr = tl.constexpr(90)
 
 
@@ -46,7 +46,7 @@ GATE_KERNEL_ID: tl.constexpr = tl.constexpr(90)
 def taxmodel_gate_kernel(counter_ptr, heap_bases, err_ptr, rank, world_size, target, budget, hold,
                          MODE: tl.constexpr, W_P2: tl.constexpr):
     """Arrive at every rank's counter, wait until all ``world_size`` ranks arrived ``target //
-    world_size`` times, then spin ``hold`` more (``_sync.spin_budget`` units: 10-ns ticks on AMD, else ns)."""
+    world_size`` times, then spin ``hold`` more (``sync.spin_budget`` units: 10-ns ticks on AMD, else ns)."""
     # One add per rank, all in flight at once (one thread each): added one after another, each
     # release-add waited for the previous one (~1 us over NVLink), so on 4 H200s the ranks were
     # released in the adder's loop order, 0, ~1 and ~2 us apart.
@@ -54,12 +54,12 @@ def taxmodel_gate_kernel(counter_ptr, heap_bases, err_ptr, rank, world_size, tar
     tl.debug_barrier()
     iris.atomic_add(counter_ptr + peers * 0, tl.full([W_P2], 1, tl.int32), rank, peers, heap_bases,
                     mask=peers < world_size, sem="release", scope="sys")
-    ok = _sync.wait_geq(counter_ptr, target, budget, err_ptr, rank, -1, 0, GATE_KERNEL_ID, MODE)
+    ok = sync.wait_geq(counter_ptr, target, budget, err_ptr, rank, -1, 0, GATE_KERNEL_ID, MODE)
     if ok:
-        start = _sync.now(MODE)
+        start = sync.now(MODE)
         held = tl.full((), 0, tl.int64)
         while held < hold:
-            held = _sync.now(MODE) - start
+            held = sync.now(MODE) - start
 
 
 class DeviceGate:
@@ -71,12 +71,12 @@ class DeviceGate:
             raise ValueError(f"the gate's hold must be 0 or more seconds, got {hold_s}")
         self.rank, self.world_size = int(rank), int(world_size)
         device = torch.device(device)
-        self.mode = _sync.sync_mode(device)
+        self.mode = sync.sync_mode(device)
         self.counter = heap.zeros(1, torch.int32)  # same offset on every rank: allocated in the same order
         self.heap_bases = heap.heap_bases.to(device)
-        self.err = _sync.new_error_buffer(device)
-        self.budget = _sync.spin_budget(spin_timeout_s, self.mode)
-        self.hold = _sync.spin_budget(hold_s, self.mode) if hold_s > 0 else 0
+        self.err = sync.new_error_buffer(device)
+        self.budget = sync.spin_budget(spin_timeout_s, self.mode)
+        self.hold = sync.spin_budget(hold_s, self.mode) if hold_s > 0 else 0
         self.epoch = 0
 
     def __call__(self) -> None:
@@ -88,5 +88,5 @@ class DeviceGate:
 
     def check(self) -> None:
         """Raise ``RunError`` if a gate gave up waiting (a host sync; call it outside traced steps)."""
-        _sync.check_errors(self.err, f"{KERNEL_NAME} (device alignment before a step: a rank never reached it)",
+        sync.check_errors(self.err, f"{KERNEL_NAME} (device alignment before a step: a rank never reached it)",
                            mode=self.mode)

@@ -41,7 +41,7 @@ Record words: ``end`` is the full clock at the mark, ``start`` the low 48 bits o
 (all ``t`` keeps); the host restores it as ``end - ((end - start) mod 2^48)``, exact for phases
 shorter than 2^48 ticks, so every record carries absolute device times.
 
-Timestamps come from ``_sync.now(MODE)``: %globaltimer ns on NVIDIA, s_memrealtime 10-ns ticks on
+Timestamps come from ``sync.now(MODE)``: %globaltimer ns on NVIDIA, s_memrealtime 10-ns ticks on
 AMD, the host's monotonic ns under Triton's interpreter. Phases are chained: a CTA reads the
 clock once per boundary and each phase ends where the next starts, so a CTA's phases never
 overlap and sum to its lifetime (first start to last end).
@@ -59,7 +59,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from taxmodel.kernels import _sync
+from taxmodel.kernels.device import sync
 
 #: Phases a fused kernel can record, in id order (the id is what the kernel writes).
 PHASES: tuple[str, ...] = ("flag_wait", "remote_load", "compute", "store_push", "combine")
@@ -148,7 +148,7 @@ def begin(INSTRUMENT: tl.constexpr, MODE: tl.constexpr):
     """The CTA's first timestamp with record count k = 0 (a constant 0 when not instrumented,
     which the compiler drops)."""
     if INSTRUMENT:
-        t = _sync.now(MODE) << _K_BITS_C
+        t = sync.now(MODE) << _K_BITS_C
     else:
         t = tl.full((), 0, tl.int64)
     return t
@@ -181,7 +181,7 @@ def mark(rec_ptr, cta, phase, t_start, INSTRUMENT: tl.constexpr, MODE: tl.conste
             per_cta = INSTRUMENT % 65536
             append = 0
         tl.debug_barrier()
-        now = _sync.now(MODE)
+        now = sync.now(MODE)
         k = t_start & _K_MASK
         start = (t_start >> _K_BITS_C) & _CLOCK_MASK
         cta64 = tl.cast(cta, tl.int64)

@@ -32,8 +32,8 @@ Push protocols (``LL`` constexpr; ``FusedConfig.protocol``):
   store; the receiver polls the words until all hold the epoch. No fence, no flag, no atomic on
   the critical path: the step's cross-rank latency is one NVLink store plus the poll.
 - ``flags``: fp32 stores, then per peer a system-scope
-  release-exchange of flag [pair, rank] (``_sync.signal``); the receiver waits on each peer's flag
-  (``_sync.wait_geq``: poll, then a system-scope acquire). That is W system-scope releases
+  release-exchange of flag [pair, rank] (``sync.signal``); the receiver waits on each peer's flag
+  (``sync.wait_geq``: poll, then a system-scope acquire). That is W system-scope releases
   serialized behind remote atomics, and W acquires, per pair: measured 0.82x of BSP at b1-kv1k
   in CUDA graphs, with dedicated combiners.
 
@@ -63,7 +63,7 @@ buffer is double-buffered by epoch parity: a peer can run at most one step ahead
 cannot finish before this rank's step e+1 pushes, which starts after this rank's step e ended),
 so its step-e+1 pushes land in the other half while this rank still reads step e's half.
 
-In-kernel records (``ctx.instrument``; kernels/_trace.py): workers record ``compute`` (their split),
+In-kernel records (``ctx.instrument``; kernels/device/trace.py): workers record ``compute`` (their split),
 and the last worker of a pair ``combine`` (the split combine) and ``store_push``; the combine of the
 ranks' partials records ``flag_wait`` and ``combine`` under the combiner's id (a dedicated
 combiner's program id, or ``n_workers + pair`` when the last worker combines, so those records
@@ -86,7 +86,7 @@ import torch
 import triton
 import triton.language as tl
 
-from taxmodel.kernels import _sync, _trace
+from taxmodel.kernels.device import sync, trace
 from taxmodel.kernels.flash_decode import ll
 from taxmodel.kernels.flash_decode.combine import (combine_block, combine_rows, combine_tile, finish_merge,
                                                    merge_partials, packed_size)
@@ -129,7 +129,7 @@ def _push_rows(recv, half, row0, unit, out, lse, epoch, flag_ptr, rank, world_si
             iris.store(mine_f + rows_total * D + row, lse, rank, dst, heap_bases, mask=r_ok)
         tl.debug_barrier()  # all threads' pushes precede the flags
         for dst in range(world_size):
-            _sync.signal(flag_ptr + unit * world_size + rank, epoch, rank, dst, heap_bases)
+            sync.signal(flag_ptr + unit * world_size + rank, epoch, rank, dst, heap_bases)
 
 
 @triton.jit
@@ -170,19 +170,19 @@ def _combine_rows(row0, unit, own_out, own_lse, HAVE_OWN: tl.constexpr, recv, ha
                                          r_ok, epoch, budget, err_ptr, rank, src, unit * world_size + src,
                                          KERNEL_ID, MODE)
             m, wsum, acc = merge_partials(m, wsum, acc, lse[:, None], o[:, None, :])
-        t = _trace.mark(rec_ptr, cta, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
+        t = trace.mark(rec_ptr, cta, trace.FLAG_WAIT, t, INSTRUMENT, MODE)
         out, lse_all = finish_merge(m, wsum, acc)
     else:
         for src in range(world_size):
             flag_index = unit * world_size + src
-            _sync.wait_geq(flag_ptr + flag_index, epoch, budget, err_ptr, rank, src, flag_index, KERNEL_ID, MODE)
+            sync.wait_geq(flag_ptr + flag_index, epoch, budget, err_ptr, rank, src, flag_index, KERNEL_ID, MODE)
         tl.debug_barrier()
-        t = _trace.mark(rec_ptr, cta, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
+        t = trace.mark(rec_ptr, cta, trace.FLAG_WAIT, t, INSTRUMENT, MODE)
         vals = _as_fp32(recv) + half * world_size * slot
         out, lse_all = combine_tile(vals + row0 * D, vals + rows_total * D + row0,
                                     world_size, slot, D, slot, 1, R, R_P2, D, W_P2)
     tl.store(out_ptr + row[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty), mask=r_ok[:, None])
-    t = _trace.mark(rec_ptr, cta, _trace.COMBINE, t, INSTRUMENT, MODE)
+    t = trace.mark(rec_ptr, cta, trace.COMBINE, t, INSTRUMENT, MODE)
     return t
 
 
@@ -212,7 +212,7 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                        INSTRUMENT: tl.constexpr = False, LL: tl.constexpr = True,
                        SLICES: tl.constexpr = 0, RS: tl.constexpr = 1, RS_P2: tl.constexpr = 1):
     pid = tl.program_id(0)
-    t = _trace.begin(INSTRUMENT, MODE)  # in-kernel records (kernels/_trace.py); nothing when off
+    t = trace.begin(INSTRUMENT, MODE)  # in-kernel records (kernels/device/trace.py); nothing when off
     pairs = (rows_total // G)
     n_workers = pairs * num_splits
     epoch = tl.load(epoch_ptr) + 1
@@ -228,7 +228,7 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                      stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                      G, G_DOT, D, BLOCK_N, NUM_STAGES, DOT_F32)
         tl.debug_barrier()  # every thread's partial stores precede the release below
-        t = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t, INSTRUMENT, MODE)
+        t = trace.mark(rec_ptr, pid, trace.COMPUTE, t, INSTRUMENT, MODE)
         arrived = tl.atomic_add(counter_ptr + bk, 1, sem="acq_rel", scope="gpu")
         if arrived == num_splits - 1:
             tl.store(counter_ptr + bk, 0)  # ready for the next launch (same stream, so no race)
@@ -239,10 +239,10 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
             else:
                 out, lse = combine_tile(part_out_ptr + bk * num_splits * G * D, part_lse_ptr + bk * num_splits * G,
                                         num_splits, G * D, D, G, 1, G, G_P2, D, NB)
-                t = _trace.mark(rec_ptr, pid, _trace.COMBINE, t, INSTRUMENT, MODE)
+                t = trace.mark(rec_ptr, pid, trace.COMBINE, t, INSTRUMENT, MODE)
                 _push_rows(recv, half, bk * G, bk, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot,
                            heap_bases, G, G_P2, D, LL)
-                t = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t, INSTRUMENT, MODE)
+                t = trace.mark(rec_ptr, pid, trace.STORE_PUSH, t, INSTRUMENT, MODE)
                 if num_combiners == 0:
                     # This program is the pair's combiner too; its records carry the combiner id a
                     # dedicated combiner of this pair would have (n_workers + pair).
@@ -258,15 +258,15 @@ def flash_decode_fused(q_ptr, k_ptr, v_ptr, out_ptr, part_out_ptr, part_lse_ptr,
         for u in range(pid - n_workers, units, num_combiners):
             bk = u // SLICES
             row0 = bk * G + (u % SLICES) * RS
-            _sync.wait_geq(ready_ptr + bk, epoch, budget, err_ptr, rank, rank, bk, KERNEL_ID, MODE, True)
-            t = _trace.mark(rec_ptr, pid, _trace.FLAG_WAIT, t, INSTRUMENT, MODE)
+            sync.wait_geq(ready_ptr + bk, epoch, budget, err_ptr, rank, rank, bk, KERNEL_ID, MODE, True)
+            t = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t, INSTRUMENT, MODE)
             part = bk * num_splits * G + (u % SLICES) * RS  # first row of the slice in split 0
             out, lse = combine_tile(part_out_ptr + part * D, part_lse_ptr + part,
                                     num_splits, G * D, D, G, 1, RS, RS_P2, D, NB)
-            t = _trace.mark(rec_ptr, pid, _trace.COMBINE, t, INSTRUMENT, MODE)
+            t = trace.mark(rec_ptr, pid, trace.COMBINE, t, INSTRUMENT, MODE)
             _push_rows(recv, half, row0, u, out, lse, epoch, flag_ptr, rank, world_size, rows_total, slot, heap_bases,
                        RS, RS_P2, D, LL)
-            t = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t, INSTRUMENT, MODE)
+            t = trace.mark(rec_ptr, pid, trace.STORE_PUSH, t, INSTRUMENT, MODE)
             t = _combine_rows(row0, u, out, lse, True, recv, half, out_ptr, flag_ptr, epoch, budget, err_ptr,
                               rank, world_size, rows_total, slot, rec_ptr, pid, t,
                               RS, RS_P2, D, W_P2, LL, KERNEL_ID, MODE, INSTRUMENT)
@@ -367,7 +367,7 @@ class FusedState:
                self.rank, self.world_size, a.batch * a.q_heads, self.num_combiners, self.budget)
         rows = combine_rows(a, self.config.slices)  # per local combine
         kw = dict(a.constexprs(), G_P2=next_pow2(a.group), NB=combine_block(rows), W_P2=next_pow2(self.world_size),
-                  MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, INSTRUMENT=_trace.instrument_code(self.records),
+                  MODE=self.mode, KERNEL_ID=FUSED_KERNEL_ID, INSTRUMENT=trace.instrument_code(self.records),
                   LL=PROTOCOLS[self.config.protocol], num_warps=a.cfg.num_warps,
                   **slice_constexprs(self.config.slices, rows))
         self.__dict__["_launch_args"] = (pos, kw)
@@ -378,8 +378,8 @@ class FusedState:
         return self.records.tensor() if self.records is not None else self.err
 
     @property
-    def record_layout(self) -> _trace.RecordLayout:
-        """Record slots of one launch (kernels/_trace.py: logical CTA ids, records per id).
+    def record_layout(self) -> trace.RecordLayout:
+        """Record slots of one launch (kernels/device/trace.py: logical CTA ids, records per id).
 
         Ids: workers 0 .. n_workers-1, then either the logical combiner ids n_workers + pair (the
         pair's last worker combines; its chain continues there, so its combine records are its 4th
@@ -398,7 +398,7 @@ class FusedState:
         else:
             per_cta = 0
         units = pairs * max(1, self.config.slices)
-        return _trace.RecordLayout(n_workers + max(c, units), max(_trace.RECORDS_PER_CTA, per_cta))
+        return trace.RecordLayout(n_workers + max(c, units), max(trace.RECORDS_PER_CTA, per_cta))
 
     @property
     def grid(self) -> tuple[int]:
@@ -442,7 +442,7 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
     flags = heap.zeros((args.batch * args.q_heads, w), torch.int32)
     part_out = torch.empty(pairs, args.plan.num_splits, args.group, args.head_dim, dtype=torch.float32, device=dev)
     part_lse = torch.empty(pairs, args.plan.num_splits, args.group, dtype=torch.float32, device=dev)
-    mode = _sync.sync_mode(dev)
+    mode = sync.sync_mode(dev)
     combiners = combiner_count(config, pairs, num_sms)
     state = FusedState(
         args=args, out=out, part_out=part_out, part_lse=part_lse,
@@ -451,9 +451,9 @@ def make_fused_state(ctx: Any, args: SplitKVArgs, out: torch.Tensor, num_sms: in
         epoch=torch.zeros(1, dtype=torch.int32, device=dev),
         done=torch.zeros(1, dtype=torch.int32, device=dev),
         ready=torch.zeros(pairs, dtype=torch.int32, device=dev),
-        err=_sync.new_error_buffer(dev), heap_bases=heap.heap_bases.to(dev),
+        err=sync.new_error_buffer(dev), heap_bases=heap.heap_bases.to(dev),
         rank=ctx.rank, world_size=w, num_combiners=combiners,
-        budget=_sync.spin_budget(ctx.spin_timeout_s, mode), mode=mode, config=config,
+        budget=sync.spin_budget(ctx.spin_timeout_s, mode), mode=mode, config=config,
     )
     state.records = ctx.record_buffer(KERNEL_NAME, state.record_layout, dev)
     return state
@@ -476,4 +476,4 @@ def launch_fused(state: FusedState) -> None:
 
 def check_fused(state: FusedState, ctx: Any = None) -> None:
     """Raise RunError if a combiner gave up waiting (reads the error buffer: a host sync)."""
-    _sync.check_errors(state.err, KERNEL_NAME, ctx, state.mode)
+    sync.check_errors(state.err, KERNEL_NAME, ctx, state.mode)

@@ -26,7 +26,7 @@ import iris
 import triton
 import triton.language as tl
 
-from taxmodel.kernels import _sync
+from taxmodel.kernels.device import sync
 
 
 @triton.jit
@@ -73,8 +73,8 @@ def _pause(MODE: tl.constexpr):
 
 @triton.jit
 def _give_up(err_ptr, rank, peer, flag_index, kernel_id, target, seen, waited):
-    """Record a give-up in the error buffer (layout ``_sync.ERR_FIELDS``; first failure wins), so
-    ``_sync.check_errors`` reports an LL wait exactly as it reports a flag wait."""
+    """Record a give-up in the error buffer (layout ``sync.ERR_FIELDS``; first failure wins), so
+    ``sync.check_errors`` reports an LL wait exactly as it reports a flag wait."""
     old = tl.atomic_cas(err_ptr, tl.full((), 0, tl.int64), tl.full((), 1, tl.int64), sem="acq_rel", scope="gpu")
     if old == 0:
         tl.store(err_ptr + 1, tl.cast(rank, tl.int64))
@@ -97,7 +97,7 @@ def _poll(ptrs, mask, e, waited, failed, start, budget, err_ptr, MODE: tl.conste
         _pause(MODE)
         words = tl.load(ptrs, mask=mask, other=0, volatile=True)
         miss = _missing(words, mask, e)
-        waited = _sync.now(MODE) - start
+        waited = sync.now(MODE) - start
         failed = tl.load(err_ptr, volatile=True)
     return words, miss, waited, failed
 
@@ -106,7 +106,7 @@ def _poll(ptrs, mask, e, waited, failed, start, budget, err_ptr, MODE: tl.conste
 def wait_rows(out_ptrs, out_mask, lse_ptrs, lse_mask, epoch, budget, err_ptr, rank, peer, flag_index, kernel_id,
               MODE: tl.constexpr):
     """Poll one peer's LL words (an [R, D] output tile and its [R] log-sum-exps) until all hold
-    ``epoch``; return (out fp32, lse fp32, ok). Bounded by ``budget`` (``_sync.spin_budget`` units);
+    ``epoch``; return (out fp32, lse fp32, ok). Bounded by ``budget`` (``sync.spin_budget`` units);
     a give-up is recorded in ``err_ptr`` and every later wait of the launch returns at once.
 
     The lse words are polled first: a few bytes per poll while the peer is still working; the
@@ -114,7 +114,7 @@ def wait_rows(out_ptrs, out_mask, lse_ptrs, lse_mask, epoch, budget, err_ptr, ra
     """
     e = tl.cast(epoch, tl.int64)
     failed = tl.load(err_ptr, volatile=True)
-    start = _sync.now(MODE)
+    start = sync.now(MODE)
     waited = tl.full((), 0, tl.int64)
     wl, miss_l, waited, failed = _poll(lse_ptrs, lse_mask, e, waited, failed, start, budget, err_ptr, MODE)
     wo, miss_o, waited, failed = _poll(out_ptrs, out_mask, e, waited, failed, start, budget, err_ptr, MODE)

@@ -94,7 +94,7 @@ def _dtype(shape: Mapping[str, int]) -> torch.dtype:
     return torch.float16 if int(shape.get("fp16", 0)) else torch.bfloat16
 
 
-def _num_sms(device: torch.device | str | None) -> int:
+def planner_sm_count(device: torch.device | str | None) -> int:
     """SMs the split planner assumes: the device's own, or an H200's when no GPU is at hand."""
     dev = torch.device(device) if device is not None else torch.device("cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
@@ -175,7 +175,7 @@ class FlashDecode(Workload):
         k, v = make_kv_shard(seed, ctx.rank, b, hkv, lens[ctx.rank], d, dtype, dev)
         validate(q, k, v, lens[ctx.rank])
         cfg = split_config(shape, dev)
-        plan = plan_splits(b, hkv, lens[ctx.rank], _num_sms(dev), cfg)
+        plan = plan_splits(b, hkv, lens[ctx.rank], planner_sm_count(dev), cfg)
         args = SplitKVArgs(q, k, v, lens[ctx.rank], plan, cfg)
         out = torch.full((b, hq, d), float("nan"), dtype=dtype, device=dev)
         own_heap = None
@@ -185,7 +185,7 @@ class FlashDecode(Workload):
             if ctx.heap is None:
                 own_heap = ctx.new_heap(self.heap_bytes(shape, ctx.world_size))
                 ctx = replace(ctx, heap=own_heap)
-            impl = fused.make_fused_state(ctx, args, out, _num_sms(dev), fused_config(shape))
+            impl = fused.make_fused_state(ctx, args, out, planner_sm_count(dev), fused_config(shape))
             fused.warmup_fused(impl)
             # Every rank has zeroed its flags and compiled its kernel before any rank pushes.
             ctx.barrier()
@@ -226,7 +226,7 @@ class FlashDecode(Workload):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dev = device
         cfg = split_config(shape, dev)
-        splits = plan_splits(b, hkv, mean_len, _num_sms(dev), cfg).num_splits
+        splits = plan_splits(b, hkv, mean_len, planner_sm_count(dev), cfg).num_splits
         partials = b * hq * splits * (d + 1) * 4
         if variant == "bsp":
             inter = [Intermediate("split_partials", partials, bsp.SPLIT_NAME, bsp.COMBINE_LOCAL_NAME)]

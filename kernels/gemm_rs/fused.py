@@ -23,7 +23,7 @@ A captured iteration therefore replays as the next iteration, and eager launches
 be mixed. In-kernel records under a graph: the record pointer is fixed at capture
 (``taxmodel.runtime.graph.GraphRecordSlots``).
 
-In-kernel records (``ctx.instrument``; kernels/_trace.py, docs/records.md): the GEMM records
+In-kernel records (``ctx.instrument``; kernels/device/trace.py, docs/records.md): the GEMM records
 ``compute`` per tile and ``store_push`` per tile pushed to a peer, the reduction ``flag_wait`` and
 ``combine`` per output tile (``tiles.py``). Without instrumentation both kernels compile with
 ``INSTRUMENT=False`` and hold no record code.
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.device.sync import check_errors
 
 from .tiles import (KERNEL_NAMES, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, own_tiles,
                     reduce_record_layout)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from taxmodel.errors import InputError
-from taxmodel.kernels._sync import interpreting
+from taxmodel.kernels.device.sync import interpreting
 from taxmodel.kernels.ag_gemm.gemm_tiles import CPU_CONFIG, GPU_CONFIG, GemmConfig
 from taxmodel.kernels.ag_gemm.state import pick_dtype as ag_pick_dtype
 from taxmodel.kernels.ag_gemm.state import symmetric_heap  # noqa: F401  (duck-typed: any state with ctx/heap)

@@ -10,7 +10,7 @@ exactly one owner.
 Push (``gemm_rs_kernel``): each finished tile goes straight into its owner's receive buffer on the
 symmetric heap, into the slot of this source rank (``recv[src, rows of the owner's slab, cols]``,
 ``iris.store``; own tiles with a plain store), then a release-set of the flag
-``flags[tile, src]`` on the owner to the epoch (``_sync.signal``). Each slot is written by one
+``flags[tile, src]`` on the owner to the epoch (``sync.signal``). Each slot is written by one
 source only, so no atomics on data are needed and the sum is deterministic.
 
 Tile order (why): peers' tiles first, own tiles last, since the owner's reduction of a tile needs
@@ -54,7 +54,7 @@ that already holds e+1 when epoch e is reduced is fine: the epoch-e data landed 
 ``COUNT`` (debug): per own output tile, how many times it was reduced and the least flag value
 it saw after its waits and before reading any slot, so tests can check the protocol.
 
-In-kernel records (``INSTRUMENT``, a constexpr; kernels/_trace.py, docs/records.md): per tile the
+In-kernel records (``INSTRUMENT``, a constexpr; kernels/device/trace.py, docs/records.md): per tile the
 GEMM records ``compute`` (the MMA loop), then ``store_push`` for a tile pushed to a peer (the
 remote store and its flag release, which waits for the stores to drain) or ``compute`` for an
 own tile (a local epilogue store); a reduction records ``flag_wait`` (its ``WORLD`` flags) and
@@ -72,8 +72,8 @@ import torch
 import triton
 import triton.language as tl
 
-from taxmodel.kernels import _trace
-from taxmodel.kernels._sync import interpreting, signal, wait_geq
+from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.sync import interpreting, signal, wait_geq
 from taxmodel.kernels.ag_gemm.gemm_tiles import (GemmConfig, advance_epoch, cached_descriptor, num_programs, tile_counts,
                                                  tma_available)
 
@@ -163,7 +163,7 @@ def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile
         peer = (rank + 1 + i) % WORLD  # peers in the order they push to us first, our own tile last
         wait_geq(flags_ptr + tile * WORLD + peer, epoch, budget, err_ptr, rank, peer, tile * WORLD + peer,
                  kernel_id, SYNC_MODE)
-    t = _trace.mark(rec_ptr, cta, _trace.FLAG_WAIT, t, INSTRUMENT, SYNC_MODE)
+    t = trace.mark(rec_ptr, cta, trace.FLAG_WAIT, t, INSTRUMENT, SYNC_MODE)
     if COUNT:
         least = tl.load(flags_ptr + tile * WORLD, volatile=True)
         for s in tl.static_range(1, WORLD):
@@ -181,7 +181,7 @@ def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile
         for s in tl.static_range(WORLD):  # source order: deterministic sum
             acc += tl.load(recv_ptr + s * slot + off, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
-    t = _trace.mark(rec_ptr, cta, _trace.COMBINE, t, INSTRUMENT, SYNC_MODE)
+    t = trace.mark(rec_ptr, cta, trace.COMBINE, t, INSTRUMENT, SYNC_MODE)
     return t
 
 
@@ -201,7 +201,7 @@ def gemm_rs_kernel(
     COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
-    t_rec = _trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records (kernels/_trace.py); nothing when off
+    t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records (kernels/device/trace.py); nothing when off
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = WORLD * blocks_per_rank * n_tiles
@@ -219,7 +219,7 @@ def gemm_rs_kernel(
         acc = tile_product(a_ptr, b_ptr, a_desc, b_desc, owner * M_loc + offs_r, row_ok, offs_n, col_ok,
                            owner * M_loc + j * BLOCK_M, pid_n * BLOCK_N, K, stride_am, stride_ak, stride_bk,
                            stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, USE_TMA)
-        t_rec = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
+        t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
         dst = mine + offs_r[:, None] * N + offs_n[None, :]
         mask = row_ok[:, None] & col_ok[None, :]
         val = acc.to(out_dtype)
@@ -233,7 +233,7 @@ def gemm_rs_kernel(
         tile = j * n_tiles + pid_n
         signal(flags_ptr + tile * WORLD + rank, epoch, rank, owner, heap_bases)
         # A peer's tile: moving it out is communication only; an own tile's store is the epilogue.
-        t_rec = _trace.mark(rec_ptr, pid, tl.where(owner == rank, _trace.COMPUTE, _trace.STORE_PUSH), t_rec,
+        t_rec = trace.mark(rec_ptr, pid, tl.where(owner == rank, trace.COMPUTE, trace.STORE_PUSH), t_rec,
                             INSTRUMENT, SYNC_MODE)
 
     if TAIL_REDUCE:
@@ -255,7 +255,7 @@ def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr,
     the one this iteration's GEMM published (it ran before on this stream); this kernel never
     changes it."""
     pid = tl.program_id(0)
-    t_rec = _trace.begin(INSTRUMENT, SYNC_MODE)
+    t_rec = trace.begin(INSTRUMENT, SYNC_MODE)
     n_tiles = tl.cdiv(N, BLOCK_N)
     epoch = tl.load(epoch_ptr)
     recv = _epoch_half(recv_ptr, epoch, M_loc, N, WORLD)
@@ -274,7 +274,7 @@ def own_tiles(m_loc: int, n: int, cfg: GemmConfig) -> int:
 
 
 def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, tail: bool,
-                       device: torch.device) -> _trace.RecordLayout:
+                       device: torch.device) -> trace.RecordLayout:
     """Record slots of one ``gemm_rs_kernel`` launch (the grid ``gemm_programs`` gives for
     ``device``): a program writes 2 records per tile of the partial product it computes (compute,
     then store_push or the own tile's epilogue), and 2 per own tile it reduces in the tail; tiles
@@ -283,12 +283,12 @@ def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, tail: bo
     tiles = world * bpr * n_tiles
     programs = gemm_programs(cfg, device, tiles, tail)
     per_cta = 2 * triton.cdiv(tiles, programs) + (2 * triton.cdiv(own_tiles(m_loc, n, cfg), programs) if tail else 0)
-    return _trace.RecordLayout(programs, per_cta)
+    return trace.RecordLayout(programs, per_cta)
 
 
-def reduce_record_layout(m_loc: int, n: int, cfg: GemmConfig) -> _trace.RecordLayout:
+def reduce_record_layout(m_loc: int, n: int, cfg: GemmConfig) -> trace.RecordLayout:
     """Record slots of one ``rs_reduce_kernel`` launch: one program per own tile, flag_wait and combine."""
-    return _trace.RecordLayout(own_tiles(m_loc, n, cfg), 2)
+    return trace.RecordLayout(own_tiles(m_loc, n, cfg), 2)
 
 
 def records_per_iteration(m_loc: int, n: int, world: int, cfg: GemmConfig) -> int:
@@ -341,11 +341,11 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     args = (a, b, a_desc, b_desc, recv, out, flags, heap_bases, err,
             count if count is not None else err, seen if seen is not None else err,
             m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
-            rank, epochs, budget, _trace.record_pointer(records, err))
+            rank, epochs, budget, trace.record_pointer(records, err))
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
               NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
-              INSTRUMENT=_trace.instrument_code(records), num_warps=cfg.num_warps)
+              INSTRUMENT=trace.instrument_code(records), num_warps=cfg.num_warps)
     if warmup_only:
         gemm_rs_kernel.warmup(*args, grid=(progs,), **kw)
     else:
@@ -363,9 +363,9 @@ def launch_rs_reduce(recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
     n = out.shape[1]
     grid = (own_tiles(m_loc, n, cfg),)
     args = (recv, out, flags, err, count if count is not None else err, seen if seen is not None else err,
-            m_loc, n, out.stride(0), rank, epochs, budget, _trace.record_pointer(records, err))
+            m_loc, n, out.stride(0), rank, epochs, budget, trace.record_pointer(records, err))
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS=reduce_rows(cfg.block_m, rows),
-              SYNC_MODE=sync, COUNT=count is not None, INSTRUMENT=_trace.instrument_code(records), num_warps=warps)
+              SYNC_MODE=sync, COUNT=count is not None, INSTRUMENT=trace.instrument_code(records), num_warps=warps)
     if warmup_only:
         rs_reduce_kernel.warmup(*args, grid=grid, **kw)
     else:

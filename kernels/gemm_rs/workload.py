@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import torch
 
-from taxmodel.kernels._sync import new_error_buffer, spin_budget, sync_mode
+from taxmodel.kernels.device.sync import new_error_buffer, spin_budget, sync_mode
 from taxmodel.kernels.ag_gemm.state import DTYPE_CODES, DTYPE_NAMES
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 

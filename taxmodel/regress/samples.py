@@ -75,8 +75,8 @@ class RowSamples:
 def samples_from_ledger(ledger: Any) -> pd.DataFrame:
     """repetition, iteration and one column per metric (ns, mean over ranks) from a Ledger.
 
-    Uses only ``ledger.parts`` and ``ledger.windows`` (CONTRACTS.md), so any object with those
-    two frames will do.
+    Uses only ``ledger.parts`` (columns ``LEDGER_COLUMNS``) and ``ledger.windows`` (``window_ns``
+    per iteration), so any object with those two frames will do.
     """
     parts = ledger.parts
     unknown = set(parts["subcategory"].unique()) - set(PARENT)

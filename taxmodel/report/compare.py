@@ -18,7 +18,8 @@ REFERENCE_VARIANT = "bsp"
 
 
 class LedgerLike(Protocol):
-    """What the report reads of a ``taxmodel.model.ledger.Ledger`` (see CONTRACTS.md)."""
+    """What the report reads of a ``taxmodel.model.ledger.Ledger`` (``parts``: the columns of
+    ``taxmodel.model.categories.LEDGER_COLUMNS``; ``windows``: one row per iteration with ``window_ns``)."""
 
     parts: pd.DataFrame
     windows: pd.DataFrame

@@ -17,7 +17,7 @@ that world size (``collectives_by_world``) and leaves the file's own curve alone
 Besides vendor GEMMs, HBM and NCCL, it measures what the analytic model of the fine-grained
 variants needs (docs/model.md): a Triton kernel's peer-load and peer-store bandwidth and the
 latency of one peer load through the symmetric heap (``TorchSymmetricHeap``), the cross-GPU flag
-round trip (a ping-pong kernel on ranks 0 and 1 with ``kernels/_sync.py``'s release-set and
+round trip (a ping-pong kernel on ranks 0 and 1 with ``kernels/device/sync.py``'s release-set and
 acquire-wait), launch costs as the profiler sees them (GPU gap between queued kernels, idle
 launch latency, host time per Triton and per torch launch), the spread of the ranks' release
 from a host barrier, the serial step of the flash decode combine (``calibrate_combine``) and
@@ -45,7 +45,7 @@ import triton.language as tl
 
 import iris
 from taxmodel.fsutil import atomic_write
-from taxmodel.kernels import _sync
+from taxmodel.kernels.device import sync
 from taxmodel.model.calibration import STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
 from taxmodel.runtime.bootstrap import join_process_group, rank_device
 from taxmodel.runtime.timing import Stopwatch, traced_events
@@ -328,11 +328,11 @@ def _pingpong_kernel(flags_ptr, err_ptr, heap_bases, base, rounds, budget, rank,
     for i in range(1, rounds + 1):
         target = base + i
         if rank == 0:
-            _sync.signal(flags_ptr, target, 0, 1, heap_bases)
-            _sync.wait_geq(flags_ptr + 1, target, budget, err_ptr, 0, 1, 1, 9, MODE)
+            sync.signal(flags_ptr, target, 0, 1, heap_bases)
+            sync.wait_geq(flags_ptr + 1, target, budget, err_ptr, 0, 1, 1, 9, MODE)
         else:
-            _sync.wait_geq(flags_ptr, target, budget, err_ptr, 1, 0, 0, 9, MODE)
-            _sync.signal(flags_ptr + 1, target, 1, 0, heap_bases)
+            sync.wait_geq(flags_ptr, target, budget, err_ptr, 1, 0, 0, 9, MODE)
+            sync.signal(flags_ptr + 1, target, 1, 0, heap_bases)
 
 
 @triton.jit
@@ -395,9 +395,9 @@ def flag_roundtrip(device: torch.device, timeout_s: float = 30.0) -> dict:
     heap = _heap(device, 1 << 20)
     rank = dist.get_rank()
     flags = heap.zeros(64, torch.int32)
-    err = _sync.new_error_buffer(device)
-    mode = _sync.sync_mode(device)
-    budget = _sync.spin_budget(timeout_s, mode)
+    err = sync.new_error_buffer(device)
+    mode = sync.sync_mode(device)
+    budget = sync.spin_budget(timeout_s, mode)
     base = 0
     times = {}
     heap.barrier()
@@ -414,7 +414,7 @@ def flag_roundtrip(device: torch.device, timeout_s: float = 30.0) -> dict:
                 samples.append(start.elapsed_time(end))
             base += rounds
         times[rounds] = statistics.median(samples) if samples else None
-    _sync.check_errors(err, "calibration ping-pong", None, mode)
+    sync.check_errors(err, "calibration ping-pong", None, mode)
     heap.barrier()
     heap.close()
     rt = (times[2100] - times[100]) * 1e-3 / 2000 if rank == 0 else None

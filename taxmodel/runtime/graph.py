@@ -19,7 +19,7 @@ Pieces, each small enough to test without a GPU (``tests/runtime/test_profile_gr
   under a graph. A graph freezes the record pointer its kernels got at capture, so the eager
   scheme (one buffer per iteration, switched between launches) cannot work. Instead one buffer
   per kernel holds a whole repetition (emptied in place before each, outside the trace; its
-  records appended through a cursor, kernels/_trace.py's append mode), and on
+  records appended through a cursor, kernels/device/trace.py's append mode), and on
   rank 0 the records are told apart by time: the one clock offset (per rank and repetition) at
   which the records fit inside the traced launches of their kernel places each record in its
   launch, hence its iteration.
@@ -230,12 +230,12 @@ class GraphRecordSlots:
     then keeps; ``rearm`` (before each repetition's traced loop, outside the trace) empties the
     slots in place and installs them again (``RecordBook.drain`` forgets them); ``drain`` returns
     the records with iteration -1 (unknown until ``assign_graph_record_iterations`` on rank 0).
-    The buffers are in append mode (kernels/_trace.py): fixed slots would keep only the last
+    The buffers are in append mode (kernels/device/trace.py): fixed slots would keep only the last
     replay, so here every record takes a slot with an atomic, room for ``iterations`` launches.
     """
 
     def __init__(self, book: Any, iterations: int) -> None:
-        from taxmodel.kernels._trace import RecordLayout
+        from taxmodel.kernels.device.trace import RecordLayout
         from taxmodel.runtime.records import new_buffer
 
         self.book = book

@@ -1,5 +1,5 @@
 """Host side of in-kernel trace records: device buffers, the drain, and the clock alignment that
-turns them into bundle rows of kind ``record`` (device side: ``kernels/_trace.py``; docs/records.md).
+turns them into bundle rows of kind ``record`` (device side: ``kernels/device/trace.py``; docs/records.md).
 
 Why per-iteration buffers instead of copying after every iteration: a copy or a reset issued
 inside the traced loop is GPU activity of its own (a memcpy and a memset in the trace) that the
@@ -28,39 +28,39 @@ import numpy as np
 import pandas as pd
 import torch
 
-from taxmodel.kernels import _sync, _trace
+from taxmodel.kernels.device import sync, trace
 
 RECORD_COLUMNS = ("rank", "repetition", "iteration", "name", "cta", "phase", "start_ns", "end_ns")
 """Columns of a drained record frame (times on the device clock, ns)."""
 
 
-def new_buffer(layout: _trace.RecordLayout | int, device: torch.device | str, append: bool = False) -> torch.Tensor:
+def new_buffer(layout: trace.RecordLayout | int, device: torch.device | str, append: bool = False) -> torch.Tensor:
     """A zeroed record buffer with ``layout``'s slots (an int: that many CTA ids with the default
-    records per id), its sizes in the header (layout: kernels/_trace.py). ``append``: one cursor
+    records per id), its sizes in the header (layout: kernels/device/trace.py). ``append``: one cursor
     for every record (CUDA-graph slots that collect several launches) instead of fixed slots."""
     layout = as_layout(layout)
-    buf = torch.zeros(_trace.HEADER + _trace.RECORD_WORDS * layout.slots, dtype=torch.int64, device=device)
-    buf[_trace.CTAS_WORD] = layout.ctas
-    buf[_trace.PER_CTA_WORD] = layout.per_cta
-    buf[_trace.APPEND_WORD] = int(append)
+    buf = torch.zeros(trace.HEADER + trace.RECORD_WORDS * layout.slots, dtype=torch.int64, device=device)
+    buf[trace.CTAS_WORD] = layout.ctas
+    buf[trace.PER_CTA_WORD] = layout.per_cta
+    buf[trace.APPEND_WORD] = int(append)
     return buf
 
 
-def as_layout(layout: _trace.RecordLayout | int) -> _trace.RecordLayout:
-    return layout if isinstance(layout, _trace.RecordLayout) else _trace.RecordLayout(int(layout))
+def as_layout(layout: trace.RecordLayout | int) -> trace.RecordLayout:
+    return layout if isinstance(layout, trace.RecordLayout) else trace.RecordLayout(int(layout))
 
 
 def clear_buffer(buf: torch.Tensor) -> None:
     """Empty ``buf`` in place (same address, e.g. frozen in a CUDA graph), keeping its header sizes."""
-    head = buf[_trace.CTAS_WORD:_trace.APPEND_WORD + 1].clone()
+    head = buf[trace.CTAS_WORD:trace.APPEND_WORD + 1].clone()
     buf.zero_()
-    buf[_trace.CTAS_WORD:_trace.APPEND_WORD + 1] = head
+    buf[trace.CTAS_WORD:trace.APPEND_WORD + 1] = head
 
 
 def unwrap_start(start_low: np.ndarray, end: np.ndarray) -> np.ndarray:
     """A phase's start from the low ``CLOCK_BITS`` bits a record keeps, given its full end:
     ``end - ((end - start) mod 2^CLOCK_BITS)`` (exact for phases shorter than 2^48 ticks)."""
-    mask = np.int64((1 << _trace.CLOCK_BITS) - 1)
+    mask = np.int64((1 << trace.CLOCK_BITS) - 1)
     return end - ((end - start_low) & mask)
 
 
@@ -72,18 +72,18 @@ def decode(buf: torch.Tensor, mode: int) -> tuple[pd.DataFrame, int]:
     become ns.
     """
     host = buf.detach().to("cpu").numpy()
-    first, ctas, per_cta, append = (int(x) for x in host[:_trace.APPEND_WORD + 1])
+    first, ctas, per_cta, append = (int(x) for x in host[:trace.APPEND_WORD + 1])
     slots = max(ctas, 0) * max(per_cta, 0)
-    rec = host[_trace.HEADER:_trace.HEADER + _trace.RECORD_WORDS * slots].reshape(-1, _trace.RECORD_WORDS)
+    rec = host[trace.HEADER:trace.HEADER + trace.RECORD_WORDS * slots].reshape(-1, trace.RECORD_WORDS)
     if append:
         rec = rec[:min(max(first, 0), len(rec))]
         dropped = max(first - slots, 0)
     else:
         dropped = max(first, 0)
     rec = rec[rec[:, 1] != 0]
-    scale = 10 if mode == _sync.SYNC_AMD else 1
+    scale = 10 if mode == sync.SYNC_AMD else 1
     phase_id = rec[:, 1] - 1
-    names = np.asarray(_trace.PHASES, dtype=object)
+    names = np.asarray(trace.PHASES, dtype=object)
     known = (phase_id >= 0) & (phase_id < len(names))
     end = rec[:, 3].astype(np.int64)
     start = unwrap_start(rec[:, 2].astype(np.int64), end)
@@ -105,7 +105,7 @@ class RecordBuffer:
     """
 
     name: str
-    layout: _trace.RecordLayout
+    layout: trace.RecordLayout
     device: torch.device
     mode: int
     append: bool = False  # the kernel reads layout and mode from the header (graph profiling)
@@ -118,7 +118,7 @@ class RecordBuffer:
 
     @property
     def code(self) -> int:
-        """The kernel's ``INSTRUMENT`` constexpr (``kernels/_trace.mark``): this layout as constants
+        """The kernel's ``INSTRUMENT`` constexpr (``kernels.device.trace.mark``): this layout as constants
         (fixed slots, no header loads), or 1 (read the header: the append mode of graph captures)."""
         return 1 if self.append else self.layout.code
 
@@ -138,7 +138,7 @@ class RecordBook:
         # kernels were set up, so their kernels must read the header: set before any setup.
         self.append = append
 
-    def buffer(self, name: str, layout: _trace.RecordLayout | int, device: torch.device | str,
+    def buffer(self, name: str, layout: trace.RecordLayout | int, device: torch.device | str,
                mode: int) -> RecordBuffer:
         """The buffer of kernel ``name`` (the name its rows carry in the trace), made on first use;
         ``layout``: its logical CTA ids and records per id (an int: CTA ids, default records per
@@ -199,15 +199,15 @@ def book_for(ctx: Any) -> RecordBook:
     return book
 
 
-def record_buffer(ctx: Any, name: str, layout: _trace.RecordLayout | int,
+def record_buffer(ctx: Any, name: str, layout: trace.RecordLayout | int,
                   device: torch.device | str) -> RecordBuffer | None:
     """For a kernel's setup: its record buffer when ``ctx.instrument`` is set, else None (the
     kernel then compiles with ``INSTRUMENT=False``). ``layout``: the logical CTA ids the kernel
-    records under and the most records one id writes per launch (``kernels/_trace.RecordLayout``;
-    an int: that many CTA ids, ``_trace.RECORDS_PER_CTA`` records each)."""
+    records under and the most records one id writes per launch (``kernels.device.trace.RecordLayout``;
+    an int: that many CTA ids, ``trace.RECORDS_PER_CTA`` records each)."""
     if not getattr(ctx, "instrument", False):
         return None
-    return book_for(ctx).buffer(name, layout, device, _sync.sync_mode(device))
+    return book_for(ctx).buffer(name, layout, device, sync.sync_mode(device))
 
 
 # --- turning drained records into bundle rows ---------------------------------------------------

@@ -4,7 +4,7 @@ the capture runtime writes these fields, the model reads them back to predict th
 How traced steps start (``taxmodel profile --align``):
 
 - ``host``: each step starts after a host barrier; ranks start as skewed as their hosts leave it.
-- ``device``: also behind a device gate (``kernels/_gate.py``) that releases every rank's GPU
+- ``device``: also behind a device gate (``kernels/device/gate.py``) that releases every rank's GPU
   together; ``capture.gate_hold_us`` says how long it held the GPUs after the last arrival.
 
 No heavy imports: the command line builds its choices from this module, and the model reads the
@@ -23,7 +23,7 @@ DEFAULT_GATE_HOLD_US = 250.0
 GATE_ROLES = {r"taxmodel_gate_kernel": "other"}
 
 
-#: How the device gate (kernels/_gate.py) signals its arrival: to every rank's counter at once.
+#: How the device gate (kernels/device/gate.py) signals its arrival: to every rank's counter at once.
 #: Bundles without ``capture.gate_signals`` were gated by the earlier kernel, whose adds went one
 #: after another (on 4 H200s the ranks started ~0, 1 and 2 us apart; on 2, within ~0.6 us).
 GATE_SIGNALS = "parallel"

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxmodel.errors import InputError
-from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
 from taxmodel.kernels.ag_gemm.state import shape_dims
 from taxmodel.kernels.ag_gemm.workload import AgGemm

@@ -20,7 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pytest
 import torch
 
-from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles, pull, push
 from taxmodel.kernels.ag_gemm.state import make_shard
 from taxmodel.kernels.ag_gemm.workload import AgGemm, heap_bytes

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from taxmodel.errors import RunError
-from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
 from taxmodel.kernels.ag_gemm.transport import wait_target
 from taxmodel.kernels.ag_gemm.workload import AgGemm

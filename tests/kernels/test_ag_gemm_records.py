@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
-from taxmodel.kernels import _trace
-from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles, transport
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
@@ -57,8 +57,8 @@ def _chained_per_cta(rec: pd.DataFrame) -> None:
 def test_record_layouts_give_each_program_room_for_its_worst_case() -> None:
     # SHAPE on 2 ranks: 3 programs over 2 x 3 x 3 tiles (9 remote), 2 K pieces; the copy kernel's
     # 2 programs over 6 work items.
-    assert gemm_tiles.gemm_record_layout(48, 40, 2, SM, 2, "cpu") == _trace.RecordLayout(3, 1 + 2 * 2 * 3)
-    assert transport.copy_record_layout(48, 40, 2, SM) == _trace.RecordLayout(2, 3)
+    assert gemm_tiles.gemm_record_layout(48, 40, 2, SM, 2, "cpu") == trace.RecordLayout(3, 1 + 2 * 2 * 3)
+    assert transport.copy_record_layout(48, 40, 2, SM) == trace.RecordLayout(2, 3)
     # Every wait spinning: a program records once plus twice per remote tile and piece. Programs
     # take tiles pid, pid + P, ...; the own tiles come first (gemm_tiles._tile_coords).
     for m_loc, n, world, progs, pieces in [(48, 40, 2, 3, 2), (100, 70, 4, 5, 3), (16, 16, 3, 7, 1)]:

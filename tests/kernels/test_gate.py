@@ -1,4 +1,4 @@
-"""kernels/_gate.py: the device gate releases no rank before every rank arrived, reports a rank
+"""kernels/device/gate.py: the device gate releases no rank before every rank arrived, reports a rank
 that never arrives, and compiles for sm_90 to the code it claims (system-scope arrivals, a hold
 timed on the global timer; the hold's length itself is only visible on a GPU)."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 
 from aot import compile_report
 from taxmodel.errors import RunError
-from taxmodel.kernels import _gate
+from taxmodel.kernels.device import gate as device_gate
 from taxmodel.runtime.context import run_in_threads
 
-interpreted = pytest.mark.skipif(type(_gate.taxmodel_gate_kernel).__name__ != "InterpretedFunction",
+interpreted = pytest.mark.skipif(type(device_gate.taxmodel_gate_kernel).__name__ != "InterpretedFunction",
                                  reason="kernels were imported without TRITON_INTERPRET=1")
 
 
@@ -31,7 +31,7 @@ def test_no_rank_passes_the_gate_before_the_last_arrives() -> None:
     lock = threading.Lock()
 
     def rank_fn(ctx):
-        gate = _gate.DeviceGate(ctx.heap, ctx.rank, world, "cpu", spin_timeout_s=30.0, hold_s=20e-6)
+        gate = device_gate.DeviceGate(ctx.heap, ctx.rank, world, "cpu", spin_timeout_s=30.0, hold_s=20e-6)
         ctx.heap.barrier()
         for step in range(steps):
             if ctx.rank == step % world:
@@ -58,7 +58,7 @@ def test_a_rank_that_never_arrives_is_reported_not_waited_for() -> None:
     """Rank 1 never calls its gate: rank 0's gate gives up after the spin timeout and check() says so."""
 
     def rank_fn(ctx):
-        gate = _gate.DeviceGate(ctx.heap, ctx.rank, 2, "cpu", spin_timeout_s=0.05, hold_s=0.0)
+        gate = device_gate.DeviceGate(ctx.heap, ctx.rank, 2, "cpu", spin_timeout_s=0.05, hold_s=0.0)
         ctx.heap.barrier()
         if ctx.rank == 0:
             gate()
@@ -73,18 +73,18 @@ def test_a_rank_that_never_arrives_is_reported_not_waited_for() -> None:
 
 def test_a_negative_hold_is_refused() -> None:
     with pytest.raises(ValueError, match="hold"):
-        _gate.DeviceGate(None, 0, 2, "cpu", spin_timeout_s=1.0, hold_s=-1e-6)
+        device_gate.DeviceGate(None, 0, 2, "cpu", spin_timeout_s=1.0, hold_s=-1e-6)
 
 
 SCRIPT = r'''
-from taxmodel.kernels import _gate
+from taxmodel.kernels.device import gate as device_gate
 
 PATTERNS = {"sys_release_add": r"(?:atom|red)(?=[\w.]*\.sys)(?=[\w.]*\.release)[\w.]*\.add",
             "globaltimer": r"%globaltimer"}
 BODY_PATTERNS = {}
 args = [("counter_ptr", "*i32", 0), ("heap_bases", "*i64", 0), ("err_ptr", "*i64", 0), ("rank", "i32", 3),
         ("world_size", "i32", 4), ("target", "i32", 8), ("budget", "i64", 30_000_000_001), ("hold", "i64", 30_000)]
-print(json.dumps(dict(gate=build(_gate.taxmodel_gate_kernel, args, dict(MODE=1, W_P2=4), 1, 1, "gate"))))
+print(json.dumps(dict(gate=build(device_gate.taxmodel_gate_kernel, args, dict(MODE=1, W_P2=4), 1, 1, "gate"))))
 '''
 
 

@@ -80,7 +80,7 @@ def test_gemm_uses_tma_and_tensor_cores_and_releases_flags(report, inst):
     for kernel in ("gemm_kernel", "gemm_tail"):
         r = report[f"{kernel}_{inst}"]
         assert r["tma"] > 0 and r["mma"] > 0, r
-        assert r["sys_release"] >= 1, r  # _sync.signal to the owner, system scope
+        assert r["sys_release"] >= 1, r  # sync.signal to the owner, system scope
     assert report["gemm_ptr"]["mma"] > 0
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from taxmodel.errors import RunError
-from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
 from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, make_a_shard, make_b_shard
 from taxmodel.kernels.gemm_rs.workload import GemmRs

@@ -20,7 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pytest
 import torch
 
-from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
 from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, make_a_shard, make_b_shard
 from taxmodel.kernels.gemm_rs.workload import GemmRs

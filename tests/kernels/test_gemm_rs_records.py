@@ -1,4 +1,4 @@
-"""In-kernel trace records of the fused GEMM + Reduce-Scatter kernels (kernels/_trace.py) on two
+"""In-kernel trace records of the fused GEMM + Reduce-Scatter kernels (kernels/device/trace.py) on two
 thread ranks in Triton's interpreter: the GEMM records ``compute`` per tile and ``store_push`` per
 tile pushed to the peer, the reduction ``flag_wait`` and ``combine`` per own output tile; every
 CTA's records are chained and non-overlapping, nothing is dropped, and outputs stay right."""
@@ -12,8 +12,8 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pandas as pd
 import pytest
 
-from taxmodel.kernels import _trace
-from taxmodel.kernels._sync import check_errors
+from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
 from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL
 from taxmodel.kernels.gemm_rs.workload import GemmRs
@@ -64,11 +64,11 @@ def test_record_layouts_hold_two_records_per_tile_per_program() -> None:
     programs = cfg.num_progs  # the CPU config's persistent grid (fewer programs than tiles)
     assert tiles.own_tiles(36, 40, cfg) == OWN_TILES and 1 < programs < tiles_total
     per_program = 2 * -(-tiles_total // programs)
-    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, False, "cpu") == _trace.RecordLayout(programs, per_program)
+    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, False, "cpu") == trace.RecordLayout(programs, per_program)
     # the tail reduction runs on one program under the interpreter: every tile and every own tile
-    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, True, "cpu") == _trace.RecordLayout(1, 2 * tiles_total
+    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, True, "cpu") == trace.RecordLayout(1, 2 * tiles_total
                                                                                            + 2 * OWN_TILES)
-    assert tiles.reduce_record_layout(36, 40, cfg) == _trace.RecordLayout(OWN_TILES, 2)
+    assert tiles.reduce_record_layout(36, 40, cfg) == trace.RecordLayout(OWN_TILES, 2)
     assert tiles.records_per_iteration(36, 40, WORLD, cfg) == 2 * (WORLD + 1) * OWN_TILES
 
 

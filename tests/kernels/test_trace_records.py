@@ -1,4 +1,4 @@
-"""kernels/_trace.py and the instrumented fused flash decode: in-kernel records are well formed,
+"""kernels/device/trace.py and the instrumented fused flash decode: in-kernel records are well formed,
 a delayed producer shows up as flag_wait on its consumers, and the normal build holds no record
 code. Kernels run in Triton's interpreter (host clock); the no-record-code check compiles for sm_90."""
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 import triton
 import triton.language as tl
 
-from taxmodel.kernels import _trace
+from taxmodel.kernels.device import trace
 from taxmodel.runtime import records
 
 from late_producer import assert_delay_is_flag_wait, late_producer_records
 
-interpreted = pytest.mark.skipif(type(_trace.mark).__name__ != "InterpretedFunction",
+interpreted = pytest.mark.skipif(type(trace.mark).__name__ != "InterpretedFunction",
                                  reason="kernels were imported without TRITON_INTERPRET=1")
 
 
@@ -31,14 +31,14 @@ interpreted = pytest.mark.skipif(type(_trace.mark).__name__ != "InterpretedFunct
 def _phased(rec_ptr, x_ptr, n, INSTRUMENT: tl.constexpr):
     """Each program: a 'compute' phase, a 'flag_wait' phase, and a 'store_push' phase."""
     pid = tl.program_id(0)
-    t = _trace.begin(INSTRUMENT, 0)
+    t = trace.begin(INSTRUMENT, 0)
     offs = tl.arange(0, 16)
     v = tl.load(x_ptr + pid * 16 + offs, mask=offs < n)
-    t = _trace.mark(rec_ptr, pid, _trace.COMPUTE, t, INSTRUMENT, 0)
+    t = trace.mark(rec_ptr, pid, trace.COMPUTE, t, INSTRUMENT, 0)
     w = tl.sum(v * v, axis=0)
-    t = _trace.mark(rec_ptr, pid, _trace.FLAG_WAIT, t, INSTRUMENT, 0)
+    t = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t, INSTRUMENT, 0)
     tl.store(x_ptr + pid * 16, w)
-    t = _trace.mark(rec_ptr, pid, _trace.STORE_PUSH, t, INSTRUMENT, 0)
+    t = trace.mark(rec_ptr, pid, trace.STORE_PUSH, t, INSTRUMENT, 0)
 
 
 def _check_well_formed(rec: pd.DataFrame) -> None:
@@ -52,7 +52,7 @@ def _check_well_formed(rec: pd.DataFrame) -> None:
 @interpreted
 def test_records_are_chained_per_cta_and_in_phase_order():
     programs = 5
-    buf = records.new_buffer(_trace.RecordLayout(programs, 3), "cpu")
+    buf = records.new_buffer(trace.RecordLayout(programs, 3), "cpu")
     x = torch.randn(programs * 16)
     t0 = time.perf_counter_ns()
     _phased[(programs,)](buf, x, 16, INSTRUMENT=True)
@@ -76,11 +76,11 @@ def test_the_kth_record_of_a_cta_lands_in_its_kth_slot():
     """No cursor: CTA c's k-th record is slot c * per_cta + k (k threaded through the clock value),
     slots past a CTA's records stay empty and the drain skips them."""
     programs, per_cta = 4, 5
-    buf = records.new_buffer(_trace.RecordLayout(programs, per_cta), "cpu")
+    buf = records.new_buffer(trace.RecordLayout(programs, per_cta), "cpu")
     _phased[(programs,)](buf, torch.randn(programs * 16), 16, INSTRUMENT=True)
-    assert int(buf[_trace.DROPPED_WORD]) == 0
-    slots = buf[_trace.HEADER:].view(programs, per_cta, _trace.RECORD_WORDS)
-    phases = [_trace.PHASE_ID[p] + 1 for p in ("compute", "flag_wait", "store_push")]
+    assert int(buf[trace.DROPPED_WORD]) == 0
+    slots = buf[trace.HEADER:].view(programs, per_cta, trace.RECORD_WORDS)
+    phases = [trace.PHASE_ID[p] + 1 for p in ("compute", "flag_wait", "store_push")]
     for c in range(programs):
         assert slots[c, :3, 0].tolist() == [c] * 3
         assert slots[c, :3, 1].tolist() == phases
@@ -93,12 +93,12 @@ def test_the_kth_record_of_a_cta_lands_in_its_kth_slot():
 @triton.jit
 def _chain(rec_ptr, n_marks, cta, INSTRUMENT: tl.constexpr):
     """One program records ``n_marks`` compute phases under logical CTA id ``cta``."""
-    t = _trace.begin(INSTRUMENT, 0)
+    t = trace.begin(INSTRUMENT, 0)
     for _ in range(n_marks):
-        t = _trace.mark(rec_ptr, cta, _trace.COMPUTE, t, INSTRUMENT, 0)
+        t = trace.mark(rec_ptr, cta, trace.COMPUTE, t, INSTRUMENT, 0)
 
 
-def _guarded(layout: _trace.RecordLayout, guard: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+def _guarded(layout: trace.RecordLayout, guard: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """A record buffer followed by guard words (the kernel gets the buffer's view)."""
     buf = records.new_buffer(layout, "cpu")
     whole = torch.full((buf.numel() + guard,), -7, dtype=torch.int64)
@@ -109,13 +109,13 @@ def _guarded(layout: _trace.RecordLayout, guard: int = 64) -> tuple[torch.Tensor
 @interpreted
 @pytest.mark.parametrize("n_marks,cta,kept,dropped", [(7, 1, 4, 3), (2, 3, 0, 2), (3, -1, 0, 3), (4, 2, 4, 0)])
 def test_records_past_a_ctas_slots_or_the_buffer_are_dropped_and_counted(n_marks, cta, kept, dropped):
-    buf, guard = _guarded(_trace.RecordLayout(3, 4))
+    buf, guard = _guarded(trace.RecordLayout(3, 4))
     _chain[(1,)](buf, n_marks, cta, INSTRUMENT=True)
     rec, lost = records.decode(buf, 0)
     assert (len(rec), lost) == (kept, dropped)
     assert (guard == -7).all()  # nothing written past the buffer
     other = [c for c in range(3) if c != cta]
-    slots = buf[_trace.HEADER:].view(3, 4, _trace.RECORD_WORDS)
+    slots = buf[trace.HEADER:].view(3, 4, trace.RECORD_WORDS)
     assert (slots[other] == 0).all()  # nor into another CTA's slots
     if kept:
         assert set(rec["cta"]) == {cta}
@@ -125,7 +125,7 @@ def test_records_past_a_ctas_slots_or_the_buffer_are_dropped_and_counted(n_marks
 @interpreted
 def test_append_mode_collects_several_launches_and_counts_overflow():
     """Graph slots (append mode): every launch's records follow the previous ones through the cursor."""
-    buf = records.new_buffer(_trace.RecordLayout(2, 3), "cpu", append=True)
+    buf = records.new_buffer(trace.RecordLayout(2, 3), "cpu", append=True)
     for _ in range(3):
         _phased[(1,)](buf, torch.randn(16), 16, INSTRUMENT=True)
     rec, dropped = records.decode(buf, 0)

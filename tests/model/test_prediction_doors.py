@@ -11,7 +11,8 @@ from click.testing import CliRunner
 import taxmodel
 from taxmodel.cli import cli
 from taxmodel.model import analytic
-from taxmodel.model import validate as val
+from taxmodel.model.analytic.fitted import fitted_for
+from taxmodel.model.cases import Case, load_case, predict_case
 from taxmodel.trace.capture_meta import CaptureSettings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "profiles" / "h200x4-graph-gate" / "ag_gemm" / "pull-M1024xN8192xK8192xtp0"
 
 
-def _cli_prediction(case: val.Case) -> dict:
+def _cli_prediction(case: Case) -> dict:
     st = case.settings
     args = ["predict", case.workload, "--variant", case.variant, "-n", str(case.world_size),
             "--shape", ",".join(f"{k}={v}" for k, v in case.shape.items()), "--json", "--align", st.align]
@@ -34,14 +35,14 @@ def _cli_prediction(case: val.Case) -> dict:
 
 
 def test_every_door_gives_the_same_prediction_for_one_bundle():
-    case = val.load_case(BUNDLE)
-    assert isinstance(case, val.Case), case
+    case = load_case(BUNDLE)
+    assert isinstance(case, Case), case
     st = case.settings
     assert st.graph_launch and st.transport == "sm" and st.align == "device" and not st.instrumented
-    shipped, _ = val.fitted_for(case.hardware.name)
+    shipped, _ = fitted_for(case.hardware.name)
     assert shipped, "the shipped fitted.json has parameters for this bundle's hardware"
 
-    by_validate = val.predict_case(case, shipped).taxes_ns()
+    by_validate = predict_case(case, shipped).taxes_ns()
     by_profile = taxmodel.load(BUNDLE).predict().taxes_ns()
     by_api = taxmodel.predict(case.workload, case.variant, case.shape, case.world_size, case.hardware.name,
                               graph_launch=st.graph_launch, transport=st.transport, align=st.align).taxes_ns()
@@ -56,7 +57,7 @@ def test_fitted_parameters_change_the_prediction_and_can_be_left_out():
     settings = CaptureSettings(graph_launch=True, transport="sm", align="device")
     with_fits, note = analytic.model_params(hw, settings)
     without, none_note = analytic.model_params(hw, settings, {})
-    fitted, _ = val.fitted_for(hw.name)
+    fitted, _ = fitted_for(hw.name)
     assert note and none_note is None
     assert all(getattr(with_fits, k) == pytest.approx(v) for k, v in fitted.items())
     assert any(getattr(without, k) != pytest.approx(v) for k, v in fitted.items())

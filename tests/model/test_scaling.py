@@ -6,7 +6,8 @@ from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.model import scaling
-from taxmodel.model import validate as val
+from taxmodel.model.analytic.fitted import fitted_for
+from taxmodel.model.cases import find_cases, predict_case
 
 from model_bundles import AG, model_bundle
 
@@ -24,15 +25,15 @@ def two_world_sizes(tmp_path_factory):
 def test_one_row_per_world_size_with_the_measured_and_predicted_speedup(two_world_sizes):
     rows = scaling.scaling_rows([str(two_world_sizes)])
     assert [r["world"] for r in rows] == [2, 4]
-    cases = {(c.world_size, c.variant): c for c in val.find_cases(two_world_sizes)[0] if c.shape["M"] == AG["M"]}
-    fitted, _ = val.fitted_for(cases[2, "bsp"].hardware.name)
+    cases = {(c.world_size, c.variant): c for c in find_cases(two_world_sizes)[0] if c.shape["M"] == AG["M"]}
+    fitted, _ = fitted_for(cases[2, "bsp"].hardware.name)
     for r in rows:
         bsp, push = cases[r["world"], "bsp"], cases[r["world"], "push"]
         assert r["fine"] == "push" and r["mode"] == "eager"
         assert r["speedup"] == pytest.approx(bsp.measured["latency"] / push.measured["latency"])
         assert r["bsp_us"] == pytest.approx(bsp.measured["latency"] / 1e3)
         assert r["bsp_tax"] == pytest.approx(100 * bsp.measured["bsp_tax"] / bsp.measured["latency"])
-        pred = val.predict_case(bsp, fitted).window_ns / val.predict_case(push, fitted).window_ns
+        pred = predict_case(bsp, fitted).window_ns / predict_case(push, fitted).window_ns
         assert r["predicted_speedup"] == pytest.approx(pred)
 
 

@@ -8,9 +8,14 @@ import pytest
 from click.testing import CliRunner
 
 from taxmodel.cli import cli
+from taxmodel.model import fitting
 from taxmodel.model import validate as val
-from taxmodel.model.analytic import predict
+from taxmodel.model.analytic import predict, resolve_model_hardware
+from taxmodel.model.analytic.fitted import FITTED_FILE, fitted_for
 from taxmodel.model.analytic.params import ModelParams
+from taxmodel.model.cases import RECORDS_AFTER_WAIT, _records_per_cta, find_cases
+from taxmodel.model.fitting import FIT_RULES, fit_params, mark_in_sample
+from taxmodel.model.validation_markdown import MARK_END, MARK_START, docs_table, markdown_table, update_docs
 from taxmodel.model.analytic.timeline import simulate, timeline_events
 from taxmodel.trace.bundle import make_meta, write_bundle
 from taxmodel.testing.synthetic import synthetic_bundle
@@ -48,7 +53,7 @@ def test_validate_on_synthetic_bundles_compares_with_the_measured_ledger(tmp_pat
     assert t.loc["latency", "predicted_us"] == pytest.approx(pred / 1e3)
     # a synthetic timeline is not an AG+GEMM: the latency target fails and says so
     assert not t.loc["latency", "ok"]
-    assert "**no**" in val.markdown_table(v)
+    assert "**no**" in markdown_table(v)
 
 
 def test_fitting_subset_is_marked_and_reported(tmp_path):
@@ -70,15 +75,15 @@ def test_a_bundle_can_be_in_the_subsets_of_two_rules(tmp_path, monkeypatch):
 
     _model_bundle(tmp_path / "push8k", "push", {**AG, "M": 8192}, 2)
     _model_bundle(tmp_path / "push4k", "push", AG, 2)
-    gemm = next(r for r in val.FIT_RULES if r.param == "triton_gemm_efficiency")
+    gemm = next(r for r in FIT_RULES if r.param == "triton_gemm_efficiency")
     small = replace(gemm, param="peer_store_bytes_per_s_per_sm", low=1e9, high=500e9, pick="min")
-    monkeypatch.setattr(val, "FIT_RULES", (gemm, small))
-    cases, _ = val.find_cases(tmp_path)
-    val.mark_in_sample(cases)
+    monkeypatch.setattr(fitting, "FIT_RULES", (gemm, small))
+    cases, _ = find_cases(tmp_path)
+    mark_in_sample(cases)
     fits = {c.shape["M"]: c.fits for c in cases}
     assert fits == {8192: {"triton_gemm_efficiency"}, 4096: {"peer_store_bytes_per_s_per_sm"}}
     assert all(c.in_sample for c in cases)
-    fitted = val.fit_params(cases)
+    fitted = fit_params(cases)
     assert fitted["triton_gemm_efficiency"] == pytest.approx(ModelParams().triton_gemm_efficiency, abs=0.002)
 
 
@@ -114,7 +119,7 @@ def test_fitted_from_a_file_predicts_every_bundle_out_of_sample(tmp_path):
 
     made = ModelParams.from_hardware(H200).with_fitted({"triton_gemm_efficiency": 0.6})
     _model_bundle(tmp_path / "b" / "push8k", "push", {**AG, "M": 8192}, 2, params=made)
-    hw_name = val.find_cases(tmp_path / "b")[0][0].hardware.name
+    hw_name = find_cases(tmp_path / "b")[0][0].hardware.name
     good, other = tmp_path / "good.json", tmp_path / "other.json"
     good.write_text(json.dumps({"fitted": {"triton_gemm_efficiency": 0.6}, "hardware": [hw_name], "how": "t"}))
     other.write_text(json.dumps({"fitted": {"triton_gemm_efficiency": 0.6}, "hardware": ["MI300X"], "how": "t"}))
@@ -137,10 +142,10 @@ def test_fitted_from_a_file_predicts_every_bundle_out_of_sample(tmp_path):
 def test_update_docs_round_trip(tmp_path):
     _model_bundle(tmp_path / "b" / "bsp", "bsp", AG, 2)
     doc = tmp_path / "model.md"
-    doc.write_text(f"# x\n{val.MARK_START}\nold\n{val.MARK_END}\ntail\n")
+    doc.write_text(f"# x\n{MARK_START}\nold\n{MARK_END}\ntail\n")
     v = val.validate(tmp_path / "b", fit=False)
-    val.update_docs(doc, v)
-    assert val.docs_table(doc) == val.markdown_table(v)
+    update_docs(doc, v)
+    assert docs_table(doc) == markdown_table(v)
     assert doc.read_text().endswith("tail\n")
 
 
@@ -151,9 +156,9 @@ def test_docs_table_matches_the_committed_profiles():
     if not profiles.exists() or not find_bundles(profiles):
         pytest.skip("no measured bundles committed under profiles/ yet")
     v = val.validate(profiles)
-    assert val.docs_table(ROOT / "benchmarks" / "results" / "model_validation.md") == val.markdown_table(v), \
+    assert docs_table(ROOT / "benchmarks" / "results" / "model_validation.md") == markdown_table(v), \
         "benchmarks/results/model_validation.md is stale: run `taxmodel validate profiles --update-docs`"
-    assert json.loads(val.FITTED_FILE.read_text()) == json.loads(json.dumps(val.fitted_document(v))), \
+    assert json.loads(FITTED_FILE.read_text()) == json.loads(json.dumps(val.fitted_document(v))), \
         "taxmodel/data/fitted.json is stale: run `taxmodel validate profiles --update-docs`"
 
 
@@ -162,13 +167,13 @@ def test_predict_uses_the_fitted_parameters_only_for_the_hardware_they_were_fitt
            "how": "test"}
     f = tmp_path / "fitted.json"
     f.write_text(json.dumps(doc))
-    values, note = val.fitted_for("H200 SXM (calibrated)", f)
+    values, note = fitted_for("H200 SXM (calibrated)", f)
     assert values == {"triton_stream_efficiency": 1.2, "ll_merge_step_s": 2e-6} and "fitted" in note
-    assert val.fitted_for("H100 SXM", f) == ({}, None) and val.fitted_for("x", tmp_path / "none.json") == ({}, None)
+    assert fitted_for("H100 SXM", f) == ({}, None) and fitted_for("x", tmp_path / "none.json") == ({}, None)
     p = ModelParams().with_fitted(values)
     assert p.triton_stream_efficiency == 1.2 and p.sources["ll_merge_step_s"].startswith("fitted")
     # the CLI: on by default for the hardware of the committed fits, off with --no-fitted or elsewhere
-    shipped, _ = val.fitted_for("H200 SXM (calibrated)")
+    shipped, _ = fitted_for("H200 SXM (calibrated)")
     assert shipped, "the committed fits name the calibrated H200"
     args = ["predict", "flash_decode", "--variant", "fused", "-n", "8", "--preset", "b1-kv16k"]
     on = CliRunner().invoke(cli, args + ["--hardware", "h200"])
@@ -243,7 +248,7 @@ def test_a_step_time_is_fitted_as_well_as_a_rate_and_on_records(tmp_path):
 
     from taxmodel.trace.bundle import load_bundle
 
-    hw = val.resolve_model_hardware(None, {"hardware": {"name": "NVIDIA H200"}})[0]
+    hw = resolve_model_hardware(None, {"hardware": {"name": "NVIDIA H200"}})[0]
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
     params = ModelParams.from_hardware(hw, ll_merge_step_s=1.7e-6)
     det = predict("flash_decode", "fused", shape, 4, hw, params).details
@@ -266,7 +271,7 @@ def test_a_step_time_is_fitted_as_well_as_a_rate_and_on_records(tmp_path):
     bundle(tmp_path / "gated", "device", True)
     v = val.validate(tmp_path / "gated")
     assert v.fitted["ll_merge_step_s"] == pytest.approx(1.7e-6, rel=2e-3)
-    assert v.cases[0].in_sample and v.cases[0].measured[val.RECORDS_AFTER_WAIT] == pytest.approx(
+    assert v.cases[0].in_sample and v.cases[0].measured[RECORDS_AFTER_WAIT] == pytest.approx(
         det["wait_merge"] * 1e9, abs=2)
     for name, align, records in (("host", "host", True), ("plain", "device", False)):
         bundle(tmp_path / name, align, records)
@@ -284,7 +289,7 @@ def test_records_per_cta_gives_the_mean_and_the_longest_cta_of_each_phase():
     ]
     ev = pd.DataFrame(rows, columns=["rank", "iteration", "cta", "phase", "start_ns", "end_ns"]).assign(
         kind="record", name="k", repetition=0)
-    got = val._records_per_cta(ev)
+    got = _records_per_cta(ev)
     assert got["records:k:store_push"] == pytest.approx((15 + 30 + 40 + 20) / 4)
     assert got["records:k:store_push:max"] == pytest.approx((30 + 40) / 2)
     assert got["records:k:combine"] == got["records:k:combine:max"] == 4

@@ -1,8 +1,8 @@
 """Fixtures for the report tests: (bundle, ledger) pairs.
 
 Real pairs come from ``taxmodel.testing.synthetic`` + ``taxmodel.model.ledger.compute_ledger``;
-``fake_ledger.fake_case`` (built from CONTRACTS.md) is kept for what the synthetic generator
-does not produce (several CTA phases, clock offsets on every rank) and for numbers chosen by hand.
+``fake_ledger.fake_case`` (the ``Ledger`` frames, numbers chosen by hand) is kept for what the
+synthetic generator does not produce (several CTA phases, clock offsets on every rank).
 """
 from __future__ import annotations
 

@@ -65,12 +65,12 @@ def test_a_sync_update_gives_the_model_both_flag_waits():
 
 @pytest.mark.parametrize("gpu_scope", [False, True])
 def test_the_flag_probe_waits_on_each_flag_and_a_missing_one_gives_up(gpu_scope):
-    from taxmodel.kernels import _sync
+    from taxmodel.kernels.device import sync
 
     from taxmodel.runtime import calibrate_sync
 
     flags = torch.ones(8, dtype=torch.int64)
-    err = _sync.new_error_buffer("cpu")
+    err = sync.new_error_buffer("cpu")
     out = torch.zeros(1, dtype=torch.int32)
     calibrate_sync._wait_set_flags_kernel[(1,)](flags, err, out, 5, 1000, GPU_SCOPE=gpu_scope, MODE=0)
     assert int(out) == 5 and int(err[0]) == 0

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import taxmodel
 from taxmodel.errors import InputError
-from taxmodel.kernels import _sync, _trace
+from taxmodel.kernels.device import sync, trace
 from taxmodel.runtime import graph as g
 from taxmodel.runtime import records
 from taxmodel.workload import Variant
@@ -164,18 +164,18 @@ def test_graph_meta():
 
 def test_graph_slots_keep_one_address_for_every_repetition():
     book = records.RecordBook()
-    buf = book.buffer("k", _trace.RecordLayout(2, 2), "cpu", _sync.SYNC_POLL)
+    buf = book.buffer("k", trace.RecordLayout(2, 2), "cpu", sync.SYNC_POLL)
     slots = g.GraphRecordSlots(book, iterations=3)
     slots.install()
     frozen = buf.tensor()  # what a capture would bake into the graph
     assert frozen is not buf.scratch
     # append mode (every replay's records follow the previous ones), room for 3 launches of 2 x 2
-    assert int(frozen[_trace.APPEND_WORD]) == 1
-    assert int(frozen[_trace.CTAS_WORD]) * int(frozen[_trace.PER_CTA_WORD]) == 12
+    assert int(frozen[trace.APPEND_WORD]) == 1
+    assert int(frozen[trace.CTAS_WORD]) * int(frozen[trace.PER_CTA_WORD]) == 12
     for rep in range(2):
         slots.rearm()
-        assert buf.tensor() is frozen and int(frozen[0]) == 0 and int(frozen[_trace.APPEND_WORD]) == 1
-        assert not frozen[_trace.HEADER:].any()
+        assert buf.tensor() is frozen and int(frozen[0]) == 0 and int(frozen[trace.APPEND_WORD]) == 1
+        assert not frozen[trace.HEADER:].any()
         for it in range(3):  # three replays write through the frozen address
             write_records(frozen, [(0, "compute", 1000 * it + rep, 1000 * it + 10)])
         out = slots.drain(rank=1, repetition=rep)

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taxmodel.kernels import _sync, _trace
+from taxmodel.kernels.device import sync, trace
 from taxmodel.model.ledger import compute_ledger
 from taxmodel.runtime import records
 from taxmodel.trace import schema
@@ -24,36 +24,36 @@ from record_writer import write_records
 
 
 def test_decode_reads_phases_and_scales_amd_ticks():
-    buf = records.new_buffer(_trace.RecordLayout(6, 1), "cpu")
+    buf = records.new_buffer(trace.RecordLayout(6, 1), "cpu")
     write_records(buf, [(3, "flag_wait", 100, 250), (4, "store_push", 250, 260), (5, "compute", 1, 2),
                         (3, "compute", 250, 300)])  # CTA 3's second record: past its one slot
-    nv, dropped = records.decode(buf, _sync.SYNC_NVIDIA)
+    nv, dropped = records.decode(buf, sync.SYNC_NVIDIA)
     assert dropped == 1
     assert nv.to_dict("list") == {"cta": [3, 4, 5], "phase": ["flag_wait", "store_push", "compute"],
                                   "start_ns": [100, 250, 1], "end_ns": [250, 260, 2]}
-    amd, _ = records.decode(buf, _sync.SYNC_AMD)
+    amd, _ = records.decode(buf, sync.SYNC_AMD)
     assert amd["start_ns"].tolist() == [1000, 2500, 10]  # 10-ns ticks
 
 
 def test_decode_reads_only_written_slots():
-    buf = records.new_buffer(_trace.RecordLayout(3, 4), "cpu")
-    assert records.decode(buf, _sync.SYNC_NVIDIA)[0].empty
+    buf = records.new_buffer(trace.RecordLayout(3, 4), "cpu")
+    assert records.decode(buf, sync.SYNC_NVIDIA)[0].empty
     write_records(buf, [(2, "compute", 0, 0)])  # a zero-length phase at clock 0 still counts
-    rec, dropped = records.decode(buf, _sync.SYNC_NVIDIA)
+    rec, dropped = records.decode(buf, sync.SYNC_NVIDIA)
     assert rec.to_dict("list") == {"cta": [2], "phase": ["compute"], "start_ns": [0], "end_ns": [0]} and dropped == 0
 
 
-WRAP = 1 << _trace.CLOCK_BITS
+WRAP = 1 << trace.CLOCK_BITS
 
 
 def test_start_unwraps_across_a_48_bit_wrap():
     base = 7 * WRAP  # the clock's low 48 bits wrap between the start and the end of the phase
-    buf = records.new_buffer(_trace.RecordLayout(1, 2), "cpu")
+    buf = records.new_buffer(trace.RecordLayout(1, 2), "cpu")
     write_records(buf, [(0, "flag_wait", base - 50, base + 100), (0, "compute", base + 100, base + 130)])
-    assert int(buf[_trace.HEADER + 2]) == WRAP - 50  # what the kernel keeps of the start
-    rec, _ = records.decode(buf, _sync.SYNC_NVIDIA)
+    assert int(buf[trace.HEADER + 2]) == WRAP - 50  # what the kernel keeps of the start
+    rec, _ = records.decode(buf, sync.SYNC_NVIDIA)
     assert rec["start_ns"].tolist() == [base - 50, base + 100] and rec["end_ns"].tolist() == [base + 100, base + 130]
-    amd, _ = records.decode(buf, _sync.SYNC_AMD)
+    amd, _ = records.decode(buf, sync.SYNC_AMD)
     assert amd["start_ns"].tolist() == [10 * (base - 50), 10 * (base + 100)]
 
 
@@ -73,10 +73,10 @@ def test_offsets_stay_one_per_rank_when_launches_straddle_a_wrap():
     ev = _events([(0, 0, 10_000, 11_000), (0, 1, 12_000, 13_000)])
     frames = []
     for it, first in enumerate((dev0, dev0 + 2_000)):
-        buf = records.new_buffer(_trace.RecordLayout(2, 2), "cpu")
+        buf = records.new_buffer(trace.RecordLayout(2, 2), "cpu")
         write_records(buf, [(0, "compute", first + 100, first + 500), (0, "flag_wait", first + 500, first + 900),
                             (1, "compute", first + 100, first + 700)])
-        rec, _ = records.decode(buf, _sync.SYNC_NVIDIA)
+        rec, _ = records.decode(buf, sync.SYNC_NVIDIA)
         frames.append(rec.assign(rank=0, repetition=0, iteration=it, name="fused"))
     out, info = records.merge_records(ev, pd.concat(frames, ignore_index=True))
     assert info["residual_ns"] == {"0": 0} and info["offset_ns"] == {"0": trace_minus_dev}
@@ -86,7 +86,7 @@ def test_offsets_stay_one_per_rank_when_launches_straddle_a_wrap():
 
 def test_book_drain_separates_iterations_and_resets():
     book = records.RecordBook()
-    buf = book.buffer("k", 8, "cpu", _sync.SYNC_POLL)
+    buf = book.buffer("k", 8, "cpu", sync.SYNC_POLL)
     write_records(buf.tensor(), [(0, "compute", 1, 2)])  # warm-up: scratch, never drained
     book.arm(2)
     for it in range(2):
@@ -100,35 +100,35 @@ def test_book_drain_separates_iterations_and_resets():
     assert book.drain(rank=3).empty
     book.arm(1)
     book.set_iteration(0)
-    assert not buf.tensor()[_trace.HEADER:].any()  # fresh slots
+    assert not buf.tensor()[trace.HEADER:].any()  # fresh slots
     write_records(buf.tensor(), [(0, "compute", 1, 2)])  # a warm-up step into step 0's buffer
     book.clear(0)
-    assert not buf.tensor()[_trace.HEADER:].any() and int(buf.tensor()[_trace.CTAS_WORD]) == 8  # emptied, header kept
+    assert not buf.tensor()[trace.HEADER:].any() and int(buf.tensor()[trace.CTAS_WORD]) == 8  # emptied, header kept
     assert book.drain(rank=0).empty
 
 
 def test_book_grows_a_buffer_to_hold_every_setups_layout():
     book = records.RecordBook()
-    first = book.buffer("k", _trace.RecordLayout(4, 2), "cpu", _sync.SYNC_POLL)
-    assert book.buffer("k", _trace.RecordLayout(3, 1), "cpu", _sync.SYNC_POLL) is first  # fits
-    grown = book.buffer("k", _trace.RecordLayout(2, 5), "cpu", _sync.SYNC_POLL)
-    assert grown.layout == _trace.RecordLayout(4, 8)  # sizes rounded up to powers of two
-    head = grown.scratch[:_trace.APPEND_WORD + 1].tolist()
-    assert head == [0, 4, 8, 0] and grown.scratch.numel() == _trace.HEADER + _trace.RECORD_WORDS * 32
+    first = book.buffer("k", trace.RecordLayout(4, 2), "cpu", sync.SYNC_POLL)
+    assert book.buffer("k", trace.RecordLayout(3, 1), "cpu", sync.SYNC_POLL) is first  # fits
+    grown = book.buffer("k", trace.RecordLayout(2, 5), "cpu", sync.SYNC_POLL)
+    assert grown.layout == trace.RecordLayout(4, 8)  # sizes rounded up to powers of two
+    head = grown.scratch[:trace.APPEND_WORD + 1].tolist()
+    assert head == [0, 4, 8, 0] and grown.scratch.numel() == trace.HEADER + trace.RECORD_WORDS * 32
     assert grown.code == (4 << 16) | 8 and not grown.append
     with pytest.raises(ValueError):
-        _trace.RecordLayout(0, 1)
+        trace.RecordLayout(0, 1)
 
 
 def test_layout_codes_make_fixed_slot_kernels_and_graph_books_read_the_header():
     """A fixed-slot buffer hands its kernel the layout as a constexpr (no header loads per record);
     a book made for graph captures hands out code 1 (read the header: append mode)."""
-    assert _trace.RecordLayout(5, 3).rounded() == _trace.RecordLayout(8, 4)
-    assert _trace.RecordLayout(1, 1).rounded().code == (1 << 16) | 1
-    assert _trace.instrument_code(None) == 0
+    assert trace.RecordLayout(5, 3).rounded() == trace.RecordLayout(8, 4)
+    assert trace.RecordLayout(1, 1).rounded().code == (1 << 16) | 1
+    assert trace.instrument_code(None) == 0
     graph_book = records.RecordBook(append=True)
-    buf = graph_book.buffer("k", _trace.RecordLayout(3, 2), "cpu", _sync.SYNC_POLL)
-    assert buf.append and buf.code == 1 and _trace.instrument_code(buf) == 1
+    buf = graph_book.buffer("k", trace.RecordLayout(3, 2), "cpu", sync.SYNC_POLL)
+    assert buf.append and buf.code == 1 and trace.instrument_code(buf) == 1
 
 
 def _events(kernels: list[tuple[int, int, int, int]]) -> pd.DataFrame:

@@ -16,14 +16,14 @@ class ModelParams:
     says for every field where its value came from."""
 
     #: Triton tile GEMM rate / vendor (cuBLAS, hipBLASLt) rate on the same shape. Default from
-    #: DEVICE_NOTES (plain Triton 0.84 at 8192^3 .. 0.97 at 1024 rows); fit from bundles with
-    #: ``fit_params`` (validate.py) on a documented subset.
+    #: the H200 measurements (plain Triton 0.84 at 8192^3 .. 0.97 at 1024 rows); fit from bundles with
+    #: ``fit_params`` (model/fitting.py) on a documented subset.
     triton_gemm_efficiency: float = 0.90
     #: The same for the GEMM+RS fused kernel's GEMM (its own tile configuration and K split), when
     #: fitted (``fit_params``, on that kernel's duration); None: ``triton_gemm_efficiency``.
     rs_gemm_efficiency: float | None = None
     #: Vendor GEMM rate as a fraction of a *datasheet* peak (cuBLAS reached ~0.8 of the H200's
-    #: 989 TFLOP/s, DEVICE_NOTES); 1.0 for calibrated peaks, which are measured cuBLAS rates.
+    #: 989 TFLOP/s); 1.0 for calibrated peaks, which are measured cuBLAS rates.
     vendor_fraction_of_datasheet: float = 0.80
     #: Vendor GEMM tile (nvjet 256x128 in the H200 traces) and the Triton kernels' tile (GPU_CONFIG).
     vendor_tile: tuple[int, int] = (256, 128)
@@ -40,9 +40,9 @@ class ModelParams:
     combine_step_s: float = 1.0e-6
     #: One step of the fused flash decode kernel's merge of the ranks' partials with LL words: poll
     #: one source rank's words until they all carry this launch's epoch, then merge them. Fitted from
-    #: the fused bundles' in-kernel records (validate.FIT_RULES).
+    #: the fused bundles' in-kernel records (fitting.FIT_RULES).
     ll_merge_step_s: float = 1.0e-6
-    #: Host time of one Triton launch and of one torch op / NCCL call (DEVICE_NOTES: 15 us, 10 us).
+    #: Host time of one Triton launch and of one torch op / NCCL call (15 us, 10 us on the H200 host).
     host_launch_triton_s: float = 15e-6
     host_launch_torch_s: float = 10e-6
     #: GPU idle between a launch call's end and the kernel's start on an idle GPU; GPU-side gap
@@ -60,19 +60,19 @@ class ModelParams:
     collective_base_s: float = 8e-6
     #: Flag round trip between two GPUs (release-set on one, acquire-wait on the other, and back).
     flag_roundtrip_s: float = 2e-6
-    #: What one ``_sync.wait_geq`` costs a program when the flag is already set (poll, barriers, an
+    #: What one ``sync.wait_geq`` costs a program when the flag is already set (poll, barriers, an
     #: acquire atomic): system scope, and GPU scope. Calibrated (`taxmodel calibrate`'s sync step;
     #: 0.41-0.43 us on one H200); the default, for uncalibrated hardware, is that rounded up.
     flag_wait_s: float = 0.5e-6
     flag_wait_gpu_s: float = 0.5e-6
     #: The GPU's bandwidth for the fused flash decode's LL pushes (8-byte words, every pair's pushing
     #: CTA storing into every peer at once): 0 uses the peer-store bandwidth (``peer_store_bytes_per_s``,
-    #: calibrated with wide stores to one peer). Fitted from the push records (validate.FIT_RULES).
+    #: calibrated with wide stores to one peer). Fitted from the push records (fitting.FIT_RULES).
     ll_push_bytes_per_s: float = 0.0
     #: Rate at which one program of GEMM+RS's reduction kernel (one output tile: W received slots
     #: read, the tile written) moves bytes. The kernel runs one program per own output tile, so
     #: with few tiles (small M, many ranks) it is this rate, not HBM, that bounds it: 32 programs
-    #: on 8 H200s at M=1024. Fitted from the reduction's ``combine`` records (validate.FIT_RULES);
+    #: on 8 H200s at M=1024. Fitted from the reduction's ``combine`` records (fitting.FIT_RULES);
     #: the default is the middle of the records' 19-35 GB/s on 2, 4 and 8 H200s.
     reduce_program_bytes_per_s: float = 26e9
     #: Bandwidth with which one GPU's SMs load from its peers' memory while every rank does the

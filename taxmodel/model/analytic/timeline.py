@@ -16,7 +16,7 @@ from .params import ModelParams
 def release_offsets(world: int, params: "ModelParams") -> list[float]:
     """When each rank's GPU may start the iteration, from the earliest.
 
-    Host barrier: ``start_offsets(world, barrier_skew_s)``. Device gate (kernels/_gate.py): every
+    Host barrier: ``start_offsets(world, barrier_skew_s)``. Device gate (kernels/device/gate.py): every
     rank adds to every counter, so the last rank to arrive sees the count complete at once (its own
     add is local) and every other rank one flag latency later, when that rank's add lands: one
     rank at 0, the others at half the calibrated flag round trip."""
