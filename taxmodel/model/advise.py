@@ -454,8 +454,7 @@ def missing_inputs(row: Mapping[str, Any], ledger: Ledger) -> list[str]:
 #: how the ledger's caveat reads when the profiler's own options inflated the launch tax
 #: (``ledger_kernels.profiler_caveat``)
 PROFILER_CAVEAT_MARK = "may be inflated by the profiler"
-PROFILER_NOTE = ("the job's own launch tax (the profiler inflated it, see the ledger's caveat: the bound is high by "
-                 "as much)")
+PROFILER_NOTE = "the job's own launch tax (profiler-inflated: see the caveat)"
 
 
 def profiler_inflated(ledger: Ledger) -> bool:

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 from taxmodel.errors import AnalysisError
 from taxmodel.model.advise import Inputs, advise
+from taxmodel.model.advise_regions import MAX_CHAIN_KERNELS
 from taxmodel.model.categories import LABELS
 from taxmodel.report import blocks as d
 from taxmodel.report import style
@@ -24,8 +25,19 @@ from taxmodel.report.figures import _new_figure
 from taxmodel.report.terminal import _text_table
 
 TAX_COLUMNS = (("launch_tax_us", "launch_tax"), ("bsp_tax_us", "bsp_tax"), ("locality_tax_us", "locality_tax"))
-TERMINAL_COLUMNS = ["kind", "kernels", "per_iteration", "launch_tax_us", "locality_tax_us", "bsp_tax_us", "bound_us",
-                    "bound_pct", "predicted_saving_us", "model", "confidence", "missing"]
+TERMINAL_COLUMNS = ["kind", "action", "kernels", "ops", "per_iteration", "launch_tax_us", "locality_tax_us", "bsp_tax_us",
+                    "bound_us", "bound_pct", "predicted_saving_us", "model", "confidence", "missing"]
+#: what fusing a candidate of each kind means in practice (docs/advise.md, "Candidates")
+KIND_ACTIONS = {
+    "run": "CUDA graph of the region",
+    "chain": "fuse (epilogue / torch.compile)",
+    "optimizer": "fused optimizer (fused=True)",
+    "AG+GEMM": "fine-grained AG+GEMM",
+    "GEMM+RS": "fused GEMM+RS",
+    "GEMM+AR": "fused GEMM+AR",
+    "attention+AG": "fused flash decode",
+}
+MAX_OPS_TEXT = 60
 REPORT_TOP = 5  # rows per bundle in the report; the CLI's --top sets its own
 MAX_KERNELS_TEXT = 90
 FIGURE_ROWS = 10  # the largest bounds over all bundles
@@ -39,22 +51,30 @@ def kernels_text(text: str, limit: int = MAX_KERNELS_TEXT) -> str:
     return f"{parts[0]} -> ... ({len(parts) - 2} more) -> {parts[-1]}"
 
 
+def shown_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The advisor's table as the terminal and the report show it: what to do per kind, kernel
+    and op sequences shortened in the middle."""
+    return table.assign(action=table["kind"].map(KIND_ACTIONS).fillna(""), kernels=table["kernels"].map(kernels_text),
+                        ops=table["ops"].map(lambda t: kernels_text(t, MAX_OPS_TEXT)))[TERMINAL_COLUMNS]
+
+
 def render_advice(table: pd.DataFrame, label: str, window_us: float) -> str:
-    """The ranked table for the terminal, with a line on what the columns mean."""
+    """The ranked table for the terminal, with a line on what the columns mean and the ledger's
+    caveats that bear on it (a profiler-inflated launch tax)."""
     head = f"== {label}: what fusing would buy (us per iteration and rank; step {window_us:,.1f} us)"
     if table.empty:
         return head + "\nno fusion candidates: no two kernels on one stream between host syncs, no collective next " \
                       "to a GEMM\n"
-    shown = table[TERMINAL_COLUMNS].assign(kernels=table["kernels"].map(kernels_text))
     note = ("bound_us: launch + locality + bulk-synchronous tax on the candidate's boundaries (what a perfect fusion "
             "recovers at most); predicted_saving_us: the analytic model's bsp minus its best fine-grained variant")
-    return "\n".join([head, _text_table(shown), note]) + "\n"
+    caveats = [f"caveat: {c}" for c in table.attrs.get("caveats", [])]
+    return "\n".join([head, _text_table(shown_table(table)), note, *caveats]) + "\n"
 
 
 def advice_document(table: pd.DataFrame, label: str, window_us: float) -> dict[str, Any]:
     """`taxmodel advise --json`: the rows with NaN as null."""
     rows = table.astype(object).where(pd.notna(table), None).to_dict(orient="records")
-    return {"label": label, "window_us": window_us, "candidates": rows}
+    return {"label": label, "window_us": window_us, "candidates": rows, "caveats": list(table.attrs.get("caveats", []))}
 
 
 def fusion_figure(tables: Sequence[tuple[str, pd.DataFrame]]) -> Figure:
@@ -93,10 +113,12 @@ def section(cases: Sequence[tuple[Any, Any]]) -> list:
     """The report's "What fusing would buy" blocks for (bundle, ledger) pairs."""
     blocks: list = [d.Heading("What fusing would buy"),
                     d.Paragraph("Per bundle, the fusion candidates the trace shows (runs of kernels on one stream between "
-                                "host syncs, a collective with its GEMM, memory-bound ops after a GEMM or attention), "
-                                "ranked by the taxes on their boundaries: the bound on what fusing them recovers. Where a "
-                                "built-in fine-grained workload matches, the analytic model's predicted saving stands "
-                                "beside it (definitions: docs/advise.md).")]
+                                "host syncs, ending at a new launching thread or step annotation; a collective with its "
+                                "GEMM; memory-bound ops after a GEMM or attention, at most "
+                                f"{MAX_CHAIN_KERNELS} kernels; a foreach optimizer's step), ranked by the taxes on their "
+                                "boundaries: the bound on what fusing them recovers. Where a built-in fine-grained workload "
+                                "matches, the analytic model's predicted saving stands beside it (definitions: "
+                                "docs/advise.md).")]
     tables = []
     for bundle, led in cases:
         if not hasattr(led, "intervals") or not hasattr(led, "clock"):
@@ -105,8 +127,8 @@ def section(cases: Sequence[tuple[Any, Any]]) -> list:
         if t.empty:
             continue
         tables.append((led.label, t))
-        shown = t[TERMINAL_COLUMNS].assign(kernels=t["kernels"].map(kernels_text))
-        blocks += [d.Heading(led.label, level=3), d.table_from_frame(shown, caption="us per iteration and rank.")]
+        blocks += [d.Heading(led.label, level=3), d.table_from_frame(shown_table(t), caption="us per iteration and rank.")]
+        blocks += [d.Paragraph(f"Caveat: {c}") for c in t.attrs.get("caveats", [])]
     if not tables:
         return blocks + [d.Paragraph("No fusion candidates in these bundles.")]
     try:
