@@ -69,7 +69,7 @@ def check_profile_request(req: Any) -> None:
     if req.device == "cpu":  # before the imports below (they load every workload's kernels)
         check_request("cpu", 1)
     from taxmodel.runtime.profile import default_world_size
-    from taxmodel.runtime.worker import resolve_device
+    from taxmodel.runtime.spec import resolve_device
 
     device = resolve_device(req.device)
     check_request(device, int(req.world_size or (default_world_size(device) if device == "cuda" else 2)))
