@@ -12,6 +12,7 @@ per-kernel seam (``floor_ns``, ``bound``).
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 import numpy as np
@@ -38,7 +39,7 @@ def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
         reason[:] = "no hardware spec"
         return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": np.zeros(n, bool), "reason": reason}, index=gpu.index)
     f = flops.to_numpy()
-    b = nbytes.to_numpy()
+    b = copy_bytes(gpu, nbytes.to_numpy())
     comm = role == "comm"
     # peak per distinct dtype (a loop over the few dtype classes)
     codes, uniq = pd.factorize(dtype)
@@ -59,6 +60,26 @@ def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
     costed = np.isfinite(floor)
     reason[costed] = ""
     return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": costed, "reason": reason}, index=gpu.index)
+
+
+_DTOD = re.compile(r"(?i)dtod|device\s*->\s*device|devicetodevice|ptop")
+
+
+def copy_bytes(gpu: pd.DataFrame, floor_bytes: np.ndarray) -> np.ndarray:
+    """``floor_bytes``, with memcpy/memset rows that have none costed from their own byte count
+    (any trace format records it): a device-to-device copy reads and writes it, a host copy or a
+    memset moves it once through HBM."""
+    kind = _col(gpu, "kind", "").astype(str).to_numpy(object)
+    size = _col(gpu, "bytes", -1).to_numpy(np.float64)
+    sel = np.isin(kind, ("memcpy", "memset")) & (floor_bytes < 0) & (size >= 0)
+    if not sel.any():
+        return floor_bytes
+    out = floor_bytes.copy()
+    names = _col(gpu, "name", "").astype(str)
+    codes, uniq = pd.factorize(names[sel])
+    dtod = np.array([bool(_DTOD.search(u)) for u in uniq] or [False])[codes]  # per distinct name
+    out[sel] = size[sel] * np.where((kind[sel] == "memcpy") & dtod, 2, 1)
+    return out
 
 
 def has_kernel_costs(events: pd.DataFrame) -> bool:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.model.hardware import HardwareSpec
-from taxmodel.model.kernel_costs import has_kernel_costs, kernel_floors
+from taxmodel.model.kernel_costs import copy_bytes, kernel_floors
 
 #: how a bundle's locality tax was obtained
 LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated", "not measured"
@@ -55,17 +55,18 @@ class KernelCosts:
 
 
 def prepare(gpu: pd.DataFrame, hw: HardwareSpec | None, cost: Mapping[str, Any] | None) -> KernelCosts | None:
-    """Per-kernel costs of the bundle's GPU rows, or None when it has neither per-kernel work nor
-    measured DRAM bytes (taxmodel's own bundles: the workload's cost alone applies)."""
+    """Per-kernel costs of the bundle's GPU rows; None for a bundle that declares a workload cost
+    and has no measured DRAM bytes (taxmodel's own bundles: the workload's cost alone applies).
+    A bundle without a declared cost always gets per-kernel floors, whatever its format: what
+    its importer could not cost is shown as uncosted."""
     measured = _measured_bytes(gpu)
-    has_work = has_kernel_costs(gpu) or _cost_attempted(gpu)
-    if not has_work and not np.isfinite(measured).any():
+    if cost and not np.isfinite(measured).any():
         return None
     floors = kernel_floors(gpu, hw)
-    fb = gpu["floor_bytes"].to_numpy(np.float64) if "floor_bytes" in gpu.columns else np.full(len(gpu), -1.0)
+    fb = copy_bytes(gpu, gpu["floor_bytes"].to_numpy(np.float64) if "floor_bytes" in gpu.columns else np.full(len(gpu), -1.0))
     compulsory = np.where(fb >= 0, fb, np.nan)
     mode = LOCALITY_MEASURED if np.isfinite(measured).any() else (LOCALITY_ESTIMATED if cost else LOCALITY_ABSENT)
-    return KernelCosts(floors, measured, compulsory, use_floors=not cost and hw is not None and has_work, locality=mode,
+    return KernelCosts(floors, measured, compulsory, use_floors=not cost and hw is not None, locality=mode,
                        hbm_bytes_per_s=hw.hbm_bytes_per_s if hw is not None else 0.0)
 
 
@@ -98,12 +99,6 @@ def link_floor_excess(kc: KernelCosts, gpu_idx: np.ndarray, group: np.ndarray, i
     t_link = np.bincount(group[is_comm], weights=f[is_comm], minlength=ngroups)
     t_comp = np.bincount(group[is_local], weights=f[is_local], minlength=ngroups)
     return np.maximum(t_link - t_comp, 0.0)
-
-
-def _cost_attempted(gpu: pd.DataFrame) -> bool:
-    """Whether the importer tried to cost the kernels (it linked ops or said why not): then an
-    uncosted kernel is shown with its reason, never as a silent 0."""
-    return any(c in gpu.columns and bool((gpu[c].astype(str) != "").any()) for c in ("op", "uncosted"))
 
 
 def _measured_bytes(gpu: pd.DataFrame) -> np.ndarray:

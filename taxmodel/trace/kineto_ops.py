@@ -9,8 +9,8 @@ whose nesting depth equals the depth at ``t``; both depths come from counts of s
 (searchsorted), with no loop over events.
 
 Several kernels under one op instance (a split-K GEMM and its reduce, a GEMM and its cast)
-share the op's flops and bytes in proportion to their durations. Copies and memsets carry their
-own byte count (a device-to-device copy reads and writes it). NCCL kernels get the bytes their
+share the op's flops and bytes in proportion to their durations (copies and memsets are costed
+from their own byte count by ``model/kernel_costs.py``, for every trace format). NCCL kernels get the bytes their
 rank's link carries (``op_costs.collective_bus_bytes``) in ``floor_bytes``. Kernels of a CUDA
 graph replay are launched by the one graph launch, not by an op: they stay uncosted (the
 capture's shapes are not in a trace of the replay).
@@ -24,11 +24,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from taxmodel.trace.op_costs import OpCall, collective_bus_bytes, list_type_from_kernel, op_cost
+from taxmodel.trace.op_costs import OpCall, collective_bus_bytes, has_shapes, list_type_from_kernel, op_cost
 
 OP_COLUMNS = ("op", "dtype", "floor_bytes", "uncosted")
 _SHIFT = np.int64(42)
-_DTOD = re.compile(r"(?i)dtod|device\s*->\s*device|ptop")
 
 
 def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, is_launch: np.ndarray, tid: np.ndarray,
@@ -99,10 +98,31 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
         dtype[rows] = np.array([costs[int(k)].dtype for k in inst], dtype=object)
         reason[rows] = np.array([costs[int(k)].uncosted for k in inst], dtype=object)
     no_op = ~has_op & ~comm
+    if shaped.any() and (no_op & ~graph).any():
+        # no op with shapes encloses the launch: name the innermost op anyway (e.g. a foreach op whose
+        # long tensor lists the profiler recorded as empty)
+        unshaped = ~shaped & (ops_end > ops_start)
+        u_tid = np.array([_to_int(o.get("tid")) if _to_int(o.get("tid")) is not None else -1 for o, k in zip(ops, unshaped) if k],
+                         np.int64)
+        u_idx = np.flatnonzero(unshaped)
+        rows = gk[no_op & ~graph]
+        launch_of = pd.Series(launches, index=corr[launches])
+        launch_of = launch_of[~launch_of.index.duplicated()]
+        li = launch_of.reindex(corr[rows]).fillna(-1).to_numpy(np.int64)
+        ok = li >= 0
+        u = np.full(len(rows), -1, np.int64)
+        u[ok] = _innermost(ops_start[unshaped], ops_end[unshaped], u_tid, tid[li[ok]], start[li[ok]])
+        got = u >= 0
+        op_name[rows[got]] = [str(ops[int(u_idx[j])].get("name", "")) for j in u[got]]
+        reason[rows[got]] = "its op recorded no input shapes"
+        named = rows[got]
+    else:
+        named = np.zeros(0, np.int64)
     reason[gk[no_op & graph]] = "CUDA graph replay (the capture's shapes are not in the trace)"
-    reason[gk[no_op & ~graph]] = ("no CPU ops in the trace (capture with ProfilerActivity.CPU and record_shapes=True)"
-                                  if not ops else "no op recorded its shapes (capture with record_shapes=True)"
-                                  if not shaped.any() else "no enclosing op with shapes")
+    rest = ~np.isin(gk[no_op & ~graph], named)
+    reason[gk[no_op & ~graph][rest]] = ("no CPU ops in the trace (capture with ProfilerActivity.CPU and record_shapes=True)"
+                                        if not ops else "no op recorded its shapes (capture with record_shapes=True)"
+                                        if not shaped.any() else "no enclosing op with shapes")
     # collectives: the bytes the rank's link carries
     if comm.any():
         rows = gk[comm]
@@ -112,14 +132,6 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
         bus = np.array([collective_bus_bytes(str(o), int(m), int(g)) for o, m, g in zip(cop, msg, group)], np.int64)
         fbytes[rows] = bus
         reason[rows] = np.where(bus >= 0, "", "collective size or group not recorded")
-    # copies and memsets: their own byte count
-    cp = gpu_idx[np.isin(kind[gpu_idx], ("memcpy", "memset"))]
-    if len(cp):
-        b = frame["bytes"].to_numpy(np.int64)[cp]
-        dtod = np.array([bool(_DTOD.search(str(s))) for s in frame["name"].to_numpy(object)[cp]], bool)
-        mult = np.where((kind[cp] == "memcpy") & dtod, 2, 1)
-        fbytes[cp] = np.where(b >= 0, b * mult, -1)
-        reason[cp] = np.where(b >= 0, "", "copy size not recorded")
     frame["op"] = op_name
     frame["dtype"] = dtype
     frame["flops"] = flops
@@ -144,8 +156,7 @@ def _list_types(op_of_gpu: np.ndarray, names: np.ndarray) -> dict[int, str]:
 
 def _has_shapes(o: dict) -> bool:
     a = o.get("args")
-    dims = a.get("Input Dims") if isinstance(a, dict) else None
-    return isinstance(dims, list) and any(isinstance(d, list) and d for d in dims)
+    return isinstance(a, dict) and has_shapes(a.get("Input Dims"), a.get("Input type"))
 
 
 def _list(v) -> list:

@@ -153,9 +153,13 @@ class _Args:
             return _TYPES[t][0]
         raise _Uncosted("tensor-list dtypes not recorded")
 
-    def list_numel(self, i: int) -> list[int]:
+    def list_numel(self, i: int, first: bool = False) -> list[int]:
+        """Element counts of tensor list ``i``; ``first``: the op's main list, which cannot be empty
+        (the profiler records long lists as empty)."""
         if not self.is_list(i) or not isinstance(self.dims[i], list):
             raise _Uncosted(f"input {i} is not a recorded tensor list")
+        if first and not self.dims[i]:
+            raise _Uncosted("tensor-list shapes not recorded (the profiler records long lists empty)")
         return [math.prod(int(v) for v in d) for d in self.dims[i] if isinstance(d, list)]
 
     def tensors(self) -> list[int]:
@@ -229,12 +233,14 @@ _ATTN_FWD = {
     "aten::_scaled_dot_product_cudnn_attention": (6, "bhld"),
     "aten::_flash_attention_forward": (8, "blhd"),
     "aten::_efficient_attention_forward": (9, "blhd"),
+    "aten::_cudnn_attention_forward": (10, "bhld"),
 }
 # backward: (index of query, index of is_causal / custom_mask_type, layout)
 _ATTN_BWD = {
     "aten::_scaled_dot_product_flash_attention_backward": (1, 11, "bhld"),
     "aten::_scaled_dot_product_efficient_attention_backward": (1, 11, "bhld"),
     "aten::_scaled_dot_product_cudnn_attention_backward": (1, 14, "bhld"),
+    "aten::_cudnn_attention_backward": (1, 14, "bhld"),
     "aten::_flash_attention_backward": (1, 11, "blhd"),
     "aten::_efficient_attention_backward": (1, 14, "blhd"),
 }
@@ -402,8 +408,11 @@ def _nll_loss(a: _Args) -> OpCost:
     return _cost(float(n), a.nbytes(1) + n * a.es(0) + a.es(0), "fp32")
 
 
-def _nll_loss_bwd(a: _Args) -> OpCost:  # nll_loss_backward(grad_output, self, target, ...): grad_input[N, C] written
-    return _cost(float(a.numel(1)), a.nbytes(2) + a.nbytes(1), "fp32")
+def _nll_loss_bwd(a: _Args) -> OpCost:
+    """nll_loss_backward(grad_output, self, target, ...): one gradient per row is written at its
+    target; zeroing the rest of grad_input is a nested ``zero_`` op with its own kernel and floor."""
+    n = a.numel(2)
+    return _cost(float(n), a.opt_bytes(0) + a.nbytes(2) + n * a.es(1), "fp32")
 
 
 def _index_select(a: _Args) -> OpCost:  # index_select(self, dim, index): rows of self picked by index
@@ -443,11 +452,11 @@ def _foreach(a: _Args) -> OpCost:
     (in place) or an output list of its sizes (out of place); ``_foreach_norm``/``max`` write one
     value per tensor, not counted. Kineto records a list's shapes, not its dtype: the element
     type comes from the kernels the op launched (``list_type``), else the op is uncosted."""
-    es = a.list_es()
     lists = _lists(a)
     if not lists:
         raise _Uncosted("no tensor lists recorded")
-    first = sum(a.list_numel(lists[0]))
+    first = sum(a.list_numel(lists[0], first=True))
+    es = a.list_es()
     read = sum(sum(a.list_numel(i)) for i in lists) * es + sum(a.nbytes(i) for i in a.tensors())
     reduction = any(t in a.call.name for t in ("_foreach_norm", "_foreach_max"))
     return _cost(float(first), read + (0 if reduction else first * es), "fp32")
@@ -457,12 +466,12 @@ def _fused_optimizer(a: _Args) -> OpCost:
     """``_fused_adam(w)_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, ...)``:
     every list read, params and both moments (and max_exp_avg_sqs when given) written;
     ``_fused_sgd_(params, grads, momentum_buffers, ...)``: params and momenta written."""
-    es = a.list_es()
     lists = _lists(a)
     written = (0, 2) if "sgd" in a.call.name else (0, 2, 3, 4)
-    sizes = [sum(a.list_numel(i)) for i in lists]
-    if not sizes:
+    if not lists:
         raise _Uncosted("no tensor lists recorded")
+    sizes = [sum(a.list_numel(i, first=(k == 0))) for k, i in enumerate(lists)]
+    es = a.list_es()
     # state_steps are one fp32 value per parameter, whatever the parameters' dtype
     steps = 5 if "adam" in a.call.name and len(lists) > 5 else None
     nbytes = sum(n * (4 if k == steps else es) for k, n in enumerate(sizes))
@@ -471,8 +480,8 @@ def _fused_optimizer(a: _Args) -> OpCost:
 
 
 def _cat(a: _Args) -> OpCost:  # cat(tensors, dim): every input read, the concatenation written
+    n = sum(sum(a.list_numel(i, first=(k == 0))) for k, i in enumerate(_lists(a)))
     es = a.list_es()
-    n = sum(sum(a.list_numel(i)) for i in _lists(a))
     return _cost(0.0, 2 * n * es, "fp32")
 
 
@@ -540,6 +549,17 @@ def list_type_from_kernel(kernel_name: str) -> str:
     return t if t in _TYPES else ""
 
 
+def has_shapes(dims: Any, types: Any) -> bool:
+    """Whether an op's record carries input shapes: a non-empty dims entry, or a tensor input
+    (a 0-d tensor's dims are ``[]``) or tensor list typed as such."""
+    if not isinstance(dims, list) or not dims:
+        return False
+    if any(isinstance(d, list) and d for d in dims):
+        return True
+    return isinstance(types, list) and any(str(t).strip().lower() in _TYPES or str(t).strip().lower() == "tensorlist"
+                                           for t in types)
+
+
 def op_cost(call: OpCall) -> OpCost:
     """The cost of one recorded op (see the module docstring), or an uncosted result with the reason."""
     fn = COST_TABLE.get(call.name)
@@ -554,7 +574,7 @@ def op_cost(call: OpCall) -> OpCost:
             # Kineto counted the flops (with_flops): a floor from them alone is still a lower bound
             return OpCost(int(call.kineto_flops), -1, _MATRIX_CLASS[args.cls(ts[0])])
         return _uncosted("op not in the cost table")
-    if not any(isinstance(d, list) and d for d in args.dims):
+    if not has_shapes(call.dims, call.types):
         return _uncosted("no input shapes recorded (capture with record_shapes=True)")
     try:
         return fn(args)

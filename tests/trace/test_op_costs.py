@@ -46,7 +46,13 @@ def cost(name, dims, types, concrete=(), flops=None):
     (("aten::embedding", [[100, 16], [2, 5]], [F32, I64]), 0, 80 + 2 * 160 * 4, "fp32"),
     (("aten::native_dropout", [[4, 8], [], []], [BF, "Scalar", "Scalar"]), 32, 2 * 64 + 32, "fp32"),
     (("aten::nll_loss_forward", [[4, 10], [4], [], [], []], [F32, I64, "", "Scalar", "Scalar"]), 4, 32 + 16 + 4, "fp32"),
+    # backward: scalar grad_output and targets read, one gradient per row written (zero_ is its own op)
+    (("aten::nll_loss_backward", [[], [4, 10], [4], [], [], [], []], [F32, F32, I64, "", "Scalar", "Scalar", F32]), 4, 4 + 32 + 16, "fp32"),
+    # cuDNN attention (torch 2.11 names), causal flag at 10: q=k=v [1,2,64,32] bf16
+    (("aten::_cudnn_attention_forward", [[1, 2, 64, 32]] * 3 + [[]] * 10, [BF] * 3 + [""] * 10,
+      [""] * 6 + ["64", "64", "True", "0.", "True", "False", ""]), 524288, 3 * 4096 * 2 + 4096 * 2 + 128 * 4, "bf16"),
     (("aten::copy_", [[4, 8], [4, 8], []], [F32, BF, "Scalar"]), 0, 128 + 64, "fp32"),
+    (("aten::fill_", [[], []], [F32, "Scalar"]), 0, 4, "fp32"),  # a 0-d tensor: dims [] is its shape
     (("aten::_to_copy", [[4, 8], [], [], [], [], [], []], [BF, "Scalar", "", "", "", "Scalar", ""], ["", "6", "", "", "", "False", ""]),
      0, 64 + 128, "fp32"),
 ])
@@ -62,6 +68,7 @@ def test_op_by_op(call, flops, nbytes, dtype):
     (("mylib::custom", [[4, 4]], [BF]), "not in the cost table"),
     (("aten::mm", [[4, 4], [4, 4]], ["c10::Weird", "c10::Weird"]), "unknown dtype"),
     (("aten::mm", [[], []], ["", ""]), "record_shapes"),
+    (("aten::_foreach_mul_", [[], []], ["TensorList", "Scalar"]), "tensor-list shapes not recorded"),  # a long list
 ])
 def test_uncosted_is_counted_not_guessed(call, reason):
     c = cost(*call)
