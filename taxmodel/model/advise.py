@@ -379,6 +379,40 @@ def _ledger_locality(ledger: Ledger, occ: pd.DataFrame) -> np.ndarray:
     return per.reindex(idx).fillna(0).to_numpy(np.float64)
 
 
+#: candidate kinds whose fix makes one kernel of several (their intermediates stay on chip)
+FUSING_KINDS = ("chain", "optimizer")
+#: the locality source of estimated intermediates (docs/advise.md, "The taxes on a candidate's boundaries")
+INTERMEDIATES = "intermediates"
+
+
+def estimated_intermediates(occ: pd.DataFrame, members: pd.DataFrame, k: pd.DataFrame, inp: Inputs) -> np.ndarray:
+    """Per occurrence of a fusing kind (``FUSING_KINDS``), ns of the HBM round trips of the
+    intermediates between its consecutive kernels, at most: the tensor one kernel writes and the
+    next reads is no larger than the smaller of their compulsory bytes (``floor_bytes``, from the
+    ops' shapes), and it costs a write and a read at the HBM bandwidth. NaN for other kinds, and
+    where a boundary has a kernel without compulsory bytes (a trace without shapes, our own
+    bundles: their intermediates are declared instead)."""
+    out = np.full(len(occ), np.nan)
+    ev, hw = inp.bundle.events, inp.ledger.hardware
+    fusing = members["kind"].isin(FUSING_KINDS).to_numpy()
+    if "floor_bytes" not in ev.columns or hw is None or not fusing.any():
+        return out
+    fb = ev["floor_bytes"].reindex(k["row"]).to_numpy(np.float64)
+    fb = np.where(fb >= 0, fb, np.nan)
+    m = members[fusing]
+    occ_id, pos = m["occ"].to_numpy(np.int64), m["pos"].to_numpy(np.int64)
+    order = np.lexsort((k["start"].to_numpy(np.int64)[pos], occ_id))
+    occ_id, pos = occ_id[order], pos[order]
+    inner = occ_id[1:] == occ_id[:-1]  # boundaries inside an occurrence
+    trip = 2.0 * np.fmin(fb[pos[:-1]], fb[pos[1:]])[inner] / hw.hbm_bytes_per_s * 1e9
+    trip = np.where(np.isnan(fb[pos[:-1]][inner]) | np.isnan(fb[pos[1:]][inner]), np.nan, trip)
+    at = pd.Index(occ["occ"]).get_indexer(occ_id[1:][inner])
+    total = np.bincount(at, weights=np.nan_to_num(trip), minlength=len(occ))
+    unknown = np.bincount(at, weights=np.isnan(trip), minlength=len(occ)) > 0
+    counted = np.bincount(at, minlength=len(occ)) > 0
+    return np.where(counted & ~unknown, total, np.nan)
+
+
 def floor_sum(occ: pd.DataFrame, members: pd.DataFrame, k: pd.DataFrame, costs: pd.DataFrame | None) -> np.ndarray | None:
     """Per occurrence, the sum of its kernels' roofline floors, NaN where one of them has none
     (None without per-kernel floors)."""
@@ -398,25 +432,34 @@ def candidates(inp: Inputs) -> pd.DataFrame:
     members = occurrences(k, _sync_ends(inp))
     if members.empty:
         return pd.DataFrame(columns=["kind", "kernels", "ops", "n_kernels", "per_iteration", "span_ns", "launch_ns",
-                                     "locality_ns", "bsp_ns", "bound_ns", "cut", "locality_source", "floors"])
+                                     "locality_ns", "bsp_ns", "bound_ns", "cut", "locality_source", "no_intermediates",
+                                     "floors"])
     occ = attribute(occurrence_table(k, members), inp.ledger.intervals)
     loc, loc_source = declared_locality(occ, members, k, inp)
-    occ["locality_ns"] = loc
+    inter = (estimated_intermediates(occ, members, k, inp) if loc_source != "declared"
+             else np.full(len(occ), np.nan))
+    has_inter = np.isfinite(inter)
+    occ["locality_ns"] = loc + np.nan_to_num(inter)
+    occ["locality_source"] = np.where(has_inter, (loc_source + "+" if loc_source else "") + INTERMEDIATES, loc_source)
+    occ["no_intermediates"] = occ["kind"].isin(FUSING_KINDS).to_numpy() & ~has_inter & (loc_source != "declared")
     occ["span_ns"] = occ["end"] - occ["start"]
     bound = occ["launch_ns"] + occ["bsp_ns"] + occ["locality_ns"]
     floors = floor_sum(occ, members, k, inp.kernel_costs)
     if floors is not None:
-        bound = np.minimum(bound, np.where(np.isfinite(floors), occ["span_ns"] - floors, bound))
+        # a fused kernel no longer moves the intermediates it keeps on chip: its floor is the
+        # separate kernels' floors less those round trips
+        fused_floor = np.maximum(floors - np.nan_to_num(inter), 0.0)
+        bound = np.minimum(bound, np.where(np.isfinite(floors), occ["span_ns"] - fused_floor, bound))
     occ["bound_ns"] = np.maximum(bound, 0)
     n = max(len(inp.ledger.windows) * rank_count(inp.ledger), 1)
     g = occ.groupby(["kind", "kernels"], sort=False)
     out = g.agg(ops=("ops", "first"), n_kernels=("n_kernels", "first"), count=("occ", "size"),
                 span_ns=("span_ns", "sum"), launch_ns=("launch_ns", "sum"), locality_ns=("locality_ns", "sum"),
-                bsp_ns=("bsp_ns", "sum"), bound_ns=("bound_ns", "sum"), cut=("cut", "max")).reset_index()
+                bsp_ns=("bsp_ns", "sum"), bound_ns=("bound_ns", "sum"), cut=("cut", "max"),
+                locality_source=("locality_source", "first"), no_intermediates=("no_intermediates", "any")).reset_index()
     for c in ("span_ns", "launch_ns", "locality_ns", "bsp_ns", "bound_ns"):
         out[c] = out[c] / n
     out["per_iteration"] = out.pop("count") / n
-    out["locality_source"] = loc_source
     out["floors"] = floors is not None
     return _drop_duplicates_of_specific(out)
 
@@ -443,6 +486,8 @@ def missing_inputs(row: Mapping[str, Any], ledger: Ledger) -> list[str]:
         out.append("locality (no counters, no declared intermediates)")
     if len(ledger.windows) < 2:
         out.append("repeats (one iteration: no spread)")
+    if row.get("no_intermediates", False):
+        out.append("intermediates between its kernels (a kernel without compulsory bytes: no op shapes)")
     if row.get("cut", 0) > 0:
         out.append(f"the rest of the chain (cut at {regions.MAX_CHAIN_KERNELS} kernels; up to {int(row['cut'])} more "
                    "memory-bound kernels followed)")
@@ -481,7 +526,8 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
         pred = preds[r["kind"]]
         if pred.missing:
             missing.append(pred.missing)
-        estimated = (r["locality_source"] == "declared" and r["locality_ns"] > 0) or bool(pred.model)
+        estimated = ((r["locality_source"] == "declared" or INTERMEDIATES in r["locality_source"]) and r["locality_ns"] > 0
+                     or bool(pred.model))
         rows.append({
             "kind": r["kind"], "kernels": r["kernels"], "ops": r["ops"], "n_kernels": int(r["n_kernels"]),
             "per_iteration": float(r["per_iteration"]), "span_us": r["span_ns"] / NS_PER_US,
