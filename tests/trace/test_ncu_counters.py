@@ -262,3 +262,15 @@ def test_counters_pass_attaches_to_every_bundle_or_to_none(tmp_path, monkeypatch
 
 def test_the_metrics_argument_names_what_the_reader_needs():
     assert METRICS_ARG.split(",")[:2] == ["dram__bytes_read.sum", "dram__bytes_write.sum"]
+
+
+def test_ncus_own_scaled_units_round_the_exact_report_values():
+    """The same report exported with ncu's default units (Mbyte/Kbyte, 3 significant digits) and read
+    exactly by ncu_report on the H200: the units are decimal (Kbyte = 1000 bytes) and only rounded."""
+    import json
+
+    exact = json.loads((DATA / "locality_ncu_report_exact.json").read_text())
+    c = read_counters(DATA / "locality_scaled_units.csv")
+    assert list(c["name"]) == exact["names"]
+    for col in ("dram_read_bytes", "dram_write_bytes", "duration_ns"):
+        assert np.allclose(c[col], exact[col], rtol=5e-3), col
