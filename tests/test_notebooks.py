@@ -25,8 +25,9 @@ PROFILES = ROOT / "profiles" / "h200x4"  # what every notebook's first code cell
 FALLBACK = NOTEBOOKS / "data" / "cpu"
 KINETO = ROOT / "tests" / "data" / "kineto"
 GRAPH_PROFILES = ROOT / "profiles" / "h200x4-graph"  # notebook 06: CUDA-graph captures
+TRAIN = ROOT / "profiles" / "h200x1-train"  # notebook 07: a real training step on one H200
 EXPECTED = ["01_bsp_ag_gemm", "02_fine_grained_ag_gemm", "03_flash_decode", "04_model_accuracy",
-            "05_bring_your_own_trace", "06_graph_captures_and_records"]
+            "05_bring_your_own_trace", "06_graph_captures_and_records", "07_what_fusing_would_buy"]
 KERNEL = "taxmodel-nbtest"
 
 
@@ -45,6 +46,8 @@ def test_committed_without_outputs(name):
     first = "".join(code[0]["source"])
     if name == "06_graph_captures_and_records":
         assert 'PROFILES = "../profiles/h200x4-graph"' in first
+    elif name == "07_what_fusing_would_buy":
+        assert 'PROFILES = "../profiles/h200x1-train"' in first
     elif name != "05_bring_your_own_trace":  # the input directory is one variable in the first code cell
         assert 'PROFILES = "../profiles/h200x4"' in first
 
@@ -228,3 +231,50 @@ def test_06_graph_captures_and_records(kernel_env, monkeypatch):
         assert float(fd[field]) == pytest.approx(float(last.xs(phase, level="phase").median()), abs=2e-3)
     # the workers finish long before the pushes, which finish before the waits end
     assert float(fd["compute_end_us"]) < float(fd["push_end_us"]) < float(fd["wait_end_us"])
+
+
+def test_07_what_fusing_would_buy(kernel_env, monkeypatch, tmp_path):
+    from taxmodel.model.advise import Inputs, advise, kernel_table, with_trace_floors
+    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.trace.bundle import Bundle, make_meta
+    from taxmodel.trace.importers import import_bundle, import_traces
+
+    lines, images = _run("07_what_fusing_would_buy", kernel_env, monkeypatch)
+    assert images >= 1
+    results = _results(lines)
+
+    def direct(name: str, counters: bool = False):
+        if counters:
+            bundle, _ = import_bundle([TRAIN / f"{name}.json.gz"], tmp_path / name, counters=TRAIN / "ncu_eager_b1.csv.gz")
+        else:
+            events, found, _ = import_traces([TRAIN / f"{name}.json.gz"])
+            bundle = Bundle(events=events, meta=make_meta(**found))
+        return bundle, compute_ledger(bundle)
+
+    def memory_family(bundle, led) -> tuple[float, float]:
+        k = kernel_table(with_trace_floors(Inputs(bundle, led)))
+        mem = k[k["cls"] == "memory"]
+        n = len(led.windows)
+        return len(mem) / n, float((mem["end"] - mem["start"]).sum()) / 1e3 / n
+
+    sanity = {int(r["batch"]): r for r in results if r["kind"] == "sanity"}
+    ledger_lines = {int(r["batch"]): r for r in results if r["kind"] == "ledger"}
+    assert set(sanity) == set(ledger_lines) == {1, 8}
+    for b in (1, 8):
+        timing = json.loads((TRAIN / f"timing_eager_compile_b{b}.json").read_text())["unprofiled"]
+        saving = (timing["eager"]["median_ms"] - timing["compile"]["median_ms"]) * 1e3
+        r = sanity[b]
+        assert float(r["saving_us"]) == pytest.approx(saving, abs=2e-3)
+        eb, el = direct(f"trace_eager_b{b}", counters=b == 1)
+        assert float(ledger_lines[b]["window_us"]) == pytest.approx(_window_us(el), abs=2e-3)
+        assert float(ledger_lines[b]["launch_tax_us"]) == pytest.approx(_mean(el, "launch_tax") / 1e3, abs=2e-3)
+        chains = advise(Inputs(eb, el), top=None)
+        chains = chains[chains["kind"] == "chain"]
+        assert float(r["chain_bound_us"]) == pytest.approx(float(chains["bound_us"].sum()), abs=2e-3)
+        assert r["covered"] == str(float(r["chain_bound_us"]) >= saving)
+        n_e, us_e = memory_family(eb, el)
+        n_c, us_c = memory_family(*direct(f"trace_compile_b{b}"))
+        assert float(r["memory_kernels_eager"]) == pytest.approx(n_e, abs=0.5)
+        assert float(r["memory_kernels_compile"]) == pytest.approx(n_c, abs=0.5)
+        assert float(r["memory_us_eager"]) == pytest.approx(us_e, abs=2e-3)
+        assert float(r["memory_us_compile"]) == pytest.approx(us_c, abs=2e-3)
