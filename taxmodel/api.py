@@ -78,13 +78,19 @@ class Profile:
 
     @classmethod
     def from_traces(cls, paths: PathLike | Sequence[PathLike], *, fmt: str = "auto", iteration_pattern: str | None = None,
-                    meta: Mapping[str, Any] | None = None, allow_missing_ranks: bool = False, **kw: Any) -> "Profile":
+                    meta: Mapping[str, Any] | None = None, allow_missing_ranks: bool = False,
+                    counters: PathLike | None = None, **kw: Any) -> "Profile":
         """Import traces (one file per rank: torch.profiler/Kineto, nsys, rocprof) into an in-memory
-        profile. ``meta`` adds what the traces cannot say (workload, variant, shape, cost...)."""
+        profile. ``meta`` adds what the traces cannot say (workload, variant, shape, cost...);
+        ``counters``, an ncu export of the same run, adds measured DRAM bytes (docs/counters.md)."""
         from taxmodel.trace.importers import import_traces
 
         paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
         events, found, _ = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks)
+        if counters is not None:
+            from taxmodel.trace.counter_match import attach_counters_file
+
+            events, found = attach_counters_file(events, found, counters)
         return cls(Bundle(events=events, meta=make_meta(**{**found, **dict(meta or {})})), **kw)
 
     def with_meta(self, **values: Any) -> "Profile":

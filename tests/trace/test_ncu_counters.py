@@ -274,3 +274,11 @@ def test_ncus_own_scaled_units_round_the_exact_report_values():
     assert list(c["name"]) == exact["names"]
     for col in ("dram_read_bytes", "dram_write_bytes", "duration_ns"):
         assert np.allclose(c[col], exact[col], rtol=5e-3), col
+
+
+def test_the_python_door_takes_counters_too():
+    from taxmodel.api import Profile
+
+    prof = Profile.from_traces(TRAIN / "trace_eager_b1.json.gz", counters=TRAIN / "ncu_eager_b1.csv.gz")
+    k = prof.events[prof.events["kind"] == "kernel"]
+    assert prof.meta["counters"]["kernels_with_counters"] == len(k) == 2280 and (k["dram_write_bytes"] >= 0).all()
