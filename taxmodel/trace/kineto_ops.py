@@ -17,7 +17,6 @@ capture's shapes are not in a trace of the replay).
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 
@@ -52,7 +51,7 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     sel = shaped if shaped.any() else ops_end > ops_start
     cand = [o for o, keep in zip(ops, sel) if keep]
     c_start, c_end = ops_start[sel], ops_end[sel]
-    c_tid = np.array([_to_int(o.get("tid")) if _to_int(o.get("tid")) is not None else -1 for o in cand], np.int64)
+    c_tid = np.array([-1 if (v := _to_int(o.get("tid"))) is None else v for o in cand], np.int64)
 
     # launch call -> innermost candidate op on its thread
     launches = np.flatnonzero(is_launch & (corr >= 0))
@@ -164,7 +163,7 @@ def _list(v) -> list:
 
 
 def _key(v) -> str:
-    return json.dumps(v, separators=(",", ":")) if v is not None else ""
+    return repr(v) if v is not None else ""  # a cache key for an op's recorded arguments
 
 
 def _to_int(v) -> int | None:
@@ -214,7 +213,10 @@ def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, 
     t_depth = (np.searchsorted(skey, tkey, side="right") - np.searchsorted(skey, tc << _SHIFT, side="left")) - \
               (np.searchsorted(ekey, tkey, side="right") - np.searchsorted(ekey, tc << _SHIFT, side="left"))
     # latest op with (thread, depth) == (thread, depth at t) and start <= t
-    gcodes, _ = pd.factorize(pd.MultiIndex.from_arrays([np.concatenate([oc, tc]), np.concatenate([depth, t_depth])]))
+    all_depth = np.concatenate([depth, t_depth])
+    dmin = int(all_depth.min())
+    span = int(all_depth.max()) - dmin + 1
+    gcodes, _ = pd.factorize(np.concatenate([oc, tc]) * span + (all_depth - dmin))  # one int per (thread, depth)
     og, tg = gcodes[:nops].astype(np.int64), gcodes[nops:].astype(np.int64)
     order2 = np.lexsort((np.arange(nops), rs, og))
     gkey = (og[order2] << _SHIFT) + rs[order2]
