@@ -74,9 +74,11 @@ def format_number(value: object) -> str:
     return str(value)
 
 
-def table_from_frame(frame: pd.DataFrame, caption: str = "", total_last: bool = False) -> Table:
+def table_from_frame(frame: pd.DataFrame, caption: str = "", total_last: bool = False, missing: str = "") -> Table:
+    """``missing``: the text of NaN cells (the ledger's "n/m" for a tax that was not measured)."""
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) for c in frame.columns]
-    rows = [[format_number(v) for v in row] for row in frame.itertuples(index=False, name=None)]
+    rows = [[missing if isinstance(v, float) and math.isnan(v) else format_number(v) for v in row]
+            for row in frame.itertuples(index=False, name=None)]
     return Table([str(c) for c in frame.columns], rows, numeric, caption, total_last)
 
 

@@ -96,7 +96,7 @@ def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "
     doc.add(Heading("Ledgers"))
     for led in ledgers:
         doc.add(Heading(led.label, level=3))
-        doc.add(table_from_frame(headline.ledger_table(led), total_last=True))
+        doc.add(table_from_frame(headline.ledger_table(led), total_last=True, missing="n/m"))
 
     doc.add(Heading("Caveats"))
     doc.add(Bullets(caveats(ledgers) or ["None raised."]))
