@@ -75,7 +75,7 @@ CPU_SIZES = ["tiny"]
 #: Shared memory per program on sm_90: 64/4/3 70 KB (3 fit per SM), 64/4/2 38 KB (5), 128/8/2 72 KB (3).
 #: The assumption must hold for the fused kernel too, whose combine code takes more registers
 #: (Triton 3.6, sm_90, 4 warps: 96 per thread since the combines keep rows first, against the split
-#: kernel's 80; it was ~161 before): 5 programs of 4 warps fit per SM by registers (and by shared
+#: kernel's 80): 5 programs of 4 warps fit per SM by registers (and by shared
 #: memory at 2 stages), and 1 of 8 warps is what the 8-warp build was checked for.
 GPU_CANDIDATES = [(64, 4, 3, 3), (64, 4, 3, 2), (64, 4, 3, 1), (64, 4, 2, 3), (64, 4, 2, 2), (64, 4, 2, 5),
                   (128, 8, 2, 1),
@@ -87,8 +87,8 @@ GPU_CANDIDATES = [(64, 4, 3, 3), (64, 4, 3, 2), (64, 4, 3, 1), (64, 4, 2, 3), (6
 DEDICATED = 1 << 16
 
 #: Fused-kernel structures swept at every size (label -> shape keys, see workload.fused_config).
-#: "flags-dedicated" is the first session's kernel: per-peer system-scope release/acquire flags,
-#: combiner CTAs spinning from the kernel's start.
+#: "flags-dedicated": per-peer system-scope release/acquire flags, combiner CTAs spinning from the
+#: kernel's start.
 FUSED_SWEEP = {
     "ll-last": dict(fused_protocol=1, fused_combiners=0),
     "ll-dedicated": dict(fused_protocol=1, fused_combiners=DEDICATED),
@@ -469,7 +469,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
                   "(value + epoch in one 8-byte store, no fence); flags: fp32 pushes, a system-scope release "
                   "flag per peer, an acquire per peer. last: each head group's last worker combines the ranks' "
                   "partials; dedicated: one combiner CTA per head group (at most half the SMs) spinning from "
-                  "the kernel's start. flags-dedicated is the first session's kernel. sK: spread, K slice "
+                  "the kernel's start. sK: spread, K slice "
                   "combiner CTAs per head group, each combining, pushing and merging G/K query heads.", "",
                   "| size | bsp | " + " | ".join(labels) + " |", "|" + "---|" * (len(labels) + 2)]
         for r in rows:

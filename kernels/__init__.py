@@ -1,5 +1,8 @@
-"""Built-in workloads, installed as ``taxmodel.kernels``. Importing this package registers them."""
+"""Built-in workloads, installed as ``taxmodel.kernels``: one package per workload (``BUILTIN``),
+the device library their kernels share (``device``), and the kernels' names (``names``).
 
-from . import ag_gemm  # noqa: F401  (registers "ag_gemm")
-from . import flash_decode  # noqa: F401  (registers "flash_decode")
-from . import gemm_rs  # noqa: F401  (registers "gemm_rs")
+Importing this package imports no workload (so ``names`` costs nothing to import);
+``taxmodel.workload.load_builtin_workloads`` imports the ``BUILTIN`` packages, which registers them.
+"""
+
+BUILTIN = ("ag_gemm", "flash_decode", "gemm_rs")

@@ -162,9 +162,11 @@ def all_workloads() -> dict[str, type[Workload]]:
 
 
 def load_builtin_workloads() -> None:
+    """Import the built-in workload packages (``taxmodel.kernels.BUILTIN``): importing one registers it."""
     import importlib
 
-    importlib.import_module("taxmodel.kernels")
+    for name in importlib.import_module("taxmodel.kernels").BUILTIN:
+        importlib.import_module(f"taxmodel.kernels.{name}")
 
 
 def classify_role(name: str, roles: Mapping[str, str], default: str = "compute") -> str:

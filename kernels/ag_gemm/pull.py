@@ -31,15 +31,17 @@ import contextlib
 import torch
 import triton
 
+from taxmodel.kernels.names import AG_GEMM_KERNEL, CE_GET
+
 from .copy_engine import CopyEngine
 from .gemm_tiles import A_PULL, A_WAIT, gemm_record_layout, k_pieces, launch_ag_gemm, make_descriptor, tma_available
 from .state import AgGemmState, AgGemmVariant, symmetric_heap
 from .transport import (COPY_KERNEL, ce_transfer_blocks, copy_record_layout, fork, join, launch_copy_blocks,
                         reserved_programs, side_streams)
 
-KERNEL = "ag_gemm_kernel"
+KERNEL = AG_GEMM_KERNEL
 STAGE_KERNEL = COPY_KERNEL
-CE_PULL = "ce_get"
+CE_PULL = CE_GET
 
 
 def graph_safe(transport: str) -> bool:

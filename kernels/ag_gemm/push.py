@@ -32,6 +32,8 @@ import contextlib
 import torch
 import triton
 
+from taxmodel.kernels.names import AG_GEMM_KERNEL, CE_PUT
+
 from .copy_engine import CopyEngine
 from .gemm_tiles import A_WAIT, gemm_record_layout, k_pieces, launch_ag_gemm, make_descriptor, tma_available
 from .state import AgGemmState, AgGemmVariant, symmetric_heap
@@ -39,8 +41,8 @@ from .transport import (COPY_KERNEL, ce_transfer_blocks, copy_record_layout, for
                         reserved_programs, side_streams)
 
 PUSH_KERNEL = COPY_KERNEL
-CE_PUSH = "ce_put"
-GEMM_KERNEL = "ag_gemm_kernel"
+CE_PUSH = CE_PUT
+GEMM_KERNEL = AG_GEMM_KERNEL
 
 
 def graph_safe(transport: str) -> bool:

@@ -34,12 +34,13 @@ import iris
 
 from taxmodel.kernels.device import trace
 from taxmodel.kernels.device.sync import signal
+from taxmodel.kernels.names import COPY_BLOCKS_KERNEL
 
 from .copy_engine import CopyEngine
 from .gemm_tiles import GemmConfig, advance_epoch, k_pieces, piece_cols
 from .state import AgGemmState
 
-COPY_KERNEL = "copy_blocks_kernel"
+COPY_KERNEL = COPY_BLOCKS_KERNEL
 
 
 # rank changes between ranks: unspecialized, so every rank compiles the same kernel.

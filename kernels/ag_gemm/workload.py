@@ -22,6 +22,7 @@ from typing import Any, Mapping
 import torch
 
 from taxmodel.errors import InputError
+from taxmodel.kernels.names import AG_GEMM_KERNEL, CE_GET, CE_PUT, COPY_BLOCKS_KERNEL
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 
 from . import bsp, pull, push, torch_fused
@@ -32,7 +33,7 @@ from .state import DTYPE_CODES, DTYPE_NAMES, AgGemmState, make_shard, make_weigh
 #: Kernel names (regex) that write remote rows of A into a gathered buffer in the fine-grained
 #: variants: copy-engine copies (traced as memcpy rows; ``ce_put``/``ce_get`` ranges on CPU) or the
 #: Triton copy kernel.
-COPY_PRODUCERS = r"(?i)memcpy|ce_put|ce_get|copy_blocks_kernel"
+COPY_PRODUCERS = rf"(?i)memcpy|{CE_PUT}|{CE_GET}|{COPY_BLOCKS_KERNEL}"
 
 #: Environment variable that picks the fine-grained variants' transport for `taxmodel profile`
 #: when no GemmConfig is given: ``ce`` (default), ``sm`` or ``direct``. Only ``sm`` (and ``direct``
@@ -169,9 +170,9 @@ class AgGemm(Workload):
             producer = bsp.ALLGATHER_KERNELS if variant == "bsp" else torch_fused.COPY_KERNELS
             inter = (Intermediate("gathered_A", m * k * elt, producer, consumer),)
         elif variant == "push" and world_size > 1:
-            inter = (Intermediate("pushed_A", remote, COPY_PRODUCERS, "ag_gemm_kernel"),)
+            inter = (Intermediate("pushed_A", remote, COPY_PRODUCERS, AG_GEMM_KERNEL),)
         elif variant == "pull" and world_size > 1 and self._transport() != "direct":
-            inter = (Intermediate("staged_A", remote, COPY_PRODUCERS, "ag_gemm_kernel"),)
+            inter = (Intermediate("staged_A", remote, COPY_PRODUCERS, AG_GEMM_KERNEL),)
         return Cost(
             flops=2 * m * n_loc * k,
             hbm_bytes=(m_loc * k + k * n_loc + m * n_loc) * elt,

@@ -35,9 +35,10 @@ import triton
 import triton.language as tl
 
 from taxmodel.kernels.device import sync
+from taxmodel.kernels.names import GATE_KERNEL
 
 #: The kernel as traces name it (``taxmodel.trace.capture_meta.GATE_ROLES`` gives it the role "other").
-KERNEL_NAME = "taxmodel_gate_kernel"
+KERNEL_NAME = GATE_KERNEL
 #: Kernel id in the error record (``sync.check_errors``).
 GATE_KERNEL_ID: tl.constexpr = tl.constexpr(90)
 

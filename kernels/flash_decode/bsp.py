@@ -22,10 +22,11 @@ from taxmodel.errors import RunError
 from taxmodel.kernels.flash_decode.combine import (combine_rows, launch_combine_global, launch_combine_local,
                                                    packed_size)
 from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, launch_split_kv, partial_buffers
+from taxmodel.kernels.names import FLASH_DECODE_COMBINE_GLOBAL, FLASH_DECODE_COMBINE_LOCAL, FLASH_DECODE_SPLIT
 
-SPLIT_NAME = "flash_decode_split_kv"
-COMBINE_LOCAL_NAME = "flash_decode_combine_local"
-COMBINE_GLOBAL_NAME = "flash_decode_combine_global"
+SPLIT_NAME = FLASH_DECODE_SPLIT
+COMBINE_LOCAL_NAME = FLASH_DECODE_COMBINE_LOCAL
+COMBINE_GLOBAL_NAME = FLASH_DECODE_COMBINE_GLOBAL
 
 # torch 2.13 deprecates the name that torch 2.11 (the GPU machines) still needs; filtered once here
 # rather than per call, so that the BSP launch path pays nothing for it.

@@ -91,10 +91,11 @@ from taxmodel.kernels.flash_decode import ll
 from taxmodel.kernels.flash_decode.combine import (combine_block, combine_rows, combine_tile, finish_merge,
                                                    merge_partials, packed_size)
 from taxmodel.kernels.flash_decode.split_kv import SplitKVArgs, attend_split, check_runnable, next_pow2
+from taxmodel.kernels.names import FLASH_DECODE_FUSED
 
 #: Kernel id written into the error buffer by a combiner that gave up waiting.
 FUSED_KERNEL_ID = 1
-KERNEL_NAME = "flash_decode_fused"
+KERNEL_NAME = FLASH_DECODE_FUSED
 
 
 #: Push protocols (the ``LL`` constexpr): LL words (value and epoch in one 8-byte store, no fences)

@@ -17,6 +17,7 @@ from taxmodel.kernels.device.sync import interpreting
 from taxmodel.kernels.ag_gemm.gemm_tiles import CPU_CONFIG, GPU_CONFIG, GemmConfig
 from taxmodel.kernels.ag_gemm.state import pick_dtype as ag_pick_dtype
 from taxmodel.kernels.ag_gemm.state import symmetric_heap  # noqa: F401  (duck-typed: any state with ctx/heap)
+from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 from taxmodel.workload import RankBound, Variant
 
 from .tiles import own_tiles
@@ -26,8 +27,8 @@ from .tiles import own_tiles
 GEMM_KERNELS = r"(?i)gemm|matmul|nvjet|cutlass|xmma|cublas|Cijk"
 REDUCE_SCATTER_KERNELS = r"(?i)nccl|rccl|reduce_?scatter|reducescatter"
 #: The fine-grained pair (``tiles.py``): the persistent GEMM that pushes tiles, and the reduction.
-FUSED_GEMM_KERNEL = "gemm_rs_kernel"
-FUSED_REDUCE_KERNEL = "rs_reduce_kernel"
+FUSED_GEMM_KERNEL = GEMM_RS_KERNEL
+FUSED_REDUCE_KERNEL = RS_REDUCE_KERNEL
 
 @dataclass(frozen=True)
 class RsConfig:

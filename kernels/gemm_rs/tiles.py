@@ -76,11 +76,12 @@ from taxmodel.kernels.device import trace
 from taxmodel.kernels.device.sync import interpreting, signal, wait_geq
 from taxmodel.kernels.ag_gemm.gemm_tiles import (GemmConfig, advance_epoch, cached_descriptor, num_programs, tile_counts,
                                                  tma_available)
+from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 
 #: Kernel ids written into the error buffer by a reduction that gave up waiting.
 GEMM_KERNEL_ID = 1
 REDUCE_KERNEL_ID = 2
-KERNEL_NAMES = {GEMM_KERNEL_ID: "gemm_rs_kernel", REDUCE_KERNEL_ID: "rs_reduce_kernel"}
+KERNEL_NAMES = {GEMM_KERNEL_ID: GEMM_RS_KERNEL, REDUCE_KERNEL_ID: RS_REDUCE_KERNEL}
 
 
 @triton.jit

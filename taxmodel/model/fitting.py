@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from taxmodel.kernels.names import FLASH_DECODE_FUSED, FLASH_DECODE_SPLIT, GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 from taxmodel.model.cases import RECORDS_AFTER_WAIT, Case, predict_case
 
 
@@ -55,7 +56,7 @@ FIT_RULES = (
             0.3, 1.5, "flash_decode bsp bundles at the longest KV of their (batch, heads, world size) group fit the "
             "streaming efficiency of the Triton decode kernels (relative to the calibrated HBM copy bandwidth) on the "
             "split-KV kernel's own duration, which rank skew does not inflate",
-            target="kernel:flash_decode_split_kv", detail="split_kv"),
+            target=f"kernel:{FLASH_DECODE_SPLIT}", detail="split_kv"),
     FitRule("ll_merge_step_s", "flash_decode", ("fused",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
             0.1e-6, 5e-6, "flash_decode fused bundles with in-kernel records (LL words, the pair's last worker "
             "merging; device-gated captures) at the shortest KV of their (batch, heads, world size) group fit the "
@@ -66,19 +67,19 @@ FIT_RULES = (
     FitRule("rs_gemm_efficiency", "gemm_rs", ("fused",), ("N", "K"), "M", 0.3, 1.3,
             "gemm_rs fused bundles at the largest M of their (N, K, world size) group fit the Triton GEMM efficiency "
             "of its GEMM kernel on that kernel's own duration (its pushes included as modeled)",
-            target="kernel:gemm_rs_kernel", detail="gemm_kernel"),
+            target=f"kernel:{GEMM_RS_KERNEL}", detail="gemm_kernel"),
     FitRule("ll_push_bytes_per_s", "flash_decode", ("fused",), ("batch", "q_heads", "kv_heads", "head_dim"), "kv_len",
             20e9, 2000e9, "flash_decode fused bundles with in-kernel records (LL words, the pair's last worker pushing; "
             "device-gated captures) at the shortest KV of their (batch, heads, world size) group, where every pair "
             "pushes at once, fit the GPU's bandwidth for LL pushes on the longest push (a launch's longest "
             "store_push records; only where the pushes are bandwidth-bound, not one SM's store rate)",
-            target="records:flash_decode_fused:store_push:max", detail="push", pick="min", device_aligned=True,
+            target=f"records:{FLASH_DECODE_FUSED}:store_push:max", detail="push", pick="min", device_aligned=True,
             only=(("fused_slices", 0), ("fused_combiners", 0), ("fused_protocol", 0))),
     FitRule("reduce_program_bytes_per_s", "gemm_rs", ("fused",), ("N", "K"), "M", 3e9, 300e9,
             "gemm_rs fused bundles with in-kernel records at the smallest M of their (N, K, world size) group (the "
             "fewest reduction programs) fit one reduction program's rate on its combine records (a program's sum of "
             "its tile's W slots)",
-            target="records:rs_reduce_kernel:combine", detail="reduce_program", pick="min"),
+            target=f"records:{RS_REDUCE_KERNEL}:combine", detail="reduce_program", pick="min"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
                                                           "predicted latency, or the named quantity's prediction (a "

@@ -17,6 +17,8 @@ import statistics
 
 import torch
 
+from taxmodel.kernels.names import FLASH_DECODE_COMBINE_LOCAL, FLASH_DECODE_SPLIT
+
 #: (batch, keys per rank) of the grid, with 32 query heads, 4 KV heads, head dim 128, bf16.
 GRID: tuple[tuple[int, int], ...] = tuple((b, kv) for b in (1, 16) for kv in (1024, 4096, 16384, 65536, 262144))
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 4, 128
@@ -73,8 +75,8 @@ def _point(device: torch.device, batch: int, kv_len: int, iterations: int) -> di
     ker = ev[ev["kind"] == "kernel"]
     dur = (ker["end_ns"] - ker["start_ns"]) * 1e-9
     name = ker["name"].astype(str)
-    split = dur[name.str.contains("flash_decode_split_kv")]
-    comb = dur[name.str.contains("flash_decode_combine_local")]
+    split = dur[name.str.contains(FLASH_DECODE_SPLIT)]
+    comb = dur[name.str.contains(FLASH_DECODE_COMBINE_LOCAL)]
     if comb.empty or split.empty:
         raise RuntimeError("the profiler trace has no flash decode kernels (no GPU profiler?)")
     return {"batch": batch, "kv_len": kv_len, "splits": args.plan.num_splits, "rows": group,

@@ -15,12 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from taxmodel.kernels.names import GATE_KERNEL
+
 START_ALIGNMENTS = ("host", "device")
 #: Default hold of the device gate (us): under the profiler a rank's host needs 60-100 us from the
 #: gate to its graph launch (2x H200), so every host has enqueued its step before its GPU starts.
 DEFAULT_GATE_HOLD_US = 250.0
 #: The device gate's kernel in traces: harness work between steps, not the workload's.
-GATE_ROLES = {r"taxmodel_gate_kernel": "other"}
+GATE_ROLES = {GATE_KERNEL: "other"}
 
 
 #: How the device gate (kernels/device/gate.py) signals its arrival: to every rank's counter at once.

@@ -39,6 +39,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.trace import importers, inflate, kineto_ops
+from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, normalize_collective  # comm kernels, collectives
 
 FORMAT = "kineto"
 
@@ -55,7 +56,6 @@ _GPU_RANGE_CATS = frozenset({"gpu_user_annotation"})
 _LAUNCH_CALL = re.compile(r"(?i)(?:\b(?=(\w*?launch))\1\w*kernel|graphlaunch|memcpy|memset)")
 _SYNC_CALL = re.compile(r"(?i)synchronize")
 _GRAPH_LAUNCH = re.compile(r"(?i)graphlaunch")
-_COMM_KERNEL = re.compile(r"(?i)(?:nccl|rccl)")
 _PEER_COPY = re.compile(r"(?i)\bPtoP\b")
 
 # Markers a sniffer can rely on in the first 64 KiB of a Kineto trace; a bare Chrome trace from
@@ -75,26 +75,7 @@ _DTYPE_BYTES = {
     "uint16": 2, "uint32": 4, "uint64": 8,
 }
 
-# Collective names as c10d records them ("_allgather_base", "allgather_into_tensor_coalesced",
-# "reduce_scatter_tensor", "all_to_all", ...) or as NCCL kernels are named ("AllGather").
-_COLLECTIVE_OPS = (
-    ("reducescatter", "reduce_scatter"), ("allgather", "allgather"), ("allreduce", "allreduce"),
-    ("alltoall", "alltoall"), ("broadcast", "broadcast"), ("sendrecv", "sendrecv"),
-    ("send", "send"), ("recv", "recv"), ("barrier", "barrier"), ("gather", "gather"),
-    ("scatter", "scatter"), ("reduce", "reduce"), ("bcast", "broadcast"),
-)
 _NCCL_KERNEL_OP = re.compile(r"(?i)\b(?=(\w*?nccl))\1\w*?Kernel_(?P<op>[A-Za-z]+)")  # first nccl of a word: see _LAUNCH_CALL
-
-
-def normalize_collective(name: str) -> str:
-    """Map a c10d collective name or NCCL kernel op to one spelling (allgather, reduce_scatter...)."""
-    key = re.sub(r"[^a-z]", "", str(name).lower())
-    for token in ("base", "coalesced", "intotensor", "tensor"):
-        key = key.replace(token, "")
-    for needle, op in _COLLECTIVE_OPS:
-        if needle in key:
-            return op
-    return key
 
 
 # --- exact JSON --------------------------------------------------------------------------------

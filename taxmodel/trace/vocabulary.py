@@ -20,9 +20,11 @@ COMM_LIBRARIES = ("nccl", "rccl", "msccl")
 #: (``ncclDevKernel_AllGather_RING_LL``, ``ncclKernel_AllReduce_...``, ``mscclKernel_...``).
 COMM_KERNEL = re.compile("(?i)" + "|".join(COMM_LIBRARIES))
 
-#: The collective a library kernel runs, read from its name (group 1: ``AllGather`` in
+#: The collective a library kernel runs, read from its name (group ``op``: ``AllGather`` in
 #: ``ncclDevKernel_AllGather_RING_LL``, ``ReduceScatter`` in ``rcclKernelDebug_ReduceScatter_...``).
-KERNEL_OP = re.compile(r"(?i)(?:" + "|".join(COMM_LIBRARIES) + r")\w*?Kernel(?:Debug)?_([A-Za-z]+)")
+#: ``\b(?=(\w*?X))\1`` takes the first library name of a word once and for all (an atomic group
+#: Python 3.10 can run): ``X\w*?Kernel`` alone retries from every X of a long word.
+KERNEL_OP = re.compile(r"(?i)\b(?=(\w*?(?:" + "|".join(COMM_LIBRARIES) + r")))\1\w*?Kernel(?:Debug)?_(?P<op>[A-Za-z]+)")
 
 ALLGATHER = "allgather"
 ALLREDUCE = "allreduce"
@@ -82,7 +84,7 @@ def kernel_collectives(names: pd.Series) -> pd.Series:
     names = names.astype(str)
     codes, uniq = pd.factorize(names)
     uniq = pd.Series(uniq, dtype=object)
-    token = uniq.str.extract(KERNEL_OP, expand=False).fillna("")
+    token = uniq.str.extract(KERNEL_OP)["op"].fillna("")
     op = token.map(lambda t: normalize_collective(t) if t else "")  # a loop over distinct names
     op = op.where(op.isin(COLLECTIVES), UNKNOWN_COLLECTIVE)
     op = op.where(uniq.str.contains(COMM_KERNEL, regex=True), "")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
+from taxmodel.kernels.names import AG_GEMM_KERNEL, COPY_BLOCKS_KERNEL
 from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
@@ -31,7 +32,7 @@ from .topology import topology
 VARIANTS = ("bsp", "pull", "push", "torch_fused")
 NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
 VENDOR_GEMM = "nvjet_gemm"
-FUSED = "ag_gemm_kernel"
+FUSED = AG_GEMM_KERNEL
 BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
 
 
@@ -135,7 +136,7 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
         store_bw = min(params.peer_store_bytes_per_s or hw.link_bytes_per_s, progs * params.peer_store_bytes_per_s_per_sm)
         xfer = (world - 1) * shard / store_bw
-        copies = [KernelPlan("copy_blocks_kernel", "comm", xfer, ht, stream=1)]
+        copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
         lead = ht
         notes.append(f"{variant}/sm: a {progs}-program copy kernel at {store_bw / 1e9:.0f} GB/s sharing the SMs with the GEMM")
     else:

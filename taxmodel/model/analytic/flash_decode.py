@@ -31,6 +31,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
+from taxmodel.kernels.names import (FLASH_DECODE_COMBINE_GLOBAL, FLASH_DECODE_COMBINE_LOCAL, FLASH_DECODE_FUSED,
+                                    FLASH_DECODE_SPLIT)
 from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
@@ -41,9 +43,9 @@ from .timeline import KernelPlan
 from .topology import topology
 
 VARIANTS = ("bsp", "fused")
-SPLIT, COMBINE_LOCAL, COMBINE_GLOBAL = "flash_decode_split_kv", "flash_decode_combine_local", "flash_decode_combine_global"
+SPLIT, COMBINE_LOCAL, COMBINE_GLOBAL = FLASH_DECODE_SPLIT, FLASH_DECODE_COMBINE_LOCAL, FLASH_DECODE_COMBINE_GLOBAL
 NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
-FUSED = "flash_decode_fused"
+FUSED = FLASH_DECODE_FUSED
 
 
 def _dims(shape: Mapping[str, int]) -> tuple[int, int, int, int]:
