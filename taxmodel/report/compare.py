@@ -58,7 +58,7 @@ def identity(ledger: LedgerLike) -> Identity:
     meta = ledger.meta or {}
     shape = meta.get("shape") or {}
     return Identity(
-        workload=str(meta.get("workload") or "unknown workload"),
+        workload=str(meta.get("workload") or ledger.label),  # an imported job: its label (files, world size, GPU)
         variant=str(meta.get("variant") or ledger.label),
         shape=tuple((str(k), v) for k, v in shape.items()),
     )

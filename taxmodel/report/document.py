@@ -69,7 +69,7 @@ def build_document(cases: Sequence[tuple[Bundle, LedgerLike]], *, title: str = "
             if any("−" in str(c) for c in table.columns):
                 caption += (f" The difference columns are variant minus {compare.REFERENCE_VARIANT} "
                             "(negative: the variant spends less).")
-            doc.add(table_from_frame(table, caption=caption, total_last=True))
+            doc.add(table_from_frame(table, caption=caption, total_last=True, missing="n/m"))
             shown = group[:MAX_TIMELINE_VARIANTS]
             doc.add(fig_block(lambda: figures.iteration_timeline([(bundle_of[id(led)], led) for led in shown]),
                               f"{workload}-{label}-timeline",

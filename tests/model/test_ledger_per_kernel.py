@@ -155,3 +155,12 @@ def test_real_traces_from_other_projects_get_floors(path, device, min_costed):
     assert k.loc[k["costed"], "time_ns"].sum() / k["time_ns"].sum() >= min_costed
     assert led.summary().set_index("subcategory").loc["useful", "mean_ns"] > 0
     assert k.loc[~k["costed"], "reason"].str.len().gt(0).all()  # what is not costed says why
+
+
+def test_the_report_names_the_job_and_marks_locality_not_measured(bert, tmp_path):
+    from taxmodel.report.build import write_report
+
+    b, led = bert
+    text = write_report([(b, led)], tmp_path / "r.md").read_text()
+    assert "unknown workload" not in text and "h100\\_bert\\_small x1 on NVIDIA H100" in text  # Markdown escapes _
+    assert "| Data-locality tax |  | n/m |" in text
