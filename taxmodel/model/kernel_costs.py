@@ -34,7 +34,8 @@ def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
     role = _col(gpu, "role", "").astype(str).to_numpy(object)
     floor = np.full(n, np.nan)
     bound = np.full(n, "", dtype=object)
-    reason = np.where(given != "", given, "no per-kernel cost in the bundle (import the trace again with record_shapes=True)")
+    reason = np.where(given != "", given, "no per-kernel cost in the bundle (import the trace again with record_shapes=True)"
+                      ).astype(object)
     if hw is None:
         reason[:] = "no hardware spec"
         return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": np.zeros(n, bool), "reason": reason}, index=gpu.index)
@@ -54,6 +55,8 @@ def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
     bound[ok] = np.where(np.where(has_f, t_f, -np.inf)[ok] >= np.where(has_b, t_b, -np.inf)[ok], "compute", "memory")
     no_peak = local & (f >= 0) & ~np.isfinite(peak) & ~has_b
     reason[no_peak] = np.array([f"no peak for dtype '{d}' on {hw.name}" for d in dtype.to_numpy(object)[no_peak]], dtype=object)
+    kind = _col(gpu, "kind", "").astype(str).to_numpy(object)
+    reason[np.isin(kind, ("memcpy", "memset")) & (b < 0)] = "copy size not recorded"
     cm = comm & (b >= 0)
     floor[cm] = b[cm] / hw.link_bytes_per_s * 1e9
     bound[cm] = "link"
