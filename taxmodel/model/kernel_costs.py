@@ -96,11 +96,12 @@ def _col(df: pd.DataFrame, name: str, missing: Any) -> pd.Series:
 
 
 def _peak(hw: HardwareSpec, dtype: str) -> float:
-    """Peak FLOP/s of ``dtype`` on ``hw``; a GPU without TF32 (AMD CDNA) runs fp32 GEMMs at its
-    fp32 rate; NaN when the spec has no peak for it."""
+    """Peak FLOP/s of ``dtype`` on ``hw``; an AMD GPU (no TF32) runs fp32 GEMMs at its fp32 rate;
+    NaN when the spec has no peak for it (a calibration that measured no TF32 GEMM: falling back to
+    its fp32 CUDA-core rate would put the floor above a TF32 GEMM's true minimum)."""
     if not dtype:
         return np.nan
-    for key in (dtype, "fp32" if dtype == "tf32" else None):
+    for key in (dtype, "fp32" if dtype == "tf32" and hw.vendor == "amd" else None):
         if key and key in hw.peak_flops:
             return float(hw.peak_flops[key])
     return np.nan
