@@ -13,7 +13,7 @@ CATEGORIES: dict[str, tuple[str, ...]] = {
     "useful": ("useful",),
     "compute_inefficiency": ("compute_inefficiency",),
     "locality_tax": ("locality_tax",),
-    "bsp_tax": ("skew_wait", "exposed_comm", "barrier_idle", "flag_wait"),
+    "bsp_tax": ("skew_wait", "exposed_comm", "barrier_idle", "flag_wait", "stream_wait"),
     "launch_tax": ("host_starved", "launch_latency", "kernel_gap"),
     "unattributed": ("unattributed",),
 }
@@ -34,6 +34,7 @@ LABELS: dict[str, str] = {
     "exposed_comm": "Exposed communication",
     "barrier_idle": "Barrier idle",
     "flag_wait": "Flag wait",
+    "stream_wait": "Stream wait",
     "host_starved": "Host-starved",
     "launch_latency": "Launch latency",
     "kernel_gap": "Kernel gap",

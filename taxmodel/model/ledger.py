@@ -14,7 +14,8 @@ window is cut into elementary segments by what runs on the rank's GPU (any strea
   only 'other' GPU activity                                                  -> unattributed
   idle before the rank's first / after its last activity in the window       -> barrier_idle
   idle between activities: by the launch call of the kernel that ends the gap and host syncs
-      -> barrier_idle (sync pending), host_starved, launch_latency, kernel_gap (or unattributed
+      -> barrier_idle (sync pending), host_starved, launch_latency, kernel_gap, stream_wait (queued
+      behind another stream's event, ``stream_waits.py``) (or unattributed
       when the kernel has no launch record)
 
 Everything is computed with vectorized interval arithmetic (``intervals.py``); the only Python
@@ -38,6 +39,7 @@ from taxmodel.model import ledger_kernels as per_kernel
 from taxmodel.model.hardware import HardwareSpec, resolve_hardware
 from taxmodel.model.kernel_costs import hardware_mismatch
 from taxmodel.model.coverage import coverage_caveat, missing_ranks
+from taxmodel.model.stream_waits import gap_keys, gated_by_stream_wait, split_gap_keys
 from taxmodel.model.windows import GPU_SPAN_NOTE, fallback_iterations, partition_windows
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import Bundle
@@ -226,7 +228,8 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     c_group = wi * nr + rank_pos.reindex(g_rank[ai]).to_numpy(np.int64)
     cls = g_cls[ai]
     launch_end = _launch_ends(ev, gpu, offsets)
-    key = np.where(c_start == g_start[ai], launch_end[ai], iv.INT64_MAX)
+    gated = gated_by_stream_wait(gpu, launch_end, ev["wait"], offsets, NO_LAUNCH)  # model/stream_waits.py
+    key = np.where(c_start == g_start[ai], gap_keys(launch_end, gated, NO_LAUNCH)[ai], iv.INT64_MAX)
 
     # skew intervals: from a collective kernel's start until its collective's last arrival
     cid = gpu["collective_id"].to_numpy(object)
@@ -467,7 +470,8 @@ def _idle_pieces(seg: dict, lab: np.ndarray, ev: pd.DataFrame, offsets: dict[int
     edge = idle & ((se <= first_busy[sg]) | (ss >= last_busy[sg]))
     pieces.append((sg[edge], SUB["barrier_idle"], ss[edge], se[edge]))
     inner = idle & ~edge
-    g, a, b, L = sg[inner], ss[inner], se[inner], nxt[inner]
+    g, a, b = sg[inner], ss[inner], se[inner]
+    L, gated = split_gap_keys(nxt[inner], NO_LAUNCH)
     unknown = L >= NO_LAUNCH
     cap = np.where(unknown, b, np.clip(L, a, b))
     # host syncs: the gap is barrier_idle until the last sync that returned inside it
@@ -486,7 +490,10 @@ def _idle_pieces(seg: dict, lab: np.ndarray, ev: pd.DataFrame, offsets: dict[int
     pieces.append((g, SUB["barrier_idle"], a, s))
     queued = ~unknown & (L <= a)
     starved = ~unknown & ~queued
+    waited = queued & gated  # queued behind another stream's event: not launch overhead
+    queued &= ~gated
     pieces.append((g[unknown], SUB["unattributed"], s[unknown], b[unknown]))
+    pieces.append((g[waited], SUB["stream_wait"], a[waited], b[waited]))
     pieces.append((g[queued], SUB["kernel_gap"], a[queued], b[queued]))
     pieces.append((g[starved], SUB["host_starved"], s[starved], cap[starved]))
     pieces.append((g[starved], SUB["launch_latency"], cap[starved], b[starved]))

@@ -386,6 +386,17 @@ def _reference_ledger(kernels, syncs, cost, hw, world_size):
         key = (k.repetition, k.iteration)
         lo, hi = win.get(key, (k.start, k.end))
         win[key] = (min(lo, k.start), max(hi, k.end))
+    # docs/ledger.md, 2: overlapping windows become a partition -- each ends at the next one's
+    # start, or at the latest end so far where that comes first
+    order = sorted(win, key=lambda key: win[key][0])
+    reach = None
+    for i, key in enumerate(order):
+        lo, hi = win[key]
+        reach = hi if reach is None else max(reach, hi)
+        if i + 1 < len(order):
+            cut = min(reach, win[order[i + 1]][0])
+            if cut > lo:
+                win[key] = (lo, cut)
     by_rank = {r: sorted([k for k in kernels if k.rank == r], key=lambda k: (k.start, k.stream)) for r in range(world_size)}
     pieces = {r: _pieces(ks) for r, ks in by_rank.items()}
     t_compute = max(cost["flops"] / hw.flops_per_s(cost["dtype"]), cost["hbm_bytes"] / hw.hbm_bytes_per_s) * 1e9

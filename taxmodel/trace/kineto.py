@@ -14,6 +14,8 @@ What becomes a row (everything else -- cpu_op, python_function, flows, metadata 
 - ``cuda_runtime`` / ``cuda_driver`` (and ``hip_*``) calls that enqueued GPU work (their
   ``correlation`` matches a GPU row, or the name is a launch/copy/graph-launch call) -> launch;
   calls that block the host on the GPU (``*Synchronize``) -> sync.
+- ``cuda_sync`` "Stream Wait Event" records (PyTorch 2.1+: a ``cudaStreamWaitEvent``) -> wait,
+  on the stream that waits (``args.stream``).
 - ``user_annotation`` ranges (``record_function``; ``ProfilerStep#N``) -> marker. Old PyTorch
   versions filed ProfilerStep under ``cpu_op``; those are markers too.
 
@@ -50,6 +52,8 @@ _GPU_KIND = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 _RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver"})
 _HOST_RANGE_CATS = frozenset({"user_annotation"})
 _GPU_RANGE_CATS = frozenset({"gpu_user_annotation"})
+_WAIT_CATS = frozenset({"cuda_sync"})  # Kineto's records of waits (PyTorch 2.1+); stream waits become rows
+_STREAM_WAIT = re.compile(r"(?i)^stream wait event$")
 
 # ``\b(?=(\w*?X))\1`` takes the first X of a word once and for all (an atomic group that Python
 # 3.10 can run): ``X\w*Y`` alone retries from every X of a long word, quadratic in its length.
@@ -272,7 +276,7 @@ def _category(e: dict) -> str:
     return _LEGACY_CATS.get(cat, cat)
 
 
-_WANTED_CATS = frozenset(_GPU_KIND) | _RUNTIME_CATS | _HOST_RANGE_CATS | _GPU_RANGE_CATS
+_WANTED_CATS = frozenset(_GPU_KIND) | _RUNTIME_CATS | _HOST_RANGE_CATS | _GPU_RANGE_CATS | _WAIT_CATS
 
 
 def _select_events(path: Path, doc: dict, pattern: re.Pattern) -> tuple[list[dict], pd.Series, pd.Series, np.ndarray, np.ndarray]:
@@ -320,6 +324,8 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     kind[is_launch] = "launch"
     kind[is_sync] = "sync"
     kind[is_host_range] = "marker"
+    is_wait = cats.isin(_WAIT_CATS).to_numpy() & _name_matches(names, _STREAM_WAIT)
+    kind[is_wait] = "wait"
     keep = kind != ""
 
     tid = np.array([-1 if (v := _int_or_none(e.get("tid"))) is None else v for e in rel], dtype=np.int64)
@@ -331,6 +337,9 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
         dev = np.where(dev_arg >= 0, dev_arg, pid)
         device[gpu_idx] = np.where((dev >= 0) & (dev < 2**31), dev, -1)
         stream[gpu_idx] = np.where(stream_arg >= 0, stream_arg, tid[gpu_idx])
+    if is_wait.any():  # the stream whose later work waits (args.stream; wait_on_stream is the other)
+        wait_idx = np.flatnonzero(is_wait)
+        stream[wait_idx] = _arg_ints([args[i] for i in wait_idx], "stream")
 
     frame = pd.DataFrame({
         "rank": np.full(len(rel), rank, dtype=np.int64), "device": device, "stream": stream,

@@ -36,6 +36,8 @@ KERNEL, MEMCPY, MEMSET = "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMC
 RUNTIME, DRIVER = "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_DRIVER"
 NVTX = "NVTX_EVENTS"
 GPU_TABLES = (KERNEL, MEMCPY, MEMSET)
+SYNC_TABLE = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+_STREAM_WAIT_EVENT = 2  # CUpti_ActivitySynchronizationType
 _GPU_COLUMNS = ("start", "end", "deviceId", "streamId", "correlationId")
 _HOST_COLUMNS = ("start", "end", "globalTid", "correlationId", "nameId")
 _NAME_COLUMNS = ("demangledName", "shortName", "mangledName")
@@ -97,14 +99,15 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
         notes.append(f"{s.path.name}: no CUDA API calls ({RUNTIME}/{DRIVER} missing or empty); "
                      "launch rows and launch taxes are unavailable (trace with --trace=cuda)")
     ranges = _read_ranges(s, utc)
+    waits = _read_stream_waits(s, utc)
     if not all("globalPid" in s.columns(t) for t in present):
         # Old exports without globalPid: the whole file is one process.
         notes.append(f"{s.path.name}: no globalPid column; the file is read as one process")
-        for df in (gpu, calls_df, ranges):
+        for df in (gpu, calls_df, ranges, waits):
             df["pid"] = 0
 
     processes = vc.process_table(gpu, file_index, _mpi_ranks(s))
-    return {"file_index": file_index, "gpu": gpu, "calls": calls_df, "ranges": ranges, "processes": processes,
+    return {"file_index": file_index, "gpu": gpu, "calls": calls_df, "ranges": ranges, "waits": waits, "processes": processes,
             "hardware": _hardware(s), "software": _software(s), "notes": notes, "utc": utc}
 
 
@@ -196,6 +199,19 @@ def _read_calls(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
     df["device"] = -1
     df["role"] = "other"
     return df
+
+
+def _read_stream_waits(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
+    """Rows of kind ``wait``: the cudaStreamWaitEvent records of the SYNCHRONIZATION table
+    (syncType 2, CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT), on the waiting stream."""
+    cols = ["pid", "device", "stream", "name", "start_ns", "end_ns", "correlation"]
+    if not s.has(SYNC_TABLE) or not {"syncType", "streamId", "start", "end"} <= s.columns(SYNC_TABLE):
+        return pd.DataFrame(columns=cols).astype({c: "int64" for c in cols if c != "name"})
+    df = s.query(f'SELECT {_pid_expr(s, SYNC_TABLE)} AS pid, {_col(s, SYNC_TABLE, "deviceId", "-1")} AS device, '
+                 f't."streamId" AS stream, \'Stream Wait Event\' AS name, t."start" + {utc} AS start_ns, '
+                 f't."end" + {utc} AS end_ns, {_col(s, SYNC_TABLE, "correlationId", "-1")} AS correlation '
+                 f'FROM "{SYNC_TABLE}" t WHERE t."syncType" = {_STREAM_WAIT_EVENT}')
+    return df.astype({c: "int64" for c in cols if c != "name"}).assign(kind="wait", role="other")
 
 
 def _read_ranges(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:

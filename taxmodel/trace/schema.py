@@ -19,11 +19,13 @@ from taxmodel.errors import BundleError
 
 SCHEMA_VERSION = 1
 
-KINDS = ("kernel", "memcpy", "memset", "launch", "sync", "marker", "record")
+KINDS = ("kernel", "memcpy", "memset", "launch", "sync", "marker", "record", "wait")
 """kernel/memcpy/memset: GPU activities. launch: a host runtime call that enqueued GPU work
 (linked to it by ``correlation``). sync: a host call that waited on the GPU. marker: an
 iteration or user range (e.g. ``ProfilerStep#3``). record: an in-kernel trace record of one
-CTA's phase inside a fused kernel (``cta``, ``phase`` set)."""
+CTA's phase inside a fused kernel (``cta``, ``phase`` set). wait: a cross-stream dependency
+enqueued on GPU stream ``stream`` at ``start_ns`` (``cudaStreamWaitEvent``: the stream's later
+work waits for an event of another stream)."""
 
 ROLES = ("compute", "comm", "fused", "copy", "other")
 """What a GPU activity does for the workload: compute (GEMM, attention, combine), comm (a

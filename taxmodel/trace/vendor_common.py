@@ -333,8 +333,9 @@ def finish_events(frames: list[pd.DataFrame], *, collective_from_kernels: bool =
 def assemble(per_file: list[dict], iteration_pattern: str | None) -> tuple[pd.DataFrame, list[int], str]:
     """Events of several files of one tool, each given as a dict with ``file_index``, ``file``
     (its path, for messages), ``gpu`` (GPU rows), ``calls`` (host API calls), ``ranges`` (user
-    ranges) -- all keyed by ``pid`` -- and ``processes`` (see :func:`assign_ranks`). Returns
-    (events, ranks, how ranks were assigned); each dict gets ``ranks`` (its files' ranks)."""
+    ranges), optionally ``waits`` (rows of kind ``wait``: cross-stream dependencies) -- all keyed
+    by ``pid`` -- and ``processes`` (see :func:`assign_ranks`). Returns (events, ranks, how ranks
+    were assigned); each dict gets ``ranks`` (its files' ranks)."""
     processes = concat([f["processes"] for f in per_file])
     rank_of, how = assign_ranks(processes)
     for f in per_file:
@@ -343,7 +344,8 @@ def assemble(per_file: list[dict], iteration_pattern: str | None) -> tuple[pd.Da
                           for key in ("gpu", "calls", "ranges"))
     launches = host_calls(calls, gpu)
     markers = iteration_markers(ranges, iteration_pattern)
-    events = finish_events([gpu, launches, markers])
+    waits = [_with_rank(f["waits"], f["file_index"], rank_of) for f in per_file if len(f.get("waits", ()))]
+    events = finish_events([gpu, launches, markers, *waits])
     return events, sorted(set(rank_of.values())), how
 
 
