@@ -10,7 +10,7 @@ HTA is not a dependency of taxmodel. Install it to run this (HTA 0.5.0 needs no 
 HTA's temporal breakdown, per rank: ``kernel_time`` = last GPU activity's end - first one's
 start; ``idle`` = that minus the union of all GPU activities; ``compute`` = the union of
 computation kernels; ``non_compute`` = the rest (communication, memcpy, memset). The ledger's
-matching sums, per rank over its windows: idle = barrier_idle + launch_tax + unattributed;
+matching sums, per rank over its windows: idle = barrier_idle + stream_wait + launch_tax + unattributed;
 communication only = skew_wait + exposed_comm; local busy = useful + compute_inefficiency +
 locality_tax + flag_wait. The ledger counts copies (memcpy/memset) as local work, HTA as
 non-compute, so the table also shows the copy time not under a compute kernel ("copies
@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
-IDLE = ("barrier_idle", "host_starved", "launch_latency", "kernel_gap", "unattributed")
+IDLE = ("barrier_idle", "stream_wait", "host_starved", "launch_latency", "kernel_gap", "unattributed")
 COMM = ("skew_wait", "exposed_comm")
 LOCAL = ("useful", "compute_inefficiency", "locality_tax", "flag_wait")
 
