@@ -23,7 +23,7 @@ import pandas as pd
 from taxmodel import fsutil
 from taxmodel.errors import BundleError, InputError
 from taxmodel.trace import schema
-from taxmodel.trace.bundle_meta import check_meta
+from taxmodel.trace.bundle_meta import EXACT_NS, check_meta
 
 EVENTS_FILE = "events.parquet"
 META_FILE = "meta.json"
@@ -198,13 +198,10 @@ def replace_dir(new: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-EXACT_NS = 2 ** 53
-"""Times are int64 ns, but the ledger's shares are float64 sums: exact only below 2**53 ns (104
-days). A bundle whose events span more is damaged (a wrapped or garbage timestamp)."""
-
-
 def check_time_range(events: pd.DataFrame, where: str) -> None:
-    """BundleError when the events' times span 2**53 ns or more (see ``EXACT_NS``)."""
+    """BundleError when the events' times span 2**53 ns or more: times are int64 ns, but the
+    ledger's shares are float64 sums, exact only below 2**53 ns (104 days); a bundle whose events
+    span more is damaged (a wrapped or garbage timestamp)."""
     if events.empty:
         return
     lo = min(int(events["start_ns"].min()), int(events["end_ns"].min()))

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, Callable, Mapping
 
 from taxmodel.errors import BundleError, InputError
+
+EXACT_NS = 2 ** 53
+"""Times and offsets beyond this many ns lose exactness in the ledger's float sums (104 days)."""
+
+MAX_RANKS = 1 << 20
+"""A rank or world size beyond this is damage, not a cluster (the Kineto importer's limit too);
+readers size per-rank arrays by the world size."""
 
 # A check returns None when the value is fine, else what was expected (for the message).
 Check = Callable[[Any], "str | None"]
@@ -27,12 +35,28 @@ def _is_num(v: Any) -> bool:
     return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
 
 
-def integer(lo: int | None = None) -> Check:
+INT64_MAX = 2 ** 63 - 1
+
+
+def integer(lo: int | None = None, hi: int = INT64_MAX) -> Check:
+    """An integer in [lo, hi]; by default within int64, as every reader stores it in numpy."""
+    low = -INT64_MAX - 1 if lo is None else lo
+
     def check(v: Any) -> str | None:
-        if _is_int(v) and (lo is None or v >= lo):
+        if _is_int(v) and low <= v <= hi:
             return None
-        return "an integer" + (f" >= {lo}" if lo is not None else "")
+        return f"an integer from {low} to {hi}" if (lo is not None or hi != INT64_MAX) else "an integer (64-bit)"
     return check
+
+
+def regex(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return "a string (a regular expression)"
+    try:
+        re.compile(v)
+    except (re.error, RecursionError, OverflowError):
+        return "a valid regular expression"
+    return None
 
 
 def number(lo: float | None = None) -> Check:
@@ -101,8 +125,8 @@ FIELDS: dict[str, Check] = {
     "workload": optional(text),
     "variant": optional(text),
     "shape": optional(values(integer())),
-    "world_size": optional(integer(1)),
-    "ranks": optional(list_of(integer(0))),
+    "world_size": optional(integer(1, MAX_RANKS)),
+    "ranks": optional(list_of(integer(0, MAX_RANKS - 1))),
     "hardware": optional(mapping),
     "hardware.name": optional(text),
     "hardware.vendor": optional(text),
@@ -111,7 +135,7 @@ FIELDS: dict[str, Check] = {
     "hardware.warp_size": optional(integer(1)),
     "hardware.emulated": optional(boolean),
     "software": optional(values(scalar)),
-    "clock_offsets_ns": optional(int_keyed(integer())),
+    "clock_offsets_ns": optional(int_keyed(integer(-EXACT_NS, EXACT_NS))),
     "clock": optional(mapping),
     "clock.method": optional(text),
     "clock.uncertainty_ns": optional(number(0)),
@@ -144,7 +168,7 @@ FIELDS: dict[str, Check] = {
     "inputs": optional(list_of(mapping)),
 }
 
-INTERMEDIATE_FIELDS: dict[str, Check] = {"name": text, "bytes": integer(0), "producer": text, "consumer": text}
+INTERMEDIATE_FIELDS: dict[str, Check] = {"name": text, "bytes": integer(0), "producer": regex, "consumer": regex}
 
 
 def _show(value: Any) -> str:

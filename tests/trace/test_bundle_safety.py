@@ -158,6 +158,9 @@ COMMANDS = {
 }
 
 BAD_FIELDS = [("capture", [1]), ("cost", "x"), ("clock_offsets_ns", {"0": "x"}), ("shape", {"M": [1]}),
+              ("world_size", 2 ** 62), ("ranks", [2 ** 40]), ("clock_offsets_ns", {"0": 2 ** 70}), ("shape", {"M": 2 ** 64}),
+              ("cost", {"flops": 1, "hbm_bytes": 1, "link_bytes": 1,
+                        "intermediates": [{"name": "x", "bytes": 5, "producer": "(", "consumer": "gemm"}]}),
               ("shape", True), ("world_size", "x"), ("ranks", 3.5), ("hardware", "x"), ("software", [1]),
               ("notes", -1), ("repetitions", 0), ("cost", {"flops": "many", "hbm_bytes": 0, "link_bytes": 0}),
               ("capture", {"gate_hold_us": "x"}), ("workload", {"a": 1})]
@@ -170,7 +173,7 @@ def test_wrong_meta_types_are_named_at_load(tmp_path, good, field, value):
     meta = json.loads((b / "meta.json").read_text())
     meta[field] = value
     (b / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(BundleError, match=rf"meta.json: field '{field}(\.\w+)?' must be"):
+    with pytest.raises(BundleError, match=rf"meta.json: field '{field}(\.\w+|\.intermediates\[0\]\.\w+)?' must be"):
         load_bundle(b)
 
 
