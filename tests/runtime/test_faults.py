@@ -87,10 +87,11 @@ def test_a_frozen_rank_is_named_and_killed_within_the_timeout(tmp_path):
     _assert_nothing_left(tmp_path, mark, tmpdir)
 
 
-@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signal_stops_every_rank_and_exits_128_plus_it(tmp_path, sig, code):
-    """SIGTERM (a CI cancel, `timeout`, a preemption) and Ctrl-C end the command and its ranks alike."""
-    proc, mark, tmpdir = _start(tmp_path, "--inject", "hang_rank=1@capture", timeout=300)
+    """SIGTERM (a CI cancel, `timeout`, a preemption), Ctrl-C and SIGHUP (a closed terminal) end the
+    command and its ranks alike."""
+    proc, mark, tmpdir = _start(tmp_path, "--inject", "hang_rank=1@setup", timeout=300)
     deadline = time.monotonic() + 90
     while "T" not in _marked(mark).values():  # rank 1 stopped itself: the run is under way
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1]
