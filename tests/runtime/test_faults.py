@@ -125,3 +125,23 @@ def test_bad_requests_stop_before_any_rank_starts(tmp_path):
         assert result.exit_code == 2, (args, result.output)
         assert re.search(expected, result.output), (args, result.output)
     assert not (tmp_path / "out").exists()
+
+
+def test_stopping_the_ranks_ends_what_they_started_too(tmp_path):
+    """A rank's own children (a compiler, a tool it runs under) share its process group and go with
+    it, a frozen rank included; the launcher reports how each rank ended."""
+    from taxmodel.runtime.launcher import Ranks
+
+    mark = uuid.uuid4().hex
+    env = {**os.environ, MARK: mark}
+    ranks = Ranks(["sh", "-c", "sleep 300 & sleep 300 & kill -STOP $$; wait"], env, 2, quiet=True)
+    deadline = time.monotonic() + 30
+    while sorted(_marked(mark).values()).count("T") < 2:  # both ranks stopped, their children started
+        assert time.monotonic() < deadline, _marked(mark)
+        time.sleep(0.05)
+    assert len(_marked(mark)) == 6
+    ranks.poll()
+    assert ranks.exits == {}
+    ranks.stop()
+    assert _marked(mark) == {}
+    assert all(p.returncode == -signal.SIGTERM for p in ranks.procs)
