@@ -21,6 +21,9 @@ import pandas as pd
 from taxmodel.model.hardware import HardwareSpec, device_arch, find_preset, normalized_name
 
 KERNEL_COST_COLUMNS = ("floor_ns", "bound", "costed", "reason")
+#: why a kernel without per-kernel work has no floor (other formats, or bundles imported before the columns)
+NO_COST = ("no per-kernel cost in the bundle (ops and shapes come from Kineto traces captured with "
+           "record_shapes=True; import such a trace)")
 
 
 def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
@@ -34,8 +37,7 @@ def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
     role = _col(gpu, "role", "").astype(str).to_numpy(object)
     floor = np.full(n, np.nan)
     bound = np.full(n, "", dtype=object)
-    reason = np.where(given != "", given, "no per-kernel cost in the bundle (import the trace again with record_shapes=True)"
-                      ).astype(object)
+    reason = np.where(given != "", given, NO_COST).astype(object)
     if hw is None:
         reason[:] = "no hardware spec"
         return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": np.zeros(n, bool), "reason": reason}, index=gpu.index)

@@ -16,12 +16,10 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.model.hardware import HardwareSpec
-from taxmodel.model.kernel_costs import copy_bytes, kernel_floors
+from taxmodel.model.kernel_costs import NO_COST, copy_bytes, kernel_floors
 
 #: how a bundle's locality tax was obtained
 LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated", "not measured"
-#: why a kernel of a bundle without per-kernel work has no floor
-NO_COST = "no per-kernel cost in the bundle (the importer costs kernels of Kineto traces recorded with shapes)"
 #: a kernel counts as faster than its floor below this fraction of it (timer granularity aside)
 FASTER_THAN_FLOOR = 0.98
 

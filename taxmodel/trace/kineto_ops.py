@@ -18,7 +18,6 @@ capture's shapes are not in a trace of the replay).
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 import pandas as pd

@@ -311,7 +311,7 @@ def _conv_fwd(a: _Args) -> OpCost:
 def _conv_bwd(a: _Args) -> OpCost:
     """convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
     transposed, output_padding, groups, output_mask): dgrad and wgrad are each one forward's MACs."""
-    go, x, w = a.shape(0), a.shape(1), a.shape(2)
+    go, w = a.shape(0), a.shape(2)
     mask = [m.strip().lower() == "true" for m in a.value(10).strip("[]").split(",")] if a.value(10) else [True, True, True]
     macs = go[0] * go[1] * math.prod(go[2:]) * w[1] * math.prod(w[2:])
     n_grads = int(mask[0]) + (int(mask[1]) if len(mask) > 1 else 1)

@@ -37,6 +37,9 @@ def cost(name, dims, types, concrete=(), flops=None):
     # 3x3 conv, pad 1: output 8x8; MACs = N*O*H*W*C*kh*kw
     (("aten::convolution", [[1, 3, 8, 8], [4, 3, 3, 3], [4], [], [], [], [], [], []], [F32] * 3 + ["ScalarList"] * 3 + ["Scalar"] * 3,
       ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]), 2 * 6912, (192 + 108 + 4 + 256) * 4, "tf32"),
+    # conv backward, grad_input and grad_weight (mask [True, True, False]): each one forward's MACs
+    (("aten::convolution_backward", [[1, 4, 8, 8], [1, 3, 8, 8], [4, 3, 3, 3]] + [[]] * 8, [F32] * 3 + [""] * 8,
+      [""] * 10 + ["[True, True, False]"]), 2 * 6912 * 2, (256 + 192 + 108) * 4 + (192 + 108) * 4, "tf32"),
     # broadcast add: out [4,8]
     (("aten::add", [[4, 8], [8], []], [BF, BF, "Scalar"]), 32, (32 + 8 + 32) * 2, "fp32"),
     (("aten::add_", [[4, 8], [4, 8], []], [F32, F32, "Scalar"]), 32, 3 * 32 * 4, "fp32"),
