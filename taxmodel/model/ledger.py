@@ -125,7 +125,7 @@ class Ledger:
             "hardware": None if self.hardware is None else {"name": self.hardware.name, "source": self.hardware.source},
             "clock": self.clock.to_dict(),
             "mean_window_ns": float(self.windows["window_ns"].mean()) if len(self.windows) else 0.0,
-            "summary": self.summary().to_dict(orient="records"),
+            "summary": self.summary().astype(object).where(self.summary().notna(), None).to_dict(orient="records"),  # NaN -> null
             "per_iteration": self.per_iteration().to_dict(orient="records"),
             "caveats": list(self.caveats), "skipped": list(self.skipped),
             "locality": self.locality,

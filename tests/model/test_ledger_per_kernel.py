@@ -164,3 +164,15 @@ def test_the_report_names_the_job_and_marks_locality_not_measured(bert, tmp_path
     text = write_report([(b, led)], tmp_path / "r.md").read_text()
     assert "unknown workload" not in text and "h100\\_bert\\_small x1 on NVIDIA H100" in text  # Markdown escapes _
     assert "| Data-locality tax |  | n/m |" in text
+
+
+def test_analyze_json_is_strict_json_with_null_for_not_measured(bert, tmp_path):
+    import json
+
+    from taxmodel.report.terminal import analysis_document
+
+    _, led = bert
+    text = json.dumps(analysis_document([led]), default=float)
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    loc = next(r for r in doc["ledgers"][0]["summary"] if r["subcategory"] == "locality_tax")
+    assert loc["mean_ns"] is None and loc["pct"] is None
