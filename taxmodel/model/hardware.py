@@ -47,6 +47,11 @@ class HardwareSpec:
     notes: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """The name with where its numbers come from, said once (a calibrated spec's name already says so)."""
+        return self.name if f"({self.source})" in self.name else f"{self.name} ({self.source})"
+
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
             raise InputError(f"hardware '{self.name}': field 'source' must name where the numbers come from, e.g. {SOURCES}")

@@ -128,5 +128,5 @@ def hardware_mismatch(meta: Mapping[str, Any], hw: HardwareSpec | None) -> str |
         return None
     if preset is None and normalized_name(hw.name).split()[0] in normalized_name(str(name)):
         return None
-    return (f"hardware: the trace ran on '{name}' but the floors use {hw.name} ({hw.source}); pass the matching "
+    return (f"hardware: the trace ran on '{name}' but the floors use {hw.label}; pass the matching "
             "--hardware (or none, to use the trace's own device) unless this is a what-if")

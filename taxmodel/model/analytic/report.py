@@ -19,7 +19,7 @@ def render_prediction(preds: Sequence[Prediction]) -> str:
     out = []
     for p in preds:
         shape = ",".join(f"{k}={v}" for k, v in p.shape.items())
-        hw = p.hardware.name if f"({p.hardware.source})" in p.hardware.name else f"{p.hardware.name} ({p.hardware.source})"
+        hw = p.hardware.label
         out.append(f"{p.workload}/{p.variant}  {shape}  world size {p.world_size}  on {hw}")
         out.append(f"  predicted latency: {p.window_ns / 1e3:,.1f} us")
         s = p.summary()
