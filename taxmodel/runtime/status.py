@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from taxmodel.fsutil import atomic_write
+
 STATUS_DIR_ENV = "TAXMODEL_STATUS_DIR"
 """Where each rank writes ``rank<R>.json`` (its phase, or its error) for the launcher to read."""
 
@@ -22,9 +24,7 @@ RESULT_FILE = "result.json"
 
 
 def _write_json(directory: Path, name: str, payload: Any) -> None:
-    tmp = directory / f".{name}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, directory / name)
+    atomic_write(directory / name, json.dumps(payload), what="rank status")
 
 
 def write_status(directory: str | os.PathLike | None, rank: int, **fields: Any) -> None:
