@@ -4,8 +4,9 @@ Every reader of a bundle (the ledger, the model, reports, comparisons, summaries
 types; a damaged or hand-edited ``meta.json`` (a list where a mapping belongs, text where a
 number belongs) must stop at the door with one line naming the file and the field, not deep
 inside a reader as a traceback. Only the fields taxmodel reads are checked; unknown keys are
-kept as they are. ``None`` (JSON null) is accepted wherever the field is optional, because
-bundles written by older versions and by importers leave unknown fields empty.
+kept as they are. A field may be absent unless listed in ``REQUIRED``; JSON null is accepted where a
+reader treats it as "unknown" (``optional``), because bundles written by older versions and by
+importers leave unknown fields empty.
 """
 from __future__ import annotations
 
@@ -159,7 +160,7 @@ FIELDS: dict[str, Check] = {
     "cost.flops": number(0),
     "cost.hbm_bytes": number(0),
     "cost.link_bytes": number(0),
-    "cost.dtype": optional(text),
+    "cost.dtype": text,  # may be absent (bf16), not null: readers call .lower() on it
     "cost.intermediates": optional(list_of(mapping)),
     "created": optional(text),
     "notes": optional(list_of(text)),
@@ -167,6 +168,10 @@ FIELDS: dict[str, Check] = {
     "workload_config": optional(mapping),
     "inputs": optional(list_of(mapping)),
 }
+
+REQUIRED = frozenset({"cost.flops", "cost.hbm_bytes", "cost.link_bytes"})
+"""Fields that must be present when their object is (a cost without its floors means nothing);
+any other field may be absent, and is checked when present."""
 
 INTERMEDIATE_FIELDS: dict[str, Check] = {"name": text, "bytes": integer(0), "producer": regex, "consumer": regex}
 
@@ -195,7 +200,7 @@ def check_meta(meta: Mapping[str, Any], where: str) -> None:
     for name, check in FIELDS.items():
         parent, _, child = name.rpartition(".")
         obj = meta.get(parent) if parent else meta
-        if not isinstance(obj, dict) or (child not in obj and _optional_when_missing(check)):
+        if not isinstance(obj, dict) or (child not in obj and name not in REQUIRED):
             continue
         value = obj.get(child)
         want = check(value)
@@ -210,6 +215,3 @@ def check_meta(meta: Mapping[str, Any], where: str) -> None:
                                   f"{_show(inter.get(key))}; fix the field, or capture the bundle again")
 
 
-def _optional_when_missing(check: Check) -> bool:
-    """A field missing from its object is fine when the check accepts None (an optional field)."""
-    return check(None) is None

@@ -158,7 +158,7 @@ COMMANDS = {
 }
 
 BAD_FIELDS = [("capture", [1]), ("cost", "x"), ("clock_offsets_ns", {"0": "x"}), ("shape", {"M": [1]}),
-              ("world_size", 2 ** 62), ("ranks", [2 ** 40]), ("clock_offsets_ns", {"0": 2 ** 70}), ("shape", {"M": 2 ** 64}),
+              ("cost", {"flops": 1, "hbm_bytes": 1, "link_bytes": 1, "dtype": None}), ("world_size", 2 ** 62), ("ranks", [2 ** 40]), ("clock_offsets_ns", {"0": 2 ** 70}), ("shape", {"M": 2 ** 64}),
               ("cost", {"flops": 1, "hbm_bytes": 1, "link_bytes": 1,
                         "intermediates": [{"name": "x", "bytes": 5, "producer": "(", "consumer": "gemm"}]}),
               ("shape", True), ("world_size", "x"), ("ranks", 3.5), ("hardware", "x"), ("software", [1]),
