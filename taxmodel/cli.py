@@ -6,6 +6,7 @@ input), so scripts and CI can tell bad input from a regression (exit 1).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
@@ -85,12 +86,14 @@ def cli() -> None:
               help="Marker names that delimit iterations, one group capturing the number (default for kineto: ProfilerStep#N).")
 @click.option("--keep-raw/--no-keep-raw", default=True, show_default=True, help="Copy the original traces into the bundle's raw/.")
 @click.option("--allow-missing-ranks", is_flag=True, help="Accept traces of only some ranks of the run (e.g. only rank 0 was profiled).")
+@click.option("--world-size", type=click.IntRange(min=1), default=None,
+              help="Ranks the run had, where the traces do not record it (default: inferred from the highest rank).")
 @click.option("--counters", "counters", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Per-kernel hardware counters of the same run, exported by `ncu --csv --metrics "
                    "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum` "
                    "(or a .ncu-rep where Nsight Compute's Python module is importable): DRAM bytes per kernel, "
                    "matched by order and name; a file from another run is refused.")
-def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks) -> None:
+def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks, world_size) -> None:
     """Import torch.profiler (and other) traces, one file per rank, into a profile bundle."""
     from taxmodel.trace import importers, summary
     from taxmodel.trace.bundle import prepare_output
@@ -102,7 +105,7 @@ def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw
     else:
         click.echo(f"format: {fmt} (as given)")
     bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, keep_raw=keep_raw, counters=counters,
-                                          allow_missing_ranks=allow_missing_ranks, force=force)
+                                          allow_missing_ranks=allow_missing_ranks, force=force, world_size=world_size)
     click.echo(f"wrote {output}" + (" (replaced the bundle that was there: --force)" if replaces else ""))
     click.echo(summary.describe(bundle, fmt))
 
@@ -112,7 +115,26 @@ def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--top", default=10, show_default=True, help="How many of the longest-running kernels to list.")
 def show_cmd(bundle, as_json, top) -> None:
-    """Summarize a bundle: ranks, iterations, kernels by role and rank, top kernels, metadata."""
+    """Summarize a bundle (or every bundle below a directory, as analyze takes them): ranks,
+    iterations, kernels by role and rank, top kernels, metadata."""
+    import json
+
+    from taxmodel.trace.bundle import find_bundles
+
+    found = find_bundles(bundle) if Path(bundle).is_dir() else []
+    if len(found) > 1 and as_json:
+        from taxmodel.trace import summary
+        from taxmodel.trace.bundle import load_bundle
+
+        click.echo(json.dumps([summary.to_json(load_bundle(p), top) for p in found], indent=2, default=str))
+        return
+    for i, path in enumerate(found if len(found) > 1 else [bundle]):
+        if i:
+            click.echo("")
+        _show_one(path, as_json, top)
+
+
+def _show_one(bundle, as_json: bool, top: int) -> None:
     import json
 
     from taxmodel.trace import summary
@@ -317,7 +339,7 @@ def calibrate_cmd(output, world_size, timeout_s, only, update) -> None:
     from taxmodel.runtime.calibrate import run_calibration
 
     spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update)
-    click.echo(f"wrote {output}: {spec.name} ({spec.source}); use it with --hardware {output}")
+    click.echo(f"wrote {output}: {spec.label}; use it with --hardware {output}")
 
 
 def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
