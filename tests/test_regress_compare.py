@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.regress import compare_paths
+from taxmodel.regress.samples import METRICS
 from taxmodel.trace.bundle import META_FILE, write_bundle
 from taxmodel.testing.synthetic import synthetic_bundle
 
@@ -63,7 +64,7 @@ def test_candidate_from_the_same_distribution_passes(sides, tmp_path):
     assert "verdict: UNCHANGED (0 regressed, 0 improved, 2 unchanged)" in out
     suites = ET.parse(tmp_path / "j.xml").getroot()
     assert suites.get("failures") == "0" and suites.get("errors") == "0"
-    assert int(suites.get("tests")) == 2 * 14  # latency + 6 categories + 7 sub-categories per row
+    assert int(suites.get("tests")) == 2 * len(METRICS) == 2 * 15  # latency + 6 categories + 8 sub-categories per row
 
 
 def test_five_percent_kernel_gap_regresses_that_row_only(sides, tmp_path):
@@ -82,7 +83,7 @@ def test_five_percent_kernel_gap_regresses_that_row_only(sides, tmp_path):
     assert root.get("failures") == "3"
     failed = [(c.get("classname"), c.get("name")) for c in root.iter("testcase") if c.find("failure") is not None]
     assert failed == [("synthetic.bsp[k=512,m=128,n=256]", m) for m in ("latency", "launch_tax", "kernel_gap")]
-    assert len(list(root.iter("testcase"))) == 28
+    assert len(list(root.iter("testcase"))) == 2 * len(METRICS)
     # Markdown: the verdict table with both rows
     text = md.read_text()
     assert "| Row | Verdict | Latency baseline → candidate | Change [CI] | Regressed metrics | Improved metrics |" in text
