@@ -51,7 +51,7 @@ SEG_LOCAL, SEG_SKEW, SEG_TRANSFER, SEG_OTHER, SEG_IDLE = 0, 1, 2, 3, 4
 NO_LAUNCH = iv.INT64_MAX - 1  # start key of a GPU activity whose launch call is unknown
 SUB = {s: i for i, s in enumerate(SUBCATEGORY_ORDER)}
 LOCAL_LABELS = ("flag_wait", "exposed_comm", "useful", "locality_tax", "compute_inefficiency")
-#: Phases of in-kernel records in which a CTA only moves data between GPUs (kernels/_trace.py).
+#: Phases of in-kernel records in which a CTA only moves data between GPUs (kernels/device/trace.py).
 COMM_PHASES = ("remote_load", "store_push")
 TRANSFER_LABELS = ("useful", "exposed_comm")
 
