@@ -166,8 +166,20 @@ def find_cases(root: str | os.PathLike) -> tuple[list[Case], list[str]]:
             got = load_case(p, search=(root,))
         except TaxmodelError as exc:
             got = f"{p}: {exc}"
+        if not isinstance(got, str):
+            got = _unpredictable(got) or got
         (skipped.append(got) if isinstance(got, str) else cases.append(got))
     return cases, skipped
+
+
+def _unpredictable(case: Case) -> str | None:
+    """Why the model cannot predict ``case`` (e.g. a one-rank capture of a variant that needs peers), or
+    None: such a bundle is skipped with its reason, never the end of a whole validation run."""
+    try:
+        predict_case(case, {})
+    except TaxmodelError as exc:
+        return f"{case.path}: the model cannot predict it: {exc}"
+    return None
 
 
 def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:

@@ -293,3 +293,18 @@ def test_records_per_cta_gives_the_mean_and_the_longest_cta_of_each_phase():
     assert got["records:k:store_push"] == pytest.approx((15 + 30 + 40 + 20) / 4)
     assert got["records:k:store_push:max"] == pytest.approx((30 + 40) / 2)
     assert got["records:k:combine"] == got["records:k:combine:max"] == 4
+
+
+def test_a_bundle_the_model_cannot_predict_is_skipped_with_its_reason(tmp_path):
+    """A one-rank capture of a variant that needs peers (ag_gemm/torch_fused) is skipped with the model's
+    own reason; the other bundles of the directory are still validated."""
+    _model_bundle(tmp_path / "bsp", "bsp", AG, 2)
+    one = _model_bundle(tmp_path / "torch_fused", "bsp", AG, 1)
+    meta = json.loads((one / "meta.json").read_text())
+    meta["variant"] = "torch_fused"
+    (one / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(Exception, match="more than one rank"):
+        predict("ag_gemm", "torch_fused", AG, 1, H200)
+    v = val.validate(tmp_path, fit=False)
+    assert [c.variant for c in v.cases] == ["bsp"]
+    assert len(v.skipped) == 1 and "torch_fused" in v.skipped[0] and "more than one rank" in v.skipped[0]
