@@ -16,7 +16,7 @@ from taxmodel.report.blocks import Bullets, Document, Figure, Heading, Paragraph
 _ACTIVE = re.compile(r"([\\`*_\[\]<>!|~#&])")
 
 
-def _text(text: str) -> str:
+def escape_text(text: str) -> str:
     """Text as it should read, never as Markdown: every line break becomes a space (a name with a
     newline cannot start a heading or a list) and Markdown's active characters are escaped (a
     bundle-supplied name cannot become a link, an image fetched from elsewhere, or HTML)."""
@@ -24,7 +24,7 @@ def _text(text: str) -> str:
 
 
 def _cell(text: str) -> str:
-    return _text(text)
+    return escape_text(text)
 
 
 def _table(t: Table) -> list[str]:
@@ -49,20 +49,20 @@ def render_markdown(doc: Document, md_path: str | os.PathLike, *, dpi: int = 130
     """Write the figures beside ``md_path`` and return the Markdown text (the caller writes it)."""
     md_path = Path(md_path)
     make_dirs(md_path.parent, "report")
-    lines = [f"# {_text(doc.title)}", ""]
+    lines = [f"# {escape_text(doc.title)}", ""]
     for block in doc.blocks:
         if isinstance(block, Heading):
-            lines += ["#" * min(max(block.level, 2), 6) + " " + _text(block.text), ""]
+            lines += ["#" * min(max(block.level, 2), 6) + " " + escape_text(block.text), ""]
         elif isinstance(block, Paragraph):
-            lines += [f"> **{_text(block.text)}**" if block.emphasis else _text(block.text), ""]
+            lines += [f"> **{escape_text(block.text)}**" if block.emphasis else escape_text(block.text), ""]
         elif isinstance(block, Bullets):
-            lines += [f"- {_text(item)}" for item in block.items] + [""]
+            lines += [f"- {escape_text(item)}" for item in block.items] + [""]
         elif isinstance(block, Table):
             lines += _table(block) + [""]
         elif isinstance(block, Figure):
             name = figure_file_name(md_path, block)
             atomic_write(md_path.parent / name, figure_png(block.figure, dpi), what="figure")
-            lines += [f"![{_text(block.alt)}]({name})", "", f"*{_text(block.caption)}*", ""]
+            lines += [f"![{escape_text(block.alt)}]({name})", "", f"*{escape_text(block.caption)}*", ""]
         else:  # pragma: no cover - the Block union is closed
             raise TypeError(f"unknown block {type(block).__name__}")
     return "\n".join(lines)
