@@ -44,13 +44,15 @@ The persistent grid is ``NUM_PROGS`` programs (at most the SM count), each loopi
 stride ``NUM_PROGS``, so a launch never needs more programs than fit at once (no program waits on
 a program that is not running). ``USE_TMA`` loads A and B through tensor descriptors (Hopper TMA);
 otherwise through pointers (required under the interpreter and for ``A_PULL``).
+``WARP_SPECIALIZE`` asks Triton to warp-specialize the TMA K loop (producer/consumer warps); the
+tile configuration per shape comes from ``gemm_table.py`` (``config_for_shape``).
 
 ``COUNT`` (debug) counts, per output tile, how often it was computed and which flag epoch it saw,
 so tests can check the flag protocol (each tile exactly once, never before its flag).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -59,6 +61,7 @@ import triton.language as tl
 
 import iris
 
+from taxmodel.kernels.ag_gemm import gemm_table
 from taxmodel.kernels.device import trace
 from taxmodel.kernels.device.sync import fence_tma_after_acquire, interpreting, wait_geq
 
@@ -126,6 +129,7 @@ def ag_gemm_kernel(
     NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
     K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
+    WARP_SPECIALIZE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
@@ -187,7 +191,7 @@ def ag_gemm_kernel(
             kt1 = tl.minimum(kt0 + kt_piece, k_tiles)
             if USE_TMA:
                 row0 = a_row_shift + src * M_loc + j * BLOCK_M
-                for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES):
+                for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
                     a = a_desc.load([row0, kt * BLOCK_K])
                     b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
                     acc = tl.dot(a, b, acc)
@@ -278,12 +282,20 @@ class GemmConfig:
     push_chunk_k: int = 2048
     push_warps: int = 4
     reserve_sms: bool = False
+    warp_specialize: bool = False
 
-    def label(self) -> str:
+    def tile_label(self) -> str:
+        """The GEMM's part of ``label``: tile, pipeline, warps, grouping, loads/stores."""
         tma = "tma" if self.use_tma else "ptr"
         if self.use_tma and self.tma_store:
             tma += f"-st{self.epi_split}"
         gemm = f"{self.block_m}x{self.block_n}x{self.block_k}-s{self.num_stages}-w{self.num_warps}-g{self.group_m}-{tma}"
+        if self.warp_specialize:
+            gemm += "-ws"
+        return gemm
+
+    def label(self) -> str:
+        gemm = self.tile_label()
         if self.transport == "ce":
             return f"{gemm}-ce-{self.ce_signal}"
         if self.transport == "sm":
@@ -306,6 +318,17 @@ GPU_CONFIG = GemmConfig()
 
 def default_config(device: torch.device) -> GemmConfig:
     return GPU_CONFIG if torch.device(device).type == "cuda" and not interpreting() else CPU_CONFIG
+
+
+def config_for_shape(m: int, n: int, k: int, device: torch.device, base: GemmConfig | None = None) -> GemmConfig:
+    """``base`` (default: the device's default) with the tile fields of the committed per-shape table
+    (``gemm_table.py``) for a GEMM of ``m`` x ``n`` x ``k`` on a GPU; unchanged on the CPU (the
+    interpreter's small tiles) and for a shape class the table does not hold."""
+    cfg = base if base is not None else default_config(device)
+    if torch.device(device).type != "cuda" or interpreting():
+        return cfg
+    fields = gemm_table.tile_fields(m, n, k)
+    return replace(cfg, **fields) if fields else cfg
 
 
 def tma_available() -> bool:
@@ -421,5 +444,6 @@ def launch_ag_gemm(
         GROUP_M=cfg.group_m, NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=use_tma,
         SYNC_MODE=sync, COUNT=count is not None, TMA_STORE=tma_store, EPI_SPLIT=cfg.epi_split if tma_store else 1,
         K_PIECES=pieces, KT_PER_PIECE=piece_cols(cfg, k) // cfg.block_k if pieces > 1 else triton.cdiv(k, cfg.block_k),
-        INSTRUMENT=trace.instrument_code(records), num_warps=cfg.num_warps,
+        INSTRUMENT=trace.instrument_code(records), WARP_SPECIALIZE=cfg.warp_specialize and use_tma,
+        num_warps=cfg.num_warps,
     )

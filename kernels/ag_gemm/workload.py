@@ -26,7 +26,7 @@ from taxmodel.kernels.names import AG_GEMM_KERNEL, CE_GET, CE_PUT, COPY_BLOCKS_K
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 
 from . import bsp, pull, push, torch_fused
-from .gemm_tiles import GemmConfig, default_config, k_pieces
+from .gemm_tiles import GemmConfig, config_for_shape, default_config, k_pieces
 from .state import DTYPE_CODES, DTYPE_NAMES, AgGemmState, make_shard, make_weight, pick_dtype, shape_dims
 
 
@@ -101,7 +101,10 @@ class AgGemm(Workload):
     def config_summary(self, device: Any = None) -> dict[str, Any]:
         """What the bundle's meta records of the kernels' configuration (tiles, transport)."""
         cfg = self._config(device)
-        return {"label": cfg.label(), "transport": cfg.transport}
+        summary = {"label": cfg.label(), "transport": cfg.transport}
+        if self.config is None and device is not None and torch.device(device).type == "cuda":
+            summary["tiles"] = "per-shape table (kernels/ag_gemm/gemm_table.py); label is the default's"
+        return summary
 
     def variants(self) -> dict[str, Variant]:
         """The variants, with ``graph_safe`` set for this workload's transport (the runtime may
@@ -123,6 +126,8 @@ class AgGemm(Workload):
         m, m_loc, n_loc, k = shape_dims(shape, world)
         dtype = pick_dtype(shape, device)
         cfg = self._config(device)
+        if self.config is None:  # the committed per-shape tile table (gemm_table.py) on a GPU
+            cfg = config_for_shape(m, n_loc, k, device, base=cfg)
         seed = int(shape.get("seed", 0))
         tp = bool(shape.get("tp", 0))
         shard = make_shard(seed, rank, m_loc, k, dtype, device)

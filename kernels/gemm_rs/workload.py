@@ -14,11 +14,13 @@ with ``dtype`` 16 (bf16), 15 (fp16) or 32 (fp32), as in ``ag_gemm``.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Mapping
 
 import torch
 
 from taxmodel.kernels.device.sync import new_error_buffer, spin_budget, sync_mode
+from taxmodel.kernels.ag_gemm.gemm_tiles import config_for_shape
 from taxmodel.kernels.ag_gemm.state import DTYPE_CODES, DTYPE_NAMES
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 
@@ -60,6 +62,8 @@ class GemmRs(Workload):
         m, m_loc, n, k, k_loc = shape_dims(shape, world)
         dtype = pick_dtype(shape, device)
         cfg = self.config or default_rs_config(device)
+        if self.config is None:  # tiles from the committed per-shape table (its GEMM has no TMA store / warp specialization)
+            cfg = replace(cfg, gemm=config_for_shape(m, n, k_loc, device, base=cfg.gemm))
         seed = int(shape.get("seed", 0))
         sync = sync_mode(device)
         st = GemmRsState(ctx=ctx, shape=shape, variant=variant.name, dtype=dtype, m=m, m_loc=m_loc, n=n, k=k,
