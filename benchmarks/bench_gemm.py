@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed samples per impl before timing")
     p.add_argument("--tune", action="store_true", help="time CANDIDATES per shape first and use the winners")
     p.add_argument("--tune-samples", type=int, default=10, help="samples per candidate with --tune")
+    p.add_argument("--no-ws", action="store_true", help="with --tune: leave out the warp-specialized candidates")
     p.add_argument("--table-out", type=Path, default=None, help="with --tune: where the table JSON goes")
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--device-name", default=None, help="suffix of the output files (default: from the GPU's name)")
@@ -223,6 +224,8 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
     fns: dict[str, Callable[[], None]] = {"cublas": cublas_fn(ops)}
     fields_of: dict[str, dict[str, Any]] = {}
     for fields in CANDIDATES:
+        if args.no_ws and fields.get("warp_specialize"):
+            continue
         cfg = replace(GPU_CONFIG, **fields)
         if smem_bytes(fields) > SMEM_LIMIT:
             log(f"  tune {m}x{n}x{k} {cfg.tile_label()}: skipped, needs {smem_bytes(fields)} B of shared memory")
