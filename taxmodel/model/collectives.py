@@ -36,15 +36,30 @@ class CollectiveMatch:
 def match_collectives(gpu: pd.DataFrame) -> CollectiveMatch:
     """Group the GPU rows that carry a collective_id into per-rank instances and find the
     collectives that some member of their process group never ran."""
+    return match_instances(collective_instances(gpu))
+
+
+def collective_instances(gpu: pd.DataFrame) -> pd.DataFrame:
+    """One row per (repetition, collective_id, rank) of the GPU rows that carry a collective_id:
+    ``arrival_ns`` (first kernel start), ``done_ns`` (last kernel end), ``iteration``; sorted by
+    that key. Per rank this is the ledger's first phase: the instances of several ranks
+    concatenated and sorted are those of all their rows together."""
     rows = gpu[gpu["collective_id"].astype(str) != ""]
     if rows.empty:
-        empty = pd.DataFrame({"repetition": pd.Series([], dtype="int64"), "collective_id": pd.Series([], dtype=object),
-                              "rank": pd.Series([], dtype="int64"), "arrival_ns": pd.Series([], dtype="int64"),
-                              "done_ns": pd.Series([], dtype="int64"), "iteration": pd.Series([], dtype="int64")})
-        return CollectiveMatch(empty, pd.DataFrame(columns=["repetition", "collective_id", "iteration", "missing"]))
-    inst = (rows.groupby(["repetition", "collective_id", "rank"], sort=True)
+        return pd.DataFrame({"repetition": pd.Series([], dtype="int64"), "collective_id": pd.Series([], dtype=object),
+                             "rank": pd.Series([], dtype="int64"), "arrival_ns": pd.Series([], dtype="int64"),
+                             "done_ns": pd.Series([], dtype="int64"), "iteration": pd.Series([], dtype="int64")})
+    return (rows.groupby(["repetition", "collective_id", "rank"], sort=True)
             .agg(arrival_ns=("start_ns", "min"), done_ns=("end_ns", "max"), iteration=("iteration", "max"))
             .reset_index())
+
+
+def match_instances(inst: pd.DataFrame) -> CollectiveMatch:
+    """Find, among per-rank instances (``collective_instances``, sorted by repetition,
+    collective_id, rank), the collectives that some member of their process group never ran."""
+    if inst.empty:
+        return CollectiveMatch(inst, pd.DataFrame(columns=["repetition", "collective_id", "iteration", "missing"]))
+    inst = inst.copy()
     inst["group"] = inst["collective_id"].astype(str).str.rsplit(":", n=1).str[0]
     n_members = inst.groupby("group")["rank"].nunique()
     per = inst.groupby(["repetition", "collective_id"]).agg(n=("rank", "size"), group=("group", "first"),

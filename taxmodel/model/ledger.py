@@ -33,14 +33,14 @@ import pandas as pd
 from taxmodel.errors import AnalysisError, InputError
 from taxmodel.model import intervals as iv
 from taxmodel.model.categories import CATEGORY_ORDER, LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
-from taxmodel.model.clock import ClockAlignment, estimate_clock
-from taxmodel.model.collectives import last_arrivals, match_collectives
+from taxmodel.model.clock import BARRIER_MARKER, ClockAlignment, estimate_clock
+from taxmodel.model.collectives import collective_instances, last_arrivals, match_instances
 from taxmodel.model import ledger_kernels as per_kernel
 from taxmodel.model.hardware import HardwareSpec, resolve_hardware
-from taxmodel.model.kernel_costs import hardware_mismatch
+from taxmodel.model.kernel_costs import NO_COST, hardware_mismatch
 from taxmodel.model.coverage import coverage_caveat, missing_ranks
 from taxmodel.model.stream_waits import gap_keys, gated_by_stream_wait, split_gap_keys
-from taxmodel.model.windows import GPU_SPAN_NOTE, fallback_iterations, partition_windows
+from taxmodel.model.windows import GPU_SPAN_NOTE, partition_windows
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import Bundle
 
@@ -142,14 +142,122 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     Raises AnalysisError for data that cannot be analyzed as is (iterations that do not match
     across ranks, collectives missing on some member, clocks that cannot be aligned); with
     ``lenient`` the affected iterations are skipped and listed in ``Ledger.skipped``.
+
+    Runs the ledger's four phases in one process (``model/ledger_dask.py`` runs the per-rank
+    ones as tasks): (a) ``summarize_rank`` reduces each rank's events to a small summary,
+    (b) ``plan_ledger`` makes the global decisions from the summaries (clock offsets, windows,
+    collectives' last arrivals, skipped iterations), (c) ``rank_ledger`` computes each rank's
+    parts and intervals given the plan, (d) ``assemble_ledger`` concatenates them.
     """
     ev = bundle.events
-    meta = dict(bundle.meta)
+    ranks = _ranks(bundle)
+    rows = rank_rows(ev)
+
+    def events_of(r: int) -> RankEvents:
+        pos = rows.get(r, np.zeros(0, np.int64))
+        return RankEvents(r, ev.take(pos), pos)
+
+    plan = plan_ledger([summarize_rank(events_of(r)) for r in ranks], bundle.meta, ranks, hardware, lenient)
+    pieces = [rank_ledger(events_of(r), plan) for r in ranks]
+    return assemble_ledger(plan, pieces, per_kernel.job_label(plan.meta, bundle.path) or bundle.label, hardware)
+
+
+def rank_rows(events: pd.DataFrame) -> dict[int, np.ndarray]:
+    """Positions (ascending) of each rank's rows in ``events``."""
+    if events.empty:
+        return {}
+    return {int(r): np.asarray(p, np.int64) for r, p in events.groupby("rank", sort=True).indices.items()}
+
+
+@dataclass
+class RankEvents:
+    """One rank's events and their positions in the bundle's events (what orders per-row
+    results of several ranks as one process would)."""
+
+    rank: int
+    events: pd.DataFrame
+    positions: np.ndarray
+
+
+@dataclass
+class RankSummary:
+    """Phase (a): what the global decisions need of one rank (a few rows per iteration and
+    collective, not per event). Times on the rank's own clock."""
+
+    rank: int
+    spans: pd.DataFrame  # rank, repetition, iteration, start_ns, end_ns of GPU rows in iterations
+    rep_spans: pd.DataFrame  # the same per repetition over all GPU rows (the no-marker fallback)
+    instances: pd.DataFrame  # collectives.collective_instances of the rank's GPU rows
+    markers: pd.DataFrame  # clock barrier markers
+    measured_bytes: bool  # any GPU row with measured DRAM bytes
+
+
+def _split_kinds(events: pd.DataFrame) -> tuple[pd.DataFrame, _KindFrames]:
+    """GPU rows, and the host-side rows split by kind (small frames)."""
+    codes, kind_names = pd.factorize(events["kind"])
+    kinds = {k: events[codes == i] for i, k in enumerate(kind_names) if k not in schema.GPU_KINDS}
+    gpu = events[np.isin(codes, [i for i, k in enumerate(kind_names) if k in schema.GPU_KINDS])]
+    return gpu, _KindFrames(events.iloc[:0], kinds)
+
+
+def summarize_rank(rank_events: RankEvents) -> RankSummary:
+    """Phase (a) of the ledger for one rank."""
+    r = rank_events.rank
+    gpu, ev = _split_kinds(rank_events.events)
+    rep, it = gpu["repetition"].to_numpy(np.int64), gpu["iteration"].to_numpy(np.int64)
+    start, end = gpu["start_ns"].to_numpy(np.int64), gpu["end_ns"].to_numpy(np.int64)
+    inside = it >= 0
+    spans = _spans(r, rep[inside], it[inside], start[inside], end[inside])
+    rep_spans = _spans(r, rep, np.zeros(len(rep), np.int64), start, end)
+    markers = ev["marker"]
+    markers = markers[markers["name"].astype(str).str.contains(BARRIER_MARKER, regex=False)][
+        ["kind", "name", "rank", "start_ns", "end_ns"]] if len(markers) else rank_events.events.iloc[:0][
+        ["kind", "name", "rank", "start_ns", "end_ns"]]
+    return RankSummary(r, spans, rep_spans, collective_instances(gpu), markers,
+                       bool(np.isfinite(per_kernel.measured_bytes(gpu)).any()))
+
+
+def _spans(rank: int, rep: np.ndarray, it: np.ndarray, start: np.ndarray, end: np.ndarray) -> pd.DataFrame:
+    """Earliest start and latest end per (repetition, iteration), sorted by them."""
+    order = np.lexsort((it, rep))
+    rep, it, start, end = rep[order], it[order], start[order], end[order]
+    first = np.flatnonzero(np.r_[True, (rep[1:] != rep[:-1]) | (it[1:] != it[:-1])]) if len(rep) else np.zeros(0, np.int64)
+    return pd.DataFrame({"repetition": rep[first], "iteration": it[first],
+                         "start_ns": np.minimum.reduceat(start, first) if len(first) else start[:0],
+                         "end_ns": np.maximum.reduceat(end, first) if len(first) else end[:0],
+                         "rank": np.full(len(first), rank, np.int64)})
+
+
+@dataclass
+class LedgerPlan:
+    """Phase (b): the global decisions every rank's second phase needs."""
+
+    meta: dict
+    ranks: list[int]
+    hw: HardwareSpec | None
+    cost: dict | None
+    lenient: bool
+    spanned: bool  # no iteration markers: every GPU row is in iteration 0
+    skip: set
+    clock: ClockAlignment
+    windows: pd.DataFrame  # sorted by start, partitioned
+    last: pd.DataFrame  # per (repetition, collective_id) of the complete collectives: last_arrival_ns (aligned)
+    measured_anywhere: bool
+    caveats: list[str]
+    skipped: list[str]
+
+    @property
+    def win_of(self) -> pd.Series:
+        return pd.Series(np.arange(len(self.windows)), index=pd.MultiIndex.from_frame(self.windows[["repetition", "iteration"]]))
+
+
+def plan_ledger(summaries: list[RankSummary], meta: dict, ranks: list[int], hardware: HardwareSpec | None = None,
+                lenient: bool = False) -> LedgerPlan:
+    """Phase (b): clock offsets, windows, skipped iterations and collectives' last arrivals from
+    the ranks' summaries (in rank order)."""
+    meta = dict(meta)
     caveats: list[str] = []
     skipped: list[str] = []
-    ranks = _ranks(bundle)
-    nr = len(ranks)
-    rank_pos = pd.Series(np.arange(nr), index=ranks)
     cost = meta.get("cost")
     hw = hardware
     if hw is None:
@@ -159,20 +267,22 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
             if cost:
                 raise
             hw = None
-
-    codes, kind_names = pd.factorize(ev["kind"])
-    kinds = {k: ev[codes == i] for i, k in enumerate(kind_names) if k not in schema.GPU_KINDS}  # small host-side frames
-    gpu = ev[np.isin(codes, [i for i, k in enumerate(kind_names) if k in schema.GPU_KINDS])]
-    ev = _KindFrames(ev.iloc[:0], kinds)
     subset = coverage_caveat(meta, ranks)
     if subset:  # model/coverage.py
         caveats.append(subset)
-    spanned_it, spanned = fallback_iterations(gpu["iteration"].to_numpy())
+    spans = pd.concat([s.spans for s in summaries], ignore_index=True) if summaries else pd.DataFrame(
+        columns=["repetition", "iteration", "start_ns", "end_ns", "rank"], dtype=np.int64)
+    rep_spans = pd.concat([s.rep_spans for s in summaries], ignore_index=True) if summaries else spans
+    spanned = spans.empty and not rep_spans.empty  # fallback_iterations over all ranks' GPU rows
+    inst = pd.concat([s.instances for s in summaries], ignore_index=True) if summaries else pd.DataFrame()
     if spanned:  # no markers: one window over all GPU activity (model/windows.py)
-        gpu = gpu.assign(iteration=spanned_it)
+        spans = rep_spans
+        inst = inst.assign(iteration=np.zeros(len(inst), np.int64))
         caveats.append(GPU_SPAN_NOTE)
-    skip = _check_iterations(gpu, lenient, skipped)
-    match = match_collectives(gpu)
+    skip = _check_iterations(spans[["rank", "repetition", "iteration"]], lenient, skipped)
+    if len(inst):
+        inst = inst.sort_values(["repetition", "collective_id", "rank"], kind="stable").reset_index(drop=True)
+    match = match_instances(inst)
     for row in match.incomplete.itertuples(index=False):
         msg = (f"collective {row.collective_id} (repetition {row.repetition}, iteration {row.iteration}) never ran "
                f"on rank(s) {row.missing}")
@@ -182,26 +292,21 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
         skipped.append(f"{msg}: iteration skipped")
         skip.add((int(row.repetition), int(row.iteration)))
 
-    clock = estimate_clock(ev["marker"], meta, match.complete(), ranks)
+    markers = pd.concat([s.markers for s in summaries], ignore_index=True) if summaries else pd.DataFrame(
+        columns=["kind", "name", "rank", "start_ns", "end_ns"])
+    clock = estimate_clock(markers, meta, match.complete(), ranks)
     caveats.extend(clock.notes)
     offsets = clock.offsets_ns
 
-    def aligned(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        off = df["rank"].map(offsets).fillna(0).to_numpy(np.int64)
-        return df["start_ns"].to_numpy(np.int64) + off, df["end_ns"].to_numpy(np.int64) + off
-
-    g_start, g_end = aligned(gpu)
-    g_rank = gpu["rank"].to_numpy(np.int64)
-    g_rep = gpu["repetition"].to_numpy(np.int64)
-    g_it = gpu["iteration"].to_numpy(np.int64)
-    g_cls = _role_class(gpu["role"])
-
-    # --- windows ------------------------------------------------------------------------------
-    in_iter = g_it >= 0
+    # --- windows: each (repetition, iteration) from the earliest aligned start to the latest end --
+    off = spans["rank"].map(offsets).fillna(0).to_numpy(np.int64)
+    s_rep, s_it = spans["repetition"].to_numpy(np.int64), spans["iteration"].to_numpy(np.int64)
+    in_iter = s_it >= 0
     if skip:
-        key = pd.MultiIndex.from_arrays([g_rep, g_it])
-        in_iter &= ~key.isin(list(skip))
-    wdf = (pd.DataFrame({"repetition": g_rep[in_iter], "iteration": g_it[in_iter], "s": g_start[in_iter], "e": g_end[in_iter]})
+        in_iter &= ~pd.MultiIndex.from_arrays([s_rep, s_it]).isin(list(skip))
+    wdf = (pd.DataFrame({"repetition": s_rep[in_iter], "iteration": s_it[in_iter],
+                         "s": spans["start_ns"].to_numpy(np.int64)[in_iter] + off[in_iter],
+                         "e": spans["end_ns"].to_numpy(np.int64)[in_iter] + off[in_iter]})
            .groupby(["repetition", "iteration"], as_index=False).agg(start_ns=("s", "min"), end_ns=("e", "max")))
     if wdf.empty:
         raise AnalysisError("no GPU activity inside any iteration: the bundle has no iteration markers that contain "
@@ -219,7 +324,61 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
         n_over = int((ws[1:] < np.maximum.accumulate(we)[:-1]).sum())
         caveats.append(f"{n_over} iteration window(s) overlap the previous one (a rank started the next iteration "
                        "before another finished); the overlapping time is counted in both windows")
-    win_of = pd.Series(np.arange(nw), index=pd.MultiIndex.from_frame(wdf[["repetition", "iteration"]]))
+    complete = match.complete()
+    last = last_arrivals(complete, offsets) if len(complete) else None
+    return LedgerPlan(meta=meta, ranks=ranks, hw=hw, cost=cost, lenient=lenient, spanned=spanned, skip=skip, clock=clock,
+                      windows=wdf, last=last, measured_anywhere=any(s.measured_bytes for s in summaries),
+                      caveats=caveats, skipped=skipped)
+
+
+@dataclass
+class RankLedger:
+    """Phase (c): one rank's parts and intervals, the per-row figures of its GPU rows inside the
+    windows (for the per-kernel table), and what the caveats count."""
+
+    rank: int
+    parts: pd.DataFrame
+    intervals: pd.DataFrame
+    kernel_rows: pd.DataFrame  # one row per GPU row in a window, column "pos" = position in the bundle's events
+    locality_ns: pd.Series | None  # per GPU row (bundle index), when locality is measured
+    positions: np.ndarray  # positions of the rank's GPU rows (the index order of ``locality_ns``)
+    intermediate_caveats: list[str] | None  # None: the rank has no costed kernel to match intermediates on
+    unrecorded: int  # fused launches in iterations without in-kernel records
+    unknown_gaps: tuple[int, int]
+    has_gpu: bool
+    has_fused: bool
+    has_records: bool
+    outside: int  # GPU rows outside any iteration
+    launches: pd.DataFrame  # rank, start_ns, end_ns of launch rows, when the profiler caveat may need them
+
+
+def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
+    """Phase (c) of the ledger for one rank, given the global plan."""
+    r = rank_events.rank
+    gpu, ev = _split_kinds(rank_events.events)
+    gpu_pos = rank_events.positions[np.isin(rank_events.events["kind"].to_numpy(object), schema.GPU_KINDS)] \
+        if len(rank_events.positions) else np.zeros(0, np.int64)
+    if plan.spanned:
+        gpu = gpu.assign(iteration=np.zeros(len(gpu), np.int64))
+    ranks = [r]
+    nr = 1
+    rank_pos = pd.Series(np.arange(nr), index=ranks)
+    cost, hw, skip, clock, wdf = plan.cost, plan.hw, plan.skip, plan.clock, plan.windows
+    caveats: list[str] = []
+    offsets = clock.offsets_ns
+
+    def aligned(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        off = df["rank"].map(offsets).fillna(0).to_numpy(np.int64)
+        return df["start_ns"].to_numpy(np.int64) + off, df["end_ns"].to_numpy(np.int64) + off
+
+    g_start, g_end = aligned(gpu)
+    g_rank = gpu["rank"].to_numpy(np.int64)
+    g_rep = gpu["repetition"].to_numpy(np.int64)
+    g_it = gpu["iteration"].to_numpy(np.int64)
+    g_cls = _role_class(gpu["role"])
+    ws, we = wdf["start_ns"].to_numpy(np.int64), wdf["end_ns"].to_numpy(np.int64)
+    nw = len(wdf)
+    win_of = plan.win_of
 
     # --- GPU activity clipped to windows ------------------------------------------------------
     ai, wi = iv.expand_to_windows(g_start, g_end, ws, we)
@@ -237,9 +396,8 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     cand = g_cls == CLS_COMM
     has_cid[cand] = gpu["collective_id"].to_numpy(object)[cand] != ""
     is_coll = has_cid[ai]
-    complete = match.complete()
-    if len(complete) and is_coll.any():
-        last = last_arrivals(complete, offsets)
+    last = plan.last
+    if last is not None and len(last) and is_coll.any():
         lk = pd.MultiIndex.from_frame(last[["repetition", "collective_id"]])
         pos = lk.get_indexer(pd.MultiIndex.from_arrays([g_rep[ai][is_coll], cid[ai][is_coll]]))
         la = np.where(pos >= 0, last["last_arrival_ns"].to_numpy(np.int64)[np.maximum(pos, 0)], iv.INT64_MAX * 0 - 1)
@@ -275,7 +433,7 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     transfer_len = np.round(transfer_len).astype(np.int64)
 
     t_compute, t_link_excess = _floors(cost, hw)
-    kc = per_kernel.prepare(gpu, hw, cost)  # per-kernel floors (no declared cost) and measured DRAM bytes
+    kc = per_kernel.prepare(gpu, hw, cost, plan.measured_anywhere)  # per-kernel floors (no declared cost) and measured DRAM bytes
     link_excess = t_link_excess
     if kc is not None and kc.use_floors:
         is_c, is_l = cls == CLS_COMM, cls == CLS_LOCAL
@@ -284,13 +442,10 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     link_float = np.minimum(link_excess, transfer_len.astype(np.float64))
     link_int = iv.largest_remainder(np.stack([link_float, transfer_len - link_float], axis=1), transfer_len)[:, 0]
 
+    inter_caveats: list[str] = []
     shares = _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_excess, link_float, win_of, rank_pos,
-                            nr, skip, caveats, hw.hbm_bytes_per_s if hw is not None else 0.0, kc)
-    if not ev["record"].empty:
-        unrecorded = (gpu["role"].to_numpy(object) == "fused") & (g_it >= 0) & ~shares["recorded"]
-        if unrecorded.any():
-            caveats.append(f"{int(unrecorded.sum())} fused kernel launch(es) inside iterations have no in-kernel records "
-                           "(not instrumented, or records lost): their flag waits are not visible and count as compute")
+                            nr, skip, inter_caveats, hw.hbm_bytes_per_s if hw is not None else 0.0, kc)
+    unrecorded = int(((gpu["role"].to_numpy(object) == "fused") & (g_it >= 0) & ~shares["recorded"]).sum())
     is_local = cls == CLS_LOCAL
     lai, lgrp = ai[is_local], c_group[is_local]
     clip = (c_end - c_start)[is_local].astype(np.float64)
@@ -330,32 +485,89 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
         "subcategory": np.tile(np.array(SUBCATEGORY_ORDER, dtype=object), ngroups),
         "ns": table.ravel(),
     }, columns=list(LEDGER_COLUMNS))
-    parts = parts.sort_values(["repetition", "iteration", "rank"], kind="stable").reset_index(drop=True)
-
     intervals = _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, wrank)
-    windows = wdf.sort_values(["repetition", "iteration"]).reset_index(drop=True)
 
-    _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw, kc)
-    locality = per_kernel.locality_mode(kc, cost)
     in_win = g_it >= 0
     if skip:
         in_win &= ~pd.MultiIndex.from_arrays([g_rep, g_it]).isin(list(skip))
-    kernels = per_kernel.kernel_table(gpu, kc, (g_end - g_start).astype(np.float64), in_win, shares["useful"], shares["locality_tax"],
-                              _launch_tax_before(pieces, gpu, g_start, ranks, nr), locality)
-    caveats.extend(per_kernel.kernel_caveats(kernels, kc, gpu, (g_end - g_start).astype(np.float64), in_win, meta))
+    d = (g_end - g_start).astype(np.float64)
+    kernel_rows = pd.DataFrame({
+        "pos": gpu_pos[in_win], "name": gpu["name"].to_numpy(object)[in_win],
+        "op": gpu["op"].to_numpy(object)[in_win] if "op" in gpu.columns else np.full(int(in_win.sum()), "", dtype=object),
+        "role": gpu["role"].to_numpy(object)[in_win], "kind": gpu["kind"].to_numpy(object)[in_win], "d": d[in_win],
+        "useful": shares["useful"][in_win], "locality": shares["locality_tax"][in_win],
+        "wait_before": _launch_tax_before(pieces, gpu, g_start, ranks, nr)[in_win],
+        "floor_ns": kc.floor_ns[in_win] if kc is not None else np.full(int(in_win.sum()), np.nan),
+        "reason": kc.floors["reason"].to_numpy(object)[in_win] if kc is not None else np.full(int(in_win.sum()), NO_COST, dtype=object)})
+    measured = kc is not None and kc.locality == per_kernel.LOCALITY_MEASURED
+    launches = ev["launch"][["rank", "start_ns", "end_ns"]] if _profiler_heavy(plan.meta) else ev["launch"].iloc[:0][["rank", "start_ns", "end_ns"]]
+    return RankLedger(rank=r, parts=parts, intervals=intervals, kernel_rows=kernel_rows,
+                      locality_ns=pd.Series(shares["locality_tax"], index=gpu.index, name="locality_ns") if measured else None,
+                      positions=gpu_pos, intermediate_caveats=inter_caveats if shares.get("matched_intermediates") else None,
+                      unrecorded=unrecorded, unknown_gaps=unknown_gaps, has_gpu=len(gpu) > 0,
+                      has_fused=bool((gpu["role"] == "fused").any()), has_records=not ev["record"].empty,
+                      outside=int((g_it < 0).sum()), launches=launches)
+
+
+def _profiler_heavy(meta: dict) -> bool:
+    """Whether ``ledger_kernels.profiler_caveat`` may look at the launch rows."""
+    prof = (meta.get("capture") or {}).get("profiler") or {}
+    return any(prof.get(k) for k in ("record_shapes", "with_stack", "profile_memory"))
+
+
+def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hardware: HardwareSpec | None = None) -> Ledger:
+    """Phase (d): the ranks' parts and intervals concatenated in (repetition, iteration, rank)
+    order, the per-kernel table from the ranks' rows in the bundle's row order, the caveats."""
+    order = {r: i for i, r in enumerate(plan.ranks)}
+    pieces = sorted(pieces, key=lambda p: order[p.rank])
+    caveats = list(plan.caveats)
+    hw, cost, clock, ranks, meta = plan.hw, plan.cost, plan.clock, plan.ranks, plan.meta
+    nr, nw = len(ranks), len(plan.windows)
+    by = ["repetition", "iteration", "rank"]
+    parts = pd.concat([p.parts for p in pieces], ignore_index=True).sort_values(by, kind="stable").reset_index(drop=True)
+    intervals = pd.concat([p.intervals for p in pieces], ignore_index=True).sort_values(by, kind="stable").reset_index(drop=True)
+    windows = plan.windows.sort_values(["repetition", "iteration"]).reset_index(drop=True)
+    reached = [p.intermediate_caveats for p in pieces if p.intermediate_caveats is not None]
+    if reached:  # a declared intermediate is reported when it matches no kernel on any rank
+        caveats.extend(c for c in reached[0] if all(c in other for other in reached[1:]))
+    unrecorded = sum(p.unrecorded for p in pieces)
+    records = any(p.has_records for p in pieces)
+    if records and unrecorded:
+        caveats.append(f"{unrecorded} fused kernel launch(es) inside iterations have no in-kernel records "
+                       "(not instrumented, or records lost): their flag waits are not visible and count as compute")
+    kc_any = not (cost and not plan.measured_anywhere)  # ledger_kernels.prepare returns a KernelCosts
+    use_floors = not cost and hw is not None
+    locality = per_kernel.locality_mode(None, cost) if not kc_any else (
+        per_kernel.LOCALITY_MEASURED if plan.measured_anywhere else
+        per_kernel.LOCALITY_ESTIMATED if cost else per_kernel.LOCALITY_ABSENT)
+    rows = pd.concat([p.kernel_rows for p in pieces], ignore_index=True).sort_values("pos", kind="stable").reset_index(drop=True)
+    kc = per_kernel.KernelCosts(rows[["floor_ns", "reason"]], np.zeros(0), np.zeros(0), use_floors, locality,
+                                hw.hbm_bytes_per_s if hw is not None else 0.0) if kc_any else None
+    gaps = (sum(p.unknown_gaps[0] for p in pieces), sum(p.unknown_gaps[1] for p in pieces))
+    _add_caveats(caveats, hw, cost, parts, clock, ranks, gaps, kc, fused_without_records=any(p.has_fused for p in pieces) and not records,
+                 active={p.rank for p in pieces if p.has_gpu}, outside=sum(p.outside for p in pieces))
+    d = rows["d"].to_numpy(np.float64)
+    everywhere = np.ones(len(rows), bool)
+    kernels = per_kernel.kernel_table(rows, kc, d, everywhere, rows["useful"].to_numpy(np.float64),
+                                      rows["locality"].to_numpy(np.float64), rows["wait_before"].to_numpy(np.float64), locality)
+    caveats.extend(per_kernel.kernel_caveats(kernels, kc, rows, d, everywhere, meta))
     mism = hardware_mismatch(meta, hw)
     if mism and (hardware is not None or "architecture" in mism):
         caveats.append(mism)
+    ws, we = plan.windows["start_ns"].to_numpy(np.int64), plan.windows["end_ns"].to_numpy(np.int64)
     launch_pct = float(parts.loc[parts["category"] == "launch_tax", "ns"].sum()) / max(float((we - ws).sum()) * nr, 1.0) * 100
-    prof = per_kernel.profiler_caveat(meta, launch_pct, ev["launch"], nw, nr)
+    prof = per_kernel.profiler_caveat(meta, launch_pct, pd.concat([p.launches for p in pieces], ignore_index=True), nw, nr)
     if prof:
         caveats.append(prof)
     caveats = list(dict.fromkeys(caveats))  # each caveat once
-    return Ledger(parts=parts, windows=windows, intervals=intervals, clock=clock, caveats=caveats, skipped=skipped,
-                  meta=meta, label=per_kernel.job_label(meta, bundle.path) or bundle.label, hardware=hw, ranks=ranks,
-                  locality=locality, kernels=kernels,
-                  kernel_locality_ns=(pd.Series(shares["locality_tax"], index=gpu.index, name="locality_ns")
-                                      if locality == per_kernel.LOCALITY_MEASURED else None))
+    kernel_locality = None
+    if locality == per_kernel.LOCALITY_MEASURED:
+        loc = [p.locality_ns for p in pieces if p.locality_ns is not None]
+        pos = np.concatenate([p.positions for p in pieces if p.locality_ns is not None]) if loc else np.zeros(0, np.int64)
+        kernel_locality = pd.concat(loc).iloc[np.argsort(pos, kind="stable")] if loc else pd.Series(dtype=np.float64, name="locality_ns")
+    return Ledger(parts=parts, windows=windows, intervals=intervals, clock=clock, caveats=caveats, skipped=list(plan.skipped),
+                  meta=meta, label=label, hardware=hw, ranks=ranks, locality=locality, kernels=kernels,
+                  kernel_locality_ns=kernel_locality)
 
 
 # --- steps ----------------------------------------------------------------------------------------
@@ -381,17 +593,22 @@ def _role_class(role: pd.Series) -> np.ndarray:
 
 def _ranks(bundle: Bundle) -> list[int]:
     """Ranks to account for: those in meta (a rank may have recorded no GPU activity) and in events."""
-    declared = {int(r) for r in (bundle.meta.get("ranks") or [])}
-    present = {int(r) for r in bundle.events["rank"].unique()}
+    return ledger_ranks(bundle.meta, bundle.events["rank"].unique())
+
+
+def ledger_ranks(meta: dict, present_ranks) -> list[int]:
+    """``_ranks`` from meta and the ranks that have events."""
+    declared = {int(r) for r in (meta.get("ranks") or [])}
+    present = {int(r) for r in present_ranks}
     if not declared:
-        ws = bundle.meta.get("world_size")
+        ws = meta.get("world_size")
         declared = set(range(int(ws))) if ws else set()
     return sorted(declared | present)
 
 
-def _check_iterations(gpu: pd.DataFrame, lenient: bool, skipped: list[str]) -> set[tuple[int, int]]:
-    """Every rank that ran GPU work in iterations must have the same (repetition, iteration) set."""
-    rows = gpu.loc[gpu["iteration"] >= 0, ["rank", "repetition", "iteration"]].drop_duplicates()
+def _check_iterations(rows: pd.DataFrame, lenient: bool, skipped: list[str]) -> set[tuple[int, int]]:
+    """Every rank that ran GPU work in iterations must have the same (repetition, iteration) set.
+    ``rows``: the distinct (rank, repetition, iteration) of GPU rows in iterations."""
     if rows.empty:
         return set()
     active = sorted(int(r) for r in rows["rank"].unique())
@@ -593,7 +810,8 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
         with np.errstate(divide="ignore", invalid="ignore"):
             g = np.where(hsum > 0, np.minimum(1.0, t_loc / np.where(hsum > 0, hsum, 1.0)), 0.0)
         loc[sel] += g[gid[sel]] * head[sel]
-    return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
+    return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded,
+            "matched_intermediates": True}
 
 
 def _matches(names: pd.Series, role: np.ndarray, pattern: str) -> np.ndarray:
@@ -722,7 +940,8 @@ def _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, w
                          "start_ns": s0, "end_ns": s1})
 
 
-def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, g_it, nw, kc=None) -> None:
+def _add_caveats(caveats, hw, cost, parts, clock, ranks, unknown_gaps, kc=None, *, fused_without_records: bool,
+                 active: set[int], outside: int) -> None:
     if hw is not None and hw.source == "datasheet":
         caveats.append(f"hardware: {hw.name} datasheet peaks; 'useful' is measured against numbers real kernels rarely "
                        "reach (run `taxmodel calibrate` and pass --hardware FILE for measured ones)")
@@ -737,11 +956,9 @@ def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, 
                        "locality_tax is not measured, and all compute time counts as compute_inefficiency")
     elif hw is None:
         caveats.append("no hardware spec: useful and locality_tax are 0")
-    fused_rows = gpu["role"] == "fused"
-    if fused_rows.any() and ev["record"].empty:
+    if fused_without_records:
         caveats.append("fused kernels ran without in-kernel trace records: waits on flags inside them are not visible "
                        "(flag_wait is 0) and count as compute time")
-    active = set(int(r) for r in gpu["rank"].unique())
     for r in ranks:
         if r not in active:
             caveats.append(f"rank {r} has no GPU activity: its whole window is barrier_idle")
@@ -754,7 +971,6 @@ def _add_caveats(caveats, hw, cost, ev, gpu, parts, clock, ranks, unknown_gaps, 
             if 0 < v < clock.uncertainty_ns:
                 caveats.append(f"skew_wait on rank {r} ({v / 1e3:.1f} us) is below the clock uncertainty "
                                f"({clock.uncertainty_ns / 1e3:.1f} us)")
-    outside = int((g_it < 0).sum())
     if outside:
         caveats.append(f"{outside} GPU activities lie outside any iteration; where they overlap a window they count "
                        "as busy time without declared cost")

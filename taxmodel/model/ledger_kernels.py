@@ -52,18 +52,22 @@ class KernelCosts:
         return t
 
 
-def prepare(gpu: pd.DataFrame, hw: HardwareSpec | None, cost: Mapping[str, Any] | None) -> KernelCosts | None:
+def prepare(gpu: pd.DataFrame, hw: HardwareSpec | None, cost: Mapping[str, Any] | None,
+            measured_anywhere: bool | None = None) -> KernelCosts | None:
     """Per-kernel costs of the bundle's GPU rows; None for a bundle that declares a workload cost
     and has no measured DRAM bytes (taxmodel's own bundles: the workload's cost alone applies).
     A bundle without a declared cost always gets per-kernel floors, whatever its format: what
-    its importer could not cost is shown as uncosted."""
-    measured = _measured_bytes(gpu)
-    if cost and not np.isfinite(measured).any():
+    its importer could not cost is shown as uncosted. ``measured_anywhere``: whether any rank of
+    the bundle has measured DRAM bytes, when ``gpu`` holds one rank's rows (the ledger's
+    per-rank phase); None: look at ``gpu``."""
+    measured = measured_bytes(gpu)
+    any_measured = bool(np.isfinite(measured).any()) if measured_anywhere is None else measured_anywhere
+    if cost and not any_measured:
         return None
     floors = kernel_floors(gpu, hw)
     fb = copy_bytes(gpu, gpu["floor_bytes"].to_numpy(np.float64) if "floor_bytes" in gpu.columns else np.full(len(gpu), -1.0))
     compulsory = np.where(fb >= 0, fb, np.nan)
-    mode = LOCALITY_MEASURED if np.isfinite(measured).any() else (LOCALITY_ESTIMATED if cost else LOCALITY_ABSENT)
+    mode = LOCALITY_MEASURED if any_measured else (LOCALITY_ESTIMATED if cost else LOCALITY_ABSENT)
     return KernelCosts(floors, measured, compulsory, use_floors=not cost and hw is not None, locality=mode,
                        hbm_bytes_per_s=hw.hbm_bytes_per_s if hw is not None else 0.0)
 
@@ -99,7 +103,7 @@ def link_floor_excess(kc: KernelCosts, gpu_idx: np.ndarray, group: np.ndarray, i
     return np.maximum(t_link - t_comp, 0.0)
 
 
-def _measured_bytes(gpu: pd.DataFrame) -> np.ndarray:
+def measured_bytes(gpu: pd.DataFrame) -> np.ndarray:
     if "dram_read_bytes" not in gpu.columns or "dram_write_bytes" not in gpu.columns:
         return np.full(len(gpu), np.nan)
     r = gpu["dram_read_bytes"].to_numpy(np.float64)
