@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
 import pandas as pd
 
 from taxmodel import fsutil
@@ -169,7 +170,7 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
     fsutil.make_dirs(path.parent, "bundle")
     tmp = fsutil.make_temp_dir(path)
     try:
-        events.to_parquet(tmp / EVENTS_FILE, index=False)
+        write_events(tmp / EVENTS_FILE, events)
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
         if raw_files:
             (tmp / RAW_DIR).mkdir()
@@ -221,15 +222,9 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
-def load_bundle(path: str | os.PathLike) -> Bundle:
-    """Load a bundle directory or archive; raise BundleError naming what is wrong."""
-    path = Path(path)
-    if not path.exists():
-        raise InputError(f"{path}: no such bundle (expected a directory with {EVENTS_FILE} and {META_FILE}, or an archive of one)")
-    if path.is_file():
-        return _load_archive(path)
-    if not path.is_dir():
-        raise InputError(f"{path}: is {fsutil.describe(path)}, not a bundle directory or archive")
+def load_bundle_meta(path: Path) -> dict[str, Any]:
+    """The checked meta.json of a bundle directory (whose events.parquet must exist too), as
+    stored (``make_meta`` completes it)."""
     meta_path, events_path = path / META_FILE, path / EVENTS_FILE
     for p in (meta_path, events_path):
         if not p.is_file():
@@ -246,6 +241,19 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
     if version != schema.SCHEMA_VERSION:
         raise BundleError(f"{meta_path}: field 'schema_version' is {version!r}; this taxmodel reads version {schema.SCHEMA_VERSION}")
     check_meta(meta, str(meta_path))
+    return meta
+
+
+def load_bundle(path: str | os.PathLike) -> Bundle:
+    """Load a bundle directory or archive; raise BundleError naming what is wrong."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such bundle (expected a directory with {EVENTS_FILE} and {META_FILE}, or an archive of one)")
+    if path.is_file():
+        return _load_archive(path)
+    if not path.is_dir():
+        raise InputError(f"{path}: is {fsutil.describe(path)}, not a bundle directory or archive")
+    meta, events_path = load_bundle_meta(path), path / EVENTS_FILE
     try:
         events = schema.add_missing_columns(pd.read_parquet(events_path))
     except Exception as exc:  # pyarrow raises several types for damaged files
@@ -316,3 +324,82 @@ def find_bundles(root: str | os.PathLike) -> list[Path]:
     if (root / META_FILE).exists():
         return [root]
     return sorted(p.parent for p in root.rglob(META_FILE) if not any(part.startswith(".") for part in p.parts[len(root.parts):]))
+
+
+def write_events(path: Path, events: pd.DataFrame) -> None:
+    """Write normalized events (sorted by rank) with each Parquet row group holding one rank's
+    rows only, so that one rank's events can be read alone (``load_rank_events``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(events, preserve_index=False)
+    rank = events["rank"].to_numpy()
+    cuts = np.r_[0, np.flatnonzero(rank[1:] != rank[:-1]) + 1, len(rank)] if len(rank) else np.zeros(1, np.int64)
+    with pq.ParquetWriter(path, table.schema) as writer:
+        if len(rank) == 0:
+            writer.write_table(table)
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            writer.write_table(table.slice(int(a), int(b - a)))
+
+
+def _rank_row_groups(pf: Any) -> dict[int, list[tuple[int, int]]] | None:
+    """Per rank, its row groups (index, first row) when every row group holds one rank; None
+    for bundles written before (one row group of all ranks)."""
+    col = pf.schema_arrow.get_field_index("rank")
+    out: dict[int, list[tuple[int, int]]] = {}
+    first = 0
+    for i in range(pf.metadata.num_row_groups):
+        rg = pf.metadata.row_group(i)
+        st = rg.column(col).statistics
+        if rg.num_rows and (st is None or not st.has_min_max or st.min != st.max):
+            return None
+        if rg.num_rows:
+            out.setdefault(int(st.min), []).append((i, first))
+        first += rg.num_rows
+    return out
+
+
+def bundle_rank_ids(path: str | os.PathLike) -> list[int]:
+    """The ranks that have events in a bundle directory, read from the Parquet metadata (or the
+    rank column of an older bundle), without loading the events."""
+    import pyarrow.parquet as pq
+
+    events_path = Path(path) / EVENTS_FILE
+    try:
+        pf = pq.ParquetFile(events_path)
+        groups = _rank_row_groups(pf)
+        if groups is not None:
+            return sorted(groups)
+        return sorted(int(r) for r in np.unique(pf.read(columns=["rank"]).column("rank").to_numpy()))
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{events_path}: cannot be read as parquet ({exc})") from exc
+
+
+def load_rank_events(path: str | os.PathLike, rank: int) -> tuple[pd.DataFrame, np.ndarray]:
+    """One rank's events of a bundle directory, indexed by their positions in the whole
+    ``events.parquet`` (the index ``load_bundle`` gives them), and those positions. Reads only
+    that rank's row groups; an older bundle (one row group) is filtered on its rank column."""
+    import pyarrow.parquet as pq
+
+    events_path = Path(path) / EVENTS_FILE
+    try:
+        pf = pq.ParquetFile(events_path)
+        groups = _rank_row_groups(pf)
+        if groups is not None:
+            mine = groups.get(int(rank), [])
+            table = pf.read_row_groups([i for i, _ in mine]) if mine else pf.schema_arrow.empty_table()
+            sizes = [pf.metadata.row_group(i).num_rows for i, _ in mine]
+            pos = np.concatenate([np.arange(f, f + n, dtype=np.int64) for (_, f), n in zip(mine, sizes)]) if mine else np.zeros(0, np.int64)
+        else:
+            ranks = pf.read(columns=["rank"]).column("rank").to_numpy()
+            pos = np.flatnonzero(ranks == rank).astype(np.int64)
+            table = pq.read_table(events_path, filters=[("rank", "==", int(rank))])
+        events = schema.add_missing_columns(table.to_pandas())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{events_path}: cannot be read as parquet ({exc})") from exc
+    try:
+        schema.validate_events(events)
+    except BundleError as exc:
+        raise BundleError(f"{path} (rank {rank}): {exc}") from exc
+    events.index = pos
+    return events, pos
