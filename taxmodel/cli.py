@@ -281,14 +281,18 @@ def workloads_cmd(workload_modules) -> None:
 @click.option("--hardware", default=None, metavar="NAME|FILE",
               help="Hardware preset (H100 SXM, H200 SXM, MI300X, B200) or a JSON file from `taxmodel calibrate`.")
 @click.option("--per-rank", is_flag=True, help="Also show the ledger of every rank.")
-def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware: str | None, per_rank: bool) -> None:
+@click.option("--scheduler", default=None, metavar="ADDRESS|local[:N]",
+              help="Run the per-rank work on Dask (pip install 'taxmodel[distributed]'): a scheduler's address, or "
+                   "local[:N] worker processes on this machine. The ledger is the same.")
+def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware: str | None, per_rank: bool,
+                scheduler: str | None) -> None:
     """Split each bundle's measured time into useful work and the three taxes (docs/ledger.md)."""
     import json
 
     from taxmodel.report.build import load_cases
     from taxmodel.report.terminal import analysis_document, render_analysis
 
-    ledgers = [led for _, led in load_cases(bundles, hardware=hardware, lenient=lenient, on_skip=_note)]
+    ledgers = [led for _, led in load_cases(bundles, hardware=hardware, lenient=lenient, on_skip=_note, scheduler=scheduler)]
     if as_json:
         click.echo(json.dumps(analysis_document(ledgers), indent=2, default=float))
     else:

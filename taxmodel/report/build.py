@@ -33,27 +33,40 @@ def expand_bundle_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
 
 
 def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = None, lenient: bool = False,
-               on_skip: Callable[[str], None] | None = None) -> list[tuple[Bundle, LedgerLike]]:
+               on_skip: Callable[[str], None] | None = None, scheduler: str | None = None) -> list[tuple[Bundle, LedgerLike]]:
     """Load every bundle and compute its ledger.
 
     With ``lenient`` a bundle that cannot be loaded or analyzed (a damaged file among good ones)
     is skipped: ``on_skip`` gets one line saying which and why, and the others go on; without
-    it the first such bundle stops everything. Nothing loadable at all is an error either way."""
+    it the first such bundle stops everything. Nothing loadable at all is an error either way.
+    With ``scheduler`` (``local[:N]`` or a Dask scheduler's address) the per-rank work runs on
+    Dask (``model/ledger_dask.py``) and the returned bundles carry meta only."""
     from taxmodel.model.hardware import resolve_hardware
     from taxmodel.model.ledger import compute_ledger
 
+    client = None
+    if scheduler:
+        from taxmodel.model.ledger_dask import close, compute_ledger_dask, connect
+        client = connect(scheduler)
     cases, skipped = [], []
-    for path in expand_bundle_paths(paths):
-        try:
-            bundle = load_bundle(path)
-            hw = resolve_hardware(bundle.meta, hardware) if hardware else None
-            cases.append((bundle, compute_ledger(bundle, hw, lenient=lenient)))
-        except TaxmodelError as exc:
-            if not lenient:
-                raise
-            skipped.append(str(exc))
-            if on_skip:
-                on_skip(f"{exc} (--lenient: skipped)")
+    try:
+        for path in expand_bundle_paths(paths):
+            try:
+                if client is not None:
+                    cases.append(compute_ledger_dask(path, client, hardware, lenient=lenient))
+                    continue
+                bundle = load_bundle(path)
+                hw = resolve_hardware(bundle.meta, hardware) if hardware else None
+                cases.append((bundle, compute_ledger(bundle, hw, lenient=lenient)))
+            except TaxmodelError as exc:
+                if not lenient:
+                    raise
+                skipped.append(str(exc))
+                if on_skip:
+                    on_skip(f"{exc} (--lenient: skipped)")
+    finally:
+        if client is not None:
+            close(client)
     if not cases:
         if skipped:
             raise InputError(f"none of the {len(skipped)} bundle(s) could be used; the first: {skipped[0]}")

@@ -514,6 +514,7 @@ def large_synthetic_bundle(*, world_size: int = 4, kernels: int = 1_000_000, ker
         "collective_id": "", "collective_op": "", "graph_id": -1, "grid": "", "block": "", "bytes": -1, "flops": -1,
         "cta": -1, "phase": ""})
     events = pd.concat([kern, launch], ignore_index=True)
+    events = schema.add_missing_columns(events)  # columns added to the schema since (floor_bytes, counters)
     for c in schema.COLUMNS:
         if c.dtype != "string":
             events[c.name] = events[c.name].astype(c.dtype)

@@ -1,0 +1,125 @@
+"""The ledger on Dask (model/ledger_dask.py) is the single-process ledger to the nanosecond:
+committed multi-rank H200 bundles and synthetic jobs with many ranks, on an in-process
+2-worker cluster; and without Dask, --scheduler says how to install it."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from taxmodel.cli import cli
+from taxmodel.errors import AnalysisError, InputError
+from taxmodel.model.ledger import compute_ledger
+from taxmodel.testing.synthetic import large_synthetic_bundle, synthetic_bundle
+from taxmodel.trace import schema
+from taxmodel.trace.bundle import EVENTS_FILE, bundle_rank_ids, load_bundle, load_rank_events, write_bundle
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED = [  # 4 and 8 ranks, collectives, in-kernel records, graphs
+    "profiles/h200x4/flash_decode/bsp-batch16xkv_len65536xq_heads32xkv_heads4xhead_dim128",
+    "profiles/h200x4/flash_decode/fused-batch16xkv_len65536xq_heads32xkv_heads4xhead_dim128",
+]
+
+
+def _committed() -> list[Path]:
+    paths = [ROOT / p for p in COMMITTED]
+    gate = sorted((ROOT / "profiles/h200x8-graph-gate").glob("**/meta.json"))
+    return paths + [gate[0].parent] if gate else paths
+
+
+def assert_same_ledger(a, b) -> None:
+    """Every part of two ledgers equal, exactly (integers to the ns, floats bit for bit)."""
+    for f in ("parts", "windows", "intervals", "kernels"):
+        pd.testing.assert_frame_equal(getattr(a, f), getattr(b, f), check_exact=True, obj=f)
+    if a.kernel_locality_ns is None:
+        assert b.kernel_locality_ns is None
+    else:
+        pd.testing.assert_series_equal(a.kernel_locality_ns, b.kernel_locality_ns, check_exact=True)
+    assert (a.caveats, a.skipped, a.label, a.ranks, a.locality, a.meta) == (b.caveats, b.skipped, b.label, b.ranks,
+                                                                             b.locality, b.meta)
+    assert a.clock.to_dict() == b.clock.to_dict()
+
+
+@pytest.fixture(scope="module")
+def client():
+    distributed = pytest.importorskip("dask.distributed", reason="dask[distributed] is not installed (the 'distributed' extra)")
+    c = distributed.Client(processes=False, n_workers=2, threads_per_worker=1, dashboard_address=None)
+    yield c
+    c.close()
+
+
+@pytest.mark.parametrize("path", _committed(), ids=lambda p: "/".join(p.parts[-3:-1]))
+def test_committed_bundles_same_ledger_on_dask(client, path):
+    from taxmodel.model.ledger_dask import compute_ledger_dask
+
+    bundle, led = compute_ledger_dask(path, client, lenient=True)
+    assert_same_ledger(compute_ledger(load_bundle(path), lenient=True), led)
+    assert len(led.ranks) >= 4 and bundle.meta == led.meta
+
+
+def test_many_ranks_same_ledger_on_dask(client, tmp_path):
+    from taxmodel.model.ledger_dask import compute_ledger_dask
+
+    case = synthetic_bundle(world_size=24, iterations=2, skew_ns=list(range(0, 24_000, 1000)), kernel_gap_ns=700,
+                            host_starved_ns=900, intermediate_bytes=1 << 20, seed=3)
+    path = write_bundle(tmp_path / "syn24", case.bundle.events, case.bundle.meta)
+    _, led = compute_ledger_dask(path, client)
+    assert_same_ledger(compute_ledger(load_bundle(path)), led)
+    fused = synthetic_bundle(world_size=16, iterations=2, variant="fused", flag_wait_ns=1500, seed=4)
+    path = write_bundle(tmp_path / "fused16", fused.bundle.events, fused.bundle.meta)
+    _, led = compute_ledger_dask(path, client)
+    assert_same_ledger(compute_ledger(load_bundle(path)), led)
+    big = large_synthetic_bundle(world_size=64, kernels=64 * 200)
+    path = write_bundle(tmp_path / "big64", big.events, big.meta)
+    _, led = compute_ledger_dask(path, client)
+    assert_same_ledger(compute_ledger(load_bundle(path)), led)
+    assert len(led.ranks) == 64 and len(led.parts) > 0
+
+
+def test_task_errors_reach_the_user_as_in_one_process(client, tmp_path):
+    from taxmodel.model.ledger_dask import compute_ledger_dask
+
+    case = synthetic_bundle(world_size=4, iterations=2)
+    ev = case.bundle.events
+    drop = (ev["rank"] == 2) & (ev["collective_id"].astype(str) != "") & (ev["iteration"] == 1)
+    path = write_bundle(tmp_path / "cut", ev[~drop], case.bundle.meta)
+    with pytest.raises(AnalysisError) as one:
+        compute_ledger(load_bundle(path))
+    with pytest.raises(AnalysisError) as many:
+        compute_ledger_dask(path, client)
+    assert str(one.value) == str(many.value)
+
+
+def test_rank_row_groups_and_older_bundles(tmp_path):
+    case = synthetic_bundle(world_size=3, iterations=2)
+    path = write_bundle(tmp_path / "b", case.bundle.events, case.bundle.meta)
+    whole = load_bundle(path).events
+    import pyarrow.parquet as pq
+
+    assert pq.ParquetFile(path / EVENTS_FILE).metadata.num_row_groups == 3  # one per rank
+    for layout in ("per rank", "one row group (older bundles)"):
+        assert bundle_rank_ids(path) == [0, 1, 2]
+        for r in (0, 1, 2):
+            ev, pos = load_rank_events(path, r)
+            assert (ev["rank"] == r).all() and len(ev) == int((whole["rank"] == r).sum())
+            pd.testing.assert_frame_equal(ev, whole.iloc[pos], check_exact=True)
+        schema.normalize_events(whole).to_parquet(path / EVENTS_FILE, index=False)
+    assert pq.ParquetFile(path / EVENTS_FILE).metadata.num_row_groups == 1
+    assert np.array_equal(load_rank_events(path, 7)[1], np.zeros(0, np.int64))  # a rank with no events
+
+
+def test_scheduler_without_dask_says_how_to_install(tmp_path, monkeypatch):
+    case = synthetic_bundle(world_size=2, iterations=2)
+    path = write_bundle(tmp_path / "b", case.bundle.events, case.bundle.meta)
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)  # import fails as if not installed
+    from taxmodel.model.ledger_dask import connect
+
+    with pytest.raises(InputError, match=r"pip install 'taxmodel\[distributed\]'"):
+        connect("local:2")
+    res = CliRunner().invoke(cli, ["analyze", str(path), "--scheduler", "local:2"])
+    assert res.exit_code == 2
+    assert "pip install 'taxmodel[distributed]'" in res.output and "Traceback" not in res.output
