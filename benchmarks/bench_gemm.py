@@ -13,8 +13,9 @@ Method, per shape:
 - correctness first: fresh random inputs, a NaN-poisoned output, the result against an fp32
   reference (``max |C - ref| / max |ref|`` at most ``TOLERANCE``); a failing impl is not timed;
 - timing: after warm-up, ``--samples`` samples per impl, interleaved (the impls alternate sample
-  by sample, the first one alternating too), each sample ``--calls`` back-to-back calls between
-  two CUDA events (so the GPU queue stays full and host launch cost is hidden), the same input
+  by sample, the first one alternating too), each sample one replay of a CUDA graph of
+  ``--calls`` back-to-back calls between two CUDA events (``--eager``: launched from Python; at
+  the small shapes a Python launch of the tile GEMM costs as much as the GEMM), the same input
   and output tensors for both impls; the L2 is not flushed, for either; ``times_ms`` holds each
   sample's time per call.
 
@@ -56,13 +57,16 @@ CANDIDATES: list[dict[str, Any]] = [
     dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8),
     dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, warp_specialize=True),
     dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, tma_store=True, epi_split=2),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, tma_store=True, epi_split=2,
+         warp_specialize=True),
     dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=16),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=16, tma_store=True, epi_split=2),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8, tma_store=True, epi_split=2),
     dict(block_m=256, block_n=128, block_k=64, num_stages=3, num_warps=8, group_m=8),
     dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8),
-    dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=8, group_m=8, warp_specialize=True),
     dict(block_m=128, block_n=128, block_k=64, num_stages=5, num_warps=8, group_m=8),
-    dict(block_m=128, block_n=128, block_k=128, num_stages=3, num_warps=8, group_m=8),
-    dict(block_m=64, block_n=128, block_k=64, num_stages=5, num_warps=4, group_m=8),
+    dict(block_m=128, block_n=128, block_k=64, num_stages=5, num_warps=8, group_m=8, tma_store=True, epi_split=1),
 ]
 
 
@@ -78,8 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=40, help="timed samples per impl and shape (>= 30 for a report)")
     p.add_argument("--calls", type=int, default=10, help="back-to-back calls per sample")
     p.add_argument("--warmup", type=int, default=3, help="untimed samples per impl before timing")
+    p.add_argument("--eager", action="store_true",
+                   help="launch from Python in every sample instead of replaying a CUDA graph of the calls")
     p.add_argument("--tune", action="store_true", help="time CANDIDATES per shape first and use the winners")
-    p.add_argument("--tune-samples", type=int, default=10, help="samples per candidate with --tune")
+    p.add_argument("--tune-samples", type=int, default=16, help="samples per candidate with --tune")
     p.add_argument("--no-ws", action="store_true", help="with --tune: leave out the warp-specialized candidates")
     p.add_argument("--table-out", type=Path, default=None, help="with --tune: where the table JSON goes")
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -175,14 +181,35 @@ def relative_error(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
 
 
 def time_interleaved(fns: dict[str, Callable[[], None]], samples: int, calls: int, warmup: int,
-                     device: torch.device) -> dict[str, list[float]]:
-    """Per impl, ``samples`` times per call (ms), the impls alternating sample by sample."""
+                     device: torch.device, graph: bool = True) -> dict[str, list[float]]:
+    """Per impl, ``samples`` times per call (ms), the impls alternating sample by sample.
+
+    On a GPU with ``graph`` (the default) each impl's ``calls`` launches are captured once in a
+    CUDA graph and a sample is one replay: the host's launch cost (tens of microseconds for a
+    Triton launch from Python, as long as a whole GEMM at the small shapes) is out of both
+    measurements, as in the variants' graph captures. Without ``graph`` a sample launches
+    ``calls`` times from Python (what an eager caller sees)."""
     names = list(fns)
-    for _ in range(warmup):
+    cuda = device.type == "cuda"
+    for _ in range(max(1, warmup)):  # compiles, and fills the descriptor caches before any capture
         for name in names:
             for _ in range(calls):
                 fns[name]()
-    cuda = device.type == "cuda"
+    runs: dict[str, Callable[[], None]] = {}
+    for name in names:
+        if cuda and graph:
+            torch.cuda.synchronize(device)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(calls):
+                    fns[name]()
+            g.replay()
+            runs[name] = g.replay
+        else:
+            def eager(fn: Callable[[], None] = fns[name]) -> None:
+                for _ in range(calls):
+                    fn()
+            runs[name] = eager
     if cuda:
         torch.cuda.synchronize(device)
     marks: dict[str, list[Any]] = {name: [] for name in names}
@@ -192,14 +219,12 @@ def time_interleaved(fns: dict[str, Callable[[], None]], samples: int, calls: in
             if cuda:
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
-                for _ in range(calls):
-                    fns[name]()
+                runs[name]()
                 e1.record()
                 marks[name].append((e0, e1))
             else:
                 t0 = time.perf_counter()
-                for _ in range(calls):
-                    fns[name]()
+                runs[name]()
                 marks[name].append((time.perf_counter() - t0) * 1e3)
     if cuda:
         torch.cuda.synchronize(device)
@@ -240,7 +265,7 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
             continue
         fns[cfg.tile_label()] = taxmodel_fn(ops, cfg)
         fields_of[cfg.tile_label()] = fields
-    times = time_interleaved(fns, args.tune_samples, args.calls, 1, device)
+    times = time_interleaved(fns, args.tune_samples, args.calls, 1, device, graph=not args.eager)
     recs = [record(m, n, k, dtype, "cublas" if name == "cublas" else "taxmodel", name if name != "cublas" else "torch.matmul",
                    ts, args.calls) for name, ts in times.items()]
     med = {name: statistics.median(ts) for name, ts in times.items()}
@@ -257,7 +282,8 @@ def markdown(records: list[dict[str, Any]], device: str, args: argparse.Namespac
     """Medians per shape and impl, and the speed ratio (cuBLAS median time / taxmodel median time)."""
     lines = [f"# Tile GEMM vs cuBLAS on {device}", "",
              f"{args.dtype} in and out, fp32 accumulate; one GPU, every operand local (`A_LOCAL`). Per impl {args.samples} "
-             f"samples of {args.calls} back-to-back calls ({'perf_counter, interpreter' if args.cpu else 'CUDA events'}), interleaved, after {args.warmup} warm-up "
+             f"samples of {args.calls} back-to-back calls ({'perf_counter, interpreter' if args.cpu else 'CUDA events'}"
+             f"{'' if args.cpu or args.eager else ', one CUDA graph replay per sample: no host launch cost'}), interleaved, after {args.warmup} warm-up "
              "samples; same input and output tensors for both; L2 not flushed for either. Ratio = cuBLAS median / "
              "taxmodel median (above 1.00: the tile GEMM is faster). Config: the per-shape table entry "
              "(`kernels/ag_gemm/gemm_table.py`) or the default.", "",
@@ -318,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         ok = {impl: e <= TOLERANCE for impl, e in errors.items()}
         ops = Operands(m, n, k, dtype, device, seed=3)
         timed = {impl: makers[impl](ops) for impl in makers if ok[impl]}
-        times = time_interleaved(timed, args.samples, args.calls, args.warmup, device) if timed else {}
+        times = time_interleaved(timed, args.samples, args.calls, args.warmup, device, graph=not args.eager) if timed else {}
         for impl in makers:
             rec = record(m, n, k, dtype, impl, configs[impl], times.get(impl, []), args.calls)
             rec["rel_error"] = errors[impl]

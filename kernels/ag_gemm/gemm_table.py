@@ -27,8 +27,19 @@ TABLE_ENV = "TAXMODEL_GEMM_TABLE"
 TILE_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps", "tma_store", "epi_split",
                "warp_specialize")
 
-#: Tuned on one H200 (benchmarks/results/gemm_h200.md); keys from ``shape_class``.
-TABLE: dict[str, dict[str, Any]] = {}
+#: Tuned on one H200, Triton 3.6 (``bench_gemm.py --tune``, 16 interleaved samples per candidate;
+#: benchmarks/results/gemm_tune_h200.json, gemm_h200.md); keys from ``shape_class``.
+TABLE: dict[str, dict[str, Any]] = {
+    "m1024-n8192-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2},
+    "m1024-n2048-k8192": {"block_m": 128, "block_n": 128, "block_k": 64, "num_stages": 5, "num_warps": 8, "group_m": 8},
+    "m1024-n8192-k2048": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2},
+    "m4096-n8192-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2},
+    "m4096-n2048-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2},
+    "m4096-n8192-k2048": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3, "num_warps": 8, "group_m": 16, "tma_store": True, "epi_split": 2},
+    "m8192-n8192-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3, "num_warps": 8, "group_m": 16, "tma_store": True, "epi_split": 2},
+    "m8192-n2048-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3, "num_warps": 8, "group_m": 8, "warp_specialize": True},
+    "m8192-n8192-k2048": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2},
+}
 
 
 def _bucket(x: int) -> int:
