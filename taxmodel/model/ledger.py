@@ -155,6 +155,8 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
 
     def events_of(r: int) -> RankEvents:
         pos = rows.get(r, np.zeros(0, np.int64))
+        if len(pos) and pos[-1] - pos[0] + 1 == len(pos):  # a rank's rows are contiguous in written bundles: a slice
+            return RankEvents(r, ev.iloc[int(pos[0]):int(pos[-1]) + 1], pos)
         return RankEvents(r, ev.take(pos), pos)
 
     plan = plan_ledger([summarize_rank(events_of(r)) for r in ranks], bundle.meta, ranks, hardware, lenient)
@@ -540,7 +542,9 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
     locality = per_kernel.locality_mode(None, cost) if not kc_any else (
         per_kernel.LOCALITY_MEASURED if plan.measured_anywhere else
         per_kernel.LOCALITY_ESTIMATED if cost else per_kernel.LOCALITY_ABSENT)
-    rows = pd.concat([p.kernel_rows for p in pieces], ignore_index=True).sort_values("pos", kind="stable").reset_index(drop=True)
+    rows = pd.concat([p.kernel_rows for p in pieces], ignore_index=True)
+    if not rows["pos"].is_monotonic_increasing:  # ranks interleaved in the bundle's rows: back to its order
+        rows = rows.sort_values("pos", kind="stable").reset_index(drop=True)
     kc = per_kernel.KernelCosts(rows[["floor_ns", "reason"]], np.zeros(0), np.zeros(0), use_floors, locality,
                                 hw.hbm_bytes_per_s if hw is not None else 0.0) if kc_any else None
     gaps = (sum(p.unknown_gaps[0] for p in pieces), sum(p.unknown_gaps[1] for p in pieces))
