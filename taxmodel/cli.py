@@ -196,6 +196,9 @@ def _us_columns(df, columns):
 @click.option("--heap-size", "heap_bytes", type=int, default=None, help="Bytes of symmetric heap per rank (default 4 GiB on GPUs, 256 MiB on CPU).")
 @click.option("-o", "--out", default="runs", show_default=True, type=click.Path(file_okay=False),
               help="Bundles go to OUT/WORKLOAD/VARIANT-SHAPE/.")
+@click.option("--force", is_flag=True, default=False,
+              help="Replace the bundles of an earlier run at the same paths (without it such a run is refused before "
+                   "any rank starts). A path holding anything but a bundle is refused even with --force.")
 @click.option("--instrument", is_flag=True, default=False,
               help="Fused kernels write in-kernel trace records (flag waits, phases per CTA): see docs/records.md.")
 @click.option("--graph", is_flag=True, default=False,
@@ -222,7 +225,7 @@ def _us_columns(df, columns):
                    "kernel's DRAM bytes read/written and L2 hit rate to the bundles (one GPU: -n 1). The timed "
                    "pass never runs under ncu; the counters pass takes about a minute per bundle.")
 def profile_cmd(workload, counters, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
-                timeout_s, spin_timeout_s, workload_modules, heap_bytes, out, instrument, graph, graph_strict, align,
+                timeout_s, spin_timeout_s, workload_modules, heap_bytes, out, force, instrument, graph, graph_strict, align,
                 gate_hold_us) -> None:
     """Run WORKLOAD on N local ranks and capture one bundle per variant.
 
@@ -239,7 +242,7 @@ def profile_cmd(workload, counters, variants, preset, shape, world_size, iterati
 
     req = ProfileRequest(workload=workload, variants=[v for v in variants.split(",") if v] if variants else None,
                          preset=preset, shape=parse_shape(list(shape)), world_size=world_size, iterations=iterations,
-                         warmup=warmup, repeat=repeat, inject=list(inject), tracer=tracer, out=out, device=device,
+                         warmup=warmup, repeat=repeat, inject=list(inject), tracer=tracer, out=out, force=force, device=device,
                          timeout_s=timeout_s, spin_timeout_s=spin_timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules),
                          instrument=instrument, graph="require" if graph_strict else "auto" if graph else "off",
                          align=align, gate_hold_us=gate_hold_us)
@@ -253,7 +256,7 @@ def profile_cmd(workload, counters, variants, preset, shape, world_size, iterati
     for line in outcome.graph_fallbacks:
         click.echo(f"--graph: {line}")
     for path in outcome.bundles:
-        click.echo(str(path))
+        click.echo(str(path) + (" (replaced the earlier bundle there: --force)" if path in outcome.replaced else ""))
     click.echo(f"{len(outcome.bundles)} bundle(s), {outcome.world_size} rank(s) on {outcome.device}, {outcome.wall_s:.1f} s", err=True)
     if counters and outcome.bundles:
         from taxmodel.runtime.counters import counters_pass

@@ -12,12 +12,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.runtime import launcher
 from taxmodel.runtime.inject import Fault, Injection
-from taxmodel.runtime.spec import ProfileSpec, import_workload_modules, resolve_device, shape_tag
+from taxmodel.runtime.spec import ProfileSpec, bundle_path, import_workload_modules, resolve_device, shape_tag
+from taxmodel.trace.bundle import prepare_output
 
 ProfileRequest = ProfileSpec
 """What ``profile()`` takes: the run's settings (``taxmodel.runtime.spec``)."""
@@ -32,6 +33,7 @@ class ProfileOutcome:
     device: str
     wall_s: float
     graph_fallbacks: list[str] = field(default_factory=list)  # variants profiled eagerly despite --graph, and why
+    replaced: list[Path] = field(default_factory=list)  # earlier bundles this run replaced (--force)
 
 
 def default_world_size(device: str) -> int:
@@ -95,10 +97,20 @@ def resolve_spec(spec: ProfileSpec) -> ProfileSpec:
     _check_shapes(workload, preset, spec.shape, spec.variants or list(variants), world)
     get_tracer(spec.tracer)
     _check_graph_request(spec, workload, variants, device)
+    if not spec.counters_pass:  # the counters pass re-runs a finished capture and writes nothing
+        for path in planned_bundles(spec.out, workload, preset, spec.shape, spec.variants or list(variants)):
+            prepare_output(path, force=spec.force)
     return dataclasses.replace(spec, workload=workload.name, workload_modules=modules, preset=preset,
                                shape=dict(spec.shape), out=str(Path(spec.out).resolve()),
                                inject=list(spec.inject), instrument=bool(spec.instrument),
                                gate_hold_us=float(spec.gate_hold_us))
+
+
+def planned_bundles(out: str, workload: Any, presets: str, overrides: Mapping[str, int], variants: list[str]) -> list[Path]:
+    """The bundle paths a run writes (one per preset and variant). Before any rank starts, each is
+    checked by ``trace.bundle.prepare_output``: a path holding anything but an earlier bundle is refused,
+    an earlier bundle is replaced only with ``--force``."""
+    return [bundle_path(out, workload.name, v, workload.shape(one, **overrides)) for one in presets.split(",") for v in variants]
 
 
 def _check_shapes(workload: Any, presets: str, overrides: dict[str, int], variants: list[str], world: int) -> None:
@@ -145,17 +157,24 @@ def profile(req: ProfileSpec, *, quiet: bool = False, started_unix: float | None
     so the checks here (imports of torch and the workloads) count too."""
     started = time.time() if started_unix is None else started_unix
     spec, world, device = build_spec(req)
+    replaced = _earlier_bundles(spec)
     result = launcher.launch_workers(spec, world, timeout_s=req.timeout_s, device=device, quiet=quiet,
                                      started_unix=started)
     info = result.result
     return ProfileOutcome(bundles=[Path(p) for p in info.get("bundles", [])], skipped=dict(info.get("skipped", {})),
                           shape=dict(next(iter(info.get("shapes", {}).values()), {})), world_size=world, device=device,
-                          wall_s=result.wall_s, graph_fallbacks=list(info.get("graph_fallbacks", [])))
+                          wall_s=result.wall_s, graph_fallbacks=list(info.get("graph_fallbacks", [])),
+                          replaced=[p for p in replaced if p in {Path(b) for b in info.get("bundles", [])}])
 
 
-def bundle_path(out: str | os.PathLike, workload: str, variant: str, shape: dict[str, int]) -> Path:
-    """Where ``profile`` writes the bundle of one variant."""
-    return Path(out) / workload / f"{variant}-{shape_tag(shape)}"
+def _earlier_bundles(spec: dict[str, Any]) -> list[Path]:
+    """The bundles of an earlier run at this run's paths (only there with --force: see planned_bundles)."""
+    from taxmodel.trace.bundle import META_FILE
+    from taxmodel.workload import get_workload
+
+    workload = get_workload(spec["workload"])
+    paths = planned_bundles(spec["out"], workload, spec["preset"], spec["shape"], spec["variants"] or list(workload.variants()))
+    return [p for p in paths if (p / META_FILE).is_file()]
 
 
 def describe_workloads(workload_modules: list[str] | None = None) -> str:

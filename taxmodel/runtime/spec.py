@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
@@ -43,6 +45,7 @@ class ProfileSpec:
     inject: list[str] = _opt([], "--inject", "a tax or a fault (taxmodel.runtime.inject), repeatable")
     tracer: str = _opt("torch", "--tracer")
     out: str = _opt("runs", "-o", "bundles go to OUT/WORKLOAD/VARIANT-SHAPE/")
+    force: bool = _opt(False, "--force", "replace bundles of an earlier run at the same paths")
     device: str = _opt("auto", "--device", "auto, cuda or cpu")
     timeout_s: float = _opt(600.0, "--timeout", "seconds for the whole run (every rank's watchdog)")
     spin_timeout_s: float = _opt(60.0, "--spin-timeout", "seconds an in-kernel wait on a flag may last")
@@ -163,6 +166,11 @@ def resolve_device(device: str) -> str:
 def shape_tag(shape: Mapping[str, int]) -> str:
     """A shape as it appears in a bundle's directory name (``M96xN40xK40``)."""
     return "x".join(f"{k}{v}" for k, v in shape.items()) or "default"
+
+
+def bundle_path(out: str | os.PathLike, workload: str, variant: str, shape: Mapping[str, int]) -> Path:
+    """Where ``profile`` writes the bundle of one variant."""
+    return Path(out) / workload / f"{variant}-{shape_tag(shape)}"
 
 
 def import_workload_modules(modules: list[str]) -> None:

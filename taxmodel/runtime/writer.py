@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from taxmodel.runtime.environment import hardware as _hardware, versions as _versions
-from taxmodel.runtime.spec import shape_tag
+from taxmodel.runtime.spec import bundle_path
 from taxmodel.trace.capture_meta import GATE_ROLES, alignment_meta
 
 
@@ -31,7 +31,7 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
     roles = {**INJECTED_ROLES, **GATE_ROLES, **dict(variant.roles)}
 
     emulated = device.type != "cuda"
-    out = Path(spec.out) / workload.name / f"{vname}-{shape_tag(shape)}"
+    out = bundle_path(spec.out, workload.name, vname, shape)
     with tempfile.TemporaryDirectory(prefix="taxmodel-traces-") as tmp:
         per_rep, imported_meta, raw_files = [], {}, []
         for paths in iter_trace_files(Path(tmp), gathered, tracer_cls.file_suffix):
@@ -119,4 +119,4 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
         }
         if records_info is not None:
             meta["records"] = records_info
-        return write_bundle(out, events, meta, raw_files=raw_files if spec.keep_raw else ())
+        return write_bundle(out, events, meta, raw_files=raw_files if spec.keep_raw else (), overwrite=spec.force)

@@ -106,3 +106,32 @@ def test_bad_alignment_options_are_refused_before_any_rank_starts(tmp_path, kw, 
 
     with pytest.raises(InputError, match=match):
         profile(_request(tmp_path, world_size=2, **kw), quiet=True)
+
+
+def test_a_rerun_replaces_an_earlier_bundle_only_with_force(tmp_path):
+    """A second capture at the same paths is refused before any rank starts (the earlier bundle untouched);
+    with --force it replaces it and says so; a path holding the user's own files is refused even then."""
+    from click.testing import CliRunner
+
+    from taxmodel.cli import cli
+
+    args = ["profile", "toy", "--workload-module", TOY, "--device", "cpu", "-n", "1", "--variants", "bsp",
+            "--iterations", "2", "--warmup", "1", "-o", str(tmp_path)]
+    first = CliRunner().invoke(cli, args)
+    assert first.exit_code == 0, first.output
+    bundle = bundle_path(tmp_path, "toy", "bsp", {"N": 8, "fail_rank": -1, "hang_rank": -1, "wrong_rank": -1})
+    created = (bundle / "meta.json").read_text()
+
+    again = CliRunner().invoke(cli, args)
+    assert again.exit_code == 2 and "--force" in again.output and "Traceback" not in again.output
+    assert (bundle / "meta.json").read_text() == created
+
+    forced = CliRunner().invoke(cli, args + ["--force"])
+    assert forced.exit_code == 0, forced.output
+    assert f"{bundle} (replaced the earlier bundle there: --force)" in forced.output
+    assert (bundle / "meta.json").read_text() != created  # a new capture (its own date and times)
+
+    (bundle / "notes.txt").write_text("mine")
+    mixed = CliRunner().invoke(cli, args + ["--force"])
+    assert mixed.exit_code == 2 and "notes.txt" in mixed.output
+    assert (bundle / "notes.txt").read_text() == "mine"

@@ -2,6 +2,8 @@
 within a bounded time, and never touches an existing bundle."""
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from pathlib import Path
 
@@ -26,7 +28,7 @@ def test_crashing_rank_is_named_and_old_bundle_kept(tmp_path):
     old.mkdir(parents=True)
     (old / "meta.json").write_text("{\"old\": true}")
     with pytest.raises(RunError, match=r"rank 1 failed in phase 'compile' of variant 'bsp': ValueError: toy failure on rank 1"):
-        profile(_request(tmp_path, fail_rank=1), quiet=True)
+        profile(dataclasses.replace(_request(tmp_path, fail_rank=1), force=True), quiet=True)
     assert (old / "meta.json").read_text() == "{\"old\": true}"
     assert sorted(p.name for p in old.iterdir()) == ["meta.json"]
 
