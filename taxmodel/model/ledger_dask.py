@@ -50,7 +50,7 @@ def connect(scheduler: str) -> Any:
         if workers < 1:
             raise InputError(f"--scheduler {scheduler}: N must be at least 1")
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=logging.ERROR)
+                               silence_logs=logging.CRITICAL)
         return Client(cluster)
     try:
         return Client(scheduler, timeout="20s")
@@ -91,10 +91,11 @@ def _gather(client: Any, futures: dict[Any, int], phase: str) -> dict[int, Any]:
                 exc = fut.exception()
                 if isinstance(exc, TaxmodelError):
                     raise exc
-                worker = getattr(getattr(exc, "last_worker", None), "address", None) or "unknown worker"
-                raise AnalysisError(f"rank {rank}: the Dask worker {worker} failed during the ledger's {phase} "
-                                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); nothing was "
-                                    "written. Check that worker's memory and log, then run again")
+                worker = getattr(getattr(exc, "last_worker", None), "address", None)
+                what = (f"the Dask worker {worker} died" if worker else
+                        f"a Dask worker failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})")
+                raise AnalysisError(f"rank {rank}: {what} while computing the ledger's {phase}; nothing was written. "
+                                    "Check that worker's memory and log, then run again")
             out[rank] = fut.result()
     finally:
         client.cancel([f for f in futures if not f.done()])

@@ -3,6 +3,7 @@ committed multi-rank H200 bundles and synthetic jobs with many ranks, on an in-p
 2-worker cluster; and without Dask, --scheduler says how to install it."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -123,3 +124,38 @@ def test_scheduler_without_dask_says_how_to_install(tmp_path, monkeypatch):
     res = CliRunner().invoke(cli, ["analyze", str(path), "--scheduler", "local:2"])
     assert res.exit_code == 2
     assert "pip install 'taxmodel[distributed]'" in res.output and "Traceback" not in res.output
+
+
+def _die_on_rank_1() -> None:
+    """Run on every worker: the first phase of rank 1 kills its worker process."""
+    import os
+
+    from taxmodel.model import ledger
+
+    real = ledger.summarize_rank
+
+    def summarize(rank_events):
+        if rank_events.rank == 1:
+            os._exit(1)
+        return real(rank_events)
+
+    ledger.summarize_rank = summarize
+
+
+def test_a_worker_dying_fails_with_one_line_naming_rank_and_worker(tmp_path):
+    dask = pytest.importorskip("dask", reason="dask[distributed] is not installed (the 'distributed' extra)")
+    from dask.distributed import Client, LocalCluster
+
+    from taxmodel.model.ledger_dask import compute_ledger_dask
+
+    case = synthetic_bundle(world_size=3, iterations=2)
+    path = write_bundle(tmp_path / "b", case.bundle.events, case.bundle.meta)
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # no retry on a fresh worker
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                          silence_logs=50) as cluster, Client(cluster) as c:
+            c.run(_die_on_rank_1)
+            with pytest.raises(AnalysisError) as err:
+                compute_ledger_dask(path, c)
+    # rank 1's task, or another rank's queued on the same worker when it died: each names its rank
+    assert re.match(r"rank [0-2]: the Dask worker tcp://\S+ died while computing the ledger's first phase", str(err.value))
+    assert "\n" not in str(err.value)
