@@ -9,7 +9,8 @@ keeps the caller's default (``GPU_CONFIG``).
 
 Shape class: each of M, N, K rounded up to a power of two, at least 1024 (``shape_class``), so
 M=3000 runs with the M=4096 entry. Only tile fields are stored (``TILE_FIELDS``); the transport
-fields of a ``GemmConfig`` stay the caller's.
+fields of a ``GemmConfig`` stay the caller's. GEMM+RS's kernel takes the tile sizes, stages, warps
+and grouping; it has no TMA store or warp-specialized loop, so it ignores those two fields.
 
 ``TABLE_ENV`` names a JSON file ({class: {field: value}}) that replaces the committed table: how the
 tuning run benchmarks its own output before it is committed.
