@@ -13,6 +13,7 @@ if [ -d .whl ]; then  # Iris for gemm_tiles' import (carried wheels, see the dev
   export PYTHONPATH=/tmp/site
 fi
 python -c "import taxmodel.kernels" 2>/dev/null || ln -sfn ../kernels taxmodel/kernels   # see gpu_counters_call2.sh
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # benchmarks/*.py run as scripts import taxmodel from the repo root
 L="$OUT/log.txt"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >"$L" 2>&1
