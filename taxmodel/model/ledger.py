@@ -366,7 +366,6 @@ def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
     nr = 1
     rank_pos = pd.Series(np.arange(nr), index=ranks)
     cost, hw, skip, clock, wdf = plan.cost, plan.hw, plan.skip, plan.clock, plan.windows
-    caveats: list[str] = []
     offsets = clock.offsets_ns
 
     def aligned(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
