@@ -17,7 +17,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +26,7 @@ from taxmodel.trace.bundle import write_bundle
 
 sys.path.insert(0, str(Path(__file__).parent / "trace"))
 from kineto_fixtures import build_trace  # noqa: E402
+from cli_runner import stderr_runner
 
 DATA = Path(__file__).parent / "data"
 # TAXMODEL_FUZZ_EXAMPLES=500 for a deeper local hunt; CI runs the default.
@@ -56,13 +56,6 @@ COMMANDS = {
     "export-trace": lambda b, o: ["export-trace", b, "-o", str(o / "t.json")],
     "advise": lambda b, o: ["advise", b],
 }
-
-
-def _runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()
 
 
 def _tree(root: Path, skip: Path | None = None) -> dict[str, tuple[int, int]]:
@@ -116,7 +109,7 @@ def test_any_json_in_a_meta_field_is_one_line_or_success(good_bundle, field, val
         cwd = os.getcwd()
         os.chdir(tmp)
         try:
-            res = _runner().invoke(cli, COMMANDS[command](str(b), out))
+            res = stderr_runner().invoke(cli, COMMANDS[command](str(b), out))
         finally:
             os.chdir(cwd)
         _check(res)
@@ -133,8 +126,8 @@ def test_compare_and_baseline_update_take_any_meta(good_bundle, field, value):
         meta = json.loads((cand / "meta.json").read_text())
         _set(meta, field, value)
         (cand / "meta.json").write_text(json.dumps(meta))
-        _check(_runner().invoke(cli, ["compare", str(good_bundle), str(cand.parent)]), allowed=(0, 1, 2))
-        res = _runner().invoke(cli, ["baseline", "update", str(cand.parent), "--baseline", str(tmp / "base"), "--yes"])
+        _check(stderr_runner().invoke(cli, ["compare", str(good_bundle), str(cand.parent)]), allowed=(0, 1, 2))
+        res = stderr_runner().invoke(cli, ["baseline", "update", str(cand.parent), "--baseline", str(tmp / "base"), "--yes"])
         _check(res)
         assert res.exit_code == 2 or (tmp / "base").is_dir()
 
@@ -192,7 +185,7 @@ def test_a_damaged_trace_is_one_line_or_success(source, which, mutation, gz):
         cwd = os.getcwd()
         os.chdir(tmp)
         try:
-            res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)])
+            res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)])
         finally:
             os.chdir(cwd)
         _check(res)

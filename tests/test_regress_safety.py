@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.errors import InputError
@@ -14,13 +13,7 @@ from taxmodel.regress.config import config_from_dict
 from taxmodel.regress.samples import RowKey
 
 from test_regress_compare import write_side
-
-
-def _runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()
+from cli_runner import stderr_runner
 
 
 def test_a_link_inside_a_candidate_bundle_is_refused_before_anything_is_written(tmp_path):
@@ -31,7 +24,7 @@ def test_a_link_inside_a_candidate_bundle_is_refused_before_anything_is_written(
     (bundle / "raw").mkdir(exist_ok=True)
     (bundle / "raw" / "trace.json").symlink_to(secret)
     baseline = tmp_path / "profiles" / "h200"
-    res = _runner().invoke(cli, ["baseline", "update", str(cand), "--baseline", str(baseline), "--yes"])
+    res = stderr_runner().invoke(cli, ["baseline", "update", str(cand), "--baseline", str(baseline), "--yes"])
     assert res.exit_code == 2, (res.output, res.stderr)
     assert "raw/trace.json: is a symbolic link; a baseline bundle may hold only regular files" in res.stderr
     assert not baseline.exists()
@@ -64,7 +57,7 @@ def test_a_non_finite_threshold_is_refused():
 def test_absurd_resamples_in_regress_toml_is_one_line_from_compare(tmp_path):
     side = write_side(tmp_path / "b", seed=1, variants=("bsp",))
     (tmp_path / "regress.toml").write_text("[statistics]\nresamples = 1000000000000\n")
-    res = _runner().invoke(cli, ["compare", str(side), str(side), "--config", str(tmp_path / "regress.toml")])
+    res = stderr_runner().invoke(cli, ["compare", str(side), str(side), "--config", str(tmp_path / "regress.toml")])
     assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "resamples must be between" in res.stderr
 
@@ -73,5 +66,5 @@ def test_comparison_outputs_refuse_a_fifo(tmp_path):
     side = write_side(tmp_path / "b", seed=1, variants=("bsp",))
     fifo = tmp_path / "summary.md"
     os.mkfifo(fifo)
-    res = _runner().invoke(cli, ["compare", str(side), str(side), "--markdown", str(fifo)])
+    res = stderr_runner().invoke(cli, ["compare", str(side), str(side), "--markdown", str(fifo)])
     assert res.exit_code == 2 and "is a FIFO" in res.stderr and "Traceback" not in res.stderr

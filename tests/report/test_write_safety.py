@@ -9,18 +9,11 @@ import shutil
 import stat
 
 import pytest
-from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.testing.synthetic import synthetic_bundle
 from taxmodel.trace.bundle import write_bundle
-
-
-def _runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()
+from cli_runner import stderr_runner
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +38,8 @@ def test_a_device_fifo_link_or_directory_at_o_is_refused(tmp_path, bundle_dir, c
     link.symlink_to(victim)
     for target, want in (("/dev/full", "is a character device"), (fifo, "is a FIFO"),
                          (link, "is a symbolic link")):
-        _refused(_runner().invoke(cli, [command, str(bundle_dir), "-o", str(target)]), want)
-    res = _runner().invoke(cli, [command, str(bundle_dir), "-o", str(tmp_path)])  # click's own usage error
+        _refused(stderr_runner().invoke(cli, [command, str(bundle_dir), "-o", str(target)]), want)
+    res = stderr_runner().invoke(cli, [command, str(bundle_dir), "-o", str(tmp_path)])  # click's own usage error
     assert res.exit_code == 2 and "is a directory" in res.stderr and "Traceback" not in res.stderr
     assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and link.is_symlink() and victim.read_text() == "mine"
@@ -57,7 +50,7 @@ def test_a_planted_link_at_the_old_temporary_name_is_not_followed(tmp_path, bund
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
     (tmp_path / f".{name}.tmp").symlink_to(victim)
-    res = _runner().invoke(cli, [command, str(bundle_dir), "-o", str(tmp_path / name)])
+    res = stderr_runner().invoke(cli, [command, str(bundle_dir), "-o", str(tmp_path / name)])
     assert res.exit_code == 0, res.stderr
     assert victim.read_text() == "mine" and (tmp_path / name).stat().st_size > 0
     assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~_umask()
@@ -73,9 +66,9 @@ def _umask() -> int:
 def test_an_output_under_a_regular_file_is_one_line(tmp_path, bundle_dir):
     f = tmp_path / "file"
     f.write_text("x")
-    _refused(_runner().invoke(cli, ["report", str(bundle_dir), "-o", str(f / "r.html")]),
+    _refused(stderr_runner().invoke(cli, ["report", str(bundle_dir), "-o", str(f / "r.html")]),
              "is a regular file, not a directory")
-    _refused(_runner().invoke(cli, ["compare", str(bundle_dir), str(bundle_dir), "--markdown", str(f / "s.md")]),
+    _refused(stderr_runner().invoke(cli, ["compare", str(bundle_dir), str(bundle_dir), "--markdown", str(f / "s.md")]),
              "is a regular file, not a directory")
 
 
@@ -84,7 +77,7 @@ def test_markdown_escapes_bundle_supplied_names(tmp_path):
     case = synthetic_bundle(variant="bsp", workload="ag_gemm", shape={"M": 1024, "N": 256, "K": 512})
     meta = {**case.bundle.meta, "variant": evil}
     b = write_bundle(tmp_path / "b", case.bundle.events, meta)
-    res = _runner().invoke(cli, ["report", str(b), "-o", str(tmp_path / "r.md")])
+    res = stderr_runner().invoke(cli, ["report", str(b), "-o", str(tmp_path / "r.md")])
     assert res.exit_code == 0, res.stderr
     md = (tmp_path / "r.md").read_text()
     assert "Owned" in md  # the name is shown...
@@ -100,12 +93,12 @@ def test_lenient_skips_a_damaged_bundle_among_good_ones(tmp_path, bundle_dir):
     meta = json.loads((runs / "bad" / "meta.json").read_text())
     meta["capture"] = "oops"
     (runs / "bad" / "meta.json").write_text(json.dumps(meta))
-    _refused(_runner().invoke(cli, ["analyze", str(runs)]), "field 'capture' must be a JSON object")
-    res = _runner().invoke(cli, ["analyze", str(runs), "--lenient"])
+    _refused(stderr_runner().invoke(cli, ["analyze", str(runs)]), "field 'capture' must be a JSON object")
+    res = stderr_runner().invoke(cli, ["analyze", str(runs), "--lenient"])
     assert res.exit_code == 0, res.stderr
     assert res.stderr.count("(--lenient: skipped)") == 1 and "bad/meta.json: field 'capture'" in res.stderr
     assert "ag_gemm/bsp" in res.output
-    res = _runner().invoke(cli, ["report", str(runs), "--lenient", "-o", str(tmp_path / "r.html")])
+    res = stderr_runner().invoke(cli, ["report", str(runs), "--lenient", "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 0 and "(--lenient: skipped)" in res.stderr
 
 
@@ -116,7 +109,7 @@ def test_wrong_types_in_a_hardware_file_are_one_line(tmp_path, bundle_dir):
     spec["link_latency_s"] = "fast"
     hw = tmp_path / "hw.json"
     hw.write_text(json.dumps(spec))
-    _refused(_runner().invoke(cli, ["analyze", str(bundle_dir), "--hardware", str(hw)]),
+    _refused(stderr_runner().invoke(cli, ["analyze", str(bundle_dir), "--hardware", str(hw)]),
              "hw.json: field 'link_latency_s' must be a finite number >= 0, not \"fast\"")
 
 
@@ -126,5 +119,5 @@ def test_an_output_inside_an_input_bundle_is_refused(tmp_path, bundle_dir, comma
     b = tmp_path / "b"
     shutil.copytree(bundle_dir, b)
     before = (b / "meta.json").read_bytes()
-    _refused(_runner().invoke(cli, [command, str(b), "-o", str(b / name)]), "is inside the input bundle")
+    _refused(stderr_runner().invoke(cli, [command, str(b), "-o", str(b / name)]), "is inside the input bundle")
     assert (b / "meta.json").read_bytes() == before and not (b / "raw").exists()

@@ -10,7 +10,6 @@ import stat
 import tarfile
 
 import pytest
-from click.testing import CliRunner
 
 from kineto_fixtures import write_ranks
 from taxmodel import fsutil
@@ -18,13 +17,7 @@ from taxmodel.cli import cli
 from taxmodel.errors import BundleError, InputError
 from taxmodel.testing.synthetic import synthetic_bundle
 from taxmodel.trace.bundle import load_bundle, prepare_output, write_bundle
-
-
-def _runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()
+from cli_runner import stderr_runner
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +45,11 @@ def test_import_refuses_a_directory_holding_other_things(tmp_path):
     project = tmp_path / "myproject"
     (project / "src").mkdir(parents=True)
     (project / "src" / "code.py").write_text("print('mine')\n")
-    res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(project)])
+    res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(project)])
     assert "is a directory holding other things (src), not a bundle" in _one_line_exit_2(res)
     assert (project / "src" / "code.py").read_text() == "print('mine')\n"
     # --force does not change that: it only ever replaces a bundle
-    res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(project), "--force"])
+    res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(project), "--force"])
     _one_line_exit_2(res)
     assert (project / "src" / "code.py").exists()
 
@@ -66,7 +59,7 @@ def test_a_directory_of_bundles_is_not_replaced(tmp_path, good):
     for name in ("a", "b"):
         shutil.copytree(good, runs / "ag_gemm" / name)
     paths, _ = _traces(tmp_path / "traces")
-    res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(runs), "--force"])
+    res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(runs), "--force"])
     assert "holding other things (ag_gemm)" in _one_line_exit_2(res)
     assert sorted(p.name for p in (runs / "ag_gemm").iterdir()) == ["a", "b"]
 
@@ -74,14 +67,14 @@ def test_a_directory_of_bundles_is_not_replaced(tmp_path, good):
 def test_replacing_a_bundle_needs_force_and_says_so(tmp_path):
     paths, _ = _traces(tmp_path / "traces")
     out = tmp_path / "b"
-    assert _runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)]).exit_code == 0
+    assert stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)]).exit_code == 0
     before = (out / "meta.json").read_text()
-    res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)])
+    res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)])
     assert "a bundle already exists there; pass --force" in _one_line_exit_2(res)
     assert (out / "meta.json").read_text() == before
-    res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(out), "--force"])
+    res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(out), "--force"])
     assert res.exit_code == 0 and f"wrote {out} (replaced the bundle that was there: --force)" in res.output
-    assert "--force" in _runner().invoke(cli, ["import", "--help"]).output
+    assert "--force" in stderr_runner().invoke(cli, ["import", "--help"]).output
 
 
 def test_a_bundle_with_the_users_files_beside_it_is_not_replaced(tmp_path, good):
@@ -101,7 +94,7 @@ def test_output_holding_the_inputs_is_refused(tmp_path, where):
     traces = tmp_path / "traces"
     paths, _ = _traces(traces)
     out = traces if where == "same" else tmp_path
-    res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(out), "--no-keep-raw", "--force"])
+    res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(out), "--no-keep-raw", "--force"])
     assert "holds the input" in _one_line_exit_2(res)
     assert all(p.exists() for p in paths)
 
@@ -188,13 +181,13 @@ def test_every_command_reports_a_damaged_meta_in_one_line(tmp_path, good, comman
     if command == "compare":
         args = ["compare", str(good), str(b)]
     elif command == "validate":  # validate skips what it cannot use, one line each, and goes on
-        res = _runner().invoke(cli, ["validate", str(root)])
+        res = stderr_runner().invoke(cli, ["validate", str(root)])
         assert res.exception is None or isinstance(res.exception, SystemExit)
         assert "meta.json: field 'clock_offsets_ns' must be" in res.stderr and "Traceback" not in res.stderr
         return
     else:
         args = COMMANDS[command](str(b), tmp_path)
-    line = _one_line_exit_2(_runner().invoke(cli, args))
+    line = _one_line_exit_2(stderr_runner().invoke(cli, args))
     assert "meta.json: field 'clock_offsets_ns' must be" in line
 
 
@@ -209,7 +202,7 @@ def test_times_beyond_the_ledgers_exact_range_are_refused(tmp_path, good):
     b = tmp_path / "b"
     shutil.copytree(good, b)
     ev.to_parquet(b / "events.parquet", index=False)
-    line = _one_line_exit_2(_runner().invoke(cli, ["analyze", str(b)]))
+    line = _one_line_exit_2(stderr_runner().invoke(cli, ["analyze", str(b)]))
     assert "events.parquet: times span" in line and "a timestamp is damaged" in line
 
 
@@ -240,7 +233,7 @@ def test_unsafe_and_truncated_archives(tmp_path, good):
     escape = _tar(tmp_path / "escape.tgz", [("../../meta.json", meta, "file"), ("../../events.parquet", events, "file")])
     for path, want in ((trunc, "the archive is damaged or truncated (EOFError"), (link, "is not a regular file"),
                        (escape, "unsafe archive")):
-        line = _one_line_exit_2(_runner().invoke(cli, ["show", str(path)]))
+        line = _one_line_exit_2(stderr_runner().invoke(cli, ["show", str(path)]))
         assert want in line, line
         assert "Aborted!" not in line
 

@@ -4,23 +4,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 from kineto_fixtures import REAL_RANKS, build_trace, write_ranks, write_trace
 from taxmodel.cli import cli
 from taxmodel.trace.bundle import load_bundle
-
-
-def _runner() -> CliRunner:
-    try:  # click 8.1 mixes stderr into output unless told; 8.2+ keeps them apart always
-        return CliRunner(mix_stderr=False)
-    except TypeError:
-        return CliRunner()
+from cli_runner import stderr_runner
 
 
 def test_import_real_traces_then_show(tmp_path):
     out = tmp_path / "bundle"
-    res = _runner().invoke(cli, ["import", *map(str, REAL_RANKS), "-o", str(out)])
+    res = stderr_runner().invoke(cli, ["import", *map(str, REAL_RANKS), "-o", str(out)])
     assert res.exit_code == 0, res.output + res.stderr
     lines = res.output.splitlines()
     assert lines[0].startswith("format: kineto (detected from the content of")
@@ -30,7 +23,7 @@ def test_import_real_traces_then_show(tmp_path):
     assert sorted(p.name for p in (out / "raw").iterdir()) == sorted(p.name for p in REAL_RANKS)
     assert load_bundle(out).ranks == [0, 1, 2, 3]
 
-    res = _runner().invoke(cli, ["show", str(out)])
+    res = stderr_runner().invoke(cli, ["show", str(out)])
     assert res.exit_code == 0, res.output + res.stderr
     text = res.output
     assert "4 of 4 ranks" in text and "5 iteration(s) (2..6)" in text
@@ -40,7 +33,7 @@ def test_import_real_traces_then_show(tmp_path):
     role_lines = [line.split() for line in text.splitlines() if line.split()[:2] == ["0", "comm"]]
     assert role_lines and role_lines[0][2] == "5"
 
-    res = _runner().invoke(cli, ["show", str(out), "--json"])
+    res = stderr_runner().invoke(cli, ["show", str(out), "--json"])
     assert res.exit_code == 0
     doc = json.loads(res.output)
     assert doc["overview"]["ranks"] == [0, 1, 2, 3] and doc["overview"]["iterations"] == [2, 3, 4, 5, 6]
@@ -59,7 +52,7 @@ def test_import_options(tmp_path):
             e["name"] = "iter " + e["name"].split("#")[1]
     trace = write_trace(tmp_path / "t.json", doc)
     out = tmp_path / "b"
-    res = _runner().invoke(cli, ["import", str(trace), "-o", str(out), "--format", "kineto", "--no-keep-raw",
+    res = stderr_runner().invoke(cli, ["import", str(trace), "-o", str(out), "--format", "kineto", "--no-keep-raw",
                                  "--iteration-pattern", r"iter (\d+)"])
     assert res.exit_code == 0, res.output + res.stderr
     assert "format: kineto (as given)" in res.output and "3 iterations (1..3)" in res.output
@@ -70,7 +63,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
     paths, _ = write_ranks(tmp_path)
     paths[1].write_text(paths[1].read_text()[:-200])
     out = tmp_path / "b"
-    res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)])
+    res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)])
     assert res.exit_code == 2
     err = res.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"taxmodel: error: {paths[1]}: the file looks truncated")
@@ -83,21 +76,21 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path):
 ])
 def test_bad_options_exit_2(tmp_path, args, message):
     paths, _ = write_ranks(tmp_path)
-    res = _runner().invoke(cli, ["import", *map(str, paths), "-o", str(tmp_path / "b"), *args])
+    res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(tmp_path / "b"), *args])
     assert res.exit_code == 2 and message in res.stderr
 
 
 def test_missing_ranks_flag(tmp_path):
     trace = write_trace(tmp_path / "r0.json", build_trace(0, 2)[0])
-    res = _runner().invoke(cli, ["import", str(trace), "-o", str(tmp_path / "b")])
+    res = stderr_runner().invoke(cli, ["import", str(trace), "-o", str(tmp_path / "b")])
     assert res.exit_code == 2 and "ranks {1} of world size 2 are missing" in res.stderr
-    res = _runner().invoke(cli, ["import", str(trace), "-o", str(tmp_path / "b"), "--allow-missing-ranks"])
+    res = stderr_runner().invoke(cli, ["import", str(trace), "-o", str(tmp_path / "b"), "--allow-missing-ranks"])
     assert res.exit_code == 0 and "1 rank of world size 2" in res.output
-    res = _runner().invoke(cli, ["show", str(tmp_path / "b")])
+    res = stderr_runner().invoke(cli, ["show", str(tmp_path / "b")])
     assert "1 of 2 ranks" in res.output and "missing" in res.output  # the note is shown
 
 
 def test_show_not_a_bundle(tmp_path):
     (tmp_path / "empty").mkdir()
-    res = _runner().invoke(cli, ["show", str(tmp_path / "empty")])
+    res = stderr_runner().invoke(cli, ["show", str(tmp_path / "empty")])
     assert res.exit_code == 2 and "not a bundle, meta.json is missing" in res.stderr
