@@ -5,6 +5,11 @@ per-kernel work the importer attached (``flops``, ``floor_bytes``, ``dtype``; se
     floor_ns = max(flops / peak[dtype], floor_bytes / hbm_bw)        local kernels, copies
     floor_ns = floor_bytes / link_bw                                 collectives (bus bytes)
 
+``basis`` says where a floor's work came from: "shapes" (the launching op's recorded shapes, or
+work the importer declared), "size" (a copy's or memset's own byte count), "link" (a
+collective's bus bytes), "launch grid" (a tensor-list kernel whose op recorded no shapes, or a
+CUDA-graph replay of one: a lower bound from its grid, ``trace/tensor_list_kernels.py``).
+
 A row with neither flops nor bytes, or whose dtype has no peak on this GPU, is *uncosted*:
 its floor is NaN and ``reason`` says why; nothing is filled in. This frame is the one the
 ledger uses when a bundle declares no workload cost, and the one ``advise`` takes through its
@@ -19,8 +24,11 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.model.hardware import HardwareSpec, device_arch, find_preset, normalized_name
+from taxmodel.trace.tensor_list_kernels import tensor_list_launch_work
 
-KERNEL_COST_COLUMNS = ("floor_ns", "bound", "costed", "reason")
+KERNEL_COST_COLUMNS = ("floor_ns", "bound", "costed", "reason", "basis")
+#: where a floor's work came from (module docstring)
+BASIS_SHAPES, BASIS_SIZE, BASIS_LINK, BASIS_LAUNCH_GRID = "shapes", "size", "link", "launch grid"
 #: why a kernel without per-kernel work has no floor (other formats, or bundles imported before the columns)
 NO_COST = ("no per-kernel cost in the bundle (ops and shapes come from Kineto traces captured with "
            "record_shapes=True; import such a trace)")
@@ -28,7 +36,8 @@ NO_COST = ("no per-kernel cost in the bundle (ops and shapes come from Kineto tr
 
 def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
     """One row per row of ``gpu`` (GPU activities, same index): ``floor_ns`` (NaN when
-    uncosted), ``bound`` ("compute" / "memory" / "link" / ""), ``costed`` and ``reason``."""
+    uncosted), ``bound`` ("compute" / "memory" / "link" / ""), ``costed``, ``reason`` and
+    ``basis`` (module docstring)."""
     n = len(gpu)
     flops = _col(gpu, "flops", -1).astype(np.float64)
     nbytes = _col(gpu, "floor_bytes", -1).astype(np.float64)
@@ -38,12 +47,23 @@ def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
     floor = np.full(n, np.nan)
     bound = np.full(n, "", dtype=object)
     reason = np.where(given != "", given, NO_COST).astype(object)
+    basis = np.full(n, "", dtype=object)
     if hw is None:
         reason[:] = "no hardware spec"
-        return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": np.zeros(n, bool), "reason": reason}, index=gpu.index)
+        return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": np.zeros(n, bool), "reason": reason, "basis": basis},
+                            index=gpu.index)
     f = flops.to_numpy()
     b = copy_bytes(gpu, nbytes.to_numpy())
     comm = role == "comm"
+    kind = _col(gpu, "kind", "").astype(str).to_numpy(object)
+    basis[(f >= 0) | (nbytes.to_numpy() >= 0)] = BASIS_SHAPES
+    basis[np.isin(kind, ("memcpy", "memset")) & (nbytes.to_numpy() < 0) & (b >= 0)] = BASIS_SIZE
+    by_grid, grid_flops, grid_bytes = launch_grid_work(gpu, f, b, comm)
+    if by_grid.any():
+        f, b, dtype = f.copy(), b.copy(), dtype.copy()
+        f[by_grid], b[by_grid] = grid_flops, grid_bytes
+        dtype.iloc[np.flatnonzero(by_grid)] = "fp32"
+        basis[by_grid] = BASIS_LAUNCH_GRID
     # peak per distinct dtype (a loop over the few dtype classes)
     codes, uniq = pd.factorize(dtype)
     peaks = np.array([_peak(hw, u) for u in uniq] or [np.nan], np.float64)
@@ -57,14 +77,46 @@ def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
     bound[ok] = np.where(np.where(has_f, t_f, -np.inf)[ok] >= np.where(has_b, t_b, -np.inf)[ok], "compute", "memory")
     no_peak = local & (f >= 0) & ~np.isfinite(peak) & ~has_b
     reason[no_peak] = np.array([f"no peak for dtype '{d}' on {hw.name}" for d in dtype.to_numpy(object)[no_peak]], dtype=object)
-    kind = _col(gpu, "kind", "").astype(str).to_numpy(object)
     reason[np.isin(kind, ("memcpy", "memset")) & (b < 0)] = "copy size not recorded"
     cm = comm & (b >= 0)
     floor[cm] = b[cm] / hw.link_bytes_per_s * 1e9
     bound[cm] = "link"
+    basis[cm] = BASIS_LINK
     costed = np.isfinite(floor)
     reason[costed] = ""
-    return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": costed, "reason": reason}, index=gpu.index)
+    basis[~costed] = ""
+    return pd.DataFrame({"floor_ns": floor, "bound": bound, "costed": costed, "reason": reason, "basis": basis},
+                        index=gpu.index)
+
+
+def launch_grid_work(gpu: pd.DataFrame, flops: np.ndarray, nbytes: np.ndarray,
+                     comm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kernels with no work of their own (no op shapes: a foreach op's long lists, a CUDA-graph
+    replay) that are PyTorch tensor-list launches: (mask of those rows, their lower-bound flops,
+    their bytes, in row order), from name and grid (``trace/tensor_list_kernels.py``). One parse
+    per distinct (name, grid, block)."""
+    n = len(gpu)
+    none = (np.zeros(n, bool), np.zeros(0), np.zeros(0))
+    kind = _col(gpu, "kind", "").astype(str).to_numpy(object)
+    cand = (kind == "kernel") & (flops < 0) & (nbytes < 0) & ~comm
+    if not cand.any():
+        return none
+    names = _col(gpu, "name", "").astype(str).to_numpy(object)
+    cand &= np.fromiter(("multi_tensor_apply_kernel" in s for s in names), bool, n)
+    if not cand.any():
+        return none
+    keys = pd.DataFrame({"name": names[cand], "grid": _col(gpu, "grid", "").astype(str).to_numpy(object)[cand],
+                         "block": _col(gpu, "block", "").astype(str).to_numpy(object)[cand]})
+    codes, uniq = pd.factorize(pd.MultiIndex.from_frame(keys))
+    work = [tensor_list_launch_work(*u) for u in uniq]
+    ok_u = np.array([w is not None for w in work], bool)
+    f_u = np.array([w.flops if w is not None else -1 for w in work], np.float64)
+    b_u = np.array([w.bytes if w is not None else -1 for w in work], np.float64)
+    mask = np.zeros(n, bool)
+    rows = np.flatnonzero(cand)
+    keep = ok_u[codes]
+    mask[rows[keep]] = True
+    return mask, f_u[codes][keep], b_u[codes][keep]
 
 
 _DTOD = re.compile(r"(?i)dtod|device\s*->\s*device|devicetodevice|ptop")

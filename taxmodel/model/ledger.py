@@ -265,10 +265,12 @@ def plan_ledger(summaries: list[RankSummary], meta: dict, ranks: list[int], hard
     if hw is None:
         try:
             hw = resolve_hardware(meta)
-        except InputError:
+        except InputError as exc:
             if cost:
                 raise
             hw = None
+            caveats.append(f"no hardware spec: {exc}. Without one no kernel gets a floor (useful is 0 and all kernel time "
+                           "counts as compute_inefficiency)")
     subset = coverage_caveat(meta, ranks)
     if subset:  # model/coverage.py
         caveats.append(subset)
@@ -352,6 +354,7 @@ class RankLedger:
     has_records: bool
     outside: int  # GPU rows outside any iteration
     launches: pd.DataFrame  # rank, start_ns, end_ns of launch rows, when the profiler caveat may need them
+    floor_capped: tuple[int, float] = (0, 0.0)  # windows whose declared floor exceeded the kernels' time, worst factor
 
 
 def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
@@ -499,7 +502,8 @@ def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
         "useful": shares["useful"][in_win], "locality": shares["locality_tax"][in_win],
         "wait_before": _launch_tax_before(pieces, gpu, g_start, ranks, nr)[in_win],
         "floor_ns": kc.floor_ns[in_win] if kc is not None else np.full(int(in_win.sum()), np.nan),
-        "reason": kc.floors["reason"].to_numpy(object)[in_win] if kc is not None else np.full(int(in_win.sum()), NO_COST, dtype=object)})
+        "reason": kc.floors["reason"].to_numpy(object)[in_win] if kc is not None else np.full(int(in_win.sum()), NO_COST, dtype=object),
+        "basis": kc.floors["basis"].to_numpy(object)[in_win] if kc is not None else np.full(int(in_win.sum()), "", dtype=object)})
     measured = kc is not None and kc.locality == per_kernel.LOCALITY_MEASURED
     launches = ev["launch"][["rank", "start_ns", "end_ns"]] if _profiler_heavy(plan.meta) else ev["launch"].iloc[:0][["rank", "start_ns", "end_ns"]]
     return RankLedger(rank=r, parts=parts, intervals=intervals, kernel_rows=kernel_rows,
@@ -507,7 +511,7 @@ def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
                       positions=gpu_pos, intermediate_caveats=inter_caveats if shares.get("matched_intermediates") else None,
                       unrecorded=unrecorded, unknown_gaps=unknown_gaps, has_gpu=len(gpu) > 0,
                       has_fused=bool((gpu["role"] == "fused").any()), has_records=not ev["record"].empty,
-                      outside=int((g_it < 0).sum()), launches=launches)
+                      outside=int((g_it < 0).sum()), launches=launches, floor_capped=shares.get("floor_capped", (0, 0.0)))
 
 
 def _profiler_heavy(meta: dict) -> bool:
@@ -544,7 +548,7 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
     rows = pd.concat([p.kernel_rows for p in pieces], ignore_index=True)
     if not rows["pos"].is_monotonic_increasing:  # ranks interleaved in the bundle's rows: back to its order
         rows = rows.sort_values("pos", kind="stable").reset_index(drop=True)
-    kc = per_kernel.KernelCosts(rows[["floor_ns", "reason"]], np.zeros(0), np.zeros(0), use_floors, locality,
+    kc = per_kernel.KernelCosts(rows[["floor_ns", "reason", "basis"]], np.zeros(0), np.zeros(0), use_floors, locality,
                                 hw.hbm_bytes_per_s if hw is not None else 0.0) if kc_any else None
     gaps = (sum(p.unknown_gaps[0] for p in pieces), sum(p.unknown_gaps[1] for p in pieces))
     _add_caveats(caveats, hw, cost, parts, clock, ranks, gaps, kc, fused_without_records=any(p.has_fused for p in pieces) and not records,
@@ -554,6 +558,10 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
     kernels = per_kernel.kernel_table(rows, kc, d, everywhere, rows["useful"].to_numpy(np.float64),
                                       rows["locality"].to_numpy(np.float64), rows["wait_before"].to_numpy(np.float64), locality)
     caveats.extend(per_kernel.kernel_caveats(kernels, kc, rows, d, everywhere, meta))
+    capped = [p.floor_capped for p in pieces if p.floor_capped[0]]
+    if capped:
+        caveats.append(per_kernel.declared_floor_caveat(sum(c[0] for c in capped), max(c[1] for c in capped),
+                                                        [p.rank for p in pieces if p.floor_capped[0]], hw))
     mism = hardware_mismatch(meta, hw)
     if mism and (hardware is not None or "architecture" in mism):
         caveats.append(mism)
@@ -774,6 +782,9 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
     with np.errstate(divide="ignore", invalid="ignore"):
         f = np.where(total > 0, np.minimum(1.0, t_compute / np.where(total > 0, total, 1.0)), 0.0)
     useful[costed] = f[gid[costed]] * avail[costed]
+    # a declared floor above the kernels' measured time is capped there: count it for the caveat
+    over = (total > 0) & (total < per_kernel.FASTER_THAN_FLOOR * t_compute)
+    floor_capped = (int(over.sum()), float((t_compute / total[over]).max()) if over.any() else 0.0)
     # the link floor beyond the compute floor that exposed transfers did not take: fused kernels
     fused = costed & (role == "fused")
     if t_link_excess > 0 and fused.any():
@@ -800,7 +811,8 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
     if kc is not None and kc.locality == per_kernel.LOCALITY_MEASURED:  # DRAM counters replace the declared intermediates
         comp = np.where(np.isfinite(kc.compulsory), kc.compulsory, per_kernel.declared_compulsory(gpu, cost, work, gid, d))
         loc = kc.measured_locality(d - flag - comm - useful, costed, comp)
-        return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
+        return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded,
+                "floor_capped": floor_capped}
     for inter in cost.get("intermediates") or []:
         sel = costed & (_matches(names, role, inter.get("producer", "")) | _matches(names, role, inter.get("consumer", "")))
         if not sel.any():
@@ -814,7 +826,7 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
             g = np.where(hsum > 0, np.minimum(1.0, t_loc / np.where(hsum > 0, hsum, 1.0)), 0.0)
         loc[sel] += g[gid[sel]] * head[sel]
     return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded,
-            "matched_intermediates": True}
+            "matched_intermediates": True, "floor_capped": floor_capped}
 
 
 def _matches(names: pd.Series, role: np.ndarray, pattern: str) -> np.ndarray:
@@ -954,6 +966,8 @@ def _add_caveats(caveats, hw, cost, parts, clock, ranks, unknown_gaps, kc=None, 
         caveats.append(f"useful = each kernel's roofline floor from its op's shapes (docs/ledger.md, per-kernel floors); "
                        f"locality_tax is {kc.locality}" + (" (its time stays in compute_inefficiency)"
                                                            if kc.locality == per_kernel.LOCALITY_ABSENT else ""))
+    elif not cost and hw is None:
+        pass  # plan_ledger said why there is no spec and what to pass
     elif not cost:
         caveats.append("the bundle declares no cost (meta 'cost') and its kernels carry no per-kernel cost: useful is 0, "
                        "locality_tax is not measured, and all compute time counts as compute_inefficiency")

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.model.hardware import HardwareSpec
-from taxmodel.model.kernel_costs import NO_COST, copy_bytes, kernel_floors
+from taxmodel.model.kernel_costs import BASIS_LAUNCH_GRID, NO_COST, copy_bytes, kernel_floors
 
 #: how a bundle's locality tax was obtained
 LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated", "not measured"
@@ -122,19 +122,21 @@ def kernel_table(gpu: pd.DataFrame, kc: KernelCosts | None, d: np.ndarray, in_wi
     op = gpu["op"].astype(str).to_numpy(object) if "op" in gpu.columns else np.full(len(gpu), "", dtype=object)
     floor = kc.floor_ns if kc is not None else np.full(len(gpu), np.nan)
     reason = kc.floors["reason"].to_numpy(object) if kc is not None else np.full(len(gpu), NO_COST, dtype=object)
+    basis = kc.floors["basis"].to_numpy(object) if kc is not None else np.full(len(gpu), "", dtype=object)
     role = gpu["role"].astype(str).to_numpy(object)
     local = np.isin(role, ("compute", "fused", "copy"))
     df = pd.DataFrame({
         "name": gpu["name"].astype(str).to_numpy(object)[sel], "op": op[sel], "role": role[sel],
         "time_ns": d[sel], "floor_ns": floor[sel], "useful_ns": useful[sel],
         "locality_ns": loc[sel], "inefficiency_ns": np.where(local[sel], d[sel] - useful[sel] - loc[sel], 0.0),
-        "launch_tax_ns": wait_before[sel], "costed": np.isfinite(floor[sel]), "reason": reason[sel]})
+        "launch_tax_ns": wait_before[sel], "costed": np.isfinite(floor[sel]), "reason": reason[sel], "basis": basis[sel]})
     if df.empty:
         return df.assign(launches=pd.Series(dtype=np.int64))
     g = df.groupby(["name", "op", "role"], sort=False)
     out = g.agg(launches=("time_ns", "size"), time_ns=("time_ns", "sum"), floor_ns=("floor_ns", lambda s: s.sum(min_count=1)),
                 useful_ns=("useful_ns", "sum"), locality_ns=("locality_ns", "sum"), inefficiency_ns=("inefficiency_ns", "sum"),
-                launch_tax_ns=("launch_tax_ns", "sum"), costed=("costed", "all"), reason=("reason", "first")).reset_index()
+                launch_tax_ns=("launch_tax_ns", "sum"), costed=("costed", "all"), reason=("reason", "first"),
+                basis=("basis", "first")).reset_index()
     if locality == LOCALITY_ABSENT:
         out["locality_ns"] = np.nan
     return out.sort_values("time_ns", ascending=False, kind="stable").reset_index(drop=True)
@@ -154,20 +156,47 @@ def kernel_caveats(table: pd.DataFrame, kc: KernelCosts | None, gpu: pd.DataFram
         names = "; ".join(f"{op or '(no op)'}: {t / total * 100:.1f}% ({r})" for (op, r), t in top.items())
         out.append(f"uncosted: {unc['time_ns'].sum() / total * 100:.1f}% of GPU time in {int(unc['launches'].sum())} "
                    f"kernel(s) of {len(unc)} kind(s) have no floor and count as compute_inefficiency; top: {names}")
+    grid = table[table["costed"] & (table["basis"] == BASIS_LAUNCH_GRID)]
+    if len(grid) and total > 0:
+        out.append(f"floored from their launch grid: {grid['time_ns'].sum() / total * 100:.1f}% of GPU time in "
+                   f"{int(grid['launches'].sum())} tensor-list kernel launch(es) (foreach / fused optimizer) whose op recorded "
+                   "no shapes or that replayed from a CUDA graph; each CTA of PyTorch's multi_tensor_apply does one "
+                   "65,536-element chunk, so the floor is a lower bound (docs/ledger.md 5a)")
     prof = ((meta.get("capture") or {}).get("profiler") or {})
     if prof and not prof.get("record_shapes") and not table["costed"][table["role"] != "comm"].any():
         out.append("the trace has no input shapes: no kernel could be costed (useful is 0). Capture again with "
                    "torch.profiler.profile(record_shapes=True) (with_flops=True helps too)")
     fl = kc.floor_ns
-    fast = in_window & np.isfinite(fl) & (d < FASTER_THAN_FLOOR * fl) & (d > 0)
+    res = timer_resolution_ns(d)
+    fast = in_window & np.isfinite(fl) & (d + res < FASTER_THAN_FLOOR * fl) & (d > 0)
     if fast.any():
         names = gpu["name"].astype(str).to_numpy(object)[fast]
+        ops = gpu["op"].astype(str).to_numpy(object)[fast] if "op" in gpu.columns else np.full(len(names), "", dtype=object)
         factor = fl[fast] / d[fast]
-        worst = pd.DataFrame({"n": names, "f": factor}).groupby("n")["f"].max().sort_values(ascending=False)
-        text = "; ".join(f"{n[:60]} x{f:.2f}" for n, f in worst.head(3).items())
+        worst = pd.DataFrame({"n": names, "op": ops, "f": factor}).groupby(["n", "op"])["f"].max().sort_values(ascending=False)
+        text = "; ".join(f"{n[:60]}{f' [{op}]' if op else ''} x{f:.2f}" for (n, op), f in worst.head(3).items())
         out.append(f"{int(fast.sum())} kernel run(s) finished faster than their roofline floor (their useful is capped at "
-                   f"their time; the peaks used are beaten, or the op's cost is over-counted): {text}")
+                   f"their time; the peaks used are beaten, inputs were already in L2, or the op's cost is over-counted): "
+                   f"{text}")
     return out
+
+
+def timer_resolution_ns(d: np.ndarray) -> float:
+    """1000 when every GPU duration is a whole microsecond (older Kineto writes integer
+    microseconds; its 0-us kernels are stored as 1 ns), else 0: a duration known only to the
+    microsecond cannot be said to beat a floor within that microsecond."""
+    real = d[d > 1]
+    return 1000.0 if len(real) and not np.any(np.mod(real, 1000.0)) else 0.0
+
+
+def declared_floor_caveat(windows: int, worst: float, ranks: list[int], hw: HardwareSpec | None) -> str:
+    """The workload's declared compute floor exceeded its kernels' measured time: useful is
+    capped at that time, and the reader must know the peaks in use were beaten."""
+    peaks = hw.label if hw is not None else "the hardware spec"
+    return (f"the workload's declared floor exceeds its kernels' measured time in {windows} rank-iteration(s) "
+            f"(ranks {', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}; up to x{worst:.3f}): useful is "
+            f"capped at that time. The kernels beat the peaks of {peaks}, or the declared cost over-counts; "
+            "calibrate this GPU (taxmodel calibrate) or pass the matching --hardware")
 
 
 def profiler_caveat(meta: Mapping[str, Any], launch_pct: float, launches: pd.DataFrame, n_windows: int,

@@ -74,10 +74,11 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
         a = o.get("args") if isinstance(o.get("args"), dict) else {}
         lt = list_types.get(int(k), "")
         sig = (o.get("name"), _key(a.get("Input Dims")), _key(a.get("Input type")), _key(a.get("Concrete Inputs")),
-               _to_int(a.get("flops")), lt)
+               _to_int(a.get("flops")), lt, _key(a.get("Input Strides")))
         if sig not in cache:
             cache[sig] = op_cost(OpCall(str(o.get("name", "")), _list(a.get("Input Dims")), [str(t) for t in _list(a.get("Input type"))],
-                                        [str(c) for c in _list(a.get("Concrete Inputs"))], _to_int(a.get("flops")), lt))
+                                        [str(c) for c in _list(a.get("Concrete Inputs"))], _to_int(a.get("flops")), lt,
+                                        _list(a.get("Input Strides"))))
         costs[int(k)] = cache[sig]
     has_op = op_of_gpu >= 0
     names = np.array([str(cand[int(k)].get("name", "")) for k in op_of_gpu[has_op]], dtype=object)

@@ -9,7 +9,8 @@ them to every kernel the op launched (columns ``op``, ``dtype``, ``flops``, ``fl
 Definitions, for every op family below (docs/ledger.md lists them with their formulas):
 
 - **compulsory bytes** = every input tensor read once + every output written once, at the
-  tensors' element sizes. Kineto records input shapes only; outputs follow from the op
+  tensors' element sizes; an input expanded along a dimension (stride 0 in Kineto's ``Input
+  Strides``) counts its distinct elements once. Kineto records input shapes only; outputs follow from the op
   (a GEMM's ``M x N``, an elementwise op's broadcast shape, an in-place op's first input).
   Where an output's size cannot be known from the inputs (a reduction's kept dims), only what
   is certain is counted, so the floor stays a lower bound.
@@ -40,6 +41,7 @@ _TYPES: dict[str, tuple[int, str]] = {
     "unsigned char": (1, "int"), "bool": (1, "int"), "unsigned short": (2, "int"), "unsigned int": (4, "int"),
     "c10::complex<float>": (8, "fp32"), "c10::complex<double>": (16, "fp64"), "c10::complex<c10::half>": (4, "fp16"),
 }
+_SCALAR_TYPES = frozenset(("Int", "Double", "Bool", "Float", "Long", "Scalar", "Complex", "SymInt"))
 # c10::ScalarType codes (a dtype argument's concrete value) -> element bytes
 _SCALAR_TYPE_BYTES = {0: 1, 1: 1, 2: 2, 3: 4, 4: 8, 5: 2, 6: 4, 7: 8, 8: 4, 9: 8, 10: 16, 11: 1, 15: 2,
                       23: 1, 24: 1, 25: 1, 26: 1}
@@ -61,6 +63,9 @@ class OpCall:
     #: element type of the op's tensor lists, read off the kernels it launched
     #: (``list_type_from_kernel``); "" when unknown
     list_type: str = ""
+    #: per-input strides (Kineto's ``Input Strides``; ``()`` when not recorded): an input
+    #: expanded along a dimension (stride 0) is read once, not once per view element
+    strides: Sequence[Any] = ()
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,8 @@ class _Args:
     def __init__(self, call: OpCall):
         self.call = call
         self.dims = list(call.dims)
-        self.types = [str(t).strip().lower() for t in call.types]
+        # older Kineto names a scalar argument's type "Int", "Double", "Bool": not an int/double/bool tensor
+        self.types = ["scalar" if str(t).strip() in _SCALAR_TYPES else str(t).strip().lower() for t in call.types]
         self.concrete = list(call.concrete)
 
     def is_tensor(self, i: int) -> bool:
@@ -118,8 +124,18 @@ class _Args:
         self.shape(i)
         return _TYPES[self.types[i]][1]
 
+    def stored(self, i: int) -> int:
+        """Distinct elements behind input ``i``: its numel, less the repeats of dimensions it was
+        expanded along (stride 0), when the profiler recorded its strides."""
+        shape = self.shape(i)
+        st = self.call.strides[i] if i < len(self.call.strides) else None
+        if not isinstance(st, list) or len(st) != len(shape) or not all(isinstance(v, int) for v in st):
+            return math.prod(shape)
+        return math.prod(n for n, s in zip(shape, st) if s != 0) if all(shape) else 0
+
     def nbytes(self, i: int) -> int:
-        return self.numel(i) * self.es(i)
+        """Bytes of input ``i`` read once: its distinct elements at its element size."""
+        return self.stored(i) * self.es(i)
 
     def opt_bytes(self, i: int) -> int:
         """Bytes of an optional tensor input (0 when absent)."""
@@ -132,17 +148,25 @@ class _Args:
         v = self.value(i).lower()
         return True if v in ("true", "1") else False if v in ("false", "0") else None
 
-    def int_list(self, i: int, default: list[int]) -> list[int]:
+    def int_list(self, i: int, default: list[int] | None) -> list[int]:
+        """Input ``i``'s recorded int list; ``default`` when absent or unreadable, or uncosted
+        when there is no default (an argument the cost depends on)."""
         v = self.value(i)
         if not v:
+            if default is None:
+                raise _Uncosted(f"input {i} of {self.call.name} was not recorded (older profilers record no concrete values)")
             return default
         try:
             parsed = ast.literal_eval(v)
         except (ValueError, SyntaxError):
-            return default
+            parsed = None
         if isinstance(parsed, int):
             return [parsed]
-        return [int(x) for x in parsed] if isinstance(parsed, (list, tuple)) and all(isinstance(x, int) for x in parsed) else default
+        if isinstance(parsed, (list, tuple)) and all(isinstance(x, int) for x in parsed):
+            return [int(x) for x in parsed]
+        if default is None:
+            raise _Uncosted(f"input {i} of {self.call.name} is not an int list ({v[:40]!r})")
+        return default
 
     def list_es(self) -> int:
         """Element size of the op's tensor lists (from its kernels' names), or uncosted."""
@@ -202,7 +226,7 @@ def _mm(a: _Args) -> OpCost:
     return _gemm(a, 0, 1)
 
 
-def _addmm(a: _Args) -> OpCost:  # addmm(bias, a, b), baddbmm(c, a, b)
+def _addmm(a: _Args) -> OpCost:  # addmm(bias, a, b), baddbmm(c, a, b), _addmm_activation(bias, a, b, ..., use_gelu)
     return _gemm(a, 1, 2, bias=0)
 
 
@@ -281,11 +305,20 @@ def _attention_bwd(a: _Args) -> OpCost:
     return _cost(2.5 * flops, nbytes, _MATRIX_CLASS[a.cls(q)])
 
 
-def _conv_out(a: _Args, spatial_in: list[int], kernel: list[int], idx_stride: int, transposed: bool = False) -> list[int]:
+#: positions of (stride, padding, dilation) among a convolution op's inputs: aten::convolution,
+#: _convolution and convN d take (input, weight, bias, stride, padding, dilation, ...); the
+#: backend ops order them otherwise
+_CONV_ARGS = {"aten::cudnn_convolution": (3, 2, 4), "aten::miopen_convolution": (4, 3, 5)}
+
+
+def _conv_out(a: _Args, spatial_in: list[int], kernel: list[int], transposed: bool = False) -> list[int]:
     nd = len(spatial_in)
-    stride = a.int_list(idx_stride, [1] * nd)
-    pad = a.int_list(idx_stride + 1, [0] * nd)
-    dil = a.int_list(idx_stride + 2, [1] * nd)
+    i_stride, i_pad, i_dil = _CONV_ARGS.get(a.call.name, (3, 4, 5))
+    # no defaults: an unrecorded stride or padding would be guessed, and the guess (1, 0) can put the
+    # floor above the convolution's true work
+    stride = a.int_list(i_stride, None)
+    pad = a.int_list(i_pad, None)
+    dil = a.int_list(i_dil, None)
     stride, pad, dil = ([v[0]] * nd if len(v) == 1 else v for v in (stride, pad, dil))
     if transposed:
         return [(i - 1) * s - 2 * p + d * (k - 1) + 1 for i, k, s, p, d in zip(spatial_in, kernel, stride, pad, dil)]
@@ -296,7 +329,7 @@ def _conv_fwd(a: _Args) -> OpCost:
     """convolution(input[N, C, *S], weight[O, C/g, *K], bias, stride, padding, dilation, ...)."""
     x, w = a.shape(0), a.shape(1)
     transposed = bool(a.flag(6)) if a.call.name in ("aten::convolution", "aten::_convolution") else False
-    out_sp = _conv_out(a, x[2:], w[2:], 3, transposed)
+    out_sp = _conv_out(a, x[2:], w[2:], transposed)
     if transposed:  # weight[C_in, O/g, *K]; the MACs are those of the matching forward conv
         out_c = w[1] * max(1, x[1] // w[0]) if w[0] else w[1]
         macs = x[0] * math.prod(x[2:]) * w[0] * w[1] * math.prod(w[2:])
@@ -320,15 +353,67 @@ def _conv_bwd(a: _Args) -> OpCost:
     return _cost(2.0 * macs * n_grads, nbytes, _MATRIX_CLASS[a.cls(0)])
 
 
+def _cudnn_conv_bwd_input(a: _Args) -> OpCost:
+    """cudnn_convolution_backward_input(self_size, grad_output, weight, padding, stride, ...):
+    one forward's MACs from grad_output [N, O, *S'] and weight [O, C/g, *K]; grad_input is
+    written when its size was recorded."""
+    go, w = a.shape(1), a.shape(2)
+    macs = go[0] * go[1] * math.prod(go[2:]) * w[1] * math.prod(w[2:])
+    size = a.int_list(0, [])
+    return _cost(2.0 * macs, a.nbytes(1) + a.nbytes(2) + math.prod(size) * a.es(1) * bool(size), _MATRIX_CLASS[a.cls(1)])
+
+
+def _cudnn_conv_bwd_weight(a: _Args) -> OpCost:
+    """cudnn_convolution_backward_weight(weight_size, grad_output, self, padding, stride, ...):
+    one forward's MACs, which need the weight's size (its kernel and group shape); uncosted when
+    it was not recorded, since a bytes-only floor would hide the op's dominant work."""
+    go = a.shape(1)
+    size = a.int_list(0, None)
+    if len(size) != len(go):
+        raise _Uncosted("weight_size does not match grad_output's rank")
+    macs = go[0] * go[1] * math.prod(go[2:]) * size[1] * math.prod(size[2:])
+    return _cost(2.0 * macs, a.nbytes(1) + a.nbytes(2) + math.prod(size) * a.es(1), _MATRIX_CLASS[a.cls(1)])
+
+
+def _batch_norm(a: _Args) -> OpCost:
+    """(cudnn_|native_)batch_norm(input, weight, bias, running_mean, running_var, training, ...):
+    input read once, output written once, the per-channel tensors read."""
+    params = sum(a.opt_bytes(i) for i in range(1, 5))
+    return _cost(8.0 * a.numel(0), 2 * a.nbytes(0) + params, "fp32")
+
+
+def _batch_norm_bwd(a: _Args, x: int, go: int) -> OpCost:
+    params = sum(a.opt_bytes(i) for i in range(2, 7))
+    return _cost(12.0 * a.numel(x), a.nbytes(x) + a.nbytes(go) + a.numel(x) * a.es(x) + params, "fp32")
+
+
+def _cudnn_batch_norm_bwd(a: _Args) -> OpCost:  # (input, grad_output, weight, running_mean, running_var, save_mean, save_var, ...)
+    return _batch_norm_bwd(a, 0, 1)
+
+
+def _native_batch_norm_bwd(a: _Args) -> OpCost:  # (grad_out, input, weight, running_mean, running_var, save_mean, save_invstd, ...)
+    return _batch_norm_bwd(a, 1, 0)
+
+
+def _max_pool_bwd(a: _Args) -> OpCost:
+    """max_pool2d_with_indices_backward(grad_output, self, kernel, stride, padding, dilation,
+    ceil_mode, indices): grad_output and indices read, grad_input (self's size) written."""
+    return _cost(float(a.numel(0)), a.nbytes(0) + a.opt_bytes(7) + a.numel(1) * a.es(1), "fp32")
+
+
 def _elementwise(a: _Args) -> OpCost:
-    """Every tensor input read once; the broadcast output written once (in place: the first input)."""
-    ts = a.tensors()
+    """Every tensor input read once; the broadcast output written once (in place: the first
+    input). A tensor recorded beyond the op's positional arguments is its ``out=`` tensor (older
+    profilers record ``clamp_min(self, min, out)``): written, not read."""
+    arity = _ELEMENTWISE_ARITY.get(a.call.name.removeprefix("aten::").rstrip("_"))
+    ts = [i for i in a.tensors() if arity is None or i < arity]
+    outs = [i for i in a.tensors() if arity is not None and i >= arity]
     if not ts:
         raise _Uncosted("no tensor inputs recorded")
     out = math.prod(_broadcast([a.shape(i) for i in ts]))
     inplace = a.call.name.endswith("_") and not a.call.name.endswith("__")
-    nbytes = sum(a.nbytes(i) for i in ts) + (a.numel(ts[0]) if inplace else out) * a.es(ts[0])
-    return _cost(float(out), nbytes, "fp32")
+    written = sum(a.numel(i) * a.es(i) for i in outs) if outs else (a.numel(ts[0]) if inplace else out) * a.es(ts[0])
+    return _cost(float(out), sum(a.nbytes(i) for i in ts) + written, "fp32")
 
 
 def _read_input(a: _Args) -> OpCost:
@@ -502,9 +587,21 @@ def _inductor_kernel(a: _Args) -> OpCost:
 COST_TABLE: dict[str, Callable[[_Args], OpCost]] = {
     "aten::mm": _mm, "aten::bmm": _mm, "aten::matmul": _mm, "aten::addmm": _addmm, "aten::baddbmm": _addmm,
     "aten::addbmm": _addmm, "aten::linear": _linear, "aten::_scaled_mm": _scaled_mm,
+    "aten::_addmm_activation": _addmm,
     "aten::convolution": _conv_fwd, "aten::_convolution": _conv_fwd, "aten::cudnn_convolution": _conv_fwd,
+    "aten::miopen_convolution": _conv_fwd,
     "aten::conv2d": _conv_fwd, "aten::conv1d": _conv_fwd, "aten::conv3d": _conv_fwd,
     "aten::convolution_backward": _conv_bwd,
+    "aten::cudnn_convolution_backward_input": _cudnn_conv_bwd_input,
+    "aten::cudnn_convolution_backward_weight": _cudnn_conv_bwd_weight,
+    "aten::cudnn_batch_norm": _batch_norm, "aten::native_batch_norm": _batch_norm,
+    "aten::_native_batch_norm_legit": _batch_norm, "aten::_native_batch_norm_legit_no_training": _batch_norm,
+    "aten::cudnn_batch_norm_backward": _cudnn_batch_norm_bwd, "aten::native_batch_norm_backward": _native_batch_norm_bwd,
+    "aten::miopen_batch_norm": _batch_norm, "aten::miopen_batch_norm_backward": _cudnn_batch_norm_bwd,
+    # pooling forward: its output's size needs the stride, so only the input read once is certain
+    "aten::max_pool2d_with_indices": _read_input, "aten::max_pool3d_with_indices": _read_input,
+    "aten::adaptive_avg_pool2d": _read_input, "aten::_adaptive_avg_pool2d": _read_input, "aten::avg_pool2d": _read_input,
+    "aten::max_pool2d_with_indices_backward": _max_pool_bwd,
     "aten::_softmax": _softmax, "aten::softmax": _softmax, "aten::_log_softmax": _softmax, "aten::log_softmax": _softmax,
     "aten::_softmax_backward_data": _softmax_bwd, "aten::_log_softmax_backward_data": _softmax_bwd,
     "aten::native_layer_norm": _layer_norm, "aten::layer_norm": _layer_norm,
@@ -524,6 +621,16 @@ _ELEMENTWISE = (
     "reciprocal sin cos maximum minimum eq ne lt le gt ge logical_not bitwise_and mse_loss hardtanh leaky_relu "
     "erf exp2 log1p expm1 sign square"
 ).split()
+#: positional arguments of the elementwise ops (ATen schemas, before ``out=``): a recorded tensor at
+#: or beyond this index is the op's output
+_ELEMENTWISE_ARITY = {
+    **{n: 1 for n in "neg abs exp log sqrt rsqrt relu sigmoid tanh reciprocal sin cos logical_not erf exp2 log1p expm1 "
+                     "sign square silu".split()},
+    **{n: 2 for n in "mul pow maximum minimum eq ne lt le gt ge bitwise_and clamp_min clamp_max leaky_relu gelu "
+                     "silu_backward sigmoid_backward tanh_backward".split()},
+    **{n: 3 for n in "add sub where clamp masked_fill threshold_backward gelu_backward lerp mse_loss hardtanh".split()},
+    **{n: 4 for n in "addcmul addcdiv".split()},
+}
 for _n in _ELEMENTWISE:
     COST_TABLE[f"aten::{_n}"] = _elementwise
     COST_TABLE[f"aten::{_n}_"] = _elementwise

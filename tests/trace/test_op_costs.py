@@ -8,8 +8,8 @@ from taxmodel.trace.op_costs import OpCall, collective_bus_bytes, op_cost
 BF, HF, F32, I64 = "c10::BFloat16", "c10::Half", "float", "long int"
 
 
-def cost(name, dims, types, concrete=(), flops=None):
-    return op_cost(OpCall(name, dims, types, list(concrete) or [""] * len(dims), flops))
+def cost(name, dims, types, concrete=(), flops=None, strides=()):
+    return op_cost(OpCall(name, dims, types, list(concrete) or [""] * len(dims), flops, strides=strides))
 
 
 @pytest.mark.parametrize("call, flops, nbytes, dtype", [
@@ -37,12 +37,38 @@ def cost(name, dims, types, concrete=(), flops=None):
     # 3x3 conv, pad 1: output 8x8; MACs = N*O*H*W*C*kh*kw
     (("aten::convolution", [[1, 3, 8, 8], [4, 3, 3, 3], [4], [], [], [], [], [], []], [F32] * 3 + ["ScalarList"] * 3 + ["Scalar"] * 3,
       ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1"]), 2 * 6912, (192 + 108 + 4 + 256) * 4, "tf32"),
+    # cuDNN's own op orders (self, weight, padding, stride, dilation, groups, ...): 1x1 conv, pad 0, stride 2
+    # on [2,8,16,16] -> [2,4,8,8]: MACs = 2*4*8*8*8
+    (("aten::cudnn_convolution", [[2, 8, 16, 16], [4, 8, 1, 1]] + [[]] * 7, [BF] * 2 + ["ScalarList"] * 3 + ["Scalar"] * 4,
+      ["", "", "[0, 0]", "[2, 2]", "[1, 1]", "1", "False", "False", "True"]), 2 * 4096,
+     (4096 + 32 + 512) * 2, "bf16"),
+    # MIOpen's (self, weight, bias, padding, stride, dilation, groups, ...): 3x3, pad 1, stride 1
+    (("aten::miopen_convolution", [[1, 3, 8, 8], [4, 3, 3, 3], [4]] + [[]] * 6, [F32] * 3 + ["ScalarList"] * 3 + ["Scalar"] * 3,
+      ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1", "False", "False"]), 2 * 6912, (192 + 108 + 4 + 256) * 4, "tf32"),
+    # GEMM with a GELU epilogue: addmm's cost
+    (("aten::_addmm_activation", [[16], [64, 32], [32, 16], [], [], []], [BF] * 3 + ["Scalar"] * 3, ["", "", "", "1", "1", "True"]),
+     65536, (16 + 2048 + 512 + 1024) * 2, "bf16"),
+    # an index expanded along its rows (strides [1, 0]) is read once: 8 longs, not 8x16
+    (("aten::gather", [[32, 16], [], [8, 16], []], [BF, "Scalar", I64, "Scalar"], ["", "0", "", "False"], None,
+      [[16, 1], [], [1, 0], []]), 0, 8 * 8 + 2 * 128 * 2, "fp32"),
+    # cuDNN's backward ops of 2021 (torch 1.9): grad_input from grad_output [2,4,8,8] and weight [4,3,3,3]
+    (("aten::cudnn_convolution_backward_input", [[], [2, 4, 8, 8], [4, 3, 3, 3]] + [[]] * 7, ["GenericList", F32, F32] + [""] * 7,
+      ["[2, 3, 8, 8]"] + [""] * 9), 2 * 2 * 4 * 64 * 27, (512 + 108 + 384) * 4, "tf32"),
+    (("aten::cudnn_convolution_backward_weight", [[], [2, 4, 8, 8], [2, 3, 8, 8]] + [[]] * 7, ["GenericList", F32, F32] + [""] * 7,
+      ["[4, 3, 3, 3]"] + [""] * 9), 2 * 2 * 4 * 64 * 27, (512 + 384 + 108) * 4, "tf32"),
+    (("aten::cudnn_batch_norm", [[2, 4, 8, 8], [4], [4], [4], [4], [], [], []], [F32] * 5 + [""] * 3), 8 * 512, (2 * 512 + 16) * 4, "fp32"),
+    (("aten::native_batch_norm_backward", [[2, 4, 8, 8], [2, 4, 8, 8], [4], [4], [4], [4], [4], [], [], []], [BF] * 2 + [F32] * 5 + [""] * 3),
+     12 * 512, 3 * 512 * 2 + 5 * 16, "fp32"),
+    (("aten::max_pool2d_with_indices_backward", [[2, 4, 4, 4], [2, 4, 8, 8], [], [], [], [], [], [2, 4, 4, 4]],
+      [F32, F32] + [""] * 5 + [I64]), 128, 128 * 4 + 128 * 8 + 512 * 4, "fp32"),
     # conv backward, grad_input and grad_weight (mask [True, True, False]): each one forward's MACs
     (("aten::convolution_backward", [[1, 4, 8, 8], [1, 3, 8, 8], [4, 3, 3, 3]] + [[]] * 8, [F32] * 3 + [""] * 8,
       [""] * 10 + ["[True, True, False]"]), 2 * 6912 * 2, (256 + 192 + 108) * 4 + (192 + 108) * 4, "tf32"),
     # broadcast add: out [4,8]
     (("aten::add", [[4, 8], [8], []], [BF, BF, "Scalar"]), 32, (32 + 8 + 32) * 2, "fp32"),
     (("aten::add_", [[4, 8], [4, 8], []], [F32, F32, "Scalar"]), 32, 3 * 32 * 4, "fp32"),
+    # torch 1.9 records clamp_min's out= tensor as a third input: written once, not read
+    (("aten::clamp_min", [[4, 8], [], [4, 8]], [F32, "Int", F32]), 32, 2 * 32 * 4, "fp32"),
     (("aten::sum", [[4, 8], []], [F32, ""]), 32, 128, "fp32"),
     (("aten::_softmax", [[4, 8], [], []], [BF, "Scalar", "Scalar"], ["", "-1", "False"]), 160, 128, "fp32"),
     (("aten::native_layer_norm", [[4, 8], [], [8], [8], []], [BF, "ScalarList", BF, BF, "Scalar"]), 256, 128 + 32 + 32, "fp32"),
@@ -72,6 +98,10 @@ def test_op_by_op(call, flops, nbytes, dtype):
     (("aten::mm", [[4, 4], [4, 4]], ["c10::Weird", "c10::Weird"]), "unknown dtype"),
     (("aten::mm", [[], []], ["", ""]), "record_shapes"),
     (("aten::_foreach_mul_", [[], []], ["TensorList", "Scalar"]), "tensor-list shapes not recorded"),  # a long list
+    # 2021 traces record no concrete values: a convolution's stride and padding would be guessed
+    (("aten::cudnn_convolution", [[32, 3, 224, 224], [64, 3, 7, 7]] + [[]] * 7, [F32] * 2 + [""] * 7), "was not recorded"),
+    (("aten::cudnn_convolution_backward_weight", [[], [2, 4, 8, 8], [2, 3, 8, 8]] + [[]] * 7, ["GenericList", F32, F32] + [""] * 7),
+     "was not recorded"),
 ])
 def test_uncosted_is_counted_not_guessed(call, reason):
     c = cost(*call)
