@@ -161,6 +161,10 @@ def _peak(hw: HardwareSpec, dtype: str) -> float:
     return np.nan
 
 
+#: form factors whose peaks differ from another's of the same GPU (a PCIe H100 runs below an SXM one)
+_FORM_FACTORS = frozenset(("pcie", "nvl", "sxm", "sxm2", "sxm4", "sxm5", "oam"))
+
+
 def hardware_mismatch(meta: Mapping[str, Any], hw: HardwareSpec | None) -> str | None:
     """A sentence when the spec in use is not the GPU the trace recorded (``--hardware`` given
     for another device), or was chosen by the device's architecture alone; None when they agree
@@ -177,7 +181,13 @@ def hardware_mismatch(meta: Mapping[str, Any], hw: HardwareSpec | None) -> str |
     if not name:
         return None
     if preset is not None and normalized_name(preset.name).split()[0] == normalized_name(hw.name).split()[0]:
-        return None
+        part = normalized_name(preset.name).split()[0]
+        words = set(normalized_name(str(name)).split())
+        forms = words & _FORM_FACTORS - set(" ".join(normalized_name(a) for a in (preset.name, *preset.aliases)).split())
+        if part in words and not forms:
+            return None
+        return (f"hardware: the trace's device '{name}' has no preset of its own; the floors use {hw.label}, a related part "
+                f"(its notes say how they differ); pass --hardware FILE.json with this part's numbers if they matter")
     if preset is None and normalized_name(hw.name).split()[0] in normalized_name(str(name)):
         return None
     return (f"hardware: the trace ran on '{name}' but the floors use {hw.label}; pass the matching "

@@ -176,3 +176,47 @@ def test_analyze_json_is_strict_json_with_null_for_not_measured(bert, tmp_path):
     doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
     loc = next(r for r in doc["ledgers"][0]["summary"] if r["subcategory"] == "locality_tax")
     assert loc["mean_ns"] is None and loc["pct"] is None
+
+
+def test_a_related_parts_preset_is_said_to_stand_in():
+    from taxmodel.model.kernel_costs import hardware_mismatch
+
+    for device in ("AMD Instinct MI350X", "NVIDIA H100 PCIe", "Tesla V100-PCIE-16GB"):
+        text = hardware_mismatch({"hardware": {"name": device}}, find_preset(device))
+        assert text is not None and "no preset of its own" in text and device in text
+    for device in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", "Tesla V100-DGXS-32GB", "AMD Instinct MI300X"):
+        assert hardware_mismatch({"hardware": {"name": device}}, find_preset(device)) is None
+
+
+def test_a_device_without_a_preset_says_why_nothing_is_floored(bert):
+    b, _ = bert
+    meta = dict(b.meta)
+    meta["hardware"] = {**(meta.get("hardware") or {}), "name": "Tesla P100-SXM2-16GB"}
+    led = compute_ledger(Bundle(b.events, meta))
+    assert led.hardware is None
+    said = [c for c in led.caveats if c.startswith("no hardware spec:")]
+    assert len(said) == 1 and "Tesla P100" in said[0] and "--hardware" in said[0]
+    assert not any("carry no per-kernel cost" in c for c in led.caveats)  # they do: it is the spec that is missing
+
+
+V100 = DATA / "thirdparty" / "kineto" / "v100_resnet50_integer_us.json.gz"
+
+
+def test_a_2021_resnet_on_v100_is_floored_where_its_trace_says_enough():
+    """torch 1.9 on a V100: conv backward and batch norm ops of their own, scalars typed 'Int',
+    out= tensors among the inputs, no concrete values (so forward convs stay uncosted, named)."""
+    if not V100.exists():
+        pytest.skip("third-party corpus not present")
+    led = compute_ledger(_bundle([V100]))
+    assert led.hardware.name == "V100 SXM2"
+    k = led.kernels
+    costed = k.loc[k["costed"], "time_ns"].sum() / k["time_ns"].sum()
+    assert costed > 0.5
+    for op in ("aten::cudnn_convolution_backward_input", "aten::cudnn_batch_norm", "aten::cudnn_batch_norm_backward",
+               "aten::clamp_min"):
+        assert k.loc[k["op"] == op, "costed"].all(), op
+    fwd = k[k["op"] == "aten::cudnn_convolution"]
+    assert len(fwd) and not fwd["costed"].any() and fwd["reason"].str.contains("not recorded").all()
+    # clamp_min's out= tensor is written, not read: a relu over fp32 [32,64,112,112] moves 2 x 102.8 MB
+    fast = [c for c in led.caveats if "faster than their roofline floor" in c]
+    assert not fast or "clamp_min" not in fast[0]

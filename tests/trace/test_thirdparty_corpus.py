@@ -63,7 +63,7 @@ CASES = [
     Case(("tracelens/b200_eager_rank0_of_8.json.gz",), LEDGER, "B200, NCCL, rank 0 of 8, no markers", SUBSET),
     Case(("tracelens/mi300x_resnet_act_checkpoint_rank0_of_8.json.gz",), LEDGER, "MI300X, RCCL, rank 0 of 8", SUBSET),
     # other tools
-    Case(("tracelens/rocprofv3_908_results_first4000.json.gz",), LEDGER, "rocprofv3 JSON (MI100)"),
+    Case(("tracelens/rocprofv3_908_results_first4000.json.gz",), LEDGER, "rocprofv3 JSON (MI350X, gfx950)"),
     Case(("pipit/perlmutter_saxpy_mpi_cuda_rank0.sqlite",), LEDGER, "real Nsight Systems export (A100, Perlmutter)"),
     Case(("pipit/perlmutter_cloverleaf_cuda.sqlite",), LEDGER, "real Nsight Systems export (A100, Perlmutter)"),
     # not GPU traces: refused in one line
