@@ -63,3 +63,23 @@ def test_a_real_trace_s_stream_wait_is_imported_on_the_waiting_stream():
     events, _, _ = importers.import_traces([THIRDPARTY / "hta" / "a100_event_sync_multi_stream.json.gz"])
     waits = events[events["kind"] == "wait"]
     assert waits["stream"].tolist() == [24] and waits["correlation"].tolist() == [1389]
+
+
+def test_a_real_trace_s_gap_behind_a_stream_wait_is_not_launch_overhead():
+    """HTA's AlexNet trace on an A100 (two streams, cudaStreamWaitEvent between them): the idle
+    gaps that end at work queued behind a wait on its stream are stream_wait, and that work's
+    stream did receive a wait after its previous launch."""
+    events, meta, _ = importers.import_traces([THIRDPARTY / "hta" / "a100_alexnet_no_steps.json.gz"])
+    b = Bundle(schema.normalize_events(events), make_meta(**meta))
+    led = compute_ledger(b)
+    waits = led.intervals[led.intervals["subcategory"] == "stream_wait"]
+    assert len(waits) >= 1 and _ns(led, "stream_wait") > 0
+    ev = b.events
+    gpu = ev[ev["kind"].isin(["kernel", "memcpy", "memset"])].sort_values("start_ns")
+    launch_end = ev[ev["kind"] == "launch"].set_index("correlation")["end_ns"]
+    for end in waits["end_ns"]:
+        nxt = gpu[gpu["start_ns"] >= end].iloc[0]
+        same = gpu[(gpu["stream"] == nxt["stream"]) & (gpu["start_ns"] < nxt["start_ns"])]
+        before = launch_end.get(same.iloc[-1]["correlation"], -1) if len(same) else -1
+        on_stream = ev[(ev["kind"] == "wait") & (ev["stream"] == nxt["stream"])]["start_ns"]
+        assert ((on_stream > before) & (on_stream <= launch_end[nxt["correlation"]])).any()
