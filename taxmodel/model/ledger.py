@@ -78,6 +78,8 @@ class Ledger:
     #: per GPU row (``bundle.events`` index) the locality tax the ledger measured from its DRAM
     #: counters, in ns; None unless ``locality`` is "measured" (what ``advise`` sums per candidate)
     kernel_locality_ns: pd.Series | None = None
+    #: the launch tax may be the profiler's own host overhead (a heavy eager capture; see caveats)
+    launch_tax_inflated: bool = False
 
     def summary(self) -> pd.DataFrame:
         """One row per sub-category: mean ns over repetitions, iterations and ranks, and % of
@@ -128,7 +130,7 @@ class Ledger:
             "summary": self.summary().astype(object).where(self.summary().notna(), None).to_dict(orient="records"),  # NaN -> null
             "per_iteration": self.per_iteration().to_dict(orient="records"),
             "caveats": list(self.caveats), "skipped": list(self.skipped),
-            "locality": self.locality,
+            "locality": self.locality, "launch_tax_inflated": self.launch_tax_inflated,
             "kernels": [] if self.kernels is None else
             self.kernels.astype(object).where(self.kernels.notna(), None).to_dict(orient="records"),
         }
@@ -517,7 +519,7 @@ def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
 def _profiler_heavy(meta: dict) -> bool:
     """Whether ``ledger_kernels.profiler_caveat`` may look at the launch rows."""
     prof = (meta.get("capture") or {}).get("profiler") or {}
-    return any(prof.get(k) for k in ("record_shapes", "with_stack", "profile_memory"))
+    return any(prof.get(k) for k in per_kernel.HEAVY_PROFILER_OPTIONS)
 
 
 def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hardware: HardwareSpec | None = None) -> Ledger:
@@ -578,7 +580,7 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
         kernel_locality = pd.concat(loc).iloc[np.argsort(pos, kind="stable")] if loc else pd.Series(dtype=np.float64, name="locality_ns")
     return Ledger(parts=parts, windows=windows, intervals=intervals, clock=clock, caveats=caveats, skipped=list(plan.skipped),
                   meta=meta, label=label, hardware=hw, ranks=ranks, locality=locality, kernels=kernels,
-                  kernel_locality_ns=kernel_locality)
+                  kernel_locality_ns=kernel_locality, launch_tax_inflated=prof is not None)
 
 
 # --- steps ----------------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ from taxmodel.model.kernel_costs import BASIS_LAUNCH_GRID, NO_COST, copy_bytes, 
 
 #: how a bundle's locality tax was obtained
 LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated", "not measured"
+#: torch.profiler options that add host work to every op (shapes, stacks, memory events, flop counts)
+HEAVY_PROFILER_OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_flops")
 #: a kernel counts as faster than its floor below this fraction of it (timer granularity aside)
 FASTER_THAN_FLOOR = 0.98
 
@@ -205,7 +207,7 @@ def profiler_caveat(meta: Mapping[str, Any], launch_pct: float, launches: pd.Dat
     tax: say how much host time the profiler itself recorded and per launch, and how to
     capture without it."""
     prof = (meta.get("capture") or {}).get("profiler") or {}
-    heavy = [k for k in ("record_shapes", "with_stack", "profile_memory") if prof.get(k)]
+    heavy = [k for k in HEAVY_PROFILER_OPTIONS if prof.get(k)]
     if not heavy or launch_pct < 20.0 or (meta.get("capture") or {}).get("graph"):
         return None
     per_launch = ""
@@ -219,7 +221,7 @@ def profiler_caveat(meta: Mapping[str, Any], launch_pct: float, launches: pd.Dat
     over_text = f", its own overhead events {over / 1e3:.1f} us per iteration and rank" if over > 0 else ""
     return (f"launch_tax ({launch_pct:.1f}% of the window) may be inflated by the profiler: the trace was captured with "
             f"{', '.join(heavy)}{over_text}{per_launch}. Capture with activities=[ProfilerActivity.CUDA] only (no "
-            "record_shapes/with_stack/profile_memory), or as a CUDA graph, to measure the job's own launch tax")
+            "record_shapes/with_stack/profile_memory/with_flops), or as a CUDA graph, to measure the job's own launch tax")
 
 
 def job_label(meta: Mapping[str, Any], path: Path | None) -> str | None:

@@ -170,6 +170,9 @@ def ledger_table(ledger: LedgerLike) -> pd.DataFrame:
     window = compare.mean_window_ns(ledger)
     table = _table({"mean (us)": compare.part_means_ns(ledger)}, {"mean (us)": window})
     table["% of window"] = 100.0 * table["mean (us)"] * 1000.0 / window if window else float("nan")
+    if getattr(ledger, "launch_tax_inflated", False):  # said on the line itself, not only among the caveats
+        row = (table["category"] == LABELS["launch_tax"]) & (table["part"] == "total")
+        table.loc[row, "part"] = "total (profiler-inflated?)"
     return table
 
 

@@ -97,7 +97,12 @@ def test_gemm_floors_against_the_calibrated_cublas_peak(eager_b8):
 
 
 def test_the_profilers_overhead_is_flagged_on_the_launch_tax(eager_b8):
+    from taxmodel.report.headline import ledger_table
+
     assert any("may be inflated by the profiler" in c and "record_shapes" in c for c in eager_b8.caveats)
+    assert eager_b8.launch_tax_inflated and eager_b8.to_dict()["launch_tax_inflated"] is True
+    table = ledger_table(eager_b8)
+    assert table.loc[table["category"] == "Launch-overhead tax", "part"].tolist() == ["total (profiler-inflated?)"]
 
 
 def test_a_graph_replay_is_uncosted_and_says_so_but_its_tensor_list_kernels():
@@ -109,3 +114,4 @@ def test_a_graph_replay_is_uncosted_and_says_so_but_its_tensor_list_kernels():
     assert (k.loc[~tensor_lists & ~k["costed"], "reason"].str.contains("CUDA graph replay")).all()
     assert k.loc[graph | tensor_lists, "time_ns"].sum() / k["time_ns"].sum() > 0.99
     assert led.locality == "not measured"
+    assert not led.launch_tax_inflated  # one graph launch per step: the profiler's host work is not on the GPU's path
