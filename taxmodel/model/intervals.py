@@ -167,3 +167,25 @@ def merge_adjacent(order_key: np.ndarray, label: np.ndarray, start: np.ndarray, 
     idx = np.flatnonzero(new)
     last = np.r_[idx[1:], len(start)] - 1
     return key[idx], label[idx], start[idx], end[last]
+
+
+def covered(start: np.ndarray, end: np.ndarray, q0: np.ndarray, q1: np.ndarray) -> np.ndarray:
+    """For each query ``[q0[i], q1[i])``, how much of it the intervals ``[start, end)`` cover;
+    the intervals must not overlap one another (a ledger's intervals on one rank do not). From
+    the cumulative covered length at each query end (searchsorted): no loop over events."""
+    out = np.zeros(len(q0), np.float64)
+    if not len(start) or not len(q0):
+        return out
+    order = np.argsort(start, kind="stable")
+    s, e = np.asarray(start, np.int64)[order], np.asarray(end, np.int64)[order]
+    cum = np.concatenate([[0], np.cumsum(e - s)])
+
+    def upto(t: np.ndarray) -> np.ndarray:  # covered length in (-inf, t)
+        k = np.searchsorted(s, t, side="right")  # intervals starting before t
+        last = np.maximum(k - 1, 0)
+        partial = np.where(k > 0, np.clip(t - s[last], 0, e[last] - s[last]) - (e[last] - s[last]), 0)
+        return cum[k] + partial
+
+    q0, q1 = np.asarray(q0, np.int64), np.asarray(q1, np.int64)
+    return (upto(q1) - upto(q0)).astype(np.float64)
+

@@ -505,7 +505,8 @@ def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
         "wait_before": _launch_tax_before(pieces, gpu, g_start, ranks, nr)[in_win],
         "floor_ns": kc.floor_ns[in_win] if kc is not None else np.full(int(in_win.sum()), np.nan),
         "reason": kc.floors["reason"].to_numpy(object)[in_win] if kc is not None else np.full(int(in_win.sum()), NO_COST, dtype=object),
-        "basis": kc.floors["basis"].to_numpy(object)[in_win] if kc is not None else np.full(int(in_win.sum()), "", dtype=object)})
+        "basis": kc.floors["basis"].to_numpy(object)[in_win] if kc is not None else np.full(int(in_win.sum()), "", dtype=object),
+        "bsp": _bsp_inside(intervals, gpu, g_start, g_end)[in_win]})
     measured = kc is not None and kc.locality == per_kernel.LOCALITY_MEASURED
     launches = ev["launch"][["rank", "start_ns", "end_ns"]] if _profiler_heavy(plan.meta) else ev["launch"].iloc[:0][["rank", "start_ns", "end_ns"]]
     return RankLedger(rank=r, parts=parts, intervals=intervals, kernel_rows=kernel_rows,
@@ -514,6 +515,20 @@ def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
                       unrecorded=unrecorded, unknown_gaps=unknown_gaps, has_gpu=len(gpu) > 0,
                       has_fused=bool((gpu["role"] == "fused").any()), has_records=not ev["record"].empty,
                       outside=int((g_it < 0).sum()), launches=launches, floor_capped=shares.get("floor_capped", (0, 0.0)))
+
+
+def _bsp_inside(intervals: pd.DataFrame, gpu: pd.DataFrame, g_start: np.ndarray, g_end: np.ndarray) -> np.ndarray:
+    """Per GPU row of one rank: the bulk-synchronous tax that lies inside it (skew_wait,
+    exposed_comm, flag_wait: the parts that happen while a collective or fused kernel runs), for
+    the per-kernel table. Only communicating kernels (roles comm, fused) carry it; where two of
+    them run at once each is charged the overlap."""
+    out = np.zeros(len(gpu))
+    talk = np.isin(gpu["role"].to_numpy(object), ("comm", "fused"))
+    inside = intervals[intervals["subcategory"].isin(BSP_INSIDE_KERNELS)]
+    if talk.any() and len(inside):
+        out[talk] = iv.covered(inside["start_ns"].to_numpy(np.int64), inside["end_ns"].to_numpy(np.int64),
+                               g_start[talk], g_end[talk])
+    return out
 
 
 def _profiler_heavy(meta: dict) -> bool:
@@ -558,7 +573,8 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
     d = rows["d"].to_numpy(np.float64)
     everywhere = np.ones(len(rows), bool)
     kernels = per_kernel.kernel_table(rows, kc, d, everywhere, rows["useful"].to_numpy(np.float64),
-                                      rows["locality"].to_numpy(np.float64), rows["wait_before"].to_numpy(np.float64), locality)
+                                      rows["locality"].to_numpy(np.float64), rows["wait_before"].to_numpy(np.float64), locality,
+                                      rows["bsp"].to_numpy(np.float64))
     caveats.extend(per_kernel.kernel_caveats(kernels, kc, rows, d, everywhere, meta))
     capped = [p.floor_capped for p in pieces if p.floor_capped[0]]
     if capped:
@@ -581,6 +597,10 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
     return Ledger(parts=parts, windows=windows, intervals=intervals, clock=clock, caveats=caveats, skipped=list(plan.skipped),
                   meta=meta, label=label, hardware=hw, ranks=ranks, locality=locality, kernels=kernels,
                   kernel_locality_ns=kernel_locality, launch_tax_inflated=prof is not None)
+
+
+#: the bulk-synchronous sub-parts that happen inside a running kernel (the others are idle time)
+BSP_INSIDE_KERNELS = ("skew_wait", "exposed_comm", "flag_wait")
 
 
 # --- steps ----------------------------------------------------------------------------------------

@@ -116,10 +116,10 @@ def measured_bytes(gpu: pd.DataFrame) -> np.ndarray:
 # --- the per-kernel table and what it says -------------------------------------------------------
 
 def kernel_table(gpu: pd.DataFrame, kc: KernelCosts | None, d: np.ndarray, in_window: np.ndarray, useful: np.ndarray,
-                 loc: np.ndarray, wait_before: np.ndarray, locality: str) -> pd.DataFrame:
+                 loc: np.ndarray, wait_before: np.ndarray, locality: str, bsp: np.ndarray | None = None) -> pd.DataFrame:
     """One row per distinct (kernel name, op) inside the windows: launches, time, floor,
     useful, locality (NaN when not measured), compute inefficiency, the launch tax before its
-    launches, and whether it was costed; largest time first."""
+    launches, the bulk-synchronous tax inside it, and whether it was costed; largest time first."""
     sel = in_window & gpu["kind"].isin(("kernel", "memcpy", "memset")).to_numpy()
     op = gpu["op"].astype(str).to_numpy(object) if "op" in gpu.columns else np.full(len(gpu), "", dtype=object)
     floor = kc.floor_ns if kc is not None else np.full(len(gpu), np.nan)
@@ -131,13 +131,14 @@ def kernel_table(gpu: pd.DataFrame, kc: KernelCosts | None, d: np.ndarray, in_wi
         "name": gpu["name"].astype(str).to_numpy(object)[sel], "op": op[sel], "role": role[sel],
         "time_ns": d[sel], "floor_ns": floor[sel], "useful_ns": useful[sel],
         "locality_ns": loc[sel], "inefficiency_ns": np.where(local[sel], d[sel] - useful[sel] - loc[sel], 0.0),
-        "launch_tax_ns": wait_before[sel], "costed": np.isfinite(floor[sel]), "reason": reason[sel], "basis": basis[sel]})
+        "launch_tax_ns": wait_before[sel], "bsp_ns": (bsp if bsp is not None else np.zeros(len(gpu)))[sel],
+        "costed": np.isfinite(floor[sel]), "reason": reason[sel], "basis": basis[sel]})
     if df.empty:
         return df.assign(launches=pd.Series(dtype=np.int64))
     g = df.groupby(["name", "op", "role"], sort=False)
     out = g.agg(launches=("time_ns", "size"), time_ns=("time_ns", "sum"), floor_ns=("floor_ns", lambda s: s.sum(min_count=1)),
                 useful_ns=("useful_ns", "sum"), locality_ns=("locality_ns", "sum"), inefficiency_ns=("inefficiency_ns", "sum"),
-                launch_tax_ns=("launch_tax_ns", "sum"), costed=("costed", "all"), reason=("reason", "first"),
+                launch_tax_ns=("launch_tax_ns", "sum"), bsp_ns=("bsp_ns", "sum"), costed=("costed", "all"), reason=("reason", "first"),
                 basis=("basis", "first")).reset_index()
     if locality == LOCALITY_ABSENT:
         out["locality_ns"] = np.nan

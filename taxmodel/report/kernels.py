@@ -8,7 +8,7 @@ import pandas as pd
 
 #: (column of Ledger.kernels, what the line calls it)
 TAX_COLUMNS = (("inefficiency_ns", "compute inefficiency"), ("launch_tax_ns", "launch tax before them"),
-               ("locality_ns", "locality tax"))
+               ("locality_ns", "locality tax"), ("bsp_ns", "bulk-synchronous tax inside them"))
 
 
 def top_kernel_lines(kernels: pd.DataFrame | None, n_per_rank_iteration: int, top: int = 3) -> list[str]:
@@ -19,6 +19,8 @@ def top_kernel_lines(kernels: pd.DataFrame | None, n_per_rank_iteration: int, to
     per = max(n_per_rank_iteration, 1)
     out = []
     for col, label in TAX_COLUMNS:
+        if col not in kernels:  # a ledger from before the column existed
+            continue
         vals = kernels[col]
         if vals.isna().all() or float(vals.fillna(0).sum()) <= 0:
             continue

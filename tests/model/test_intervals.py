@@ -48,3 +48,18 @@ def test_sweep_counts_and_next_key():
     assert seg["start"].tolist() == [0, 10, 20, 30, 40]
     assert seg["counts"].tolist() == [[0, 0], [1, 0], [0, 0], [0, 1], [0, 0]]
     assert seg["next_key"][2] == 25 and seg["next_key"][0] == 5
+
+
+def test_covered_against_brute_force():
+    from taxmodel.model.intervals import covered
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n = int(rng.integers(0, 8))
+        pts = np.sort(rng.choice(300, size=2 * n, replace=False))
+        perm = rng.permutation(n)
+        s, e = pts[0::2][perm], pts[1::2][perm]
+        q0 = rng.integers(0, 300, size=25)
+        q1 = q0 + rng.integers(0, 100, size=25)
+        want = [sum(max(0, min(b, qb) - max(a, qa)) for a, b in zip(s, e)) for qa, qb in zip(q0, q1)]
+        assert covered(s, e, q0, q1).tolist() == want

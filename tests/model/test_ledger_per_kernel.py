@@ -220,3 +220,13 @@ def test_a_2021_resnet_on_v100_is_floored_where_its_trace_says_enough():
     # clamp_min's out= tensor is written, not read: a relu over fp32 [32,64,112,112] moves 2 x 102.8 MB
     fast = [c for c in led.caveats if "faster than their roofline floor" in c]
     assert not fast or "clamp_min" not in fast[0]
+
+
+def test_the_bulk_synchronous_tax_inside_kernels_adds_up():
+    """On the 4-rank H200 traces every skew wait and exposed communication lies inside the
+    all-gather kernels: the per-kernel column sums to the ledger's parts."""
+    led = compute_ledger(_bundle(H200))
+    parts = led.parts.groupby("subcategory")["ns"].sum()
+    k = led.kernels
+    assert k["bsp_ns"].sum() == parts[["skew_wait", "exposed_comm", "flag_wait"]].sum() > 0
+    assert (k.loc[k["role"] != "comm", "bsp_ns"] == 0).all()
