@@ -4,9 +4,11 @@ A collective with its GEMM or attention kernels is what the built-in workloads f
 ``AG+GEMM`` is All-Gather+GEMM (fine-grained pull and push), ``GEMM+RS`` GEMM+Reduce-Scatter
 (fused), ``attention+AG`` Flash Decode (fused). For such a candidate the model predicts, at the
 trace's shape and world size and with the capture's launch settings, the bulk-synchronous
-iteration and the best fine-grained variant's; the predicted saving is their difference (the
-model's own, so that what it gets wrong about both sides, e.g. the GEMM rate, cancels), shown
-beside the bound read off the ledger.
+iteration and the best fine-grained variant's; the predicted saving is their difference, shown
+beside the bound read off the ledger. Only what the two sides share cancels in it (the vendor
+GEMM's rate where both run it, the collective's alpha-beta curve); the fine-grained side's own
+terms (the Triton GEMM's efficiency, its transport, its flag waits) do not, and on the committed
+4x H200 captures they are what the prediction misses by (benchmarks/results/advise_h200x4.md).
 
 The shape comes from the bundle's meta when the bundle is the same workload (taxmodel's own
 captures). Anyone else's trace does not name GEMM shapes: until per-kernel op shapes are known
