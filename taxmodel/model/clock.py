@@ -16,7 +16,9 @@ measures, so the clocks must be put on one time base first. Sources, best first:
 Between 1 and 2: ranks whose traces share one clock (``meta["clock_domain"]["shared"]``, set by
 the importer from the traces' host names or, failing those, Kineto's shared base time and
 distinct GPUs of one machine) get no offsets at all: estimating offsets from collective end
-times would only invent a few microseconds of noise where the clock is one.
+times would only invent a few microseconds of noise where the clock is one. On several hosts
+whose ranks are known (``clock_domain["host_of_rank"]``), sources 2 and 3 estimate one offset
+per host, from every sample of its ranks, and the ranks of a host share it.
 
 The uncertainty is the largest, over ranks, median absolute deviation of the per-sample
 estimates around their median: how far one sample typically strays from the chosen offset.
@@ -79,6 +81,33 @@ def offsets_from_simultaneous_ends(ends: pd.DataFrame, ranks: list[int]) -> Cloc
     return ClockAlignment(offsets, int(round(max(spreads, default=0.0))), "", samples, notes)
 
 
+def _per_host(ends: pd.DataFrame, ranks: list[int], host_of_rank: Mapping[str, str]) -> ClockAlignment | None:
+    """Offsets from simultaneous ends with one clock per host: each host's samples are its
+    ranks' ends (the host's reference is its lowest rank present), the offset is the host's."""
+    host = {r: host_of_rank.get(str(r)) for r in ranks}
+    if any(h is None for h in host.values()):
+        return None
+    hosts = sorted(set(host.values()))
+    code = {h: i for i, h in enumerate(hosts)}
+    pooled = ends.assign(rank=ends["rank"].map(lambda r: code[host[int(r)]]))
+    est = offsets_from_simultaneous_ends(pooled, list(range(len(hosts))))
+    if est is None:
+        return None
+    est.offsets_ns = {r: est.offsets_ns[code[host[r]]] for r in ranks}
+    est.notes = [n.replace("rank ", "host ") for n in est.notes]
+    return est
+
+
+def _simultaneous(ends: pd.DataFrame, ranks: list[int], meta: Mapping[str, Any]) -> ClockAlignment | None:
+    by_host = (meta.get("clock_domain") or {}).get("host_of_rank")
+    if by_host and len(set(by_host.values())) > 1:
+        est = _per_host(ends, ranks, by_host)
+        if est is not None:
+            est.notes.insert(0, f"one clock per host ({len(set(by_host.values()))} hosts): each host's ranks share its offset")
+            return est
+    return offsets_from_simultaneous_ends(ends, ranks)
+
+
 def estimate_clock(events: pd.DataFrame, meta: Mapping[str, Any], collective_instances: pd.DataFrame,
                    ranks: list[int]) -> ClockAlignment:
     """Pick the best available source (see the module docstring)."""
@@ -96,14 +125,14 @@ def estimate_clock(events: pd.DataFrame, meta: Mapping[str, Any], collective_ins
     if markers["rank"].nunique() >= 2:
         m = markers.sort_values(["rank", "start_ns"]).copy()
         m["instance"] = m.groupby("rank").cumcount()
-        est = offsets_from_simultaneous_ends(m[["instance", "rank", "end_ns"]], ranks)
+        est = _simultaneous(m[["instance", "rank", "end_ns"]], ranks, meta)
         if est is not None:
             est.method = f"barrier markers ({est.samples})"
             return est
     if len(collective_instances) and collective_instances["rank"].nunique() >= 2:
         inst = collective_instances.assign(
             instance=collective_instances["repetition"].astype(str) + "/" + collective_instances["collective_id"].astype(str))
-        est = offsets_from_simultaneous_ends(inst.rename(columns={"done_ns": "end_ns"})[["instance", "rank", "end_ns"]], ranks)
+        est = _simultaneous(inst.rename(columns={"done_ns": "end_ns"})[["instance", "rank", "end_ns"]], ranks, meta)
         if est is not None:
             est.method = f"collective end times ({est.samples} collectives)"
             return est

@@ -243,7 +243,7 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
         "software": software,
         "capture": {"tracer": "torch.profiler (kineto)", "iteration_pattern": pattern.pattern,
                     "profiler": kineto_ops.merge_profiler_options([info["profiler"] for _, _, info in per_file])},
-        "clock_domain": kineto_ops.clock_domain([info["host"] for _, _, info in per_file]),
+        "clock_domain": kineto_ops.clock_domain([info["host"] for _, _, info in per_file], [i["ranks"][0] for i in inputs]),
         "inputs": inputs,
         "notes": notes,
     }

@@ -269,8 +269,9 @@ def merge_profiler_options(per_rank: list[dict]) -> dict:
     return out
 
 
-def clock_domain(hosts: list[dict]) -> dict:
-    """Whether the ranks' traces share one clock (one host). Evidence, first that applies:
+def clock_domain(hosts: list[dict], ranks: list[int] | None = None) -> dict:
+    """Whether the ranks' traces share one clock (one host), and with ``ranks`` (one per entry of
+    ``hosts``) which rank ran on which named host when there are several. Evidence, first that applies:
     every trace names the same ``host_name`` (one host) or different ones (several); without
     names, one host is inferred when all traces share Kineto's ``baseTimeNanoseconds``, their
     processes and GPUs are all distinct and there are no more ranks than GPUs per host."""
@@ -280,7 +281,10 @@ def clock_domain(hosts: list[dict]) -> dict:
     if all(names):
         if len(set(names)) == 1:
             return {"shared": True, "evidence": f"every trace was recorded on host {names[0]!r}"}
-        return {"shared": False, "evidence": f"traces come from {len(set(names))} hosts", "hosts": sorted(set(names))}
+        out = {"shared": False, "evidence": f"traces come from {len(set(names))} hosts", "hosts": sorted(set(names))}
+        if ranks is not None and len(ranks) == len(names):  # ranks of one host share its clock (model/clock.py)
+            out["host_of_rank"] = {str(r): n for r, n in zip(ranks, names)}
+        return out
     bases = {h.get("base_time_ns") for h in hosts}
     pids = [p for h in hosts for p in h.get("pids") or []]
     devices = [d for h in hosts for d in h.get("devices") or []]

@@ -7,6 +7,7 @@ shared mistake unnoticed.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -202,3 +203,27 @@ def test_summary_and_per_iteration():
     assert (per[cats].sum(axis=1) - per["window_ns"]).abs().max() < 1e-6
     doc = led.to_dict()
     assert doc["clock"]["method"] and len(doc["summary"]) == len(SUBCATEGORY_ORDER)
+
+
+def test_ranks_of_one_host_share_its_clock_offset():
+    """Two hosts, two ranks each, host B's clock 50 us off; the collectives' ends carry up to 2 us
+    of per-rank noise. Per host, ranks 0 and 1 keep one clock (no invented offset between them) and
+    ranks 2 and 3 get one offset; per rank, noise would set each rank's offset on its own."""
+    from taxmodel.model.ledger import compute_ledger as ledger
+    from taxmodel.testing.synthetic import synthetic_bundle
+    from taxmodel.trace.bundle import Bundle
+
+    case = synthetic_bundle(world_size=4, iterations=6, clock_offsets_ns={2: 50_000, 3: 50_000}, clock_measured=False,
+                            skew_ns=5000)
+    ev = case.bundle.events.copy()
+    rng = np.random.default_rng(3)
+    comm = (ev["role"] == "comm").to_numpy()
+    ev.loc[comm, "end_ns"] += rng.integers(0, 2000, size=int(comm.sum()))
+    hosts = {"0": "a", "1": "a", "2": "b", "3": "b"}
+    per_host = ledger(Bundle(ev, {**case.bundle.meta, "clock_domain": {"shared": False, "host_of_rank": hosts}}))
+    off = per_host.clock.offsets_ns
+    assert off[0] == off[1] == 0 and off[2] == off[3]
+    assert abs(off[2] - 50_000) <= 2000
+    assert "one clock per host" in per_host.clock.notes[0]
+    per_rank = ledger(Bundle(ev, case.bundle.meta))
+    assert per_rank.clock.offsets_ns[1] != 0  # the noise, taken for a clock offset
