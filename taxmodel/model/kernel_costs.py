@@ -102,13 +102,14 @@ def launch_grid_work(gpu: pd.DataFrame, flops: np.ndarray, nbytes: np.ndarray,
     if not cand.any():
         return none
     names = _col(gpu, "name", "").astype(str).to_numpy(object)
-    cand &= np.fromiter(("multi_tensor_apply_kernel" in s for s in names), bool, n)
+    codes, uniq = pd.factorize(names)
+    cand &= np.array(["multi_tensor_apply_kernel" in u for u in uniq] or [False], bool)[codes]  # per distinct name
     if not cand.any():
         return none
     keys = pd.DataFrame({"name": names[cand], "grid": _col(gpu, "grid", "").astype(str).to_numpy(object)[cand],
                          "block": _col(gpu, "block", "").astype(str).to_numpy(object)[cand]})
-    codes, uniq = pd.factorize(pd.MultiIndex.from_frame(keys))
-    work = [tensor_list_launch_work(*u) for u in uniq]
+    codes, combos = pd.factorize(pd.MultiIndex.from_frame(keys))
+    work = [tensor_list_launch_work(*u) for u in combos]
     ok_u = np.array([w is not None for w in work], bool)
     f_u = np.array([w.flops if w is not None else -1 for w in work], np.float64)
     b_u = np.array([w.bytes if w is not None else -1 for w in work], np.float64)
