@@ -1,7 +1,8 @@
 """Measure the hardware numbers the ledger and the analytic model need, on the GPUs at hand.
 
-Run on every rank of a GPU machine (``taxmodel calibrate`` starts it through torch.distributed.run;
-``torchrun --nproc-per-node N -m taxmodel.runtime.calibrate -o hw.json`` works too). Rank 0
+Run on every rank of a GPU machine (``taxmodel calibrate`` starts the ranks through the launcher
+of ``taxmodel profile``, ``runtime/launcher.py``; ``torchrun --nproc-per-node N -m
+taxmodel.runtime.calibrate -o hw.json`` works too). Rank 0
 writes a hardware file in the format of ``taxmodel.model.hardware`` (``source: "calibrated"``)
 with the raw measurements beside the fitted numbers, so a reader can check every value.
 
@@ -33,8 +34,11 @@ import argparse
 import datetime as _dt
 import json
 import os
+import signal
 import statistics
+import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -47,7 +51,11 @@ import iris
 from taxmodel.fsutil import atomic_write
 from taxmodel.kernels.device import sync
 from taxmodel.model.calibration import STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
+from taxmodel.errors import Interrupted, RunError, TaxmodelError
 from taxmodel.runtime.bootstrap import join_process_group, rank_device
+from taxmodel.runtime.heap import disable_multicast
+from taxmodel.runtime.rank import RankState
+from taxmodel.runtime.status import STATUS_DIR_ENV, report_traceback, write_status
 from taxmodel.runtime.timing import Stopwatch, traced_events
 
 REPS = 7
@@ -522,6 +530,8 @@ def barrier_skew(device: torch.device, rounds: int = 30) -> dict:
 
 def _step(name: str, fn: Callable[[], object], meas: dict, key: str, rank: int) -> None:
     """Run one measurement; a failure is recorded (and printed) instead of ending the calibration."""
+    if _STATE is not None:
+        _STATE.enter(key)
     t0 = time.perf_counter()
     try:
         meas[key] = fn()
@@ -544,7 +554,49 @@ def _measure_collectives(device: torch.device, world: int, sizes: tuple[int, ...
     return out
 
 
+_STATE: RankState | None = None
+"""This rank's phase (the step it measures) for the launcher's status file; None outside ``main``."""
+
+
 def main(argv: list[str] | None = None) -> None:
+    """One calibration rank. Started by ``run_calibration`` (a status directory is set): its
+    phase and any failure go to the status file, a traceback to its log, and the launcher says
+    what happened in one line; started by hand or by torchrun: failures go to stderr."""
+    global _STATE
+    disable_multicast()  # NVLink multicast stays off in every rank, before torch.distributed starts
+    _STATE = state = RankState(int(os.environ.get("RANK", "0")), os.environ.get(STATUS_DIR_ENV))
+    if not state.status_dir:
+        _calibrate(argv)
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # the launcher stopping the run: clean up (a half-written file)
+        signal.signal(sig, _raise_interrupted)
+    state.enter("init")
+    try:
+        _calibrate(argv)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes the rank's status, read by the launcher
+        if isinstance(exc, SystemExit) and not exc.code:
+            raise
+        if isinstance(exc, SystemExit):  # the checks below say what is wrong in the exit message
+            msg = str(exc.code).removeprefix("taxmodel calibrate: ")
+            code = exc.code if isinstance(exc.code, int) else RunError.exit_code
+        elif isinstance(exc, TaxmodelError):
+            msg, code = str(exc), exc.exit_code
+        elif isinstance(exc, KeyboardInterrupt):
+            msg, code = "interrupted", getattr(exc, "exit_code", 130)
+        else:
+            report_traceback(state.status_dir, state.rank, traceback.format_exc())
+            msg, code = f"{type(exc).__name__}: {exc}", RunError.exit_code
+        write_status(state.status_dir, state.rank, phase=state.phase, error=msg, exit_code=code)
+        sys.stdout.flush()
+        os._exit(code)  # peers may be stuck in a collective: do not wait for a clean teardown
+    state.enter("done")
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _calibrate(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--output", required=True, help="hardware JSON file to write (rank 0)")
     parser.add_argument("--only", default=None, metavar="STEP[,STEP]",
@@ -568,12 +620,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--device cpu measures the collectives step only: pass --only collectives")
     sizes = tuple(int(float(x)) for x in args.sizes.split(",")) if args.sizes else COLLECTIVE_SIZES
     existing = json.loads(Path(args.update).read_text()) if args.update else None
-    for var, val in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-        os.environ[var] = val
     if not cpu and not torch.cuda.is_available():
         raise SystemExit("taxmodel calibrate: no GPU here; calibration measures a GPU machine (datasheet presets serve elsewhere)")
     distributed = "WORLD_SIZE" in os.environ
-    if distributed:  # started by torch.distributed.run
+    if distributed:  # started by the launcher (run_calibration) or torchrun
         device = join_process_group("cpu" if cpu else "cuda").device
     else:
         device, _ = rank_device("cpu" if cpu else "cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -625,6 +675,8 @@ def main(argv: list[str] | None = None) -> None:
     if distributed:
         dist.barrier()
     if rank == 0:
+        if _STATE is not None:
+            _STATE.enter("write")
         device_name = "cpu (gloo)" if cpu else props.name
         info = {
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -667,14 +719,11 @@ def main(argv: list[str] | None = None) -> None:
         dist.destroy_process_group()
 
 
-def calibration_command(output: str | os.PathLike, nproc: int, *, only: str | None = None,
+def calibration_command(output: str | os.PathLike, *, only: str | None = None,
                         update: str | os.PathLike | None = None, sizes: str | None = None,
                         device: str = "cuda") -> list[str]:
-    """The torch.distributed.run command line that runs ``main`` on ``nproc`` local ranks."""
-    import sys
-
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "taxmodel.runtime.calibrate", "-o", str(Path(output).resolve())]
+    """One calibration rank's command line (``launcher.launch_ranks`` starts one per rank)."""
+    cmd = [sys.executable, "-m", "taxmodel.runtime.calibrate", "-o", str(Path(output).resolve())]
     if only:
         cmd += ["--only", str(only)]
     if update:
@@ -687,38 +736,48 @@ def calibration_command(output: str | os.PathLike, nproc: int, *, only: str | No
 
 
 def run_calibration(output: str | os.PathLike, *, world_size: int | None = None, timeout_s: float = 600.0,
-                    only: str | None = None, update: str | os.PathLike | None = None):
-    """`taxmodel calibrate`: start ``main`` on ``world_size`` local GPUs through torch.distributed.run
-    and return the HardwareSpec it wrote. On a machine without a GPU raise UnavailableError.
-    ``only``: comma-separated steps (``parse_steps``); ``update``: an earlier calibration's file
-    that the steps not run take their numbers from (needed unless ``only`` has hbm and gemm)."""
-    import subprocess
-
-    from taxmodel.errors import InputError, RunError, UnavailableError
+                    only: str | None = None, update: str | os.PathLike | None = None, sizes: str | None = None,
+                    device: str = "cuda", quiet: bool = False):
+    """`taxmodel calibrate`: run ``main`` on ``world_size`` local ranks through the launcher that
+    ``taxmodel profile`` uses (each rank its own process group, multicast off, every rank killed
+    within seconds of ``timeout_s``, of a failure, or of SIGINT/SIGTERM/SIGHUP: then Interrupted,
+    exit 128 + the signal) and return the HardwareSpec it wrote. On a machine without a GPU raise
+    UnavailableError. ``only``: comma-separated steps (``parse_steps``); ``update``: an earlier
+    calibration's file that the steps not run take their numbers from (needed unless ``only`` has
+    hbm and gemm). ``device="cpu"``: gloo ranks, the collectives step only (default 2 ranks)."""
+    from taxmodel.errors import InputError, UnavailableError
+    from taxmodel.fsutil import check_output_file
     from taxmodel.model.hardware import load_hardware
+    from taxmodel.runtime.launcher import launch_ranks, run_directory
 
     steps = parse_steps(only)
     if update is not None and not Path(update).is_file():
         raise InputError(f"--update {update}: no such file; pass the hardware JSON of an earlier calibration")
     if set(steps) != set(STEP_KEYS) and update is None and not {"hbm", "gemm"} <= set(steps):
         raise InputError("--only without the hbm and gemm steps needs --update EXISTING.json (the other numbers come from it)")
-    if not torch.cuda.is_available():
-        raise UnavailableError(
-            "no GPU here: calibration measures the GPUs it runs on. Predictions and ledgers use the datasheet presets "
-            "(h100, h200, mi300x, b200) meanwhile; on a GPU machine run `taxmodel calibrate -o hw.json` (or "
-            "`torchrun --nproc-per-node N -m taxmodel.runtime.calibrate -o hw.json`) and pass --hardware hw.json")
-    n = world_size or torch.cuda.device_count()
-    if n < 1 or n > torch.cuda.device_count():
-        raise UnavailableError(f"--world-size {n}: this machine has {torch.cuda.device_count()} GPU(s)")
-    out = Path(output).resolve()
-    cmd = calibration_command(out, n, only=",".join(steps) if only else None, update=update)
-    env = {**os.environ, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        raise RunError(f"calibration did not finish in {timeout_s:.0f} s; re-run with a longer --timeout") from exc
-    if proc.returncode != 0 or not out.exists():
-        raise RunError(f"calibration failed (exit {proc.returncode}); its output above says where")
+    if device == "cpu":
+        if set(steps) != {"collectives"}:
+            raise InputError("a CPU calibration measures the collectives step only: pass --only collectives")
+        n = 2 if world_size is None else world_size
+        if n < 2:
+            raise InputError(f"--world-size {n}: the collectives step needs 2 or more ranks")
+    else:
+        if not torch.cuda.is_available():
+            raise UnavailableError(
+                "no GPU here: calibration measures the GPUs it runs on. Predictions and ledgers use the datasheet presets "
+                "(h100, h200, mi300x, b200) meanwhile; on a GPU machine run `taxmodel calibrate -o hw.json` (or "
+                "`torchrun --nproc-per-node N -m taxmodel.runtime.calibrate -o hw.json`) and pass --hardware hw.json")
+        n = world_size or torch.cuda.device_count()
+        if n < 1 or n > torch.cuda.device_count():
+            raise UnavailableError(f"--world-size {n}: this machine has {torch.cuda.device_count()} GPU(s)")
+    out = check_output_file(Path(output).resolve(), "hardware file")
+    before = out.stat().st_mtime_ns if out.exists() else None
+    cmd = calibration_command(out, only=",".join(steps) if only else None, update=update, sizes=sizes, device=device)
+    with run_directory() as run_dir:
+        launch_ranks(cmd, n, run_dir=run_dir, device=device, deadline_unix=time.time() + timeout_s,
+                     timeout_s=timeout_s, quiet=quiet, stopped=f"{out} was not written")
+    if not out.exists() or out.stat().st_mtime_ns == before:
+        raise RunError(f"calibration ended without writing {out}; its output above says why")
     return load_hardware(out)
 
 

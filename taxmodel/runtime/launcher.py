@@ -36,7 +36,7 @@ from taxmodel.errors import Interrupted, RunError
 from taxmodel.runtime.diagnose import RankExit, diagnose
 from taxmodel.runtime.heap import NO_MULTICAST_ENV
 from taxmodel.runtime.bootstrap import RENDEZVOUS_FILE_ENV
-from taxmodel.runtime.status import STATUS_DIR_ENV, read_result, read_statuses
+from taxmodel.runtime.status import STATUS_DIR_ENV, read_logs, read_result, read_statuses
 
 KILL_GRACE_S = 3.0
 """How long a rank sent SIGTERM may take to clean up (a half-written bundle) before SIGKILL."""
@@ -119,6 +119,7 @@ class Ranks:
         out = subprocess.DEVNULL if quiet else None
         self.procs: list[subprocess.Popen] = []
         self.exits: dict[int, RankExit] = {}
+        self.stopped = False
         try:
             for rank in range(nproc):
                 self.procs.append(subprocess.Popen(cmd, env=rank_env(env, rank, nproc), start_new_session=True,
@@ -163,7 +164,9 @@ class Ranks:
     def stop(self) -> None:
         """End every rank and whatever it started: SIGTERM to each rank's process group (a rank
         cleans up and exits), SIGCONT (a stopped rank must run to act on it), SIGKILL after
-        ``KILL_GRACE_S``; then reap them all."""
+        ``KILL_GRACE_S``; then reap them all. Once: a reaped rank's PID may be someone else's."""
+        if self.stopped:
+            return
         with signals_held():
             live = [p for r, p in enumerate(self.procs) if r not in self.exits]
             for sig in (signal.SIGTERM, signal.SIGCONT):
@@ -176,6 +179,7 @@ class Ranks:
                 _signal_group(p.pid, signal.SIGKILL)
             for p in self.procs:
                 p.wait()
+            self.stopped = True
 
 
 def _running(proc: subprocess.Popen) -> bool:
@@ -206,34 +210,99 @@ def launch_workers(spec: Mapping[str, Any], nproc: int, *, timeout_s: float, dev
     ``wrap`` runs every rank under a tool (a counters pass under ncu: ``[ncu, *options]``); the
     tool and the rank it starts share the rank's process group, so both end with the run.
     """
+    with run_directory() as run_dir:
+        deadline_unix = (time.time() if started_unix is None else started_unix) + timeout_s
+        spec_path = run_dir / "spec.json"
+        spec_path.write_text(json.dumps({**spec, "deadline_unix": deadline_unix}, indent=2))
+        wall = launch_ranks(worker_command(spec_path, wrap), nproc, run_dir=run_dir, device=device,
+                            deadline_unix=deadline_unix + DEADLINE_GRACE_S, timeout_s=timeout_s, quiet=quiet,
+                            stopped="bundles of variants not finished before were not written")
+        return LaunchResult(result=read_result(run_dir / STATUS_SUBDIR), wall_s=wall)
+
+
+STATUS_SUBDIR = "status"
+"""Where in the run directory the ranks keep their status files (``status.py``) and logs."""
+
+
+@contextlib.contextmanager
+def run_directory() -> Iterator[Path]:
+    """A private directory for one run (the ranks' status files, rendezvous file, spec), removed
+    after it however it ended."""
     run_dir = Path(tempfile.mkdtemp(prefix="taxmodel-run-"))
     try:
-        status_dir = run_dir / "status"
-        status_dir.mkdir()
-        t0 = time.monotonic()
-        deadline_unix = (time.time() if started_unix is None else started_unix) + timeout_s
-        spec = {**spec, "deadline_unix": deadline_unix}
-        spec_path = run_dir / "spec.json"
-        spec_path.write_text(json.dumps(spec, indent=2))
-        env = child_env(device, {STATUS_DIR_ENV: str(status_dir), RENDEZVOUS_FILE_ENV: str(run_dir / "rendezvous")})
-        with signals_raise_interrupted():
-            ranks = Ranks(worker_command(spec_path, wrap), env, nproc, quiet)
-            try:
-                timed_out = _watch(ranks, t0 + (deadline_unix - time.time()) + DEADLINE_GRACE_S)
-            except KeyboardInterrupt as exc:
-                ranks.stop()
-                code = getattr(exc, "exit_code", 130)
-                raise Interrupted(code - 128, "interrupted: every rank was stopped; bundles of variants not "
-                                  "finished before were not written") from None
-            # What the ranks said before they were stopped (a rank stopped by us reports that, too).
-            statuses, exits = read_statuses(status_dir), dict(ranks.exits)
-            ranks.stop()
-        wall = time.monotonic() - t0
-        if timed_out or any(e.failed for e in exits.values()) or len(exits) < nproc:
-            raise RunError(diagnose(statuses, nproc, timed_out=timed_out, timeout_s=timeout_s, exits=exits))
-        return LaunchResult(result=read_result(status_dir), wall_s=wall)
+        (run_dir / STATUS_SUBDIR).mkdir()
+        yield run_dir
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def launch_ranks(cmd: Sequence[str], nproc: int, *, run_dir: Path, device: str, deadline_unix: float,
+                 timeout_s: float, quiet: bool = False, stopped: str = "") -> float:
+    """Run ``cmd`` as ``nproc`` local ranks (each its own process group, torchrun's environment,
+    multicast off, a rendezvous file and a status directory in ``run_dir``) until every rank has
+    ended; return the wall time. The launcher's part for every command that starts ranks
+    (``taxmodel profile``, ``taxmodel calibrate``).
+
+    Raises RunError with one diagnosis (``diagnose``) when a rank failed or ``deadline_unix``
+    passed (then every rank is killed within seconds); Interrupted (exit 128 + the signal) on
+    SIGINT, SIGTERM or SIGHUP, ``stopped`` saying what that left undone. Either way no rank is
+    left running. Tracebacks the ranks logged (``status.write_log``) are kept in one file that
+    the message names, since the run directory goes."""
+    status_dir = run_dir / STATUS_SUBDIR
+    status_dir.mkdir(exist_ok=True)
+    env = child_env(device, {STATUS_DIR_ENV: str(status_dir), RENDEZVOUS_FILE_ENV: str(run_dir / "rendezvous")})
+    t0 = time.monotonic()
+    end = run_ranks(list(cmd), env, nproc, deadline=t0 + (deadline_unix - time.time()), quiet=quiet,
+                    status_dir=status_dir, stopped=stopped)
+    wall = time.monotonic() - t0
+    if end.timed_out or any(e.failed for e in end.exits.values()) or len(end.exits) < nproc:
+        raise RunError(diagnose(end.statuses, nproc, timed_out=end.timed_out, timeout_s=timeout_s, exits=end.exits)
+                       + keep_logs(status_dir))
+    return wall
+
+
+@dataclass
+class RanksEnd:
+    """How a set of ranks ended: their last status files, the exits seen before the launcher
+    stopped the rest, and whether the deadline passed."""
+
+    statuses: dict[int, dict[str, Any]]
+    exits: dict[int, RankExit]
+    timed_out: bool
+
+
+def run_ranks(cmd: list[str], env: Mapping[str, str], nproc: int, *, deadline: float, quiet: bool = False,
+              status_dir: Path | None = None, stopped: str = "") -> RanksEnd:
+    """Start ``nproc`` ranks of ``cmd`` (``Ranks``), wait until every rank ended, one failed (plus
+    ``SETTLE_S``) or the monotonic ``deadline`` passed, then stop them all. SIGINT, SIGTERM and
+    SIGHUP stop every rank and raise Interrupted."""
+    with signals_raise_interrupted():
+        ranks = Ranks(cmd, env, nproc, quiet)
+        try:
+            try:
+                timed_out = _watch(ranks, deadline)
+            except KeyboardInterrupt as exc:  # every rank is stopped (below) before this propagates
+                code = getattr(exc, "exit_code", 130)
+                raise Interrupted(code - 128, "interrupted: every rank was stopped" + (f"; {stopped}" if stopped else "")
+                                  ) from None
+            # What the ranks said before they were stopped (a rank stopped by us reports that, too).
+            statuses = read_statuses(status_dir) if status_dir is not None else {}
+            return RanksEnd(statuses, dict(ranks.exits), timed_out)
+        finally:
+            ranks.stop()
+
+
+def keep_logs(status_dir: Path) -> str:
+    """The ranks' logged tracebacks copied into one file that outlives the run directory, and the
+    words that name it ("" when no rank logged one)."""
+    logs = read_logs(status_dir)
+    if not logs:
+        return ""
+    fd, name = tempfile.mkstemp(prefix="taxmodel-ranks-", suffix=".log")
+    with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+        for rank, text in sorted(logs.items()):
+            f.write(f"== rank {rank} ==\n{text.rstrip()}\n")
+    return f"; the tracebacks of rank(s) {', '.join(map(str, sorted(logs)))} are in {name}"
 
 
 def _watch(ranks: Ranks, deadline: float) -> bool:

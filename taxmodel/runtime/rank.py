@@ -37,6 +37,14 @@ class RankState:
         self.waiting = False
         self.faults = tuple(faults)  # --inject kill_rank/hang_rank: fired on entering their phase
         self.lock = threading.Lock()
+        self.progress_open = False  # a progress bar's line on stderr waits for its end
+
+    def end_progress_line(self) -> None:
+        """End an open progress bar's line, so that what the launcher prints next starts a line."""
+        if self.progress_open:
+            self.progress_open = False
+            sys.stderr.write("\n")
+            sys.stderr.flush()
 
     def enter(self, phase: str, variant: str | None = None) -> None:
         with self.lock:
@@ -75,7 +83,9 @@ def start_watchdog(state: RankState, timeout_s: float, deadline_unix: float | No
         msg = f"rank {state.rank}: no end after {timeout_s:g} s in {state.where()}{at}" + (" (waiting for other ranks)" if waiting else "")
         write_status(state.status_dir, state.rank, phase=state.phase, variant=state.variant, waiting=waiting,
                      timed_out=True, timeout_s=timeout_s, at=at, error=msg)
-        print(f"taxmodel: error: {msg}", file=sys.stderr, flush=True)
+        state.end_progress_line()
+        if not state.status_dir:  # else the launcher reads it and prints the run's one diagnosis
+            print(f"taxmodel: error: {msg}", file=sys.stderr, flush=True)
         time.sleep(WATCHDOG_GRACE_S)
         os._exit(RunError.exit_code)
 

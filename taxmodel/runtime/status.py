@@ -5,11 +5,17 @@ A rank of ``taxmodel profile`` cannot rely on its exit code alone to say what we
 status directory up to date: its PID (the launcher kills ranks by PID and checks they are gone),
 the phase and variant it is in, whether it waits for its peers, and its error if it fails. Rank 0
 adds ``result.json`` on success. Files are replaced atomically, so a reader never sees half of one.
+
+A rank that fails with an unexpected exception puts its traceback in ``rank<R>.log`` there
+(``write_log``) instead of on the terminal: when one rank dies its peers fail too, and their
+tracebacks would bury the launcher's one-line diagnosis; the launcher keeps the logs in a file
+that its message names. ``TAXMODEL_TRACEBACK=1`` prints them as well.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,9 @@ from taxmodel.fsutil import atomic_write
 
 STATUS_DIR_ENV = "TAXMODEL_STATUS_DIR"
 """Where each rank writes ``rank<R>.json`` (its phase, or its error) for the launcher to read."""
+
+TRACEBACK_ENV = "TAXMODEL_TRACEBACK"
+"""Set (to anything but empty): tracebacks go to stderr too, as the CLI's own do."""
 
 RESULT_FILE = "result.json"
 """Written by rank 0 into the status directory on success: the bundles written and variants skipped."""
@@ -50,6 +59,38 @@ def read_statuses(directory: str | os.PathLike) -> dict[int, dict[str, Any]]:
         except (ValueError, KeyError, TypeError, OSError):
             continue
     return out
+
+
+def write_log(directory: str | os.PathLike | None, rank: int, text: str) -> bool:
+    """Append ``text`` (a traceback) to this rank's log for the launcher; False when no launcher
+    reads one (a rank started by hand or by torchrun: then the caller prints it)."""
+    if not directory:
+        return False
+    try:
+        with open(Path(directory) / f"rank{rank}.log", "a", encoding="utf-8", errors="replace") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    except OSError:
+        return False
+    return True
+
+
+def read_logs(directory: str | os.PathLike) -> dict[int, str]:
+    """The logs the ranks wrote (``write_log``), by rank."""
+    out: dict[int, str] = {}
+    for p in Path(directory).glob("rank*.log"):
+        try:
+            out[int(p.stem[4:])] = p.read_text(encoding="utf-8", errors="replace")
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def report_traceback(directory: str | os.PathLike | None, rank: int, text: str) -> None:
+    """A rank's traceback: into its log when a launcher reads one (and to stderr as well with
+    ``TAXMODEL_TRACEBACK`` set), else to stderr."""
+    if not write_log(directory, rank, text) or os.environ.get(TRACEBACK_ENV):
+        sys.stderr.write(text)
+        sys.stderr.flush()
 
 
 def read_result(directory: str | os.PathLike) -> dict[str, Any]:

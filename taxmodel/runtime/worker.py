@@ -14,7 +14,9 @@ rank waits on another), check the output against the workload's reference, then 
 (``session.VariantSession``). Rank 0 gathers every rank's raw traces through torch.distributed
 (no shared filesystem assumed), imports them and writes one bundle per variant atomically.
 
-Failures: an exception on any rank is reported as ``rank R failed in phase P``; a watchdog ends
+Failures: an exception on any rank is reported as ``rank R failed in phase P`` (started by
+``taxmodel profile``: in the rank's status file, its traceback in its log, and the launcher prints
+the run's one diagnosis; started by torchrun: on stderr); a watchdog ends
 a rank that outlives the run's timeout (``rank.start_watchdog``), so a hung kernel or collective
 becomes an error, never a hung machine. Exit code 3 (RunError) in both cases; SIGTERM or SIGHUP
 (the launcher stopping the run) end the rank with 128 + the signal, after its cleanup.
@@ -37,7 +39,7 @@ from taxmodel.runtime.inject import Fault
 from taxmodel.runtime.rank import PHASES, RankState, join_run, start_watchdog
 from taxmodel.runtime.session import check_output  # noqa: F401 - part of this module's interface
 from taxmodel.runtime.spec import ProfileSpec, parse_shape, resolve_device, shape_tag  # noqa: F401 - as above
-from taxmodel.runtime.status import STATUS_DIR_ENV, write_result, write_status
+from taxmodel.runtime.status import STATUS_DIR_ENV, report_traceback, write_result, write_status
 
 __all__ = ["PHASES", "main", "run_rank", "check_output", "parse_shape", "resolve_device", "shape_tag"]
 
@@ -75,6 +77,7 @@ def run_rank(spec: ProfileSpec, state: RankState) -> dict[str, Any]:
         ctx.heap = make_heap(ctx, heap_bytes)
     clock = measure_clock_offsets(ctx.rank, ctx.world_size, ctx.device)
     progress = Progress(bool(spec.progress) and ctx.rank == 0, total=len(chosen) * 4 * len(presets))
+    state.progress_open = progress.bar is not None
     for v, why in skipped.items():
         progress.write(f"skipped {workload.name}/{v}: {why}")
     run = Run(spec=spec, state=state, ctx=ctx, workload=workload, variants=variants,
@@ -83,6 +86,7 @@ def run_rank(spec: ProfileSpec, state: RankState) -> dict[str, Any]:
               graph_mode=check_mode(str(spec.graph)))
     written = profile_variants(run, chosen, shapes)
     progress.close()
+    state.progress_open = False
     if ctx.heap is not None:
         ctx.heap.close()
     return {"bundles": written, "skipped": skipped, "workload": workload.name, "shapes": shapes,
@@ -138,14 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         elif isinstance(exc, KeyboardInterrupt):
             msg, code = "interrupted", getattr(exc, "exit_code", 130)
         else:
-            traceback.print_exc()
+            report_traceback(state.status_dir, state.rank, traceback.format_exc())
             msg, code = f"{type(exc).__name__}: {exc}", RunError.exit_code
         _record_failure(state, msg, code)
-        if isinstance(exc, Interrupted):  # the launcher (or a user) stopped this rank: not a failure of its own
-            print(f"taxmodel: rank {state.rank} stopped by {signal.Signals(exc.signum).name} in {state.where()}",
-                  file=sys.stderr, flush=True)
-        else:
-            print(f"taxmodel: error: rank {state.rank} failed in {state.where()}: {msg}", file=sys.stderr, flush=True)
+        state.end_progress_line()
+        if not state.status_dir:  # else our launcher reads the status file and prints the run's one diagnosis
+            _say_failure(state, exc, msg)
         sys.stdout.flush()
         os._exit(code)  # peers may be stuck in a collective: do not wait for a clean teardown
     if state.rank == 0:
@@ -156,6 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def _say_failure(state: RankState, exc: BaseException, msg: str) -> None:
+    """The failure on stderr, for a rank that no launcher of ours watches (torchrun)."""
+    if isinstance(exc, Interrupted):  # a user stopped this rank: not a failure of its own
+        print(f"taxmodel: rank {state.rank} stopped by {signal.Signals(exc.signum).name} in {state.where()}",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"taxmodel: error: rank {state.rank} failed in {state.where()}: {msg}", file=sys.stderr, flush=True)
 
 
 def _record_failure(state: RankState, error: str, exit_code: int) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -463,7 +461,8 @@ def test_parse_steps_and_command():
     assert calfit.parse_steps("barrier, collectives") == ("collectives", "barrier")
     with pytest.raises(InputError, match="unknown step.*nccl"):
         calfit.parse_steps("collectives,nccl")
-    cmd = cal.calibration_command("hw.json", 4, only="collectives", update="old.json", sizes="8192")
+    cmd = cal.calibration_command("hw.json", only="collectives", update="old.json", sizes="8192")
+    assert cmd[1:3] == ["-m", "taxmodel.runtime.calibrate"]  # one rank's command: the launcher starts them
     assert cmd[-6:-2] == ["--only", "collectives", "--update", str(Path("old.json").resolve())]
     assert cmd[-2:] == ["--sizes", "8192"] and "--device" not in cmd
 
@@ -478,18 +477,17 @@ def test_cli_arguments(tmp_path):
     assert res.exit_code != 0 and "needs --update" in str(res.output) + str(res.exception)
 
 
-def test_main_updates_a_file_on_cpu_ranks(tmp_path):
-    """The whole partial run on two gloo ranks: torch.distributed.run, --only collectives --update."""
+def test_main_updates_a_file_on_cpu_ranks(tmp_path, capfd):
+    """The whole partial run on two gloo ranks started by the launcher: --only collectives --update."""
     old = shipped_four_ranks()
     old["measured"]["world_size"] = 2  # a file measured on as many ranks as this test has
     (tmp_path / "old.json").write_text(json.dumps(old))
     out = tmp_path / "sub" / "new.json"
-    cmd = cal.calibration_command(out, 2, only="collectives", update=tmp_path / "old.json", sizes="8192,65536",
-                                  device="cpu")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "graph us" in proc.stdout  # the compact eager/graph table
+    out.parent.mkdir()
+    spec = cal.run_calibration(out, world_size=2, only="collectives", update=tmp_path / "old.json", sizes="8192,65536",
+                               device="cpu", timeout_s=120)
+    assert spec.source == "calibrated"
+    assert "graph us" in capfd.readouterr().out  # the compact eager/graph table, printed by rank 0
     new = json.loads(out.read_text())
     assert new["collectives"]["world_size"] == 2 and set(new["collectives"]["timing"].values()) == {"eager"}
     assert [p[0] for p in new["collectives"]["allgather"]] == [8192, 65536]
@@ -499,17 +497,14 @@ def test_main_updates_a_file_on_cpu_ranks(tmp_path):
     assert "no CUDA graphs" in new["measured"]["raw"]["collectives_graph_note"]
 
 
-def test_main_adds_a_curve_for_another_world_size_on_cpu_ranks(tmp_path):
+def test_main_adds_a_curve_for_another_world_size_on_cpu_ranks(tmp_path, capfd):
     """A 4-rank file updated by a 2-rank collectives run: the curve lands in collectives_by_world["2"]."""
     old = shipped_four_ranks()
     (tmp_path / "old.json").write_text(json.dumps(old))
     out = tmp_path / "new.json"
-    cmd = cal.calibration_command(out, 2, only="collectives", update=tmp_path / "old.json", sizes="8192,65536",
-                                  device="cpu")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert 'collectives_by_world["2"]' in proc.stdout
+    cal.run_calibration(out, world_size=2, only="collectives", update=tmp_path / "old.json", sizes="8192,65536",
+                        device="cpu", timeout_s=120)
+    assert 'collectives_by_world["2"]' in capfd.readouterr().out
     new = json.loads(out.read_text())
     assert new["collectives"] == old["collectives"] and new["link_bytes_per_s"] == old["link_bytes_per_s"]
     curve = new["collectives_by_world"]["2"]

@@ -1,4 +1,4 @@
-"""`taxmodel profile` end to end on CPU ranks (torch.distributed.run + gloo + Triton's interpreter)
+"""`taxmodel profile` end to end on CPU ranks (the launcher + gloo + Triton's interpreter)
 with a toy workload registered by this test's module file."""
 from __future__ import annotations
 

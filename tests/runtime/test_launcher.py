@@ -1,0 +1,73 @@
+"""The launcher's part that every command starting ranks shares (``launch_ranks``), with stand-in
+ranks (``fake_rank.py``): one diagnosis naming the first failure, the ranks' tracebacks kept in
+one file that it names (off the terminal unless TAXMODEL_TRACEBACK is set), every rank gone
+after a timeout, and the run directory removed."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from processes import MARK, marked
+
+from taxmodel.errors import RunError
+from taxmodel.runtime import launcher
+
+FAKE = str(Path(__file__).with_name("fake_rank.py"))
+
+
+@pytest.fixture
+def tmpdir_env(tmp_path, monkeypatch):
+    """The temp dir the launcher uses (its run directory, a kept log), empty at the start."""
+    import tempfile
+
+    d = tmp_path / "tmp"
+    d.mkdir()
+    monkeypatch.setenv("TMPDIR", str(d))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv(MARK, mark)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    yield d, mark
+    monkeypatch.setattr(tempfile, "tempdir", None)
+
+
+def _launch(mode: str, timeout_s: float = 60) -> None:
+    with launcher.run_directory() as run_dir:
+        launcher.launch_ranks([sys.executable, FAKE, mode], 2, run_dir=run_dir, device="cpu",
+                              deadline_unix=time.time() + timeout_s, timeout_s=timeout_s, quiet=False)
+
+
+def test_a_failed_run_keeps_the_tracebacks_in_one_file_it_names(tmpdir_env, capfd):
+    tmpdir, mark = tmpdir_env
+    with pytest.raises(RunError) as err:
+        _launch("raise")
+    msg = str(err.value)
+    assert msg.startswith("rank 1 failed in phase 'work': ValueError: fake failure on rank 1 (rank(s) 0 failed after it)")
+    log = Path(re.fullmatch(r".*; the tracebacks of rank\(s\) 0, 1 are in (\S+)", msg).group(1))
+    text = log.read_text()
+    assert text.index("== rank 0 ==") < text.index("== rank 1 ==")
+    assert text.count("Traceback (most recent call last)") == 2 and "fake failure on rank 1" in text
+    assert "Traceback" not in capfd.readouterr().err  # the ranks said nothing on the terminal
+    assert list(tmpdir.iterdir()) == [log]  # the run directory went, the log stayed
+    assert marked(mark) == {}
+
+
+def test_tracebacks_reach_stderr_too_with_taxmodel_traceback(tmpdir_env, capfd, monkeypatch):
+    monkeypatch.setenv("TAXMODEL_TRACEBACK", "1")
+    with pytest.raises(RunError, match="tracebacks of rank"):
+        _launch("raise")
+    assert "ValueError: fake failure on rank 1" in capfd.readouterr().err
+
+
+def test_a_timeout_kills_every_rank_within_seconds(tmpdir_env):
+    tmpdir, mark = tmpdir_env
+    t0 = time.monotonic()
+    with pytest.raises(RunError, match=r"run timed out after 3 s: rank 0 hung in phase 'work'; rank 1 hung"):
+        _launch("sleep", timeout_s=3)
+    assert time.monotonic() - t0 < 3 + launcher.KILL_GRACE_S + 5
+    assert marked(mark) == {} and list(tmpdir.iterdir()) == []  # no log: no rank had a traceback
