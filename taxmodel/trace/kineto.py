@@ -41,7 +41,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.trace import importers, inflate, kineto_ops
-from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, normalize_collective  # comm kernels, collectives
+from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
 FORMAT = "kineto"
 
@@ -79,7 +79,6 @@ _DTYPE_BYTES = {
     "uint16": 2, "uint32": 4, "uint64": 8,
 }
 
-_NCCL_KERNEL_OP = re.compile(r"(?i)\b(?=(\w*?nccl))\1\w*?Kernel_(?P<op>[A-Za-z]+)")  # first nccl of a word: see _LAUNCH_CALL
 
 
 # --- exact JSON --------------------------------------------------------------------------------
@@ -229,6 +228,10 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
             hardware.append(info["hardware"])
         for k, v in info["software"].items():
             software.setdefault(k, v)
+        if info["no_args"]:
+            notes.append(f"kineto: {path.name}: {info['no_args']} of {info['gpu_rows']} GPU activities have no 'args' "
+                         "object (null or missing): their launch call (correlation) is unknown, so their iteration comes "
+                         "from GPU-side annotations only (-1 without them) and they carry no grid, bytes or collective")
         if info["markers"] == 0:
             notes.append(f"kineto: {path.name}: no iteration markers match {pattern.pattern!r}; its rows have iteration -1 "
                          "(pass --iteration-pattern to use your own record_function ranges)")
@@ -305,6 +308,7 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     """Rows of one rank's trace, its host and GPU iteration ranges, and its hardware/software."""
     rel, cats, names, start_ns, end_ns = _select_events(path, doc, pattern)
     args = [e.get("args") if type(e.get("args")) is dict else {} for e in rel]
+    no_args = sum(type(rel[i].get("args")) is not dict for i in np.flatnonzero(cats.isin(_GPU_KIND).to_numpy()))
 
     gpu_kind = cats.map(_GPU_KIND)
     is_gpu = gpu_kind.notna().to_numpy()
@@ -365,7 +369,8 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     linked = kineto_ops.attach_op_costs(frame, args, gpu_idx, is_launch, tid, ops, ops_start, ops_end)
     frame = frame[keep].reset_index(drop=True)
     info = {"hardware": _hardware(doc, frame), "software": _software(doc),
-            "profiler": kineto_ops.profiler_options(doc, ops, linked), "host": _host_identity(doc, frame)}
+            "profiler": kineto_ops.profiler_options(doc, ops, linked), "host": _host_identity(doc, frame),
+            "gpu_rows": len(gpu_idx), "no_args": no_args}
     return frame, host_ranges, gpu_ranges, info
 
 
@@ -452,13 +457,10 @@ def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[d
         return
     sub = [a for a, s in zip(gpu_args, sel) if s]
     coll_name = [a.get("Collective name") if type(a.get("Collective name")) is str else "" for a in sub]
-    ops = []
-    for cname, kname in zip(coll_name, frame["name"].to_numpy()[idx]):
-        if cname:
-            ops.append(normalize_collective(cname))
-        else:
-            m = _NCCL_KERNEL_OP.search(kname)
-            ops.append(normalize_collective(m.group("op")) if m else "")
+    # PyTorch's metadata where recorded, else the kernel's name read as every importer reads it
+    # (NCCL, RCCL, MSCCL, ``...KernelDebug_``; UNKNOWN_COLLECTIVE when the name says no collective).
+    from_name = kernel_collectives(frame["name"].iloc[idx]).to_numpy()
+    ops = [normalize_collective(cname) if cname else op for cname, op in zip(coll_name, from_name)]
     pg = [str(a.get("Process Group Name")) if a.get("Process Group Name") is not None else "default" for a in sub]
     seq = _arg_ints(sub, "Seq")
     nelems = np.maximum(_arg_ints(sub, "In msg nelems"), _arg_ints(sub, "Out msg nelems"))
