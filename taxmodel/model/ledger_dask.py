@@ -13,93 +13,62 @@ nanosecond: the same functions run on the same rows in the same order.
 
 Dask is an optional dependency (``pip install taxmodel[distributed]``); the default install
 runs ``compute_ledger`` in one process and needs none. A bundle's directory must be readable
-at the same path on every worker (a shared file system, or the same layout on each node).
+at the same path on every worker (a shared file system, or the same layout on each node); a
+worker where it is not fails the run with one line naming the rank, the worker and the path.
+A worker that dies, in either phase, is one line naming the rank and the worker
+(``trace/dask_run.gather``); Dask's own retries (``distributed.scheduler.allowed-failures``) apply
+first, and lose nothing: each task carries all it needs.
 """
 from __future__ import annotations
 
-import logging
+import errno
 import os
 import uuid
 from pathlib import Path
 from typing import Any
 
-from taxmodel.errors import AnalysisError, InputError, TaxmodelError
+from taxmodel.errors import BundleError, InputError
 from taxmodel.model import ledger as led
 from taxmodel.model.hardware import HardwareSpec, resolve_hardware
 from taxmodel.model import ledger_kernels as per_kernel
 from taxmodel.trace import schema
-from taxmodel.trace.bundle import Bundle, bundle_rank_ids, load_bundle_meta, load_rank_events, make_meta
+from taxmodel.trace.bundle import (EVENTS_FILE, Bundle, bundle_rank_ids, load_bundle_meta, load_rank_events,
+                                   make_meta)
+from taxmodel.trace.dask_run import INSTALL_HINT, close, connect, gather, worker_address
 
-INSTALL_HINT = "--scheduler needs Dask: pip install 'taxmodel[distributed]'"
+__all__ = ["INSTALL_HINT", "close", "compute_ledger_dask", "connect"]
+
+NOT_HERE = (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM)
+"""Errors that mean a worker's node has no readable file at the bundle's path (not a damaged file)."""
 
 
-def connect(scheduler: str) -> Any:
-    """A ``dask.distributed.Client`` for ``scheduler``: ``local`` (one worker process per core),
-    ``local:N`` (N worker processes on this machine) or a scheduler address (``tcp://host:8786``).
-    InputError with the install line when Dask is not installed."""
+def _rank_events(path: str, rank: int) -> led.RankEvents:
+    """One rank's events, read on the worker running the task. A bundle that is not at ``path``
+    on this worker's node is one line naming the rank, the worker and the path (the file being
+    damaged is the same error as in one process)."""
     try:
-        from dask.distributed import Client, LocalCluster
-    except ImportError:
-        raise InputError(INSTALL_HINT) from None
-    if scheduler == "local" or scheduler.startswith("local:"):
-        n = scheduler.partition(":")[2]
-        try:
-            workers = int(n) if n else (os.cpu_count() or 1)
-        except ValueError:
-            raise InputError(f"--scheduler {scheduler}: expected local, local:N (N workers) or a scheduler address") from None
-        if workers < 1:
-            raise InputError(f"--scheduler {scheduler}: N must be at least 1")
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                               silence_logs=logging.CRITICAL)
-        return Client(cluster)
-    try:
-        return Client(scheduler, timeout="20s")
-    except OSError as exc:
-        raise InputError(f"--scheduler {scheduler}: cannot reach the Dask scheduler ({exc}); start one with "
-                         "`dask scheduler` and `dask worker ADDRESS` on each node, or use --scheduler local") from None
-
-
-def close(client: Any) -> None:
-    """Close the client, and the local cluster it started."""
-    cluster = getattr(client, "cluster", None)
-    client.close()
-    if cluster is not None:
-        cluster.close()
+        events, pos = load_rank_events(path, rank)
+    except BundleError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, OSError) and cause.errno in NOT_HERE:
+            raise InputError(f"rank {rank}: {Path(path) / EVENTS_FILE} cannot be read on the Dask worker {worker_address()} "
+                             f"({os.strerror(cause.errno)}); --scheduler reads the bundle at the same path on every "
+                             "worker: copy it to that path on each node or put it on a shared file system, or run "
+                             "without --scheduler") from None
+        raise
+    return led.RankEvents(rank, events, pos)
 
 
 def _summarize(path: str, rank: int) -> led.RankSummary:
-    events, pos = load_rank_events(path, rank)
-    return led.summarize_rank(led.RankEvents(rank, events, pos))
+    return led.summarize_rank(_rank_events(path, rank))
 
 
 def _rank_ledger(path: str, rank: int, plan: led.LedgerPlan) -> led.RankLedger:
-    events, pos = load_rank_events(path, rank)
-    return led.rank_ledger(led.RankEvents(rank, events, pos), plan)
+    return led.rank_ledger(_rank_events(path, rank), plan)
 
 
-def _gather(client: Any, futures: dict[Any, int], phase: str) -> dict[int, Any]:
-    """Results per rank; a task's own error (a damaged rank file, data that cannot be
-    analyzed) is raised as it is, a worker lost on the way as one AnalysisError naming the rank
-    and the worker. The other tasks are cancelled, so nothing partial is returned."""
-    from dask.distributed import as_completed
-
-    out: dict[int, Any] = {}
-    try:
-        for fut in as_completed(list(futures)):
-            rank = futures[fut]
-            if fut.status != "finished":
-                exc = fut.exception()
-                if isinstance(exc, TaxmodelError):
-                    raise exc
-                worker = getattr(getattr(exc, "last_worker", None), "address", None)
-                what = (f"the Dask worker {worker} died" if worker else
-                        f"a Dask worker failed ({type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]})")
-                raise AnalysisError(f"rank {rank}: {what} while computing the ledger's {phase}; nothing was written. "
-                                    "Check that worker's memory and log, then run again")
-            out[rank] = fut.result()
-    finally:
-        client.cancel([f for f in futures if not f.done()])
-    return out
+def _rank_label(rank: Any) -> str:
+    return f"rank {rank}"
 
 
 def compute_ledger_dask(path: str | os.PathLike, client: Any, hardware: HardwareSpec | str | None = None,
@@ -117,12 +86,14 @@ def compute_ledger_dask(path: str | os.PathLike, client: Any, hardware: Hardware
     ranks = led.ledger_ranks(meta, present)
     where = str(path.resolve())
     run = uuid.uuid4().hex[:8]
-    summaries = _gather(client, {client.submit(_summarize, where, r, key=f"taxmodel-summary-{r}-{run}", pure=False): r
-                                 for r in ranks}, "first phase (per-rank summary)")
+    # the plan travels inside each phase-(c) task (a few KB to a few hundred KB: it grows with
+    # iterations and collectives, not events) rather than scattered once: scattered data lives
+    # only on workers, and a worker dying with the last copy would cancel every task waiting on it
+    summaries = gather(client, {client.submit(_summarize, where, r, key=f"taxmodel-summary-{r}-{run}", pure=False): r
+                                for r in ranks}, _rank_label, "the ledger's first phase (per-rank summary)")
     plan = led.plan_ledger([summaries[r] for r in ranks], meta, ranks, hardware, lenient)
-    [plan_f] = client.scatter([plan], broadcast=True, hash=False)
-    pieces = _gather(client, {client.submit(_rank_ledger, where, r, plan_f, key=f"taxmodel-rank-{r}-{run}", pure=False): r
-                              for r in ranks}, "second phase (per-rank ledger)")
+    pieces = gather(client, {client.submit(_rank_ledger, where, r, plan, key=f"taxmodel-rank-{r}-{run}", pure=False): r
+                             for r in ranks}, _rank_label, "the ledger's second phase (per-rank ledger)")
     bundle = Bundle(events=schema.empty_events(), meta=meta, path=path)
     label = per_kernel.job_label(meta, path) or bundle.label
     return bundle, led.assemble_ledger(plan, [pieces[r] for r in ranks], label, hardware)

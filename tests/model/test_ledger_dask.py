@@ -1,8 +1,12 @@
 """The ledger on Dask (model/ledger_dask.py) is the single-process ledger to the nanosecond:
 committed multi-rank H200 bundles and synthetic jobs with many ranks, on an in-process
-2-worker cluster; and without Dask, --scheduler says how to install it."""
+2-worker cluster, and a committed bundle on worker processes (everything crosses pickling);
+without Dask, --scheduler says how to install it; a worker that dies (in either per-rank phase,
+with Dask's default retries) or a node without the bundle ends in one line naming the rank and
+the worker."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -126,23 +130,43 @@ def test_scheduler_without_dask_says_how_to_install(tmp_path, monkeypatch):
     assert "pip install 'taxmodel[distributed]'" in res.output and "Traceback" not in res.output
 
 
-def _die_on_rank_1() -> None:
-    """Run on every worker: the first phase of rank 1 kills its worker process."""
-    import os
-
-    from taxmodel.model import ledger
-
-    real = ledger.summarize_rank
-
-    def summarize(rank_events):
-        if rank_events.rank == 1:
-            os._exit(1)
-        return real(rank_events)
-
-    ledger.summarize_rank = summarize
+try:
+    from distributed import WorkerPlugin
+except ImportError:  # the tests that need it skip
+    WorkerPlugin = object
 
 
-def test_a_worker_dying_fails_with_one_line_naming_rank_and_worker(tmp_path):
+class _DieOnRank(WorkerPlugin):
+    """On every worker, also those started to replace a dead one: the task of ``rank`` in phase
+    ``phase`` ("a" or "c") kills its worker process; with ``once`` (a file path) only the first
+    time."""
+
+    name = "taxmodel-test-die-on-rank"
+
+    def __init__(self, rank: int, phase: str, once: str | None = None):
+        self.rank, self.phase, self.once = rank, phase, once
+
+    def setup(self, worker) -> None:
+        import os
+
+        from taxmodel.model import ledger
+
+        attr = {"a": "summarize_rank", "c": "rank_ledger"}[self.phase]
+        real, rank, once = getattr(ledger, attr), self.rank, self.once
+
+        def die_on_rank(rank_events, *args):
+            if rank_events.rank == rank and not (once and os.path.exists(once)):
+                if once:
+                    open(once, "w").close()
+                os._exit(1)
+            return real(rank_events, *args)
+
+        setattr(ledger, attr, die_on_rank)
+
+
+def _dying_run(tmp_path, phase: str, workers: int, once: bool = False, **config) -> AnalysisError | None:
+    """The error of a 3-rank ledger on a LocalCluster of worker processes where rank 1's task of
+    ``phase`` kills its worker (``once``: the first time only; then the ledger must be right)."""
     dask = pytest.importorskip("dask", reason="dask[distributed] is not installed (the 'distributed' extra)")
     from dask.distributed import Client, LocalCluster
 
@@ -150,12 +174,97 @@ def test_a_worker_dying_fails_with_one_line_naming_rank_and_worker(tmp_path):
 
     case = synthetic_bundle(world_size=3, iterations=2)
     path = write_bundle(tmp_path / "b", case.bundle.events, case.bundle.meta)
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}):  # no retry on a fresh worker
-        with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+    with dask.config.set(config):
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
                           silence_logs=50) as cluster, Client(cluster) as c:
-            c.run(_die_on_rank_1)
+            c.register_plugin(_DieOnRank(1, phase, str(tmp_path / "died") if once else None))
+            if once:
+                assert_same_ledger(compute_ledger(load_bundle(path)), compute_ledger_dask(path, c)[1])
+                assert (tmp_path / "died").exists()
+                return None
             with pytest.raises(AnalysisError) as err:
                 compute_ledger_dask(path, c)
-    # rank 1's task, or another rank's queued on the same worker when it died: each names its rank
-    assert re.match(r"rank [0-2]: the Dask worker tcp://\S+ died while computing the ledger's first phase", str(err.value))
-    assert "\n" not in str(err.value)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    return err.value
+
+
+def test_a_worker_dying_fails_with_one_line_naming_rank_and_worker(tmp_path):
+    # one worker, no retry: rank 2's task is queued on the worker that rank 1's kills, and both
+    # fail in Dask's eyes; the message names the one that ran (submitted first), not the queued one
+    err = _dying_run(tmp_path, "a", 1, **{"distributed.scheduler.allowed-failures": 0})
+    assert re.match(r"rank 1: the Dask worker tcp://\S+ died while running this task.*during the ledger's first phase",
+                    str(err)), err
+
+
+def test_a_worker_dying_in_the_second_phase_with_default_retries(tmp_path):
+    """Phase (c) after the plan: with Dask's default retries (allowed-failures 3) rank 1's task
+    kills 4 workers (each replaced by its nanny); the plan, sent inside each task, survives, and the
+    error names rank 1 and its last worker, never a cancelled future."""
+    import dask
+
+    assert dask.config.get("distributed.scheduler.allowed-failures") == 3  # the CLI's default
+    err = _dying_run(tmp_path, "c", 2)
+    assert re.match(r"rank 1: the Dask worker tcp://[\d.]+:\d+ died while running this task \(4 workers died "
+                    r"running it.*during the ledger's second phase \(per-rank ledger\); nothing was written", str(err)), err
+
+
+def test_a_worker_dying_once_in_the_second_phase_loses_nothing(tmp_path):
+    """The only worker dies running rank 1's phase-(c) task; its replacement computes every rank
+    again, with the plan each task carries: the ledger is the one-process ledger."""
+    assert _dying_run(tmp_path, "c", 1, once=True) is None
+
+
+@pytest.fixture(scope="module")
+def process_client():
+    """Two worker processes: tasks, their inputs (the plan) and results are pickled."""
+    distributed = pytest.importorskip("dask.distributed", reason="dask[distributed] is not installed (the 'distributed' extra)")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=50) as cluster, distributed.Client(cluster) as c:
+        yield c
+
+
+def test_committed_bundle_same_ledger_on_worker_processes(process_client):
+    from taxmodel.model.ledger_dask import compute_ledger_dask
+
+    path = ROOT / COMMITTED[0]
+    _, led = compute_ledger_dask(path, process_client)
+    assert_same_ledger(compute_ledger(load_bundle(path)), led)
+    one = CliRunner().invoke(cli, ["analyze", str(path), "--json"])
+    many = CliRunner().invoke(cli, ["analyze", str(path), "--json", "--scheduler", "local:2"])
+    assert one.exit_code == many.exit_code == 0, many.output
+    assert json.loads(one.output) == json.loads(many.output)
+
+
+def _no_bundle_here(missing: str) -> None:
+    """On one worker: every rank's read looks for the bundle where this node has none."""
+    from taxmodel.model import ledger_dask
+    from taxmodel.trace import bundle
+
+    ledger_dask.load_rank_events = lambda path, rank: bundle.load_rank_events(missing, rank)
+
+
+def _bundle_back() -> None:
+    from taxmodel.model import ledger_dask
+    from taxmodel.trace import bundle
+
+    ledger_dask.load_rank_events = bundle.load_rank_events
+
+
+def test_a_node_without_the_bundle_names_rank_worker_and_path(process_client, tmp_path):
+    from taxmodel.model.ledger_dask import compute_ledger_dask
+
+    case = synthetic_bundle(world_size=8, iterations=2)
+    path = write_bundle(tmp_path / "b", case.bundle.events, case.bundle.meta)
+    lacking = sorted(process_client.scheduler_info()["workers"])[0]
+    process_client.run(_no_bundle_here, str(tmp_path / "elsewhere"), workers=[lacking])
+    try:
+        with pytest.raises(InputError) as err:
+            compute_ledger_dask(path, process_client)
+    finally:
+        process_client.run(_bundle_back, workers=[lacking])
+    msg = str(err.value)
+    assert msg.startswith("rank ") and f"{path.resolve() / EVENTS_FILE} cannot be read on the Dask worker {lacking} " \
+        "(No such file or directory); --scheduler reads the bundle at the same path on every worker" in msg, msg
+    assert "\n" not in msg and err.value.exit_code == 2
+    _, led = compute_ledger_dask(path, process_client)  # the same cluster, the bundle back: fine
+    assert_same_ledger(compute_ledger(load_bundle(path)), led)
