@@ -11,7 +11,9 @@ Why each rule:
   * the result gets the permissions a plain ``open()`` would give (``0666``/``0777`` less the
     umask), not ``mkstemp``'s private ``0600``/``0700``, so that teammates can read shared outputs;
   * a temporary left by a writer that was killed (its pid is gone) is removed by the next write
-    of the same name, so killed runs do not pile up hidden files.
+    of the same name, so killed runs do not pile up hidden files; a directory replaced in two
+    renames (``replace_dir``) waits between them under a temporary name of the same pattern, so
+    a kill there is undone (the old one put back) rather than hidden.
 
 This module is at the bottom layer (it imports only ``errors``), so that trace, report, regress,
 model and runtime can all use it.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -102,7 +105,7 @@ def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
     if kind not in (None, "a regular file"):
         hint = ("remove the link or name the file it points to" if kind == "a symbolic link"
                 else "name a file inside it" if kind == "a directory"
-                else "write to a regular file (and copy it there if you must)")
+                else "write to a regular file, then copy it there if you must")
         raise InputError(f"{path}: is {kind}; taxmodel only replaces regular files ({hint})")
     return path
 
@@ -120,7 +123,12 @@ def make_dirs(path: str | os.PathLike, what: str = "output") -> Path:
     return path
 
 
-_STALE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-[A-Za-z0-9_]+" + re.escape(TMP_SUFFIX) + "$")
+_STALE = re.compile(r"^\.(?P<name>.+)\.(?P<pid>\d+)-(?P<tag>[A-Za-z0-9_]+)" + re.escape(TMP_SUFFIX) + "$")
+
+OLD_TAG = "OLD"
+"""Starts the tag of a directory that ``replace_dir`` moved aside (``.<name>.<pid>-OLD<hex>.tmp``):
+the previous version of the target, not a half-written new one. ``mkstemp``/``mkdtemp`` tags
+are lower case and digits, so theirs never start with it."""
 
 
 def temp_prefix(target: Path) -> str:
@@ -141,27 +149,73 @@ def _pid_alive(pid: int) -> bool:
 def clean_stale_temps(target: str | os.PathLike) -> list[Path]:
     """Remove temporaries of ``target`` (``.<name>.<pid>-XXXX.tmp`` beside it) whose writer's pid
     is no longer alive on this host; return what was removed. Others' files are never touched:
-    only names of exactly this pattern for exactly this target are considered."""
+    only names of exactly this pattern for exactly this target are considered.
+
+    A previous version that a killed ``replace_dir`` had moved aside (tag ``OLD...``) is put back
+    at ``target`` when nothing stands there (the writer died between its two renames: the new
+    version never arrived), and removed otherwise (it died after: the new one is in place)."""
     target = Path(target)
-    removed = []
+    removed: list[Path] = []
     try:
         entries = list(os.scandir(target.parent))
     except OSError:
         return removed
+    olds = []
     for entry in entries:
         m = _STALE.match(entry.name)
         if not m or m.group("name") != target.name or _pid_alive(int(m.group("pid"))):
             continue
-        p = Path(entry.path)
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(p)
-            else:
-                p.unlink()
-            removed.append(p)
-        except OSError:
-            pass
+        if m.group("tag").startswith(OLD_TAG) and entry.is_dir(follow_symlinks=False):
+            olds.append(Path(entry.path))
+        elif _remove(Path(entry.path)):
+            removed.append(Path(entry.path))
+    for old in sorted(olds, key=lambda p: p.lstat().st_mtime_ns if p.exists() else 0, reverse=True):  # latest first
+        if not os.path.lexists(target):
+            with contextlib.suppress(OSError):  # not put back: left as it is, never removed
+                os.rename(old, target)
+        elif _remove(old):
+            removed.append(old)
     return removed
+
+
+def _remove(path: Path) -> bool:
+    try:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    except OSError:
+        return False
+    return True
+
+
+def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Move directory ``new`` to ``target``; an existing ``target`` is swapped out only after
+    ``new`` is whole. Between the two renames the old version waits beside it under a temporary
+    name of the one stale pattern (tag ``OLD_TAG``): a writer killed there leaves ``target``
+    missing for a moment, and the next write of ``target`` (``clean_stale_temps``) or
+    ``recover_dir`` puts the old version back; killed after, the old one is removed next time."""
+    new, target = Path(new), Path(target)
+    if not os.path.lexists(target):
+        os.replace(new, target)
+        return
+    old = target.with_name(f"{temp_prefix(target)}{OLD_TAG}{secrets.token_hex(4)}{TMP_SUFFIX}")
+    os.rename(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_dir(target: str | os.PathLike) -> bool:
+    """Put back a directory that a killed ``replace_dir`` left aside, if ``target`` is missing;
+    True when ``target`` exists afterwards. For readers: a bundle is found where the user left it."""
+    target = Path(target)
+    if not os.path.lexists(target):
+        clean_stale_temps(target)
+    return os.path.lexists(target)
 
 
 def make_temp_dir(target: str | os.PathLike) -> Path:

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel import fsutil
+from taxmodel.fsutil import replace_dir  # the one directory swap (regress/baseline.py imports it from here)
 from taxmodel.errors import BundleError, InputError
 from taxmodel.trace import schema
 from taxmodel.trace.bundle_meta import EXACT_NS, check_meta
@@ -157,6 +158,7 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
     """
     path = Path(path)
     raw_files = [Path(f) for f in raw_files]
+    fsutil.recover_dir(path)  # a replacement killed half-way: the old bundle first goes back where it was
     prepare_output(path, force=overwrite, inputs=raw_files)
     events = schema.normalize_events(events)
     schema.validate_events(events)
@@ -182,21 +184,6 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
-
-
-def replace_dir(new: Path, target: Path) -> None:
-    """Move ``new`` to ``target``; an existing ``target`` is swapped out only after ``new`` is whole."""
-    if not target.exists():
-        os.replace(new, target)
-        return
-    old = target.with_name(f".{target.name}.old.{os.getpid()}")
-    os.replace(target, old)
-    try:
-        os.replace(new, target)
-    except BaseException:
-        os.replace(old, target)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def check_time_range(events: pd.DataFrame, where: str) -> None:
@@ -247,7 +234,7 @@ def load_bundle_meta(path: Path) -> dict[str, Any]:
 def load_bundle(path: str | os.PathLike) -> Bundle:
     """Load a bundle directory or archive; raise BundleError naming what is wrong."""
     path = Path(path)
-    if not path.exists():
+    if not fsutil.recover_dir(path):
         raise InputError(f"{path}: no such bundle (expected a directory with {EVENTS_FILE} and {META_FILE}, or an archive of one)")
     if path.is_file():
         return _load_archive(path)
