@@ -93,19 +93,36 @@ def cli() -> None:
                    "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum` "
                    "(or a .ncu-rep where Nsight Compute's Python module is importable): DRAM bytes per kernel, "
                    "matched by order and name; a file from another run is refused.")
-def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks, world_size) -> None:
+@click.option("--scheduler", default=None, metavar="ADDRESS|local[:N]",
+              help="Read the traces on Dask (pip install 'taxmodel[distributed]'), each on a worker that sees it (a "
+                   "node's local disk): a scheduler's address, or local[:N] worker processes on this machine. The "
+                   "bundle is the same; a file on no worker's node is a missing rank. --keep-raw needs the traces here.")
+def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks, world_size,
+               scheduler) -> None:
     """Import torch.profiler (and other) traces, one file per rank, into a profile bundle."""
     from taxmodel.trace import importers, summary
     from taxmodel.trace.bundle import prepare_output
 
     replaces = prepare_output(output, force=force, inputs=traces)  # before the work: refuse early
+    options = dict(keep_raw=keep_raw, counters=counters, allow_missing_ranks=allow_missing_ranks, force=force,
+                   world_size=world_size)
+    if scheduler:  # the files may be on the workers' nodes only: the format is detected there
+        from taxmodel.trace.dask_run import close, connect
+        from taxmodel.trace.import_dask import import_bundle_dask
 
-    if fmt == "auto":  # every file is checked again inside the import; this is for the message
-        click.echo(f"format: {importers.detect_format(traces[0])} (detected from the content of {traces[0]})")
+        client = connect(scheduler)
+        try:
+            bundle, found = import_bundle_dask(traces, output, client, fmt, iteration_pattern, **options)
+        finally:
+            close(client)
+        click.echo(f"format: {found} ({'detected on the Dask workers' if fmt == 'auto' else 'as given'})")
+        fmt = found
     else:
-        click.echo(f"format: {fmt} (as given)")
-    bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, keep_raw=keep_raw, counters=counters,
-                                          allow_missing_ranks=allow_missing_ranks, force=force, world_size=world_size)
+        if fmt == "auto":  # every file is checked again inside the import; this is for the message
+            click.echo(f"format: {importers.detect_format(traces[0])} (detected from the content of {traces[0]})")
+        else:
+            click.echo(f"format: {fmt} (as given)")
+        bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, **options)
     click.echo(f"wrote {output}" + (" (replaced the bundle that was there: --force)" if replaces else ""))
     click.echo(summary.describe(bundle, fmt))
 

@@ -8,7 +8,15 @@ Each importer module (listed in ``IMPORTER_MODULES``; adding a format is one lin
     read(paths: list[Path], *, iteration_pattern: str | None = None) -> (events, meta)
 
 ``read`` returns events in any column order (``schema.normalize_events`` is applied here) and
-partial meta. To let the checks below name the offending *file*, meta should carry
+partial meta. An importer may also read a run one file at a time, which ``taxmodel import
+--scheduler`` runs as one Dask task per file on a worker that sees it (``trace/import_dask.py``):
+
+    parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> part   # picklable
+    combine(parts: list, *, iteration_pattern: str | None = None) -> (events, meta)
+
+such that ``read(paths) == combine([parse(p, i) for i, p in enumerate(paths)])`` (``index``: the
+file's position, for formats that number ranks by it). One without them is read by ``read``, in
+one task. (None of the built-in importers has them yet.) To let the checks below name the offending *file*, meta should carry
 ``inputs``: one entry per file, ``{"file": name, "ranks": [rank, ...], "world_size": int | None}``
 (extra keys are kept). Without it the checks still run and name ranks instead of files.
 
@@ -27,7 +35,7 @@ import sqlite3
 import zlib
 from pathlib import Path
 from types import ModuleType
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -153,24 +161,42 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
     accepted and noted in meta instead of rejected. ``world_size`` says how many ranks the run
     had where the traces do not record it (it must agree with them where they do).
     """
+    paths = check_import_options(paths, iteration_pattern, world_size)
+    for p in paths:
+        _check_file(p)
+    if fmt == "auto":
+        fmt = one_format({p: detect_format(p) for p in paths})
+    events, meta = read_with(importer_for(fmt), paths, iteration_pattern)
+    return finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks, world_size=world_size)
+
+
+def check_import_options(paths: Sequence[str | Path], iteration_pattern: str | None,
+                         world_size: int | None) -> list[Path]:
+    """The paths, once the options that need no file are checked (before any file is read)."""
     if world_size is not None and world_size <= 0:
         raise InputError(f"--world-size {world_size} is not positive")
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("no trace files given")
-    for p in paths:
-        _check_file(p)
     if iteration_pattern is not None:
         compile_iteration_pattern(iteration_pattern)
-    if fmt == "auto":
-        found = {p: detect_format(p) for p in paths}
-        kinds = sorted(set(found.values()))
-        if len(kinds) > 1:
-            example = ", ".join(f"{p.name} is {f}" for p, f in list(found.items())[:4])
-            raise InputError(f"traces of different formats given together ({example}); import one run's traces at a time")
-        fmt = kinds[0]
-    mod = importer_for(fmt)
-    events, meta = read_with(mod, paths, iteration_pattern)
+    return paths
+
+
+def one_format(found: dict[Path, str]) -> str:
+    """The one format of a run's files (each file's, as detected); InputError when they differ."""
+    kinds = sorted(set(found.values()))
+    if len(kinds) > 1:
+        example = ", ".join(f"{p.name} is {f}" for p, f in list(found.items())[:4])
+        raise InputError(f"traces of different formats given together ({example}); import one run's traces at a time")
+    return kinds[0]
+
+
+def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Path], *,
+                  allow_missing_ranks: bool = False, world_size: int | None = None) -> tuple[pd.DataFrame, dict, str]:
+    """What every import does with what its importer read (``import_traces``'s second half, also
+    run by ``import --scheduler`` after its tasks): meta completed, events normalized, and the
+    checks across files; ``paths`` as the user gave them, for the messages."""
     meta = dict(meta)
     meta.setdefault("source", fmt)
     meta["notes"] = list(meta.get("notes") or [])
@@ -196,8 +222,27 @@ def read_with(mod: ModuleType, paths: list[Path], iteration_pattern: str | None)
     """``mod.read``, with a last-resort net: an error the importer did not turn into an
     InputError itself becomes one line naming the files, the format and the original error
     (the importer's own checks name the field; this only keeps a traceback from the user)."""
+    return _netted(mod, paths, lambda: mod.read(paths, iteration_pattern=iteration_pattern))
+
+
+def reads_per_file(mod: ModuleType) -> bool:
+    """Whether the importer reads one file at a time (``parse`` and ``combine``, see the module docstring)."""
+    return callable(getattr(mod, "parse", None)) and callable(getattr(mod, "combine", None))
+
+
+def parse_with(mod: ModuleType, path: Path, index: int, iteration_pattern: str | None) -> Any:
+    """``mod.parse`` of one file, with ``read_with``'s net."""
+    return _netted(mod, [path], lambda: mod.parse(path, index, iteration_pattern=iteration_pattern))
+
+
+def combine_with(mod: ModuleType, parts: list, paths: list[Path], iteration_pattern: str | None) -> tuple[pd.DataFrame, dict]:
+    """``mod.combine`` of the files' parts (in the order of ``paths``), with ``read_with``'s net."""
+    return _netted(mod, paths, lambda: mod.combine(parts, iteration_pattern=iteration_pattern))
+
+
+def _netted(mod: ModuleType, paths: list[Path], read: Callable[[], Any]) -> Any:
     try:
-        return mod.read(paths, iteration_pattern=iteration_pattern)
+        return read()
     except TaxmodelError:
         raise
     except READ_FAILURES as exc:
@@ -210,16 +255,19 @@ def read_with(mod: ModuleType, paths: list[Path], iteration_pattern: str | None)
 def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "auto",
                   iteration_pattern: str | None = None, *, keep_raw: bool = True,
                   allow_missing_ranks: bool = False, force: bool = False,
-                  world_size: int | None = None, counters: str | Path | None = None) -> tuple[Bundle, str]:
+                  world_size: int | None = None, counters: str | Path | None = None,
+                  read: Callable[..., tuple[pd.DataFrame, dict, str]] | None = None) -> tuple[Bundle, str]:
     """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format).
     ``keep_raw`` copies the original files into the bundle's ``raw/``. An existing bundle at
     ``output`` is replaced only with ``force``; anything else there is refused
     (``bundle.prepare_output``). ``counters``: an ncu export of the same run, attached per kernel
-    (``counter_match``); one that does not match is refused and nothing is written."""
+    (``counter_match``); one that does not match is refused and nothing is written. ``read``:
+    what reads the traces, with ``import_traces``'s arguments (``import --scheduler`` reads them
+    on Dask); by default ``import_traces``."""
     paths = [Path(p) for p in paths]
     prepare_output(output, force=force, inputs=paths)  # refuse before the (long) import
-    events, meta, fmt = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
-                                      world_size=world_size)
+    events, meta, fmt = (read or import_traces)(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
+                                                world_size=world_size)
     if counters is not None:
         from taxmodel.trace.counter_match import attach_counters_file
 
