@@ -1,10 +1,12 @@
 """Property-based fuzz of what users hand the CLI (issue 28): a bundle's meta.json with any JSON
-in any field read by taxmodel, and damaged trace files of every format. Every command must end
+in any field read by taxmodel, and damaged trace files of every format (Kineto, nsys, rocpd,
+rocprofv3 JSON and CSV: bytes cut, flipped or zeroed; for rocprofv3 also any JSON value at any
+place of its document and any text in any CSV cell). Every command must end
 with exit 0 (or 1 where that is a verdict), or exit 2 with one line on stderr; never a
 traceback; and never write a file outside its -o.
 
 Derandomized, so CI sees the same examples every run; modest example counts keep it to seconds
-(about 25 s for the file on a loaded 2-core machine).
+(about 12 s for the file here, the rocprofv3 part about 6 s; more on a loaded 2-core machine).
 """
 from __future__ import annotations
 
@@ -142,6 +144,8 @@ def _kineto_bytes() -> list[bytes]:
 KINETO = _kineto_bytes()
 SQLITE = [(DATA / "nsys" / "rank0.sqlite").read_bytes(), (DATA / "nsys" / "rank1.sqlite").read_bytes()]
 ROCPD = [(DATA / "rocprof" / "rank0_results.db").read_bytes(), (DATA / "rocprof" / "rank1_results.db").read_bytes()]
+ROCPROF_JSON = (DATA / "rocprof" / "two_ranks_results.json").read_bytes()  # both processes in one file
+ROCPROF_CSV = {p.name: p.read_bytes() for p in sorted((DATA / "rocprof" / "csv").glob("*.csv"))}  # two processes
 
 MUTATIONS = st.one_of(
     st.tuples(st.just("truncate"), st.floats(0.0, 1.0)),
@@ -191,3 +195,79 @@ def test_a_damaged_trace_is_one_line_or_success(source, which, mutation, gz):
         _check(res)
         assert _tree(tmp, skip=out) == before  # the inputs untouched, nothing beside them
         assert res.exit_code == 0 or not out.exists()  # a failed import leaves no partial bundle
+
+
+def _import_checked(tmp: Path, files: dict[str, bytes]) -> None:
+    """`taxmodel import` of ``files`` (written under ``tmp/traces``): one line or success, the
+    inputs untouched, nothing written beside them, no partial bundle."""
+    traces = tmp / "traces"
+    traces.mkdir()
+    paths = []
+    for name, data in files.items():
+        (traces / name).write_bytes(data)
+        paths.append(traces / name)
+    out = tmp / "bundle"
+    before = _tree(tmp)
+    cwd = os.getcwd()
+    os.chdir(tmp)
+    try:
+        res = stderr_runner().invoke(cli, ["import", *map(str, paths), "-o", str(out)])
+    finally:
+        os.chdir(cwd)
+    _check(res)
+    assert _tree(tmp, skip=out) == before
+    assert res.exit_code == 0 or not out.exists()
+
+
+@FUZZ
+@given(fmt=st.sampled_from(["json", "csv"]), which=st.integers(0, len(ROCPROF_CSV) - 1), mutation=MUTATIONS,
+       gz=st.booleans())
+def test_a_damaged_rocprofv3_file_is_one_line_or_success(fmt, which, mutation, gz):
+    files = {"two_ranks_results.json": ROCPROF_JSON} if fmt == "json" else dict(ROCPROF_CSV)
+    name = sorted(files)[which % len(files)]
+    files[name] = _mutate(files[name], mutation)
+    if gz:
+        files = {f"{n}.gz": gzip.compress(d) for n, d in files.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        _import_checked(Path(tmp), files)
+
+
+def _replace_somewhere(doc, path: list[int], value):
+    """``doc`` with the node that ``path`` walks to (each step picks a key or an item by index
+    modulo their count) replaced by ``value``."""
+    if not path or not isinstance(doc, (dict, list)) or not doc:
+        return value
+    keys = sorted(doc) if isinstance(doc, dict) else range(len(doc))
+    key = list(keys)[path[0] % len(keys)]
+    doc[key] = _replace_somewhere(doc[key], path[1:], value)
+    return doc
+
+
+CELLS = st.sampled_from(["", "nan", "-1", "0", "1e400", "18446744073709551616", "-9223372036854775809", "abc",
+                         "GPU x", "Agent -3", '"', "1.5", "\x00"]) | st.text(max_size=8)
+
+
+@FUZZ
+@given(path=st.lists(st.integers(0, 50), min_size=1, max_size=7), value=JSON)
+def test_any_json_anywhere_in_a_rocprofv3_json_file_is_one_line_or_success(path, value):
+    doc = _replace_somewhere(json.loads(ROCPROF_JSON), path, value)
+    with tempfile.TemporaryDirectory() as tmp:
+        _import_checked(Path(tmp), {"two_ranks_results.json": json.dumps(doc).encode()})
+
+
+@FUZZ
+@given(which=st.integers(0, len(ROCPROF_CSV) - 1), row=st.integers(0, 20), col=st.integers(0, 20), text=CELLS)
+def test_any_text_in_a_rocprofv3_csv_cell_is_one_line_or_success(which, row, col, text):
+    import csv
+    import io
+
+    files = dict(ROCPROF_CSV)
+    name = sorted(files)[which]
+    rows = list(csv.reader(io.StringIO(files[name].decode())))
+    r = rows[1 + row % (len(rows) - 1)]  # a data row (a damaged header is the byte mutations' part)
+    r[col % len(r)] = text
+    buf = io.StringIO()
+    csv.writer(buf, quoting=csv.QUOTE_MINIMAL).writerows(rows)
+    files[name] = buf.getvalue().encode("utf-8", "surrogatepass")
+    with tempfile.TemporaryDirectory() as tmp:
+        _import_checked(Path(tmp), files)
