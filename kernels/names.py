@@ -23,5 +23,9 @@ FLASH_DECODE_COMBINE_LOCAL = "flash_decode_combine_local"
 FLASH_DECODE_COMBINE_GLOBAL = "flash_decode_combine_global"
 FLASH_DECODE_FUSED = "flash_decode_fused"
 
+#: The vendor GEMM that the bsp variants call (``torch.matmul``: cuBLAS's nvjet kernels on H100 and
+#: H200), as the analytic model names it in predicted timelines.
+VENDOR_GEMM = "nvjet_gemm"
+
 #: The device gate that starts every rank's traced step together (``device/gate.py``).
 GATE_KERNEL = "taxmodel_gate_kernel"

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
-from taxmodel.kernels.names import AG_GEMM_KERNEL, COPY_BLOCKS_KERNEL
+from taxmodel.kernels.names import AG_GEMM_KERNEL, COPY_BLOCKS_KERNEL, VENDOR_GEMM
 from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
@@ -31,7 +31,6 @@ from .topology import topology
 
 VARIANTS = ("bsp", "pull", "push", "torch_fused")
 NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
-VENDOR_GEMM = "nvjet_gemm"
 FUSED = AG_GEMM_KERNEL
 BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
 

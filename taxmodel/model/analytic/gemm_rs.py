@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
-from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
+from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL, VENDOR_GEMM
 from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import LIBRARY_KERNEL_NAMES, REDUCE_SCATTER
 
@@ -36,7 +36,6 @@ from .topology import topology
 
 VARIANTS = ("bsp", "fused", "torch_fused")
 NCCL_RS = LIBRARY_KERNEL_NAMES[REDUCE_SCATTER]
-VENDOR_GEMM = "nvjet_gemm"
 FUSED_GEMM, FUSED_REDUCE = GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 SYMM_BARRIER = "c10d::symmetric_memory::barrier_kernel"
 PEER_COPY = "Memcpy PtoP (symm_mem pull)"
