@@ -3,7 +3,7 @@ within a bounded time, and never touches an existing bundle."""
 from __future__ import annotations
 
 import dataclasses
-
+import re
 import time
 from pathlib import Path
 
@@ -27,8 +27,14 @@ def test_crashing_rank_is_named_and_old_bundle_kept(tmp_path):
     old = bundle_path(tmp_path, "toy", "bsp", shape)
     old.mkdir(parents=True)
     (old / "meta.json").write_text("{\"old\": true}")
-    with pytest.raises(RunError, match=r"rank 1 failed in phase 'compile' of variant 'bsp': ValueError: toy failure on rank 1"):
+    with pytest.raises(RunError, match=r"rank 1 failed in phase 'compile' of variant 'bsp': ValueError: toy failure on rank 1") as err:
         profile(dataclasses.replace(_request(tmp_path, fail_rank=1), force=True), quiet=True)
+    # The rank's traceback is kept in a file the message names (the run directory is gone).
+    log = Path(re.search(r"the tracebacks of rank\(s\) [\d, ]+ are in (\S+)$", str(err.value)).group(1))
+    try:
+        assert "== rank 1 ==" in log.read_text() and "ValueError: toy failure on rank 1" in log.read_text()
+    finally:
+        log.unlink()
     assert (old / "meta.json").read_text() == "{\"old\": true}"
     assert sorted(p.name for p in old.iterdir()) == ["meta.json"]
 
