@@ -1,6 +1,7 @@
 """The ledger of a many-rank synthetic job, single process vs a Dask LocalCluster (issue 30).
 
     python benchmarks/bench_dask_ledger.py --ranks 256 --kernels-per-rank 2000 --workers 2
+    python benchmarks/bench_dask_ledger.py --import-ranks 64 --kernels-per-rank 2000 --workers 2
 
 Writes the bundle (``large_synthetic_bundle``: per rank and iteration one all-gather and seven
 compute kernels, each with its launch call) to a temporary directory, then
@@ -14,11 +15,24 @@ compute kernels, each with its launch call) to a temporary directory, then
   groups, phase a, phase c), the reduce (phase b) and the assembly (phase d), and a projection
   from them to ``--project-ranks`` x ``--project-events`` on N workers.
 
+With ``--import-ranks N``, ``taxmodel import`` instead: the same synthetic job exported as N
+Kineto JSON traces (``bench_ledger.export_kineto``), imported
+
+* in one process (``importers.import_bundle``) and with ``--scheduler`` (``import_bundle_dask``)
+  on the LocalCluster: the built-in Kineto importer has no per-file step, so that is one task;
+* as per-file tasks: the test importer ``tests/trace/per_file_importer.py`` (Kineto's ``read`` of
+  each file, then a concatenation), one process vs the cluster, standing in for a Kineto importer
+  with ``parse``/``combine``;
+* the CLI end to end, ``taxmodel import --scheduler local:W``, cluster start included;
+
+and checks that each pair of bundles is equal (events.parquet bytes, meta.json but its creation time).
+
 Prints a Markdown report (benchmarks/results/dask_ledger.md holds one run).
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import resource
@@ -62,7 +76,10 @@ def main() -> int:
     p.add_argument("--project-ranks", type=int, default=1024)
     p.add_argument("--project-events", type=int, default=100_000, help="events per rank in the projection")
     p.add_argument("--project-workers", type=int, nargs="+", default=[2, 64, 256])
+    p.add_argument("--import-ranks", type=int, default=0, help="benchmark `taxmodel import` on this many rank files instead")
     args = p.parse_args()
+    if args.import_ranks:
+        return bench_import(args.import_ranks, args.kernels_per_rank, args.workers)
 
     import numpy as np
     import pandas as pd
@@ -70,7 +87,7 @@ def main() -> int:
 
     from taxmodel.model import ledger as led
     from taxmodel.model.ledger_dask import compute_ledger_dask
-    from taxmodel.trace.bundle import load_bundle, load_rank_events, write_bundle
+    from taxmodel.trace.bundle import load_bundle, load_rank_events
 
     cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
     client = Client(cluster)
@@ -114,19 +131,22 @@ def main() -> int:
     # per-rank phase costs, in this process, on a few ranks (median)
     sample = list(np.linspace(0, args.ranks - 1, 8).astype(int))
     cost = {"read": [], "a": [], "c": []}
-    summaries, events = {}, {}
+    events = {}
     for r in sample:
-        t = time.perf_counter(); ev, pos = load_rank_events(path, int(r)); cost["read"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        ev, pos = load_rank_events(path, int(r))
+        cost["read"].append(time.perf_counter() - t)
         events[r] = led.RankEvents(int(r), ev, pos)
-        t = time.perf_counter(); led.summarize_rank(events[r]); cost["a"].append(time.perf_counter() - t)
+        cost["a"].append(_timed(led.summarize_rank, events[r]))
     all_summaries = [led.summarize_rank(led.RankEvents(r, *load_rank_events(path, r))) for r in range(args.ranks)]
     meta = load_bundle(path).meta
-    t = time.perf_counter(); plan = led.plan_ledger(all_summaries, meta, list(range(args.ranks))); plan_s = time.perf_counter() - t
-    pieces = []
+    t = time.perf_counter()
+    plan = led.plan_ledger(all_summaries, meta, list(range(args.ranks)))
+    plan_s = time.perf_counter() - t
     for r in sample:
-        t = time.perf_counter(); pieces.append(led.rank_ledger(events[r], plan)); cost["c"].append(time.perf_counter() - t)
+        cost["c"].append(_timed(led.rank_ledger, events[r], plan))
     all_pieces = [led.rank_ledger(led.RankEvents(r, *load_rank_events(path, r)), plan) for r in range(args.ranks)]
-    t = time.perf_counter(); led.assemble_ledger(plan, all_pieces, "x"); assemble_s = time.perf_counter() - t
+    assemble_s = _timed(led.assemble_ledger, plan, all_pieces, "x")
     per_rank = {k: float(np.median(v)) for k, v in cost.items()}
     ev_rank = n_events / args.ranks
     load_after = os.getloadavg()
@@ -159,6 +179,79 @@ def main() -> int:
         glob = (plan_s + assemble_s) * grow * scale
         print(f"| {w} | {work:.0f} | {glob:.0f} | {work + glob:.0f} |")
     return 0 if same_all else 1
+
+
+def _same_bundle(a: Path, b: Path) -> bool:
+    meta = [json.loads((p / "meta.json").read_text()) for p in (a, b)]
+    for m in meta:
+        m.pop("created")
+    return (a / "events.parquet").read_bytes() == (b / "events.parquet").read_bytes() and meta[0] == meta[1]
+
+
+def _timed(fn, *args, **kwargs) -> float:
+    t = time.perf_counter()
+    fn(*args, **kwargs)
+    return time.perf_counter() - t
+
+
+def bench_import(ranks: int, kernels_per_rank: int, workers: int) -> int:
+    """``taxmodel import`` of ``ranks`` Kineto files, one process vs a LocalCluster (see the docstring)."""
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent / "tests" / "trace")]  # bench_ledger, the per-file test importer
+    from dask.distributed import Client, LocalCluster
+
+    import per_file_importer
+    from bench_ledger import build, export_kineto
+    from taxmodel.trace import importers
+    from taxmodel.trace.bundle import write_bundle
+    from taxmodel.trace.import_dask import import_bundle_dask
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_dask_import_"))
+    t = time.perf_counter()
+    build(tmp, ranks * kernels_per_rank, ranks)
+    export_kineto(tmp)
+    files = sorted((tmp / "kineto").glob("rank*.json.gz"), key=lambda f: int(f.name[4:].split(".")[0]))
+    export_s = time.perf_counter() - t
+    size_mib = sum(f.stat().st_size for f in files) / 2**20
+    importers.IMPORTER_MODULES.append(per_file_importer.MODULE)
+    load_before = os.getloadavg()
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = Client(cluster)
+    for module in ("taxmodel.trace.import_dask", "taxmodel.trace.kineto", per_file_importer.MODULE):
+        client.run(importlib.import_module, module)  # warm workers: module imports are not the import's cost
+    rows = []
+    for label, fmt in (("kineto (one task: no per-file step)", "kineto"), ("per-file tasks (test importer)", per_file_importer.FORMAT)):
+        one = _timed(importers.import_bundle, files, tmp / f"one-{fmt}", fmt, keep_raw=False)
+        many = _timed(import_bundle_dask, files, tmp / f"dask-{fmt}", client, fmt, keep_raw=False)
+        rows.append((label, one, many, _same_bundle(tmp / f"one-{fmt}", tmp / f"dask-{fmt}")))
+    client.close()
+    cluster.close()
+    t = time.perf_counter()  # where one process spends its time: the read, and what the client does on Dask too
+    events, meta = importers.read_with(importers.importer_for("kineto"), files, None)
+    read_s = time.perf_counter() - t
+    events, meta, _ = importers.finish_import(events, meta, "kineto", files)
+    checks_s = time.perf_counter() - t - read_s
+    write_s = _timed(write_bundle, tmp / "split", events, meta)
+    del events
+    cli = [sys.executable, "-m", "taxmodel", "import", *map(str, files), "--no-keep-raw", "-o"]
+    t = time.perf_counter()
+    subprocess.run(cli + [str(tmp / "cli-one")], check=True, capture_output=True)
+    cli_one = time.perf_counter() - t
+    t = time.perf_counter()
+    subprocess.run(cli + [str(tmp / "cli-dask"), "--scheduler", f"local:{workers}"], check=True, capture_output=True)
+    cli_many = time.perf_counter() - t
+    load_after = os.getloadavg()
+    print(f"# taxmodel import: {ranks} Kineto files x {kernels_per_rank:,} kernels (+ launches), {size_mib:.1f} MiB "
+          f"gzipped (exported in {export_s:.1f} s)\n")
+    print(f"machine: {os.cpu_count()} cores; load average before {load_before[0]:.2f}, after {load_after[0]:.2f}\n")
+    print(f"| importer | one process s | LocalCluster {workers} x 1 thread s | bundles equal |\n|---|---:|---:|---|")
+    for label, one, many, same in rows:
+        print(f"| {label} | {one:.1f} | {many:.1f} | {same} |")
+    print(f"| CLI end to end (kineto), cluster start included | {cli_one:.1f} | {cli_many:.1f} | "
+          f"{_same_bundle(tmp / 'cli-one', tmp / 'cli-dask')} |")
+    print(f"\none process, kineto: read (parse every file) {read_s:.1f} s, checks across files {checks_s:.1f} s, "
+          f"write {write_s:.1f} s; on Dask the checks and the write stay on the client")
+    return 0 if all(r[3] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -94,9 +94,10 @@ def cli() -> None:
                    "(or a .ncu-rep where Nsight Compute's Python module is importable): DRAM bytes per kernel, "
                    "matched by order and name; a file from another run is refused.")
 @click.option("--scheduler", default=None, metavar="ADDRESS|local[:N]",
-              help="Read the traces on Dask (pip install 'taxmodel[distributed]'), each on a worker that sees it (a "
-                   "node's local disk): a scheduler's address, or local[:N] worker processes on this machine. The "
-                   "bundle is the same; a file on no worker's node is a missing rank. --keep-raw needs the traces here.")
+              help="Read the traces on Dask (pip install 'taxmodel[distributed]'): a scheduler's address, or local[:N] "
+                   "worker processes on this machine. The bundle is the same. A file no worker can read is a missing "
+                   "rank; today's importers read all files in one task, on a worker that sees them all (README, "
+                   "'On a cluster'). --keep-raw needs the traces here too.")
 def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks, world_size,
                scheduler) -> None:
     """Import torch.profiler (and other) traces, one file per rank, into a profile bundle."""
