@@ -183,26 +183,35 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     order the files were passed (noted in ``meta['notes']``); when only some do, that is an
     error, since guessing would silently mislabel ranks.
     """
-    pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
-    paths = [Path(p) for p in paths]
-    per_file = []
-    for index, path in enumerate(paths):  # one parsed document in memory at a time
-        doc = _trace_document(path)
-        dist = _dist_info(doc)
-        rank, world = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
-        if rank is not None and not 0 <= rank < MAX_RANKS:
-            raise InputError(f"{path}: distributedInfo.rank is {rank}, not a valid rank; the trace is damaged")
-        if world is not None and not 0 < world <= MAX_RANKS:
-            raise InputError(f"{path}: distributedInfo.world_size is {world}, not a valid world size; the trace is damaged")
-        frame, ranges_host, ranges_gpu, info = _read_one(path, doc, index if rank is None else rank, pattern)
-        del doc
-        frame["iteration"] = importers.assign_iterations(frame, ranges_host, ranges_gpu)
-        own = frame["_own_iteration"].to_numpy()
-        frame.loc[own >= 0, "iteration"] = own[own >= 0]
-        info.update(rank=rank, world=world, iterations=int(ranges_host["iteration"].nunique()),
-                    markers=len(ranges_host) + len(ranges_gpu))
-        per_file.append((path, frame.drop(columns="_own_iteration"), info))
+    return combine([parse(p, i, iteration_pattern=iteration_pattern) for i, p in enumerate(paths)],
+                   iteration_pattern=iteration_pattern)
 
+
+def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> tuple[Path, pd.DataFrame, dict]:
+    """One file of ``read`` (``importers``' per-file step): its rows (rank: distributedInfo's,
+    else ``index``), and what ``combine`` needs of it."""
+    pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
+    path = Path(path)
+    doc = _trace_document(path)
+    dist = _dist_info(doc)
+    rank, world = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
+    if rank is not None and not 0 <= rank < MAX_RANKS:
+        raise InputError(f"{path}: distributedInfo.rank is {rank}, not a valid rank; the trace is damaged")
+    if world is not None and not 0 < world <= MAX_RANKS:
+        raise InputError(f"{path}: distributedInfo.world_size is {world}, not a valid world size; the trace is damaged")
+    frame, ranges_host, ranges_gpu, info = _read_one(path, doc, index if rank is None else rank, pattern)
+    del doc
+    frame["iteration"] = importers.assign_iterations(frame, ranges_host, ranges_gpu)
+    own = frame["_own_iteration"].to_numpy()
+    frame.loc[own >= 0, "iteration"] = own[own >= 0]
+    info.update(rank=rank, world=world, iterations=int(ranges_host["iteration"].nunique()),
+                markers=len(ranges_host) + len(ranges_gpu))
+    return path, frame.drop(columns="_own_iteration"), info
+
+
+def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """``read``'s events and meta from every file's ``parse``, in the order given."""
+    pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
     notes: list[str] = []
     known = [info["rank"] is not None for _, _, info in per_file]
     if all(known):
