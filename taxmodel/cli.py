@@ -27,9 +27,17 @@ class _Group(click.Group):
     exit 70; ``TAXMODEL_TRACEBACK=1`` shows the traceback for the report. (An EOFError would
     otherwise reach click, which prints "Aborted!".)"""
 
+    def make_context(self, info_name, args, parent=None, **extra):  # the group's own options
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:
+            _usage_error(exc)
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a command's arguments: one line, like every other error
+            _usage_error(exc)
         except TaxmodelError as exc:
             click.echo("taxmodel: error: " + " ".join(str(exc).split()), err=True)  # one line, always
             sys.exit(exc.exit_code)
@@ -54,6 +62,16 @@ class _Group(click.Group):
             click.echo(f"taxmodel: internal error: {type(exc).__name__}: {detail} (a bug in taxmodel; "
                        "run again with TAXMODEL_TRACEBACK=1 and report the traceback)", err=True)
             sys.exit(INTERNAL_ERROR_EXIT)
+
+
+def _usage_error(exc: click.UsageError) -> None:
+    """A wrong option or argument as one line naming the command to ask for help, exit 2 (a
+    bare group still prints its help, as click does)."""
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        raise exc
+    where = exc.ctx.command_path if exc.ctx is not None else "taxmodel"
+    click.echo(f"taxmodel: error: {' '.join(exc.format_message().split())} (see '{where} --help')", err=True)
+    sys.exit(exc.exit_code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
