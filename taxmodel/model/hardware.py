@@ -175,29 +175,89 @@ def device_arch(hw: Mapping[str, Any]) -> str | None:
     return None
 
 
-def resolve_hardware(meta: Mapping[str, Any] | None, name_or_path: str | os.PathLike | None = None) -> HardwareSpec:
-    """The spec to analyze a bundle with: an explicit ``name_or_path`` (a preset name or a JSON
-    file) wins; else the bundle's ``meta["hardware"]["name"]``. Raise InputError saying how to
-    choose one when neither names a known GPU."""
-    if name_or_path is not None:
-        text = str(name_or_path)
-        if text.endswith(".json") or Path(text).is_file():
-            return load_hardware(text)
-        spec = find_preset(text)
-        if spec is None:
-            raise InputError(f"unknown hardware '{text}'; presets: {', '.join(presets())}; or pass a JSON file written by `taxmodel calibrate`")
-        return spec
-    hw = (meta or {}).get("hardware") or {}
-    name = hw.get("name") if isinstance(hw, Mapping) else str(hw)
-    if name:
-        spec = find_preset(str(name))
-        if spec is not None:
-            return spec
-    arch = device_arch(hw) if isinstance(hw, Mapping) else None
-    if arch:  # the trace's device table names no known GPU (e.g. "AMD Radeon Graphics"): its architecture may
-        spec = find_preset(arch)
-        if spec is not None:
-            return spec
-    if name:
-        raise InputError(f"the bundle's hardware '{name}' is not a known preset ({', '.join(presets())}); pass --hardware NAME or --hardware FILE.json")
-    raise InputError(f"the bundle does not say which GPU it ran on; pass --hardware with one of {', '.join(presets())} or a JSON file")
+def resolve_hardware(meta: Mapping[str, Any] | None, name_or_path: str | os.PathLike | None = None, *,
+                     prefer_calibrated: bool = False, search: tuple[str | os.PathLike, ...] = ()) -> HardwareSpec:
+    """The spec to analyze a bundle with (``choose_hardware``'s spec): an explicit ``name_or_path``
+    (a preset name or a JSON file) wins; else the bundle's ``meta["hardware"]``. The ledger asks
+    without the calibrated preference; InputError says how to choose one when nothing names a known GPU."""
+    return choose_hardware(name_or_path, meta, prefer_calibrated=prefer_calibrated, search=search)[0]
+
+
+def calibrated_files(extra_dirs: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
+    """Calibrated hardware files that ship with taxmodel (``taxmodel/data/hardware/*calibrated*.json``)
+    or lie in ``extra_dirs`` (e.g. ``profiles/``)."""
+    out: list[Path] = []
+    folder = resources.files("taxmodel") / "data" / "hardware"
+    for entry in folder.iterdir():
+        if entry.name.endswith(".json") and "calibrated" in entry.name:
+            out.append(Path(str(entry)))
+    for d in extra_dirs:
+        p = Path(d)
+        if p.is_dir():
+            out.extend(sorted(q for q in p.glob("**/*calibrated*.json")))
+    return sorted(set(out))
+
+
+def choose_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, Any] | None = None, *,
+                    prefer_calibrated: bool, search: tuple[str | os.PathLike, ...] = ()) -> tuple[HardwareSpec, str]:
+    """The one hardware resolver, for the ledger and for predictions alike: the spec for an explicit
+    ``name_or_path`` or for the bundle ``meta``, and a sentence saying which one was used and why.
+
+    1. A JSON path (or any existing file) is loaded as it is.
+    2. A name (``name_or_path``, else the bundle's ``meta["hardware"]["name"]``) is matched against
+       the presets (``find_preset``); a bundle's device whose name matches none (AMD's runtime calls
+       an MI300X "AMD Radeon Graphics") is matched by its architecture (``device_arch``: gfx942).
+    3. ``prefer_calibrated`` (what predictions ask, to be compared with measured time): a calibrated
+       file for the same GPU, shipped with taxmodel or under ``search``, wins over the datasheet
+       preset, unless the name is a datasheet preset's own ("H200 SXM" asks for the datasheet). The
+       ledger asks without it: its useful floor stays on the preset the name matches.
+    InputError says how to choose a spec when nothing names a known GPU."""
+    if name_or_path is not None and (str(name_or_path).endswith(".json") or Path(str(name_or_path)).is_file()):
+        spec = load_hardware(name_or_path)
+        return spec, f"hardware: {spec.name} from {name_or_path} ({spec.source})"
+    given = name_or_path is not None
+    hw = {} if given else (meta or {}).get("hardware") or {}
+    name = str(name_or_path) if given else (hw.get("name") if isinstance(hw, Mapping) else str(hw))
+    preset = find_preset(str(name)) if name else None
+    by_arch = ""
+    if preset is None and not given and isinstance(hw, Mapping):
+        arch = device_arch(hw)
+        preset = find_preset(arch) if arch else None
+        if preset is not None:
+            by_arch = f", chosen by the device's architecture {arch} (the trace calls it '{name or '?'}')"
+    if prefer_calibrated and (name or preset is not None):
+        # Naming a datasheet preset by its own name ("H200 SXM") asks for the datasheet.
+        asked_for_datasheet = preset is not None and preset.source == "datasheet" and bool(name) \
+            and normalized_name(str(name)) == normalized_name(preset.name)
+        for path in ([] if asked_for_datasheet else calibrated_files(search)):
+            try:
+                spec = load_hardware(path)
+            except InputError:
+                continue
+            if spec.source != "calibrated":
+                continue
+            if (name and _same_name(spec, str(name))) or \
+                    (preset is not None and any(_same_name(spec, a) for a in (preset.name, *preset.aliases))):
+                return spec, f"hardware: {spec.name}, calibrated ({path.name}) in preference to the datasheet preset{by_arch}"
+    if preset is None:
+        choose = f"{', '.join(presets())}; or pass a JSON file written by `taxmodel calibrate`"
+        if given:
+            raise InputError(f"unknown hardware '{name}'; presets: {choose}")
+        if name:
+            raise InputError(f"the bundle's hardware '{name}' is not a known preset ({', '.join(presets())}); "
+                             "pass --hardware NAME or --hardware FILE.json")
+        if meta is None:
+            raise InputError(f"no hardware given; pass --hardware with one of {', '.join(presets())} or a JSON file")
+        raise InputError(f"the bundle does not say which GPU it ran on; pass --hardware with one of "
+                         f"{', '.join(presets())} or a JSON file")
+    if preset.source == "calibrated":
+        why = " in preference to the datasheet preset" if prefer_calibrated else ""
+        return preset, f"hardware: {preset.name}, calibrated (shipped with taxmodel){why}{by_arch}"
+    if prefer_calibrated:
+        return preset, (f"hardware: {preset.name} datasheet preset{by_arch} (no calibrated file for it; run "
+                        "`taxmodel calibrate`)")
+    return preset, f"hardware: {preset.name} {preset.source} preset{by_arch}"
+
+
+def _same_name(spec: HardwareSpec, name: str) -> bool:
+    return normalized_name(name) in {normalized_name(spec.name), *(normalized_name(a) for a in spec.aliases)}

@@ -10,13 +10,12 @@ kernel plans from the building blocks (``params``, ``topology``, ``costs``, ``co
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.model.hardware import HardwareSpec, find_preset, load_hardware, normalized_name, presets
+from taxmodel.model.hardware import HardwareSpec, choose_hardware
 from taxmodel.trace.capture_meta import CaptureSettings
 
 from . import ag_gemm, flash_decode, gemm_rs
@@ -40,64 +39,14 @@ def _module(workload: str):
     return MODELS[workload]
 
 
-# --- hardware: prefer a calibrated file over a datasheet preset -----------------------------------
-
-def calibrated_files(extra_dirs: tuple[str | os.PathLike, ...] = ()) -> list[Path]:
-    """Calibrated hardware files that ship with taxmodel (``taxmodel/data/hardware/*calibrated*.json``)
-    or lie in ``extra_dirs`` (e.g. ``profiles/``)."""
-    from importlib import resources
-
-    out: list[Path] = []
-    folder = resources.files("taxmodel") / "data" / "hardware"
-    for entry in folder.iterdir():
-        if entry.name.endswith(".json") and "calibrated" in entry.name:
-            out.append(Path(str(entry)))
-    for d in extra_dirs:
-        p = Path(d)
-        if p.is_dir():
-            out.extend(sorted(q for q in p.glob("**/*calibrated*.json")))
-    return sorted(set(out))
-
+# --- hardware: the one resolver, preferring a calibrated file over a datasheet preset ----------
 
 def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, Any] | None = None,
                            search: tuple[str | os.PathLike, ...] = ()) -> tuple[HardwareSpec, str]:
-    """The spec to predict with and a sentence saying which one was used and why.
-
-    A JSON path is used as is. A name (or the bundle meta's hardware name) is matched against the
-    presets; when a calibrated file for the same GPU ships (or lies under ``search``), it wins
-    over the datasheet preset."""
-    if name_or_path is not None and (str(name_or_path).endswith(".json") or Path(str(name_or_path)).is_file()):
-        spec = load_hardware(name_or_path)
-        return spec, f"hardware: {spec.name} from {name_or_path} ({spec.source})"
-    name = str(name_or_path) if name_or_path is not None else None
-    if name is None:
-        hw = (meta or {}).get("hardware") or {}
-        name = hw.get("name") if isinstance(hw, Mapping) else str(hw)
-    if not name:
-        raise InputError(f"no hardware given; pass --hardware with one of {', '.join(presets())} or a JSON file")
-    preset = find_preset(name)
-    # Naming a datasheet preset by its own name ("H200 SXM") asks for the datasheet.
-    asked_for_datasheet = preset is not None and preset.source == "datasheet" \
-        and normalized_name(name) == normalized_name(preset.name)
-    for path in ([] if asked_for_datasheet else calibrated_files(search)):
-        try:
-            spec = load_hardware(path)
-        except InputError:
-            continue
-        if spec.source != "calibrated":
-            continue
-        if _same_name(spec, name) or (preset is not None and any(_same_name(spec, a) for a in (preset.name, *preset.aliases))):
-            return spec, f"hardware: {spec.name}, calibrated ({path.name}) in preference to the datasheet preset"
-    if preset is None:
-        raise InputError(f"unknown hardware '{name}'; presets: {', '.join(presets())}; or pass a JSON file written by "
-                         "`taxmodel calibrate`")
-    if preset.source == "calibrated":
-        return preset, f"hardware: {preset.name}, calibrated (shipped with taxmodel) in preference to the datasheet preset"
-    return preset, f"hardware: {preset.name} datasheet preset (no calibrated file for it; run `taxmodel calibrate`)"
-
-
-def _same_name(spec: HardwareSpec, name: str) -> bool:
-    return normalized_name(name) in {normalized_name(spec.name), *(normalized_name(a) for a in spec.aliases)}
+    """The spec to predict with and a sentence saying which one was used and why:
+    ``hardware.choose_hardware`` (the ledger's resolver too) with the calibrated preference, so a
+    prediction's hardware differs from the ledger's only where a calibrated file for that GPU wins."""
+    return choose_hardware(name_or_path, meta, prefer_calibrated=True, search=search)
 
 
 # --- prediction ------------------------------------------------------------------------------------
