@@ -376,12 +376,16 @@ def advise_cmd(bundle, top, as_json, hardware, lenient) -> None:
               help="An earlier calibration's hardware JSON: the steps not run keep its measurements and every number is "
                    "refit, e.g. --only collectives --update taxmodel/data/hardware/h200-calibrated.json "
                    "(add -n 2 on a 2-GPU machine to add the 2-rank curve beside the file's own).")
-def calibrate_cmd(output, world_size, timeout_s, only, update) -> None:
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", hidden=True,
+              help="cpu: the collectives step on gloo ranks (what the CPU tests run).")
+@click.option("--sizes", default=None, hidden=True, metavar="B[,B]", help="Collective message sizes in bytes.")
+def calibrate_cmd(output, world_size, timeout_s, only, update, device, sizes) -> None:
     """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches, the flash decode
     combine's step, a wait on a set flag) into a hardware file."""
     from taxmodel.runtime.calibrate import run_calibration
 
-    spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update)
+    spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update, device=device,
+                           sizes=sizes)
     click.echo(f"wrote {output}: {spec.label}; use it with --hardware {output}")
 
 

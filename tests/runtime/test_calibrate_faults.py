@@ -1,5 +1,5 @@
 """`taxmodel calibrate` starts its ranks through the launcher of `taxmodel profile` (issues 28, 29):
-on 2 CPU ranks (the collectives step on gloo, ``calibrate_cpu.py``), a frozen rank, a killed rank
+on 2 CPU ranks (``taxmodel calibrate --device cpu``: the collectives step on gloo), a frozen rank, a killed rank
 and a signal to the command each end it within seconds with one line naming the rank and step
 (or 128 + the signal), no process left behind, no run directory, and the hardware file unwritten.
 """
@@ -33,8 +33,8 @@ def _start(tmp_path: Path, timeout: float) -> tuple[subprocess.Popen, str, Path,
     env = {**os.environ, MARK: mark, "TMPDIR": str(tmpdir),
            "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
     out = tmp_path / "hw.json"
-    cmd = [sys.executable, str(HERE / "calibrate_cpu.py"), "calibrate-cpu", "-o", str(out), "--update",
-           str(tmp_path / "old.json"), "--timeout", str(timeout), "--sizes", SIZES]
+    cmd = [sys.executable, "-m", "taxmodel", "calibrate", "--device", "cpu", "--only", "collectives", "-n", "2", "-o", str(out),
+           "--update", str(tmp_path / "old.json"), "--timeout", str(timeout), "--sizes", SIZES]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return proc, mark, tmpdir, out
 
