@@ -43,6 +43,9 @@ class HardwareSpec:
     host_launch_s: float = 0.0
     flag_roundtrip_s: float = 0.0
     num_sms: int = 0
+    #: Capacity of the cache that every SM shares in front of HBM (NVIDIA: the L2), bytes; 0 when the
+    #: data sheet does not give it. The analytic model's locality uses it (docs/model.md).
+    l2_bytes: int = 0
     aliases: tuple[str, ...] = ()
     notes: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -99,7 +102,7 @@ HARDWARE_FIELDS = {
     "name": types.text, "vendor": types.text, "source": types.text, "peak_flops": types.values(types.number(0)),
     "hbm_bytes_per_s": types.number(0), "link_bytes_per_s": types.number(0), "link_latency_s": types.number(0),
     "launch_latency_s": types.number(0), "kernel_gap_s": types.number(0), "host_launch_s": types.number(0),
-    "flag_roundtrip_s": types.number(0), "num_sms": types.integer(0), "aliases": types.list_of(types.text),
+    "flag_roundtrip_s": types.number(0), "num_sms": types.integer(0), "l2_bytes": types.integer(0), "aliases": types.list_of(types.text),
     "notes": types.text, "extra": types.optional(types.mapping),
 }
 """JSON types of a hardware file's fields (a wrong type is one line naming the field, not a traceback)."""
