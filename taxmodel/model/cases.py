@@ -43,6 +43,10 @@ class Case:
     transport: str | None = None  # AG+GEMM fine-grained transport the bundle ran with, when recorded
     align: str = "host"  # how traced steps started (meta capture.align; `taxmodel profile --align`)
     gate_hold_s: float | None = None  # the device gate's hold (capture.gate_hold_us), when aligned on the device
+    #: how the measured ledger got its locality tax (``Ledger.locality``): "measured" from DRAM
+    #: counters, or "estimated" from the declared intermediates, the same formula the model used
+    #: before it predicted DRAM bytes, so not a measurement to validate against
+    locality: str = "estimated"
 
     @property
     def in_sample(self) -> bool:
@@ -143,7 +147,8 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
     st = CaptureSettings.from_meta(meta, instrumented=bool((bundle.events["kind"] == "record").any()))
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
                 meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=st.instrumented,
-                graph_launch=bool(st.graph_launch), transport=st.transport, align=st.align, gate_hold_s=st.gate_hold_s)
+                graph_launch=bool(st.graph_launch), transport=st.transport, align=st.align, gate_hold_s=st.gate_hold_s,
+                locality=ledger.locality)
 
 
 def _intlike(v: Any) -> bool:

@@ -302,7 +302,8 @@ def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):
     for variant, world in (("bsp", 4), ("fused", 2), ("torch_fused", 4)):
         shape = {"M": 4096, "N": 4096, "K": 4096}
         plans, _, _, params = _plans(variant, shape, world, hw)
-        events = timeline_events(simulate(plans, params), iterations=3)
+        # the model's own DRAM bytes as the bundle's counters: its locality is measured as the prediction's is
+        events = timeline_events(simulate(plans, params), iterations=3, counters=True)
         meta = make_meta(source="capture", workload="gemm_rs", variant=variant, shape=shape, world_size=world,
                          ranks=list(range(world)), hardware={"name": "NVIDIA H200"},
                          clock_offsets_ns={str(r): 0 for r in range(world)},
@@ -311,4 +312,5 @@ def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):
     v = val.validate(tmp_path, fit=False)
     assert sorted(case.variant for case in v.cases) == ["bsp", "fused", "torch_fused"] and not v.skipped
     assert v.table["error_us"].abs().max() < 0.01
+    assert v.table["validated"].all() and set(v.table["basis"]) == {"measured"}
     assert not math.isnan(v.table["measured_us"].sum())

@@ -31,8 +31,53 @@ def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):
     v = val.validate(tmp_path, fit=False)
     assert len(v.cases) == 2 and not v.skipped
     assert set(v.table["quantity"]) == {"latency", "bsp_tax", "locality_tax", "launch_tax"}
-    assert v.table["error_us"].abs().max() < 0.01
+    # without DRAM counters the measured locality is the declared-intermediate estimate: listed, not validated
+    loc = v.table["quantity"] == "locality_tax"
+    assert set(v.table.loc[loc, "basis"]) == {"estimated"} and not v.table.loc[loc, "validated"].any()
+    assert v.table.loc[~loc, "validated"].all() and len(v.validated) == len(v.table) - int(loc.sum())
+    assert v.validated["error_us"].abs().max() < 0.01
     assert v.passed
+
+
+def _counted_model_bundle(path, variant, shape, world):
+    """A bundle of the model's own timeline whose kernels carry the model's DRAM bytes as counters."""
+    from taxmodel.model.analytic import ag_gemm
+    from taxmodel.model.analytic.collective_model import CollectiveModel
+    from taxmodel.model.analytic.topology import topology
+
+    params = ModelParams.from_hardware(H200)
+    coll = CollectiveModel.from_hardware(H200, topology(H200, world, params), params)
+    plans, _, _ = ag_gemm.plans(variant, shape, world, H200, params, coll)
+    events = timeline_events(simulate(plans, params), iterations=3, counters=True)
+    meta = make_meta(source="capture", workload="ag_gemm", variant=variant, shape=shape, world_size=world,
+                     ranks=list(range(world)), hardware={"name": "NVIDIA H200"},
+                     clock_offsets_ns={str(r): 0 for r in range(world)}, capture={"clock_offsets_source": "measured"},
+                     cost=ag_gemm.cost(shape, world, variant))
+    return write_bundle(path, events, meta)
+
+
+def test_locality_rows_with_counters_are_validated_and_can_fail(tmp_path):
+    """With DRAM counters a locality row is a measurement: the model's own counted timeline is recovered
+    exactly and counted; counters that say the GEMM moved no more than its compulsory bytes make it
+    miss, and the run fails."""
+    from taxmodel.trace.bundle import load_bundle
+
+    path = _counted_model_bundle(tmp_path / "b" / "pull", "pull", {**AG, "M": 8192}, 2)
+    v = val.validate(tmp_path / "b", fit=False)
+    loc = v.table.set_index("quantity").loc["locality_tax"]
+    assert loc["basis"] == "measured" and loc["validated"] and loc["measured_us"] > 1.0
+    assert v.table["error_us"].abs().max() < 0.01 and v.passed
+    # the counters now say the GEMM read no more than its compulsory bytes: no locality, a counted miss
+    b = load_bundle(path)
+    ev = b.events.copy()
+    ev.loc[ev["dram_read_bytes"] > 0, "dram_read_bytes"] = 0
+    write_bundle(tmp_path / "c" / "pull", ev, b.meta)
+    v2 = val.validate(tmp_path / "c", fit=False)
+    loc2 = v2.table.set_index("quantity").loc["locality_tax"]
+    assert loc2["validated"] and not loc2["ok"] and loc2["measured_us"] == 0.0
+    assert not v2.passed
+    text = markdown_table(v2)
+    assert "**no**" in text and "not a validation" not in text
 
 
 def test_validate_on_synthetic_bundles_compares_with_the_measured_ledger(tmp_path):
@@ -125,7 +170,7 @@ def test_fitted_from_a_file_predicts_every_bundle_out_of_sample(tmp_path):
     other.write_text(json.dumps({"fitted": {"triton_gemm_efficiency": 0.6}, "hardware": ["MI300X"], "how": "t"}))
     v = val.validate(tmp_path / "b", fitted_from=good)
     assert set(v.table["sample"]) == {"out"} and v.fitted == {"triton_gemm_efficiency": 0.6}
-    assert v.table["error_us"].abs().max() < 0.01 and "out of sample" in v.notes[0]
+    assert v.validated["error_us"].abs().max() < 0.01 and "out of sample" in v.notes[0]
     # values fitted on other hardware are not applied: the default efficiency misses the 0.6 bundle
     v_other = val.validate(tmp_path / "b", fitted_from=other)
     assert v_other.table.set_index("quantity").loc["latency", "error_us"] < -1.0

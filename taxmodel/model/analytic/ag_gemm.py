@@ -24,7 +24,7 @@ from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
-from .costs import cdiv, gemm_time, pipeline_time, shape_dtype, stream_time
+from .costs import cdiv, gemm_dram, gemm_time, l2_bytes, l2_kept_fraction, pipeline_time, shape_dtype, stream_time
 from .params import ModelParams
 from .timeline import KernelPlan
 from .topology import topology
@@ -63,7 +63,13 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         else:
             det["copy"] = stream_time(2 * shard, hw, params, triton=False)
             first = KernelPlan("Memcpy DtoD", "copy", det["copy"], hv)
-        one = [first, KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv)]
+        # DRAM bytes: the gathered A (written by the all-gather or copy, which reads the own shard)
+        # stays in the L2 for the GEMM's first read as far as both kernels' traffic lets it
+        gathered = m * k * elt
+        rd, wr = gemm_dram(m, n_loc, k, elt, params.vendor_tile, hw)
+        kept = l2_kept_fraction(gathered, gathered + shard, rd + wr, l2_bytes(hw)) * gathered
+        rd, wr = gemm_dram(m, n_loc, k, elt, params.vendor_tile, hw, a_kept=kept)
+        one = [first, KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv, dram_read_bytes=rd, dram_write_bytes=wr)]
         notes.append("bsp: all_gather from the collective model, then the vendor GEMM at the calibrated rate with "
                      f"{params.vendor_tile[0]}x{params.vendor_tile[1]} tile/wave quantization")
         return [list(one) for _ in range(world)], det, notes
@@ -73,17 +79,19 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         if world == 1:
             raise InputError("ag_gemm/torch_fused needs more than one rank")
         chunk = gemm_time(m_loc, n_loc, k, dtype, hw, params, kind="vendor", elt=elt)
+        rd, wr = gemm_dram(m_loc, n_loc, k, elt, params.vendor_tile, hw)
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s)
         copy = shard / p2p + params.kernel_overhead_s
         det.update({"gemm_chunk": chunk, "copy_chunk": copy})
-        one: list[KernelPlan] = [KernelPlan(VENDOR_GEMM, "compute", chunk, hv)]
+        one: list[KernelPlan] = [KernelPlan(VENDOR_GEMM, "compute", chunk, hv, dram_read_bytes=rd, dram_write_bytes=wr)]
         # Copies run one after another on a copy stream from the start; chunk i's GEMM can start
         # only after copy i is done and GEMM i-1 ended: its wait is modeled as a longer GEMM.
         one += [KernelPlan("Memcpy PtoP (symm_mem copy)", "comm", copy, hv / 2, stream=1) for _ in range(1, world)]
         gemm_end = chunk
         for step in range(1, world):
             start = max(gemm_end, step * copy)
-            one.append(KernelPlan(VENDOR_GEMM, "compute", chunk + (start - gemm_end), hv))
+            one.append(KernelPlan(VENDOR_GEMM, "compute", chunk + (start - gemm_end), hv, dram_read_bytes=rd,
+                                  dram_write_bytes=wr))
             gemm_end = start + chunk
         notes.append("torch_fused: W chunked vendor GEMMs (M/W rows each), copies on copy-engine streams at the "
                      "P2P copy bandwidth; a chunk waiting for its copy shows as longer GEMM time")
@@ -96,9 +104,10 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     shard = m_loc * k * elt
     ht = params.host_launch_triton_s
     transport = params.ag_transport
+    rd, wr = gemm_dram(m, n_loc, k, elt, params.triton_tile, hw)  # the gathered rows: in this GPU's memory
     if world == 1:
         det["triton_gemm"] = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
-        return [[KernelPlan(FUSED, "fused", det["triton_gemm"], ht)]], det, notes
+        return [[KernelPlan(FUSED, "fused", det["triton_gemm"], ht, dram_read_bytes=rd, dram_write_bytes=wr)]], det, notes
     if not topology(hw, world, params).single_domain:
         raise InputError(f"ag_gemm/{variant} at {world} GPUs spans several NVLink/xGMI domains: peer access through a "
                          "symmetric heap needs one domain; out of the model's scope")
@@ -118,7 +127,10 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         det["fused_kernel"] = params.kernel_overhead_s + own + params.peer_load_latency_s + remote
         notes.append(f"pull/direct: each remote A tile crosses the link once per N-tile ({n_tiles}x the all-gather's "
                      f"bytes) at {peer_bw / 1e9:.0f} GB/s peer-load bandwidth ({params.sources.get('peer_load_bytes_per_s', 'default')})")
-        return [[KernelPlan(FUSED, "fused", det["fused_kernel"], ht)] for _ in range(world)], det, notes
+        # remote A rows are loaded from the peers' memory, not this GPU's DRAM
+        rd, wr = gemm_dram(m, n_loc, k, elt, params.triton_tile, hw, a_local=1.0 / world)
+        return [[KernelPlan(FUSED, "fused", det["fused_kernel"], ht, dram_read_bytes=rd, dram_write_bytes=wr)]
+                for _ in range(world)], det, notes
     if transport == "ce":
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s / max(world - 1, 1))
         per_peer = shard / p2p  # one copy stream per peer, all at once; each pair at the P2P copy rate
@@ -146,7 +158,8 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": pipe})
     # the GEMM cannot finish before the slowest peer's blocks arrived (measured from its own start)
     sync_after = max(xfer + flag - lead, 0.0)
-    gemm_plan = KernelPlan(FUSED, "fused", pipe - drain, ht, sync=True, post_s=drain, sync_after_s=sync_after)
+    gemm_plan = KernelPlan(FUSED, "fused", pipe - drain, ht, sync=True, post_s=drain, sync_after_s=sync_after,
+                           dram_read_bytes=rd, dram_write_bytes=wr)
     return [copies + [gemm_plan] for _ in range(world)], det, notes
 
 

@@ -1,11 +1,16 @@
 """Time of one kernel's work from shapes and hardware: GEMMs (roofline with tile and wave
 quantization, vendor vs Triton efficiency), streams through HBM, pushes, serial steps, and the
-fill/drain of a fine-grained pipeline."""
+fill/drain of a fine-grained pipeline; and the DRAM bytes a kernel moves (a GEMM's operand
+re-reads, an intermediate that the L2 keeps between its producer and its consumer), from which the
+ledger's own code predicts the locality tax (docs/model.md, "Locality")."""
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Mapping
 
-from taxmodel.model.hardware import HardwareSpec
+import numpy as np
+
+from taxmodel.model.hardware import HardwareSpec, normalized_name, presets
 
 from .params import ModelParams
 
@@ -95,11 +100,97 @@ def serial_steps_time(steps: int, params: ModelParams, step_s: float | None = No
     return max(int(steps), 0) * (params.combine_step_s if step_s is None else step_s)
 
 
-def hbm_round_trip(nbytes: float, hw: HardwareSpec) -> float:
-    """An intermediate written once and read once at HBM bandwidth (the locality tax's unit)."""
-    return 2.0 * float(nbytes) / hw.hbm_bytes_per_s
+# --- DRAM bytes: what the ledger's locality tax is measured from (docs/ledger.md 5b) ------------------
+
+#: M-blocks per group in the tile order the GEMM traffic model assumes: consecutive tiles run down
+#: ``GEMM_GROUP_M`` M-blocks, then move to the next N-tile (``kernels/ag_gemm`` GPU_CONFIG's GROUP_M,
+#: which the one-GPU counter bundles ran with). cuBLAS's own order is not known; the same is assumed.
+GEMM_GROUP_M = 8
 
 
+def l2_bytes(hw: HardwareSpec) -> int:
+    """The L2 capacity the model assumes for ``hw``: its own ``l2_bytes``, or for a file that does
+    not give it (``taxmodel calibrate`` does not measure it) the datasheet preset of the same GPU's
+    (matched by the file's name and aliases); 0 when neither says."""
+    if hw.l2_bytes:
+        return int(hw.l2_bytes)
+    return _datasheet_l2(hw.vendor, (hw.name, *hw.aliases))
+
+
+@lru_cache(maxsize=64)
+def _datasheet_l2(vendor: str, names: tuple[str, ...]) -> int:
+    want = {normalized_name(n) for n in names}
+    for spec in presets().values():
+        if spec.source == "datasheet" and spec.l2_bytes and spec.vendor == vendor and \
+                want & {normalized_name(n) for n in (spec.name, *spec.aliases)}:
+            return int(spec.l2_bytes)
+    return 0
+
+
+def l2_kept_fraction(nbytes: float, producer_bytes: float, consumer_bytes: float, l2: float) -> float:
+    """Fraction of an intermediate of ``nbytes`` that is still in the L2 when its consumer reads it.
+
+    Both kernels stream: a byte written at fraction u of the producer's traffic ``producer_bytes``
+    (every byte it moves through the L2, the intermediate included) is read at fraction u of the
+    consumer's ``consumer_bytes``, so (1-u) P + u C bytes pass through the L2 in between; with
+    least-recently-used replacement it is still there when that is below the capacity ``l2``. The
+    kept fraction is the share of u for which it is: 1 when both kernels' traffic fits the L2,
+    0 when neither does (an intermediate larger than the L2, or beside a GEMM streaming its operands
+    through it), linear in between. ``l2`` 0 (unknown): 0, every byte round-trips through DRAM."""
+    if l2 <= 0 or nbytes <= 0:
+        return 0.0
+    p, c = max(float(producer_bytes), float(nbytes)), max(float(consumer_bytes), float(nbytes))
+    if p < l2 and c < l2:
+        return 1.0
+    if p >= l2 and c >= l2:
+        return 0.0
+    lo, hi = min(p, c), max(p, c)
+    return (l2 - lo) / (hi - lo)
+
+
+@lru_cache(maxsize=1024)
+def _wave_panels(m: int, n: int, tm: int, tn: int, slots: int, group_m: int) -> tuple[int, int]:
+    """Sum over the waves of ``slots`` tiles of the rows of A and the columns of B each wave needs."""
+    nm, nn = cdiv(m, tm), cdiv(n, tn)
+    t = np.arange(nm * nn, dtype=np.int64)
+    per_group = group_m * nn
+    first = (t // per_group) * group_m
+    size = np.minimum(nm - first, group_m)
+    within = t % per_group
+    mi, ni = first + within % size, within // size
+    wave = t // max(1, slots)
+    um = np.unique(wave * nm + mi) % nm
+    un = np.unique(wave * nn + ni) % nn
+    return int(np.minimum(tm, m - um * tm).sum()), int(np.minimum(tn, n - un * tn).sum())
+
+
+def gemm_dram_bytes(m: int, n: int, k: int, elt: int, tile: tuple[int, int], slots: int, l2: float,
+                    group_m: int = GEMM_GROUP_M) -> tuple[float, float, float]:
+    """DRAM bytes one tiled GEMM [m,k] x [k,n] moves: (A read, B read, C written).
+
+    Tiles run in waves of ``slots`` (one per SM, or a persistent kernel's programs) in the grouped
+    order above. A wave's tiles stream K together, so the L2 serves each A row-panel and B
+    column-panel the wave shares from one DRAM read; between waves nothing is kept (a wave streams
+    more than the L2 holds). So A is read once per wave whose tiles touch its rows, B once per wave
+    touching its columns; C is written once. When A, B and C together fit the L2, each operand is
+    read once."""
+    if min(m, n, k) <= 0:
+        return 0.0, 0.0, 0.0
+    a, b, c = float(m) * k * elt, float(k) * n * elt, float(m) * n * elt
+    if 0 < l2 and a + b + c <= l2:
+        return a, b, c
+    rows, cols = _wave_panels(int(m), int(n), int(tile[0]), int(tile[1]), int(slots), int(group_m))
+    return float(rows) * k * elt, float(cols) * k * elt, c
+
+
+def gemm_dram(m: int, n: int, k: int, elt: int, tile: tuple[int, int], hw: HardwareSpec, *, a_local: float = 1.0,
+              a_kept: float = 0.0, c_local: float = 1.0) -> tuple[float, float]:
+    """(read, written) DRAM bytes of one GEMM on ``hw`` (``gemm_dram_bytes`` with its L2, a wave per
+    SM): only ``a_local`` of A's reads come from this GPU's DRAM (the rest are loads from peers'
+    memory), ``a_kept`` bytes of A are still in the L2 from the kernel that wrote them (their first
+    read is saved), and ``c_local`` of C is written here (the rest is stored into peers)."""
+    a, b, c = gemm_dram_bytes(m, n, k, elt, tile, sm_count(hw), l2_bytes(hw))
+    return max(a * a_local - a_kept, 0.0) + b, c * c_local
 
 
 def pipeline_time(compute_s: float, chunks: int, transfer_s: float, first_latency_s: float,

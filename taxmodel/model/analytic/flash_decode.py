@@ -37,7 +37,7 @@ from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
-from .costs import push_wave_time, serial_steps_time, sm_count, stream_time
+from .costs import l2_bytes, l2_kept_fraction, push_wave_time, serial_steps_time, sm_count, stream_time
 from .params import ModelParams
 from .timeline import KernelPlan
 from .topology import topology
@@ -74,6 +74,8 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     num_sms = sm_count(hw)
     packed = b * hq * (d + 1) * 4
     out_bytes = b * hq * d * 2
+    q_bytes = b * hq * d * 2
+    l2 = l2_bytes(hw)
     ht, hv = params.host_launch_triton_s, params.host_launch_torch_s
     det: dict[str, float] = {}
     per_rank = []
@@ -95,10 +97,18 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
             split = stream_time(kv + partials, hw, params)
             local = max(stream_time(partials + packed, hw, params),
                         params.kernel_overhead_s + serial_steps_time(steps(splits, rows), params))
-            ks = [KernelPlan(SPLIT, "compute", split, ht), KernelPlan(COMBINE_LOCAL, "compute", local, ht)]
+            # DRAM bytes: K/V and q read; the partials and the packed partial(s) reach DRAM only as far
+            # as the L2 does not keep them between their producer and their consumer
+            miss_p = partials * (1.0 - l2_kept_fraction(partials, kv + q_bytes + partials, partials + packed, l2))
+            gathered = world * packed
+            miss_g = gathered * (1.0 - l2_kept_fraction(gathered, partials + packed if world == 1 else 2 * gathered,
+                                                        gathered + out_bytes, l2))
+            ks = [KernelPlan(SPLIT, "compute", split, ht, dram_read_bytes=kv + q_bytes, dram_write_bytes=miss_p),
+                  KernelPlan(COMBINE_LOCAL, "compute", local, ht, dram_read_bytes=miss_p,
+                             dram_write_bytes=packed * miss_g / gathered)]
             if world > 1:
                 ks.append(KernelPlan(NCCL_AG, "comm", ag, hv, collective=ALLGATHER))
-            ks.append(KernelPlan(COMBINE_GLOBAL, "compute", glob, ht))
+            ks.append(KernelPlan(COMBINE_GLOBAL, "compute", glob, ht, dram_read_bytes=miss_g, dram_write_bytes=out_bytes))
             out.append(ks)
         det.update({"split_kv": mean([p[0].duration_s for p in out]), "combine_local": mean([p[1].duration_s for p in out]),
                     "all_gather": ag, "combine_global": glob})
@@ -148,7 +158,14 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
             local = serial_steps_time(steps(splits, rows), params)  # after the last split of the group
             local_steps.append(local)
             work = stream_time(kv + partials, hw, params) + ready_wait + local + push
-            out.append([KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag)])
+            # DRAM bytes: K/V and q read, the output written; the split partials that the kernel
+            # writes and reads back, and the peers' partials, only as far as the L2 does not keep them
+            miss_p = partials * (1.0 - l2_kept_fraction(partials, kv + q_bytes + partials, partials + packed, l2))
+            miss_g = world * packed * (1.0 - l2_kept_fraction(world * packed, world * packed,
+                                                              world * packed + out_bytes, l2))
+            out.append([KernelPlan(FUSED, "fused", work, ht, sync=world > 1, post_s=post, flag_latency_s=flag,
+                                   dram_read_bytes=kv + q_bytes + miss_p + miss_g,
+                                   dram_write_bytes=miss_p + out_bytes)])
         det.update({"fused_work": mean([p[0].duration_s for p in out]), "local_combine": mean(local_steps), "push": push,
                     "flag": flag, "combine": post, "wait_merge": flag + post})
         notes.append("fused: each head group's combine waits for the slowest rank's partial plus a one-way "

@@ -29,7 +29,8 @@ from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import LIBRARY_KERNEL_NAMES, REDUCE_SCATTER
 
 from .collective_model import CollectiveModel
-from .costs import cdiv, gemm_time, push_wave_time, shape_dtype, sm_count, stream_time
+from .costs import (cdiv, gemm_dram, gemm_time, l2_bytes, l2_kept_fraction, push_wave_time, shape_dtype, sm_count,
+                    stream_time)
 from .params import ModelParams
 from .timeline import KernelPlan
 from .topology import topology
@@ -93,7 +94,8 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
     notes: list[str] = []
     if variant == "bsp":
         det["gemm"] = gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
-        gemm = KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv)
+        rd, wr = gemm_dram(m, n, k_loc, elt, params.vendor_tile, hw)
+        gemm = KernelPlan(VENDOR_GEMM, "compute", det["gemm"], hv, dram_read_bytes=rd, dram_write_bytes=wr)
         if world > 1:
             det["reduce_scatter"] = coll.time(REDUCE_SCATTER, slab, world)
             second = KernelPlan(NCCL_RS, "comm", det["reduce_scatter"], hv, collective=REDUCE_SCATTER)
@@ -148,9 +150,14 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
     # before that peer's GEMM ended, i.e. before its own reduction started (less the kernel gap).
     sync_after = (finish + latency) - kernel - params.kernel_gap_s
-    one = [KernelPlan(FUSED_GEMM, "fused", kernel, ht, comm_s=comm),
+    # DRAM bytes: the GEMM reads its operands and writes its own slab here (peer tiles are stored
+    # into the peers); the reduction reads the W slots, less what the L2 still holds of them after
+    # the GEMM streamed its operands, and writes the slab
+    g_rd, g_wr = gemm_dram(m, n, k_loc, elt, params.triton_tile, hw, c_local=1.0 / world)
+    kept = l2_kept_fraction(world * slab, g_rd + g_wr, (world + 1) * slab, l2_bytes(hw))
+    one = [KernelPlan(FUSED_GEMM, "fused", kernel, ht, comm_s=comm, dram_read_bytes=g_rd, dram_write_bytes=g_wr),
            KernelPlan(FUSED_REDUCE, "fused", 0.0, ht, sync=world > 1, post_s=reduce_work, sync_after_s=sync_after,
-                        flag_latency_s=flag)]
+                      flag_latency_s=flag, dram_read_bytes=world * slab * (1.0 - kept), dram_write_bytes=slab)]
     src = params.sources
     notes.append(f"fused: Triton GEMM at {eff:.2f} of the vendor rate "
                  f"({eff_key}, {src.get(eff_key, 'default')}), {world - 1} of {world} slabs pushed at "
@@ -172,6 +179,9 @@ def _torch_fused(m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     slab = m_loc * n * elt
     hv = params.host_launch_torch_s
     chunk = gemm_time(m_loc, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
+    c_rd, c_wr = gemm_dram(m_loc, n, k_loc, elt, params.vendor_tile, hw)
+    # the sum reads the W stacked partials (the own chunk's written last, beside the L2's) and writes the slab
+    kept = l2_kept_fraction(slab, c_rd + c_wr, (world + 1) * slab, l2_bytes(hw))
     p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s)
     copy = slab / p2p + params.kernel_overhead_s
     barrier = params.flag_roundtrip_s
@@ -184,14 +194,15 @@ def _torch_fused(m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     one: list[KernelPlan] = [bar(0)]
     last_side = 0
     for _ in range(1, world):  # the peers' chunks: GEMM, then barrier - pull - barrier beside the next GEMM
-        one.append(KernelPlan(VENDOR_GEMM, "compute", chunk, hv))
+        one.append(KernelPlan(VENDOR_GEMM, "compute", chunk, hv, dram_read_bytes=c_rd, dram_write_bytes=c_wr))
         one.append(bar(1, after=len(one) - 1))
         one.append(KernelPlan(PEER_COPY, "comm", copy, hv, stream=1))
         one.append(bar(1))
         last_side = len(one) - 1
-    one.append(KernelPlan(VENDOR_GEMM, "compute", chunk, hv))  # own chunk, straight into the output slot
+    one.append(KernelPlan(VENDOR_GEMM, "compute", chunk, hv, dram_read_bytes=c_rd,  # own chunk, into its slot
+                          dram_write_bytes=c_wr))
     one.append(bar(0, after=last_side))  # the main stream waits for the side stream, then all ranks
-    one.append(KernelPlan(SUM, "compute", total, hv))
+    one.append(KernelPlan(SUM, "compute", total, hv, dram_read_bytes=world * slab - kept * slab, dram_write_bytes=slab))
     notes.append("torch_fused: W chunked vendor GEMMs (M/W rows each) back to back; per peer chunk a symmetric-memory "
                  f"barrier ({barrier * 1e6:.1f} us, the flag round trip), a pull at {p2p / 1e9:.0f} GB/s (P2P copy "
                  "bandwidth) and a barrier on a side stream; then a barrier and the sum of the W stacked partials")

@@ -62,20 +62,32 @@ class Prediction:
         }
 
 
+#: ``Ledger.locality`` of a prediction whose kernels carry predicted DRAM bytes: the ledger measured
+#: the locality tax from them as it does from hardware counters (docs/ledger.md 5b)
+LOCALITY_PREDICTED = "predicted"
+
+
 def predicted_ledger(plans: Sequence[Sequence[KernelPlan]], cost: Mapping[str, Any], hw: HardwareSpec,
                      params: ModelParams, *, workload: str, variant: str, shape: Mapping[str, int]) -> Any:
-    """Simulate ``plans`` and split the timeline with the measured ledger's own code."""
+    """Simulate ``plans`` and split the timeline with the measured ledger's own code. Kernels with
+    predicted DRAM bytes carry them as counters do, so the locality tax is what the ledger would
+    measure from the counters of that timeline: DRAM bytes beyond the compulsory ones at the HBM
+    bandwidth, at most each kernel's time after useful."""
     from taxmodel.model.ledger import compute_ledger
+    from taxmodel.model.ledger_kernels import LOCALITY_MEASURED
     from taxmodel.trace.bundle import Bundle, make_meta
 
     tl = simulate(plans, params)
-    events = timeline_events(tl, instrumented=params.instrumented)
+    events = timeline_events(tl, instrumented=params.instrumented, counters=True)
     world = len(plans)
     meta = make_meta(source="model", workload=workload, variant=variant, shape=dict(shape), world_size=world,
                      ranks=list(range(world)), hardware={"name": hw.name, "vendor": hw.vendor},
                      clock_offsets_ns={str(r): 0 for r in range(world)},
                      capture={"tracer": "analytic model", "clock_offsets_source": "measured"}, cost=dict(cost))
-    return compute_ledger(Bundle(events=events, meta=meta), hardware=hw), tl
+    ledger = compute_ledger(Bundle(events=events, meta=meta), hardware=hw)
+    if ledger.locality == LOCALITY_MEASURED:
+        ledger.locality = LOCALITY_PREDICTED
+    return ledger, tl
 
 
 def standard_assumptions(hw: HardwareSpec, topo: Topology, params: ModelParams) -> list[str]:

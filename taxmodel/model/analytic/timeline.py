@@ -71,6 +71,11 @@ class KernelPlan:
     #: For a fused kernel: the mean time a CTA of it spends in communication-only phases (moving
     #: data between GPUs; in-kernel records ``store_push``/``remote_load``), within its duration.
     comm_s: float = 0.0
+    #: DRAM bytes the kernel reads and writes (what hardware counters would count for it; -1: not
+    #: predicted, as for copies and collectives, which the counters pass does not count). The
+    #: prediction's locality tax comes from them (docs/model.md, "Locality").
+    dram_read_bytes: float = -1.0
+    dram_write_bytes: float = -1.0
 
 
 def as_graph_launch(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> list[list[KernelPlan]]:
@@ -155,15 +160,19 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
             ends[r].append(e)
             rows.append({"rank": r, "name": p.name, "role": p.role, "stream": p.stream, "start": s, "end": e,
                          "launch_end": launch_end[r], "collective_id": coll_id, "collective_op": p.collective,
-                         "wait": wait, "comm": p.comm_s, "host_s": p.host_s})
+                         "wait": wait, "comm": p.comm_s, "host_s": p.host_s,
+                         "dram_read": p.dram_read_bytes, "dram_write": p.dram_write_bytes})
     return PredictedTimeline(rows)
 
 
-def timeline_events(tl: PredictedTimeline, *, instrumented: bool = False, iterations: int = 1) -> pd.DataFrame:
+def timeline_events(tl: PredictedTimeline, *, instrumented: bool = False, iterations: int = 1,
+                    counters: bool = False) -> pd.DataFrame:
     """The timeline as bundle events (kernels, their launch calls, iteration markers and, when
     ``instrumented``, per fused kernel one flag_wait record for its wait and one store_push record
     for its communication-only time, on one CTA), ``iterations`` times over
-    with a quiet gap in between, integer ns on one clock."""
+    with a quiet gap in between, integer ns on one clock. ``counters``: kernels carry their
+    predicted DRAM bytes as ``dram_read_bytes``/``dram_write_bytes`` (-1 where none is predicted),
+    as a bundle with hardware counters does."""
     from taxmodel.trace import schema
 
     rows: list[dict] = []
@@ -181,9 +190,14 @@ def timeline_events(tl: PredictedTimeline, *, instrumented: bool = False, iterat
             le = t0 + int(round(row["launch_end"] * 1e9))
             r = int(row["rank"])
             cid = f"{row['collective_id']}.{it}" if row["collective_id"] else ""
-            rows.append({"rank": r, "device": r, "stream": 7 + int(row["stream"]), "kind": "kernel", "role": row["role"],
-                         "name": row["name"], "start_ns": s, "end_ns": e, "correlation": corr, "iteration": it,
-                         "collective_id": cid, "collective_op": row["collective_op"]})
+            kernel = {"rank": r, "device": r, "stream": 7 + int(row["stream"]), "kind": "kernel", "role": row["role"],
+                      "name": row["name"], "start_ns": s, "end_ns": e, "correlation": corr, "iteration": it,
+                      "collective_id": cid, "collective_op": row["collective_op"]}
+            if counters:
+                rd, wr = row.get("dram_read", -1.0), row.get("dram_write", -1.0)
+                known = rd >= 0 and wr >= 0
+                kernel.update(dram_read_bytes=int(round(rd)) if known else -1, dram_write_bytes=int(round(wr)) if known else -1)
+            rows.append(kernel)
             host = max(1, min(int(round(row["host_s"] * 1e9)), 3000))
             rows.append({"rank": r, "stream": 1, "kind": "launch", "role": "other", "name": "cudaLaunchKernel",
                          "start_ns": le - host, "end_ns": le, "correlation": corr, "iteration": it})
