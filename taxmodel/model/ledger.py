@@ -789,7 +789,7 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
         # per-kernel floors (docs/ledger.md "Per-kernel floors"): each kernel's own, capped by its time
         room = np.maximum(d - flag - comm, 0.0)
         useful[costed] = np.minimum(np.nan_to_num(kc.floor_ns, nan=0.0)[costed], room[costed])
-        loc = kc.measured_locality(d - flag - comm - useful, costed)
+        loc = kc.measured_locality(useful, d - flag - comm - useful, costed)
         return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
     if not cost or not hbm_bytes_per_s or not costed.any():
         return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded}
@@ -832,7 +832,7 @@ def _kernel_shares(gpu, g_start, g_end, ev, offsets, cost, t_compute, t_link_exc
     names = gpu["name"].astype(str)
     if kc is not None and kc.locality == per_kernel.LOCALITY_MEASURED:  # DRAM counters replace the declared intermediates
         comp = np.where(np.isfinite(kc.compulsory), kc.compulsory, per_kernel.declared_compulsory(gpu, cost, work, gid, d))
-        loc = kc.measured_locality(d - flag - comm - useful, costed, comp)
+        loc = kc.measured_locality(useful, d - flag - comm - useful, costed, comp)
         return {"flag_wait": flag, "exposed_comm": comm, "useful": useful, "locality_tax": loc, "recorded": recorded,
                 "floor_capped": floor_capped}
     for inter in cost.get("intermediates") or []:

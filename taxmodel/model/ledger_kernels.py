@@ -43,14 +43,19 @@ class KernelCosts:
     def floor_ns(self) -> np.ndarray:
         return self.floors["floor_ns"].to_numpy(np.float64)
 
-    def measured_locality(self, headroom: np.ndarray, rows: np.ndarray, compulsory: np.ndarray | None = None) -> np.ndarray:
-        """Locality tax of ``rows`` (mask): DRAM traffic beyond the compulsory bytes at the HBM
-        bandwidth, at most the kernel's time left after useful (``headroom``)."""
+    def measured_locality(self, useful: np.ndarray, headroom: np.ndarray, rows: np.ndarray,
+                          compulsory: np.ndarray | None = None) -> np.ndarray:
+        """Locality tax of ``rows`` (mask) that have a floor (finite compulsory bytes): the time
+        their measured DRAM traffic takes at the HBM bandwidth beyond their ``useful`` floor, at
+        most the kernel's time left after useful (``headroom``). The roofline with the traffic
+        the kernel really moved, minus the roofline with its compulsory traffic: for a
+        memory-bound kernel the traffic beyond compulsory, for a compute-bound one only what no
+        longer hides under its compute (docs/ledger.md 5b)."""
         comp = self.compulsory if compulsory is None else compulsory
         ok = rows & np.isfinite(self.dram_bytes) & np.isfinite(comp)
         t = np.zeros(len(headroom))
-        extra = np.maximum(np.where(ok, self.dram_bytes - comp, 0.0), 0.0)
-        t[ok] = np.minimum(extra[ok] / self.hbm_bytes_per_s * 1e9, np.maximum(headroom[ok], 0.0))
+        beyond = np.maximum(np.where(ok, self.dram_bytes / self.hbm_bytes_per_s * 1e9 - useful, 0.0), 0.0)
+        t[ok] = np.minimum(beyond[ok], np.maximum(headroom[ok], 0.0))
         return t
 
 

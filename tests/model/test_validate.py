@@ -58,23 +58,22 @@ def _counted_model_bundle(path, variant, shape, world):
 
 def test_locality_rows_with_counters_are_validated_and_can_fail(tmp_path):
     """With DRAM counters a locality row is a measurement: the model's own counted timeline is recovered
-    exactly and counted; counters that say the GEMM moved no more than its compulsory bytes make it
-    miss, and the run fails."""
+    exactly and counted; counters that say the GEMM read ten times as much (its traffic no longer
+    hides under its compute) make it miss, and the run fails."""
     from taxmodel.trace.bundle import load_bundle
 
     path = _counted_model_bundle(tmp_path / "b" / "pull", "pull", {**AG, "M": 8192}, 2)
     v = val.validate(tmp_path / "b", fit=False)
     loc = v.table.set_index("quantity").loc["locality_tax"]
-    assert loc["basis"] == "measured" and loc["validated"] and loc["measured_us"] > 1.0
+    assert loc["basis"] == "measured" and loc["validated"]
     assert v.table["error_us"].abs().max() < 0.01 and v.passed
-    # the counters now say the GEMM read no more than its compulsory bytes: no locality, a counted miss
     b = load_bundle(path)
     ev = b.events.copy()
-    ev.loc[ev["dram_read_bytes"] > 0, "dram_read_bytes"] = 0
+    ev.loc[ev["dram_read_bytes"] > 0, "dram_read_bytes"] *= 10
     write_bundle(tmp_path / "c" / "pull", ev, b.meta)
     v2 = val.validate(tmp_path / "c", fit=False)
     loc2 = v2.table.set_index("quantity").loc["locality_tax"]
-    assert loc2["validated"] and not loc2["ok"] and loc2["measured_us"] == 0.0
+    assert loc2["validated"] and not loc2["ok"] and loc2["measured_us"] > 20.0
     assert not v2.passed
     text = markdown_table(v2)
     assert "**no**" in text and "not a validation" not in text
