@@ -60,10 +60,13 @@ def compare_folder(folder: Path, workload: str) -> list[dict]:
             "bsp_us": bsp.window_ns / 1e3, "best_variant": best.variant, "best_us": best.window_ns / 1e3,
             "measured_saving_us": measured, "bound_us": float(r["bound_us"]),
             "predicted_saving_us": float(r["predicted_saving_us"]), "model": str(r["model"]),
+            "range_lo_us": float(r["predicted_saving_lo_us"]), "range_hi_us": float(r["predicted_saving_hi_us"]),
             "predicted_defaults_us": plain.saving_us,
             "model_bsp_error_pct": 100.0 * (fitted.bsp_us * 1e3 / bsp.window_ns - 1.0),
             "model_fused_error_pct": 100.0 * (fitted.fused_us * 1e3 / modeled.window_ns - 1.0),
             "within_25pct": bool(abs(r["predicted_saving_us"] - measured) <= TOLERANCE * abs(measured)),
+            "in_range": (None if math.isnan(r["predicted_saving_lo_us"]) else
+                         bool(r["predicted_saving_lo_us"] <= measured <= r["predicted_saving_hi_us"])),
             "bound_covers": bool(r["bound_us"] >= measured),
         })
     return rows
@@ -75,17 +78,26 @@ def comparison(root: Path = ROOT / "profiles") -> pd.DataFrame:
 
 def markdown(t: pd.DataFrame) -> str:
     lines = ["| folder | workload | shape | bsp us | best fine-grained (us) | measured saving us | bound us | "
-             "predicted saving us (model variant) | within 25% | predicted, defaults only | model error bsp / fused |",
-             "|---|---|---|---:|---|---:|---:|---|---|---:|---:|"]
+             "predicted saving us (model variant) | within 25% | the model's range us | measured in it | "
+             "predicted, defaults only | model error bsp / fused |",
+             "|---|---|---|---:|---|---:|---:|---|---|---|---|---:|---:|"]
     for r in t.itertuples(index=False):
         lines.append(f"| {r.folder} | {r.workload} | {r.shape} | {r.bsp_us:.1f} | {r.best_variant} ({r.best_us:.1f}) | "
                      f"{r.measured_saving_us:.1f} | {r.bound_us:.1f} | {r.predicted_saving_us:.1f} ({r.model}) | "
-                     f"{'yes' if r.within_25pct else 'no'} | {_num(r.predicted_defaults_us)} | "
+                     f"{'yes' if r.within_25pct else 'no'} | {_range(r.range_lo_us, r.range_hi_us)} | "
+                     f"{'n/a' if r.in_range is None else 'yes' if r.in_range else 'no'} | {_num(r.predicted_defaults_us)} | "
                      f"{r.model_bsp_error_pct:+.1f}% / {r.model_fused_error_pct:+.1f}% |")
     n = int(t["within_25pct"].sum())
-    lines += ["", f"{n} of {len(t)} pairs within 25%; the bound covers the measured saving in "
-              f"{int(t['bound_covers'].sum())} of {len(t)}."]
+    spans = int(((t["range_lo_us"] < 0) & (t["range_hi_us"] > 0)).sum())
+    ranged = t[t["in_range"].notna()]
+    lines += ["", f"{n} of {len(t)} pairs within 25%; the measured saving lies in the model's range in "
+              f"{int(ranged['in_range'].astype(bool).sum())} of the {len(ranged)} pairs with one (the range spans 0 in "
+              f"{spans}); the bound covers the measured saving in {int(t['bound_covers'].sum())} of {len(t)}."]
     return "\n".join(lines) + "\n"
+
+
+def _range(lo: float, hi: float) -> str:
+    return "none recorded" if math.isnan(lo) or math.isnan(hi) else f"{lo:.1f} to {hi:.1f}"
 
 
 def _num(v: float) -> str:

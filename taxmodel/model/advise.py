@@ -52,6 +52,7 @@ IDLE_BSP_PARTS = ("barrier_idle",)
 NS_PER_US = 1000.0
 COLUMNS = ("kind", "kernels", "ops", "n_kernels", "per_iteration", "span_us", "launch_tax_us", "locality_tax_us",
            "bsp_tax_us", "bound_us", "bound_pct", "model", "predicted_fused_us", "predicted_saving_us",
+           "predicted_saving_lo_us", "predicted_saving_hi_us",
            "predicted_pct", "confidence", "missing")
 
 
@@ -526,6 +527,8 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
         pred = preds[r["kind"]]
         if pred.missing:
             missing.append(pred.missing)
+        elif pred.model and pred.sign_uncertain:
+            missing.append("the saving's sign (the model's error band spans 0)")
         estimated = ((r["locality_source"] == "declared" or INTERMEDIATES in r["locality_source"]) and r["locality_ns"] > 0
                      or bool(pred.model))
         rows.append({
@@ -536,6 +539,7 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
             "bsp_tax_us": r["bsp_ns"] / NS_PER_US, "bound_us": r["bound_ns"] / NS_PER_US,
             "bound_pct": 100.0 * r["bound_ns"] / window if window else np.nan,
             "model": pred.model, "predicted_fused_us": pred.fused_us, "predicted_saving_us": pred.saving_us,
+            "predicted_saving_lo_us": pred.saving_lo_us, "predicted_saving_hi_us": pred.saving_hi_us,
             "predicted_pct": 100.0 * pred.saving_us * NS_PER_US / window if window else np.nan,
             "confidence": "estimated" if estimated else "measured", "missing": "; ".join(missing),
         })

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.model import analytic
+from taxmodel.model.analytic import fitted
 from taxmodel.trace.capture_meta import CaptureSettings
 
 #: Candidate kind -> (modeled workload, its fine-grained variants).
@@ -37,13 +38,22 @@ REFERENCE = "bsp"
 class FusionPrediction:
     """``model``: "workload/variant" of the best fine-grained variant ("" when none);
     ``fused_us`` its predicted iteration, ``bsp_us`` the predicted bulk-synchronous iteration,
-    ``saving_us`` their difference; ``missing``: why there is no prediction ("" when there is)."""
+    ``saving_us`` their difference, ``saving_lo_us``/``saving_hi_us`` the range the model's own
+    latency errors allow (``error_band``; NaN where none is recorded); ``missing``: why there is no
+    prediction ("" when there is)."""
 
     model: str = ""
     fused_us: float = math.nan
     bsp_us: float = math.nan
     saving_us: float = math.nan
     missing: str = ""
+    saving_lo_us: float = math.nan
+    saving_hi_us: float = math.nan
+
+    @property
+    def sign_uncertain(self) -> bool:
+        """Whether the error band leaves even the saving's sign open."""
+        return bool(self.saving_lo_us < 0 < self.saving_hi_us)
 
 
 NO_PREDICTION = FusionPrediction()
@@ -84,7 +94,8 @@ def predict_fusion(workload: str, variants: tuple[str, ...], shape: Mapping[str,
     as the bundle was captured, with the parameters ``taxmodel validate`` fitted for that hardware
     (``use_fitted``; else the documented defaults and the calibration only)."""
     hw, _ = analytic.resolve_model_hardware(hardware, meta)
-    params, _ = analytic.model_params(hw, CaptureSettings.from_meta(meta), None if use_fitted else {})
+    settings = CaptureSettings.from_meta(meta)
+    params, _ = analytic.model_params(hw, settings, None if use_fitted else {})
     cost = meta.get("cost") or None
 
     def window_us(variant: str) -> float:
@@ -92,4 +103,21 @@ def predict_fusion(workload: str, variants: tuple[str, ...], shape: Mapping[str,
 
     bsp = window_us(REFERENCE)
     fused, best = min((window_us(v), v) for v in variants)
-    return FusionPrediction(f"{workload}/{best}", fused, bsp, bsp - fused)
+    lo, hi = saving_range(workload, best, bsp, fused, hw.name, settings) if use_fitted else (math.nan, math.nan)
+    return FusionPrediction(f"{workload}/{best}", fused, bsp, bsp - fused, saving_lo_us=lo, saving_hi_us=hi)
+
+
+def saving_range(workload: str, variant: str, bsp_us: float, fused_us: float, hardware_name: str,
+                 settings: CaptureSettings) -> tuple[float, float]:
+    """The saving the measured latencies could show, given the model's latency error band for
+    ``bsp`` and ``variant`` (``validate``'s out-of-sample CUDA-graph cases, 10th-90th percentile
+    of predicted / measured - 1): a prediction ``p`` with error ``e`` measures ``p / (1 + e)``, so
+    the saving lies between bsp at its lowest minus the fused at its highest and the reverse.
+    NaN for an eager capture (the band comes from graph captures) or where no band is recorded."""
+    if not settings.graph_launch:
+        return math.nan, math.nan
+    b = fitted.latency_error_band(hardware_name, workload, REFERENCE)
+    f = fitted.latency_error_band(hardware_name, workload, variant)
+    if b is None or f is None:
+        return math.nan, math.nan
+    return bsp_us / (1 + b[1]) - fused_us / (1 + f[0]), bsp_us / (1 + b[0]) - fused_us / (1 + f[1])

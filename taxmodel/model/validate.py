@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import pandas as pd
 
 from taxmodel.fsutil import atomic_write
@@ -111,12 +112,39 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
     return Validation(cases, table, skipped, fitted, notes)
 
 
+#: launch modes whose latency errors make the model's error band: CUDA-graph captures (eager ones
+#: carry the profiler's host time, which the model does not predict)
+BAND_LAUNCHES = ("graph", "graph+gate")
+#: fewest out-of-sample cases a variant needs for a band
+BAND_MIN_CASES = 3
+
+
+def latency_error_band(table: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per ``workload/variant``: the 10th and 90th percentiles of the model's relative latency
+    error (predicted / measured - 1) over its out-of-sample CUDA-graph cases, and how many there
+    were; what ``taxmodel advise`` turns into a range for a predicted saving."""
+    lat = table[(table["quantity"] == "latency") & table["validated"] & (table["sample"] == "out")
+                & table["launches"].isin(BAND_LAUNCHES) & np.isfinite(table["error_pct"].astype(float))]
+    out = {}
+    for (w, var), g in lat.groupby(["workload", "variant"], sort=True):  # a loop over the few variants
+        if len(g) >= BAND_MIN_CASES:
+            e = g["error_pct"].to_numpy(np.float64) / 100.0
+            out[f"{w}/{var}"] = {"n": int(len(g)), "p10": round(float(np.percentile(e, 10)), 4),
+                                 "p90": round(float(np.percentile(e, 90)), 4)}
+    return out
+
+
 def fitted_document(v: Validation) -> dict[str, Any]:
     """The fitted parameters as ``taxmodel predict`` reads them: the values, the hardware of the
-    in-sample bundles they were fitted on (predict applies them only to that hardware), and how."""
+    in-sample bundles they were fitted on (predict applies them only to that hardware), how, and
+    the model's latency error band per variant on the out-of-sample CUDA-graph cases."""
     hardware = sorted({c.hardware.name for c in v.cases if c.in_sample})
     return {"fitted": dict(sorted(v.fitted.items())), "hardware": hardware,
-            "how": f"taxmodel validate on {len(v.cases)} bundles under profiles/: {IN_SAMPLE_RULE}"}
+            "how": f"taxmodel validate on {len(v.cases)} bundles under profiles/: {IN_SAMPLE_RULE}",
+            "latency_error": latency_error_band(v.table),
+            "latency_error_how": ("per workload/variant: 10th and 90th percentile of predicted / measured - 1 over "
+                                  f"its out-of-sample cases captured as CUDA graphs ({', '.join(BAND_LAUNCHES)}), "
+                                  f"at least {BAND_MIN_CASES}")}
 
 
 def write_fitted(path: str | os.PathLike, v: Validation) -> Path:

@@ -26,7 +26,7 @@ from taxmodel.report.terminal import _text_table
 
 TAX_COLUMNS = (("launch_tax_us", "launch_tax"), ("bsp_tax_us", "bsp_tax"), ("locality_tax_us", "locality_tax"))
 TERMINAL_COLUMNS = ["kind", "action", "kernels", "ops", "per_iteration", "launch_tax_us", "locality_tax_us", "bsp_tax_us",
-                    "bound_us", "bound_pct", "predicted_saving_us", "model", "confidence", "missing"]
+                    "bound_us", "bound_pct", "predicted_saving_us", "saving_range_us", "model", "confidence", "missing"]
 #: what fusing a candidate of each kind means in practice (docs/advise.md, "Candidates")
 KIND_ACTIONS = {
     "run": "CUDA graph of the region",
@@ -55,7 +55,13 @@ def shown_table(table: pd.DataFrame) -> pd.DataFrame:
     """The advisor's table as the terminal and the report show it: what to do per kind, kernel
     and op sequences shortened in the middle."""
     return table.assign(action=table["kind"].map(KIND_ACTIONS).fillna(""), kernels=table["kernels"].map(kernels_text),
-                        ops=table["ops"].map(lambda t: kernels_text(t, MAX_OPS_TEXT)))[TERMINAL_COLUMNS]
+                        ops=table["ops"].map(lambda t: kernels_text(t, MAX_OPS_TEXT)),
+                        saving_range_us=[_range(lo, hi) for lo, hi in zip(table["predicted_saving_lo_us"],
+                                                                          table["predicted_saving_hi_us"])])[TERMINAL_COLUMNS]
+
+
+def _range(lo: float, hi: float) -> str:
+    return "" if math.isnan(lo) or math.isnan(hi) else f"{lo:,.1f} to {hi:,.1f}"
 
 
 def render_advice(table: pd.DataFrame, label: str, window_us: float) -> str:
@@ -66,7 +72,8 @@ def render_advice(table: pd.DataFrame, label: str, window_us: float) -> str:
         return head + "\nno fusion candidates: no two kernels on one stream between host syncs, no collective next " \
                       "to a GEMM\n"
     note = ("bound_us: launch + locality + bulk-synchronous tax on the candidate's boundaries (what a perfect fusion "
-            "recovers at most); predicted_saving_us: the analytic model's bsp minus its best fine-grained variant")
+            "recovers at most); predicted_saving_us: the analytic model's bsp minus its best fine-grained variant; "
+            "saving_range_us: what its measured latency errors (10th-90th percentile, CUDA-graph captures) allow")
     caveats = [f"caveat: {c}" for c in table.attrs.get("caveats", [])]
     return "\n".join([head, _text_table(shown_table(table)), note, *caveats]) + "\n"
 
@@ -95,6 +102,11 @@ def fusion_figure(tables: Sequence[tuple[str, pd.DataFrame]]) -> Figure:
                         label=LABELS[cat] if y == 0 else None)
                 left += v
             saving = r["predicted_saving_us"]
+            lo, hi = r.get("predicted_saving_lo_us", math.nan), r.get("predicted_saving_hi_us", math.nan)
+            if not (math.isnan(lo) or math.isnan(hi)):
+                ax.plot([lo, hi], [y, y], color="black", linewidth=1.0,
+                        label="the model's error band" if not any(
+                            h.get_label().startswith("the model") for h in ax.get_lines()) else None)
             if not math.isnan(saving):
                 ax.plot([saving], [y], marker="D", color="black", markersize=6, linestyle="none",
                         label="predicted saving (analytic model)" if not any(
@@ -134,7 +146,8 @@ def section(cases: Sequence[tuple[Any, Any]]) -> list:
     try:
         fig = fusion_figure(tables)
         blocks.append(d.Figure(fig, "what-fusing-would-buy", "Taxes on each candidate's boundaries (the bound on what "
-                               "fusing recovers) and the model's predicted saving (diamond).",
+                               "fusing recovers) and the model's predicted saving (diamond) with the range its measured latency errors "
+                               "allow (line).",
                                "Bars of the fusion candidates' bounds"))
     except AnalysisError as exc:
         blocks.append(d.Paragraph(f"Figure not drawn: {exc}"))
