@@ -273,7 +273,6 @@ def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple
     pick = broadcast_int(min(range(len(slice_rows)), key=lambda i: slice_rows[i]["ms"]), ctx)
     chosen = dict(block_n=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, ctas_per_sm=cfg.ctas_per_sm,
                   bsp_slices=slice_rows[pick]["combine_slices"])
-    del q, k, v
     return chosen, rows
 
 
@@ -341,7 +340,7 @@ def run_variant(ctx: Any, wl: Any, variant: Any, shape: dict, timer: Timer, args
         return ok
 
     if not checked(seed_a, step, "err", "(eager launch; not timed)"):
-        del state, step
+        state = step = None  # the buffers go before the next shape (the closures above read these names)
         ctx.barrier()
         return res
     if not args.no_eager:
@@ -355,7 +354,7 @@ def run_variant(ctx: Any, wl: Any, variant: Any, shape: dict, timer: Timer, args
     res["graph_reps_ms"] = times
     state.reseed(seed_b)
     checked(seed_b, replay, "err_graph", "after graph replays with fresh inputs")
-    del state, replay, step
+    state = replay = step = None  # the buffers go before empty_cache (the closures above read these names)
     ctx.barrier()
     if ctx.is_cuda:
         torch.cuda.empty_cache()

@@ -38,7 +38,6 @@ import signal
 import statistics
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -51,11 +50,11 @@ import iris
 from taxmodel.fsutil import atomic_write
 from taxmodel.kernels.device import sync
 from taxmodel.model.calibration import STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
-from taxmodel.errors import Interrupted, RunError, TaxmodelError
+from taxmodel.errors import Interrupted, RunError
 from taxmodel.runtime.bootstrap import join_process_group, rank_device
 from taxmodel.runtime.heap import disable_multicast
-from taxmodel.runtime.rank import RankState
-from taxmodel.runtime.status import STATUS_DIR_ENV, report_traceback, write_status
+from taxmodel.runtime.rank import RankState, rank_failure
+from taxmodel.runtime.status import STATUS_DIR_ENV, write_status
 from taxmodel.runtime.timing import Stopwatch, traced_events
 
 REPS = 7
@@ -579,13 +578,8 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(exc, SystemExit):  # the checks below say what is wrong in the exit message
             msg = str(exc.code).removeprefix("taxmodel calibrate: ")
             code = exc.code if isinstance(exc.code, int) else RunError.exit_code
-        elif isinstance(exc, TaxmodelError):
-            msg, code = str(exc), exc.exit_code
-        elif isinstance(exc, KeyboardInterrupt):
-            msg, code = "interrupted", getattr(exc, "exit_code", 130)
         else:
-            report_traceback(state.status_dir, state.rank, traceback.format_exc())
-            msg, code = f"{type(exc).__name__}: {exc}", RunError.exit_code
+            msg, code = rank_failure(exc, state)
         write_status(state.status_dir, state.rank, phase=state.phase, error=msg, exit_code=code)
         sys.stdout.flush()
         os._exit(code)  # peers may be stuck in a collective: do not wait for a clean teardown

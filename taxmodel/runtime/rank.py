@@ -12,18 +12,31 @@ import os
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
-from taxmodel.errors import RunError
+from taxmodel.errors import RunError, TaxmodelError
 from taxmodel.runtime.inject import Fault
 from taxmodel.runtime.spec import ProfileSpec
-from taxmodel.runtime.status import write_status
+from taxmodel.runtime.status import report_traceback, write_status
 
 PHASES = ("init", "setup", "compile", "check", "graph", "capture", "gather", "write", "done")
 
 WATCHDOG_GRACE_S = 1.5
 """After recording its timeout, a rank lingers this long so that its peers record theirs too."""
+
+
+def rank_failure(exc: BaseException, state: "RankState") -> tuple[str, int]:
+    """The one line and exit code a failed rank records: taxmodel's own errors as they say
+    themselves, an interrupt as one (128 + the signal), anything else as its type and message,
+    with the traceback kept in the rank's log (``report_traceback``). Call it in the handler."""
+    if isinstance(exc, TaxmodelError):
+        return str(exc), exc.exit_code
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", getattr(exc, "exit_code", 130)
+    report_traceback(state.status_dir, state.rank, traceback.format_exc())
+    return f"{type(exc).__name__}: {exc}", RunError.exit_code
 
 
 class RankState:

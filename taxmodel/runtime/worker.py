@@ -29,17 +29,16 @@ import json
 import os
 import signal
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
-from taxmodel.errors import Interrupted, RunError, TaxmodelError
+from taxmodel.errors import Interrupted
 from taxmodel.runtime.heap import disable_multicast
 from taxmodel.runtime.inject import Fault
-from taxmodel.runtime.rank import PHASES, RankState, join_run, start_watchdog
+from taxmodel.runtime.rank import PHASES, RankState, join_run, start_watchdog, rank_failure
 from taxmodel.runtime.session import check_output  # noqa: F401 - part of this module's interface
 from taxmodel.runtime.spec import ProfileSpec, parse_shape, resolve_device, shape_tag  # noqa: F401 - as above
-from taxmodel.runtime.status import STATUS_DIR_ENV, report_traceback, write_result, write_status
+from taxmodel.runtime.status import STATUS_DIR_ENV, write_result, write_status
 
 __all__ = ["PHASES", "main", "run_rank", "check_output", "parse_shape", "resolve_device", "shape_tag"]
 
@@ -137,13 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = _check_here(spec)
         result = run_rank(spec, state)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes one line naming rank and phase
-        if isinstance(exc, TaxmodelError):
-            msg, code = str(exc), exc.exit_code
-        elif isinstance(exc, KeyboardInterrupt):
-            msg, code = "interrupted", getattr(exc, "exit_code", 130)
-        else:
-            report_traceback(state.status_dir, state.rank, traceback.format_exc())
-            msg, code = f"{type(exc).__name__}: {exc}", RunError.exit_code
+        msg, code = rank_failure(exc, state)
         _record_failure(state, msg, code)
         state.end_progress_line()
         if not state.status_dir:  # else our launcher reads the status file and prints the run's one diagnosis
