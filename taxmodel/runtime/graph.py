@@ -27,7 +27,7 @@ Pieces, each small enough to test without a GPU (``tests/runtime/test_profile_gr
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import pandas as pd
@@ -346,8 +346,3 @@ def graph_trace_notes(events: pd.DataFrame, backend: str) -> list[str]:
                 "graph replays' kernels (CUPTI initialized after the capture?)"]
     return []
 
-
-def graph_meta(graph: bool, requested: str, note: str | None, backend: str) -> Mapping[str, Any]:
-    """The bundle's ``meta['capture']`` fields about graphs."""
-    return {"graph": bool(graph), "graph_mode": requested, "graph_backend": backend if graph else None,
-            "graph_note": None if graph or requested == "off" else note}

@@ -370,7 +370,7 @@ class VariantSession:
         return gathered, gathered_recs if self.book is not None else None
 
     def write(self, gathered: list[Any] | None, gathered_recs: list[Any] | None) -> Path:
-        from taxmodel.runtime.graph import graph_meta
+        from taxmodel.trace.capture_meta import graph_meta
         from taxmodel.runtime.writer import write_variant_bundle
 
         run = self.run

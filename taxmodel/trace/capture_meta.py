@@ -31,6 +31,14 @@ GATE_ROLES = {GATE_KERNEL: "other"}
 GATE_SIGNALS = "parallel"
 
 
+def graph_meta(graph: bool, requested: str, note: str | None, backend: str) -> Mapping[str, Any]:
+    """The bundle's ``meta['capture']`` fields about CUDA/HIP graphs: whether the traced steps
+    replayed one (``graph``, what ``CaptureSettings.graph_launch`` reads back), what was asked,
+    which backend captured it, and why not when it was asked and not done."""
+    return {"graph": bool(graph), "graph_mode": requested, "graph_backend": backend if graph else None,
+            "graph_note": None if graph or requested == "off" else note}
+
+
 def alignment_meta(align: str, gate_hold_us: float) -> dict[str, Any]:
     """``meta.capture`` fields of a capture aligned this way (what the model needs to predict the
     ranks' start skew of the bundle)."""

@@ -18,6 +18,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import taxmodel
+from taxmodel.trace import capture_meta
 from taxmodel.errors import InputError
 from taxmodel.kernels.device import sync, trace
 from taxmodel.runtime import graph as g
@@ -152,11 +153,11 @@ def test_prime_tracer_runs_one_ordinary_session_per_tracer_and_device(monkeypatc
 
 
 def test_graph_meta():
-    assert g.graph_meta(True, "auto", None, "cuda") == {"graph": True, "graph_mode": "auto", "graph_backend": "cuda",
+    assert capture_meta.graph_meta(True, "auto", None, "cuda") == {"graph": True, "graph_mode": "auto", "graph_backend": "cuda",
                                                         "graph_note": None}
-    assert g.graph_meta(False, "auto", "why", "cuda") == {"graph": False, "graph_mode": "auto", "graph_backend": None,
+    assert capture_meta.graph_meta(False, "auto", "why", "cuda") == {"graph": False, "graph_mode": "auto", "graph_backend": None,
                                                           "graph_note": "why"}
-    assert g.graph_meta(False, "off", "graph capture not requested", "cuda")["graph_note"] is None
+    assert capture_meta.graph_meta(False, "off", "graph capture not requested", "cuda")["graph_note"] is None
 
 
 # --- in-kernel records under a graph ---------------------------------------------------------------
