@@ -3,6 +3,7 @@ marker in its environment (``/proc/PID/environ``; ranks inherit it from the comm
 process left" is checked without trusting the code under test to report its own children."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 MARK = "TAXMODEL_TEST_RUN_MARK"
@@ -21,6 +22,18 @@ def marked(mark: str) -> dict[int, str]:
         except OSError:  # gone meanwhile, or not ours
             continue
     return found
+
+
+def outlived(mark: str, within_s: float = 10.0) -> dict[int, str]:
+    """``marked(mark)`` once it is empty or ``within_s`` has passed: a killed process leaves the
+    process table a moment after the signal (longer on a loaded machine), and a zombie (state Z)
+    holds nothing but its entry until its parent reaps it. What is left is what outlived."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = {pid: st for pid, st in marked(mark).items() if st != "Z"}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def last_line(stderr: str) -> str:

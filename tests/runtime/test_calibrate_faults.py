@@ -15,7 +15,7 @@ import time
 import uuid
 from pathlib import Path
 
-from processes import MARK, last_line, marked
+from processes import MARK, last_line, outlived
 from shipped_calibration import shipped_four_ranks
 
 HERE = Path(__file__).parent
@@ -56,7 +56,8 @@ def _rank_pid_in(proc: subprocess.Popen, tmpdir: Path, rank: int, phase: str) ->
 
 
 def _assert_nothing_left(mark: str, tmpdir: Path, out: Path, err: str) -> None:
-    assert marked(mark) == {}, f"processes of the calibration outlived the command: {marked(mark)}"
+    left = outlived(mark)
+    assert left == {}, f"processes of the calibration outlived the command: {left}"
     assert not out.exists()
     assert not [p for p in tmpdir.iterdir() if not p.name.startswith("taxmodel-ranks-")], list(tmpdir.iterdir())
     assert "Traceback" not in err, err

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from processes import MARK, last_line as _last_line, marked as _marked
+from processes import MARK, last_line as _last_line, marked as _marked, outlived
 
 TOY = str(Path(__file__).with_name("toy_workload.py"))
 
@@ -37,7 +37,7 @@ def _start(tmp_path: Path, *args: str, timeout: float = 120) -> tuple[subprocess
 
 
 def _assert_nothing_left(tmp_path: Path, mark: str, tmpdir: Path, kept: tuple[Path, ...] = ()) -> None:
-    assert _marked(mark) == {}, "processes of the run outlived the command"
+    assert outlived(mark) == {}, "processes of the run outlived the command"
     out = tmp_path / "out"
     assert not out.exists() or not any(out.rglob("*")), f"a bundle or part of one in -o: {list(out.rglob('*'))}"
     left = set(tmpdir.iterdir()) - set(kept)
@@ -139,5 +139,5 @@ def test_stopping_the_ranks_ends_what_they_started_too(tmp_path):
     ranks.poll()
     assert ranks.exits == {}
     ranks.stop()
-    assert _marked(mark) == {}
+    assert outlived(mark) == {}
     assert all(p.returncode == -signal.SIGTERM for p in ranks.procs)

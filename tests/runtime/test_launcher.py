@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from processes import MARK, marked
+from processes import MARK, outlived
 
 from taxmodel.errors import RunError
 from taxmodel.runtime import launcher
@@ -54,7 +54,7 @@ def test_a_failed_run_keeps_the_tracebacks_in_one_file_it_names(tmpdir_env, capf
     assert text.count("Traceback (most recent call last)") == 2 and "fake failure on rank 1" in text
     assert "Traceback" not in capfd.readouterr().err  # the ranks said nothing on the terminal
     assert list(tmpdir.iterdir()) == [log]  # the run directory went, the log stayed
-    assert marked(mark) == {}
+    assert outlived(mark) == {}
 
 
 def test_tracebacks_reach_stderr_too_with_taxmodel_traceback(tmpdir_env, capfd, monkeypatch):
@@ -70,4 +70,4 @@ def test_a_timeout_kills_every_rank_within_seconds(tmpdir_env):
     with pytest.raises(RunError, match=r"run timed out after 3 s: rank 0 hung in phase 'work'; rank 1 hung"):
         _launch("sleep", timeout_s=3)
     assert time.monotonic() - t0 < 3 + launcher.KILL_GRACE_S + 5
-    assert marked(mark) == {} and list(tmpdir.iterdir()) == []  # no log: no rank had a traceback
+    assert outlived(mark) == {} and list(tmpdir.iterdir()) == []  # no log: no rank had a traceback

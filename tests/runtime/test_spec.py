@@ -70,6 +70,6 @@ def test_torchrun_ranks_check_their_request_and_profile(tmp_path):
     assert bad.returncode == 2 and "toy: unknown variant(s) nope; choose from bsp, ring, never" in bad.stderr
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     good = subprocess.run([*torchrun, *worker, "--variants", "bsp"], env=env, capture_output=True, text=True, timeout=180)
-    assert good.returncode == 0, good.stderr[-2000:]
+    assert good.returncode == 0, good.stderr[:4000] + "\n...\n" + good.stderr[-2000:]  # the cause, and torchrun's summary
     (meta,) = tmp_path.glob("toy/bsp-*/meta.json")
     assert json.loads(meta.read_text())["world_size"] == 2
