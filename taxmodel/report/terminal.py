@@ -20,6 +20,12 @@ from taxmodel.report.kernels import top_kernel_lines
 from taxmodel.trace.summary import launch_mode
 
 
+#: how a ledger's locality tax was obtained, as the terminal says it (docs/ledger.md 5b)
+_LOCALITY_SOURCE = {"measured": "measured (DRAM counters)", "estimated": "estimated (declared intermediates)",
+                    "not measured": "not measured (n/m: attach DRAM counters, see docs/counters.md)",
+                    "predicted": "predicted (the analytic model's DRAM bytes)"}
+
+
 def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return "n/m" if math.isnan(v) else f"{v:,.1f}"  # not measured (e.g. locality without counters)
@@ -64,7 +70,8 @@ def render_ledger(ledger, per_rank: bool = False) -> str:
     hw_text = "none" if hw is None else hw.label
     c = ledger.clock
     lines.append("")
-    lines.append(f"hardware: {hw_text}; clock alignment: {c.method}, uncertainty {c.uncertainty_ns / 1e3:.1f} us")
+    lines.append(f"hardware: {hw_text}; clock alignment: {c.method}, uncertainty {c.uncertainty_ns / 1e3:.1f} us; "
+                 f"locality: {_LOCALITY_SOURCE.get(getattr(ledger, 'locality', ''), getattr(ledger, 'locality', ''))}")
     if ledger.caveats:
         lines.append("caveats:")
         lines.extend(f"  - {x}" for x in ledger.caveats)

@@ -61,3 +61,19 @@ def test_analyze_hardware_file(tmp_path):
     res = CliRunner().invoke(cli, ["analyze", bsp, "--hardware", str(hw), "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["ledgers"][0]["hardware"] == {"name": "my H200", "source": "calibrated"}
+
+
+def test_analyze_says_how_locality_was_obtained(tmp_path):
+    """Per bundle, measured (DRAM counters), estimated (declared intermediates) or not measured
+    (issue 24: the ledger says which)."""
+    from pathlib import Path
+
+    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.report.terminal import render_ledger
+    from taxmodel.trace.bundle import load_bundle
+
+    case = synthetic_bundle(world_size=2)
+    assert "locality: estimated (declared intermediates)" in render_ledger(compute_ledger(case.bundle))
+    counted = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200x1-counters" / "gemm_rs" / "bsp-M1024xN8192xK8192"
+    if counted.exists():
+        assert "locality: measured (DRAM counters)" in render_ledger(compute_ledger(load_bundle(counted)))
