@@ -39,7 +39,7 @@ class FusionPrediction:
     """``model``: "workload/variant" of the best fine-grained variant ("" when none);
     ``fused_us`` its predicted iteration, ``bsp_us`` the predicted bulk-synchronous iteration,
     ``saving_us`` their difference, ``saving_lo_us``/``saving_hi_us`` the range the model's own
-    latency errors allow (``error_band``; NaN where none is recorded); ``missing``: why there is no
+    latency errors allow (``saving_range``; NaN where none is recorded); ``missing``: why there is no
     prediction ("" when there is)."""
 
     model: str = ""
@@ -116,8 +116,8 @@ def saving_range(workload: str, variant: str, bsp_us: float, fused_us: float, ha
     NaN for an eager capture (the band comes from graph captures) or where no band is recorded."""
     if not settings.graph_launch:
         return math.nan, math.nan
-    b = fitted.latency_error_band(hardware_name, workload, REFERENCE)
-    f = fitted.latency_error_band(hardware_name, workload, variant)
+    bands = fitted.latency_error_bands(hardware_name)
+    b, f = bands.get(f"{workload}/{REFERENCE}"), bands.get(f"{workload}/{variant}")
     if b is None or f is None:
         return math.nan, math.nan
     return bsp_us / (1 + b[1]) - fused_us / (1 + f[0]), bsp_us / (1 + b[0]) - fused_us / (1 + f[1])

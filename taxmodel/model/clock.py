@@ -48,11 +48,12 @@ class ClockAlignment:
                 "notes": list(self.notes)}
 
 
-def offsets_from_simultaneous_ends(ends: pd.DataFrame, ranks: list[int]) -> ClockAlignment | None:
-    """Offsets from events that end at the same true time on every rank.
+def offsets_from_simultaneous_ends(ends: pd.DataFrame, ranks: list, noun: str = "rank") -> ClockAlignment | None:
+    """Offsets from events that end at the same true time on every rank (or every host).
 
-    ``ends``: columns instance, rank, end_ns (local clock). The reference rank (offset 0) is
-    the one present in most instances. None when no instance is shared by two ranks.
+    ``ends``: columns instance, rank, end_ns (local clock); ``ranks`` the clocks to place, as the
+    ``rank`` column names them (ranks, or host names with ``noun`` "host"). The reference (offset
+    0) is the one present in most instances. None when no instance is shared by two of them.
     """
     if ends.empty:
         return None
@@ -60,7 +61,7 @@ def offsets_from_simultaneous_ends(ends: pd.DataFrame, ranks: list[int]) -> Cloc
     if wide.shape[1] < 2 or len(wide) == 0:
         return None
     counts = wide.notna().sum()
-    ref = int(sorted(counts.index, key=lambda r: (-counts[r], r))[0])
+    ref = sorted(counts.index, key=lambda r: (-counts[r], r))[0]
     offsets, spreads, notes, samples = {}, [], [], 0
     for r in ranks:
         if r == ref:
@@ -72,7 +73,7 @@ def offsets_from_simultaneous_ends(ends: pd.DataFrame, ranks: list[int]) -> Cloc
         d = (wide[r] - wide[ref]).dropna().to_numpy(dtype=np.float64)
         if len(d) == 0:
             offsets[r] = 0
-            notes.append(f"rank {r} shares no synchronizing event with rank {ref}: its clock is assumed aligned")
+            notes.append(f"{noun} {r} shares no synchronizing event with {noun} {ref}: its clock is assumed aligned")
             continue
         med = float(np.median(d))
         offsets[r] = -int(round(med))
@@ -83,18 +84,15 @@ def offsets_from_simultaneous_ends(ends: pd.DataFrame, ranks: list[int]) -> Cloc
 
 def _per_host(ends: pd.DataFrame, ranks: list[int], host_of_rank: Mapping[str, str]) -> ClockAlignment | None:
     """Offsets from simultaneous ends with one clock per host: each host's samples are its
-    ranks' ends (the host's reference is its lowest rank present), the offset is the host's."""
+    ranks' ends, and its ranks take its offset."""
     host = {r: host_of_rank.get(str(r)) for r in ranks}
     if any(h is None for h in host.values()):
         return None
-    hosts = sorted(set(host.values()))
-    code = {h: i for i, h in enumerate(hosts)}
-    pooled = ends.assign(rank=ends["rank"].map(lambda r: code[host[int(r)]]))
-    est = offsets_from_simultaneous_ends(pooled, list(range(len(hosts))))
+    pooled = ends.assign(rank=ends["rank"].map(lambda r: host[int(r)]))
+    est = offsets_from_simultaneous_ends(pooled, sorted(set(host.values())), noun="host")
     if est is None:
         return None
-    est.offsets_ns = {r: est.offsets_ns[code[host[r]]] for r in ranks}
-    est.notes = [n.replace("rank ", "host ") for n in est.notes]
+    est.offsets_ns = {r: est.offsets_ns[host[r]] for r in ranks}
     return est
 
 

@@ -581,7 +581,7 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
         caveats.append(per_kernel.declared_floor_caveat(sum(c[0] for c in capped), max(c[1] for c in capped),
                                                         [p.rank for p in pieces if p.floor_capped[0]], hw))
     mism = hardware_mismatch(meta, hw)
-    if mism and (hardware is not None or "architecture" in mism or "related part" in mism):
+    if mism:
         caveats.append(mism)
     ws, we = plan.windows["start_ns"].to_numpy(np.int64), plan.windows["end_ns"].to_numpy(np.int64)
     launch_pct = float(parts.loc[parts["category"] == "launch_tax", "ns"].sum()) / max(float((we - ws).sum()) * nr, 1.0) * 100

@@ -121,7 +121,7 @@ def measured_bytes(gpu: pd.DataFrame) -> np.ndarray:
 # --- the per-kernel table and what it says -------------------------------------------------------
 
 def kernel_table(gpu: pd.DataFrame, kc: KernelCosts | None, d: np.ndarray, in_window: np.ndarray, useful: np.ndarray,
-                 loc: np.ndarray, wait_before: np.ndarray, locality: str, bsp: np.ndarray | None = None) -> pd.DataFrame:
+                 loc: np.ndarray, wait_before: np.ndarray, locality: str, bsp: np.ndarray) -> pd.DataFrame:
     """One row per distinct (kernel name, op) inside the windows: launches, time, floor,
     useful, locality (NaN when not measured), compute inefficiency, the launch tax before its
     launches, the bulk-synchronous tax inside it, and whether it was costed; largest time first."""
@@ -136,7 +136,7 @@ def kernel_table(gpu: pd.DataFrame, kc: KernelCosts | None, d: np.ndarray, in_wi
         "name": gpu["name"].astype(str).to_numpy(object)[sel], "op": op[sel], "role": role[sel],
         "time_ns": d[sel], "floor_ns": floor[sel], "useful_ns": useful[sel],
         "locality_ns": loc[sel], "inefficiency_ns": np.where(local[sel], d[sel] - useful[sel] - loc[sel], 0.0),
-        "launch_tax_ns": wait_before[sel], "bsp_ns": (bsp if bsp is not None else np.zeros(len(gpu)))[sel],
+        "launch_tax_ns": wait_before[sel], "bsp_ns": bsp[sel],
         "costed": np.isfinite(floor[sel]), "reason": reason[sel], "basis": basis[sel]})
     if df.empty:
         return df.assign(launches=pd.Series(dtype=np.int64))

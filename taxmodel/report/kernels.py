@@ -19,8 +19,6 @@ def top_kernel_lines(kernels: pd.DataFrame | None, n_per_rank_iteration: int, to
     per = max(n_per_rank_iteration, 1)
     out = []
     for col, label in TAX_COLUMNS:
-        if col not in kernels:  # a ledger from before the column existed
-            continue
         vals = kernels[col]
         if vals.isna().all() or float(vals.fillna(0).sum()) <= 0:
             continue

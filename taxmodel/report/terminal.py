@@ -71,7 +71,7 @@ def render_ledger(ledger, per_rank: bool = False) -> str:
     c = ledger.clock
     lines.append("")
     lines.append(f"hardware: {hw_text}; clock alignment: {c.method}, uncertainty {c.uncertainty_ns / 1e3:.1f} us; "
-                 f"locality: {_LOCALITY_SOURCE.get(getattr(ledger, 'locality', ''), getattr(ledger, 'locality', ''))}")
+                 f"locality: {_LOCALITY_SOURCE.get(ledger.locality, ledger.locality)}")
     if ledger.caveats:
         lines.append("caveats:")
         lines.extend(f"  - {x}" for x in ledger.caveats)

@@ -360,7 +360,8 @@ def _cudnn_conv_bwd_input(a: _Args) -> OpCost:
     go, w = a.shape(1), a.shape(2)
     macs = go[0] * go[1] * math.prod(go[2:]) * w[1] * math.prod(w[2:])
     size = a.int_list(0, [])
-    return _cost(2.0 * macs, a.nbytes(1) + a.nbytes(2) + math.prod(size) * a.es(1) * bool(size), _MATRIX_CLASS[a.cls(1)])
+    grad_input = math.prod(size) * a.es(1) if size else 0
+    return _cost(2.0 * macs, a.nbytes(1) + a.nbytes(2) + grad_input, _MATRIX_CLASS[a.cls(1)])
 
 
 def _cudnn_conv_bwd_weight(a: _Args) -> OpCost:

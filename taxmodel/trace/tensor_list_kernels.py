@@ -102,12 +102,10 @@ def tensor_list_launch_work(kernel_name: str, grid: str, block: str) -> LaunchWo
     name = str(kernel_name).replace("(anonymous namespace)::", "").replace("at::native::", "")
     if not _KERNEL.search(name):
         return None
-    meta_m, fun_m = _META.search(name), None
+    meta_m = _META.search(name)
     if meta_m is None:
         return None
-    for m in _FUNCTOR.finditer(name, meta_m.end()):
-        fun_m = m
-        break
+    fun_m = _FUNCTOR.search(name, meta_m.end())
     g, b = _dims(grid), _dims(block)
     if fun_m is None or g is None or b is None or b[0] != BLOCK or any(v != 1 for v in b[1:] + g[1:]):
         return None

@@ -36,20 +36,18 @@ def fitted_for(hardware_name: str, path: str | os.PathLike | None = None) -> tup
                     + ", ".join(f"{k} = {v:.3g}" for k, v in values.items()))
 
 
-def latency_error_band(hardware_name: str, workload: str, variant: str,
-                       path: str | os.PathLike | None = None) -> tuple[float, float, int] | None:
-    """(10th, 90th percentile of predicted / measured - 1, cases) of the model's latency for
-    ``workload/variant`` on the hardware its fit was made on, as ``validate --update-docs``
-    recorded it (out-of-sample CUDA-graph cases); None when not recorded for it."""
+def latency_error_bands(hardware_name: str, path: str | os.PathLike | None = None) -> dict[str, tuple[float, float]]:
+    """Per ``workload/variant``: (10th, 90th percentile of predicted / measured - 1) of the model's
+    latency on the hardware its fit was made on, as ``validate --update-docs`` recorded it
+    (out-of-sample CUDA-graph cases); empty for other hardware or no file."""
     p = Path(path) if path is not None else FITTED_FILE
     if not p.is_file():
-        return None
-    _, hardware = load_fitted(p)
-    if hardware_name not in hardware:
-        return None
+        return {}
     try:
-        band = json.loads(p.read_text()).get("latency_error", {}).get(f"{workload}/{variant}")
-        return (float(band["p10"]), float(band["p90"]), int(band["n"])) if band else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
+        doc = json.loads(p.read_text())
+        if hardware_name not in doc["hardware"]:
+            return {}
+        return {k: (float(v["p10"]), float(v["p90"])) for k, v in doc.get("latency_error", {}).items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(f"{p}: not a fitted-parameters file of `taxmodel validate --update-docs` ({exc})") from None
 

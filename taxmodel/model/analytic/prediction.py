@@ -71,8 +71,8 @@ def predicted_ledger(plans: Sequence[Sequence[KernelPlan]], cost: Mapping[str, A
                      params: ModelParams, *, workload: str, variant: str, shape: Mapping[str, int]) -> Any:
     """Simulate ``plans`` and split the timeline with the measured ledger's own code. Kernels with
     predicted DRAM bytes carry them as counters do, so the locality tax is what the ledger would
-    measure from the counters of that timeline: DRAM bytes beyond the compulsory ones at the HBM
-    bandwidth, at most each kernel's time after useful."""
+    measure from the counters of that timeline: the time its DRAM bytes take at the HBM bandwidth
+    beyond its useful floor, at most its time after useful (docs/ledger.md 5b)."""
     from taxmodel.model.ledger import compute_ledger
     from taxmodel.model.ledger_kernels import LOCALITY_MEASURED
     from taxmodel.trace.bundle import Bundle, make_meta
