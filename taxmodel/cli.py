@@ -467,7 +467,12 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
               help="Fit nothing; use the parameters of this file (a fitted.json that --update-docs wrote, e.g. "
                    "taxmodel/data/fitted.json as committed before new bundles came), so every bundle is predicted "
                    "out of sample.")
-def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_from) -> None:
+@click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Processes that compute the measured ledgers and predictions (0: one per CPU).")
+@click.option("--cache/--no-cache", default=True, show_default=True,
+              help="Keep each bundle's measured ledger and each prediction on disk ($TAXMODEL_CACHE_DIR, else "
+                   "~/.cache/taxmodel), keyed by the bundle's files and taxmodel's code, and reuse them.")
+def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_from, jobs, cache) -> None:
     """Compare the model's predictions with every measured bundle under PROFILES_DIR.
 
     Exit 0 when every validated comparison is within target (latency 15%, each tax 25% or 20 us), 1 otherwise.
@@ -481,7 +486,7 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
 
     if fitted_from and (no_fit or update_docs):
         raise click.UsageError("--fitted-from fits nothing: it goes with neither --no-fit nor --update-docs")
-    v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from)
+    v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from, jobs=jobs or None, cache=cache, progress=True)
     text = markdown_table(v)
     click.echo(text, nl=False)
     for s in v.skipped:

@@ -7,4 +7,22 @@ few files (whose imports may pull kernels in before their own module sets it) be
 Tests that compile for a GPU do it in subprocesses without the variable."""
 import os
 
+import pytest
+
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Cached cases (``taxmodel.model.case_store``) go to a directory of this session's own: every
+    run computes what it checks, as CI's fresh checkout does, and the user's cache is untouched.
+    Set before any test runs; subprocesses (the CLI, notebooks) inherit it."""
+    from taxmodel.model.case_store import CACHE_ENV
+
+    old = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("taxmodel-cache"))
+    yield
+    if old is None:
+        os.environ.pop(CACHE_ENV, None)
+    else:
+        os.environ[CACHE_ENV] = old

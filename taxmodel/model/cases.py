@@ -6,14 +6,13 @@ settings and declared cost).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import pandas as pd
 
-from taxmodel.errors import InputError, TaxmodelError
+from taxmodel.errors import InputError
 from taxmodel.model.analytic import MODELS, model_params, predict, resolve_model_hardware
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.analytic.prediction import Prediction
@@ -157,34 +156,6 @@ def _intlike(v: Any) -> bool:
         return True
     except (TypeError, ValueError):
         return False
-
-
-def find_cases(root: str | os.PathLike) -> tuple[list[Case], list[str]]:
-    from taxmodel.trace.bundle import find_bundles
-
-    root = Path(root)
-    if not root.exists():
-        raise InputError(f"{root}: no such directory; pass the directory that holds the profile bundles")
-    cases, skipped = [], []
-    for p in find_bundles(root):
-        try:
-            got = load_case(p, search=(root,))
-        except TaxmodelError as exc:
-            got = f"{p}: {exc}"
-        if not isinstance(got, str):
-            got = _unpredictable(got) or got
-        (skipped.append(got) if isinstance(got, str) else cases.append(got))
-    return cases, skipped
-
-
-def _unpredictable(case: Case) -> str | None:
-    """Why the model cannot predict ``case`` (e.g. a one-rank capture of a variant that needs peers), or
-    None: such a bundle is skipped with its reason, never the end of a whole validation run."""
-    try:
-        predict_case(case, {})
-    except TaxmodelError as exc:
-        return f"{case.path}: the model cannot predict it: {exc}"
-    return None
 
 
 def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:

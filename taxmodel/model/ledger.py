@@ -151,6 +151,20 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
     collectives' last arrivals, skipped iterations), (c) ``rank_ledger`` computes each rank's
     parts and intervals given the plan, (d) ``assemble_ledger`` concatenates them.
     """
+    plan, events_of = _plan_bundle(bundle, hardware, lenient)
+    pieces = [rank_ledger(events_of(r), plan) for r in plan.ranks]
+    return assemble_ledger(plan, pieces, per_kernel.job_label(plan.meta, bundle.path) or bundle.label, hardware)
+
+
+def ledger_windows(bundle: Bundle, hardware: HardwareSpec | None = None, lenient: bool = False) -> pd.DataFrame:
+    """The windows ``compute_ledger`` would split (its ``Ledger.windows``, before sorting), from
+    phases (a) and (b) only: what needs a window's length and none of its parts (the analytic
+    model's fit on predicted latencies) skips the per-rank split."""
+    return _plan_bundle(bundle, hardware, lenient)[0].windows
+
+
+def _plan_bundle(bundle: Bundle, hardware: HardwareSpec | None, lenient: bool):
+    """Phases (a) and (b) of ``compute_ledger``: the plan, and each rank's events by rank."""
     ev = bundle.events
     ranks = _ranks(bundle)
     rows = rank_rows(ev)
@@ -161,9 +175,7 @@ def compute_ledger(bundle: Bundle, hardware: HardwareSpec | None = None, lenient
             return RankEvents(r, ev.iloc[int(pos[0]):int(pos[-1]) + 1], pos)
         return RankEvents(r, ev.take(pos), pos)
 
-    plan = plan_ledger([summarize_rank(events_of(r)) for r in ranks], bundle.meta, ranks, hardware, lenient)
-    pieces = [rank_ledger(events_of(r), plan) for r in ranks]
-    return assemble_ledger(plan, pieces, per_kernel.job_label(plan.meta, bundle.path) or bundle.label, hardware)
+    return plan_ledger([summarize_rank(events_of(r)) for r in ranks], bundle.meta, ranks, hardware, lenient), events_of
 
 
 def rank_rows(events: pd.DataFrame) -> dict[int, np.ndarray]:

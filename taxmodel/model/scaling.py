@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from taxmodel.model.analytic.fitted import fitted_for
-from taxmodel.model.cases import Case, find_cases, predict_case
+from taxmodel.model.case_store import find_cases
+from taxmodel.model.cases import Case, predict_case
 
 BSP = "bsp"
 TAXES = ("bsp_tax", "locality_tax", "launch_tax")

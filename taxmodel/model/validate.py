@@ -29,7 +29,8 @@ import pandas as pd
 
 from taxmodel.fsutil import atomic_write
 from taxmodel.model.analytic.fitted import load_fitted
-from taxmodel.model.cases import Case, find_cases, predict_case
+from taxmodel.model.case_store import CaseStore
+from taxmodel.model.cases import Case, predict_case
 from taxmodel.model.categories import TAXES
 from taxmodel.model.fitting import IN_SAMPLE_RULE, fit_params, mark_in_sample
 from taxmodel.model.ledger_kernels import LOCALITY_MEASURED
@@ -62,8 +63,13 @@ class Validation:
 
 
 def compare(case: Case, fitted: Mapping[str, float]) -> list[dict[str, Any]]:
-    pred = predict_case(case, fitted).taxes_ns()
-    pred["latency"] = pred["window"]
+    """One row per quantity: ``case`` measured against its prediction with ``fitted`` parameters."""
+    return compare_rows(case, predict_case(case, fitted).taxes_ns())
+
+
+def compare_rows(case: Case, pred: Mapping[str, float]) -> list[dict[str, Any]]:
+    """One row per quantity: ``case`` measured against ``pred`` (``Prediction.taxes_ns``)."""
+    pred = {**pred, "latency": pred["window"]}
     rows = []
     for q in QUANTITIES:
         basis = ("measured" if case.locality == LOCALITY_MEASURED else "estimated") if q == "locality_tax" else "measured"
@@ -81,21 +87,30 @@ def compare(case: Case, fitted: Mapping[str, float]) -> list[dict[str, Any]]:
 
 
 def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
-             fitted_from: str | os.PathLike | None = None) -> Validation:
+             fitted_from: str | os.PathLike | None = None, jobs: int | None = 1, cache: bool = True,
+             progress: bool = False) -> Validation:
     """Predict every modeled bundle under ``root`` and compare (see the module docstring).
 
     ``fitted_from``: fit nothing and use the parameters of that file (``write_fitted``'s format)
     on the bundles of the hardware it was fitted on, so every bundle is predicted out of sample: the
-    test of bundles captured after the fit (a new world size, new shapes)."""
-    cases, skipped = find_cases(root)
-    if fitted_from is not None:
-        fitted, fitted_hardware = load_fitted(fitted_from)
-        rows = [r for c in cases for r in compare(c, fitted if c.hardware.name in fitted_hardware else {})]
-    else:
-        if fit:
-            mark_in_sample(cases)
-        fitted = fit_params(cases) if fit else {}
-        rows = [r for c in cases for r in compare(c, fitted)]
+    test of bundles captured after the fit (a new world size, new shapes).
+
+    The measured cases and the predictions come from a ``CaseStore``: kept on disk between runs
+    unless ``cache`` is False, computed on ``jobs`` processes (None: one per CPU; see ``case_store``
+    for what more than one asks of a script), with a progress bar on stderr when ``progress``. The
+    fit runs here, on the in-sample cases."""
+    with CaseStore(jobs=jobs, cache=cache, progress=progress) as store:
+        cases, skipped = store.cases(root)
+        if fitted_from is not None:
+            fitted, fitted_hardware = load_fitted(fitted_from)
+            per_case = [fitted if c.hardware.name in fitted_hardware else {} for c in cases]
+        else:
+            if fit:
+                mark_in_sample(cases)
+            fitted = fit_params(cases) if fit else {}
+            per_case = [fitted] * len(cases)
+        predicted = store.predicted_taxes(cases, per_case)
+    rows = [r for c, p in zip(cases, predicted) for r in compare_rows(c, p)]
     table = pd.DataFrame(rows, columns=["workload", "variant", "shape", "world_size", "hardware", "quantity",
                                         "measured_us", "predicted_us", "error_us", "error_pct", "ok", "sample", "bundle",
                                         "launches", "basis", "validated"])

@@ -7,7 +7,8 @@ from click.testing import CliRunner
 from taxmodel.cli import cli
 from taxmodel.model import scaling
 from taxmodel.model.analytic.fitted import fitted_for
-from taxmodel.model.cases import find_cases, predict_case
+from taxmodel.model.case_store import find_cases
+from taxmodel.model.cases import predict_case
 
 from model_bundles import AG, model_bundle
 

@@ -13,7 +13,8 @@ from taxmodel.model import validate as val
 from taxmodel.model.analytic import predict, resolve_model_hardware
 from taxmodel.model.analytic.fitted import FITTED_FILE, fitted_for
 from taxmodel.model.analytic.params import ModelParams
-from taxmodel.model.cases import RECORDS_AFTER_WAIT, _records_per_cta, find_cases
+from taxmodel.model.case_store import find_cases
+from taxmodel.model.cases import RECORDS_AFTER_WAIT, _records_per_cta
 from taxmodel.model.fitting import FIT_RULES, fit_params, mark_in_sample
 from taxmodel.model.validation_markdown import MARK_END, MARK_START, docs_table, markdown_table, update_docs
 from taxmodel.model.analytic.timeline import simulate, timeline_events
@@ -199,7 +200,7 @@ def test_docs_table_matches_the_committed_profiles():
 
     if not profiles.exists() or not find_bundles(profiles):
         pytest.skip("no measured bundles committed under profiles/ yet")
-    v = val.validate(profiles)
+    v = val.validate(profiles, jobs=None)  # as `taxmodel validate` runs: one process per CPU
     assert docs_table(ROOT / "benchmarks" / "results" / "model_validation.md") == markdown_table(v), \
         "benchmarks/results/model_validation.md is stale: run `taxmodel validate profiles --update-docs`"
     assert json.loads(FITTED_FILE.read_text()) == json.loads(json.dumps(val.fitted_document(v))), \

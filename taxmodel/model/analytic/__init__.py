@@ -22,7 +22,7 @@ from . import ag_gemm, flash_decode, gemm_rs
 from .collective_model import CollectiveModel
 from .fitted import fitted_for
 from .params import ModelParams
-from .prediction import Prediction, predicted_ledger, standard_assumptions
+from .prediction import Prediction, standard_assumptions
 from .timeline import as_graph_launch
 from .topology import topology
 
@@ -101,10 +101,9 @@ def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: i
         plans = as_graph_launch(plans, params)
         notes = list(notes) + ["launches: each iteration is one CUDA graph launch (all kernels queued behind it)"]
     cost = dict(cost) if cost else mod.cost(shape, int(world_size), variant)
-    ledger, _ = predicted_ledger(plans, cost, hardware, params, workload=workload, variant=variant, shape=shape)
     assumptions = with_hardware_note(standard_assumptions(hardware, topo, params) + notes, hw_note)
     assumptions.append(coll.curve_note(int(world_size)))
-    return Prediction(workload, variant, shape, int(world_size), hardware, params, ledger, assumptions, details)
+    return Prediction(workload, variant, shape, int(world_size), hardware, params, plans, cost, assumptions, details)
 
 
 def sweep(workload: str, variant: str, shape: Mapping[str, int], world_size: int, hardware: HardwareSpec | str,

@@ -3,6 +3,7 @@
 with the assumptions stated."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -20,7 +21,10 @@ class Prediction:
     """A predicted ledger: the ledger of the predicted timeline, with what it assumed.
 
     ``summary()`` has the columns of ``Ledger.summary()`` (category, subcategory, mean_ns, pct),
-    so reports and ``validate`` put predicted and measured side by side."""
+    so reports and ``validate`` put predicted and measured side by side. The timeline is simulated
+    and split on first use: what needs only ``details`` (the fit of a parameter on a kernel's
+    predicted time, a check that a case can be predicted) or ``window_ns`` does not pay for the
+    split."""
 
     workload: str
     variant: str
@@ -28,13 +32,28 @@ class Prediction:
     world_size: int
     hardware: HardwareSpec
     params: ModelParams
-    ledger: Any  # taxmodel.model.ledger.Ledger
+    plans: Sequence[Sequence[KernelPlan]]  # each rank's kernels of one iteration
+    cost: Mapping[str, Any]  # the declared cost "useful" is measured against
     assumptions: list[str]
     details: dict[str, float]  # named component times (seconds), for the docs and debugging
 
+    @functools.cached_property
+    def timeline(self) -> Any:
+        """The predicted timeline as a bundle (``predicted_bundle``)."""
+        return predicted_bundle(self.plans, self.cost, self.hardware, self.params, workload=self.workload,
+                                variant=self.variant, shape=self.shape)
+
+    @functools.cached_property
+    def ledger(self) -> Any:  # taxmodel.model.ledger.Ledger
+        return split_predicted(self.timeline, self.hardware)
+
     @property
     def window_ns(self) -> float:
-        return float(self.ledger.windows["window_ns"].mean())
+        if "ledger" in self.__dict__:
+            return float(self.ledger.windows["window_ns"].mean())
+        from taxmodel.model.ledger import ledger_windows
+
+        return float(ledger_windows(self.timeline, hardware=self.hardware)["window_ns"].mean())
 
     def summary(self) -> pd.DataFrame:
         return self.ledger.summary()
@@ -67,14 +86,10 @@ class Prediction:
 LOCALITY_PREDICTED = "predicted"
 
 
-def predicted_ledger(plans: Sequence[Sequence[KernelPlan]], cost: Mapping[str, Any], hw: HardwareSpec,
+def predicted_bundle(plans: Sequence[Sequence[KernelPlan]], cost: Mapping[str, Any], hw: HardwareSpec,
                      params: ModelParams, *, workload: str, variant: str, shape: Mapping[str, int]) -> Any:
-    """Simulate ``plans`` and split the timeline with the measured ledger's own code. Kernels with
-    predicted DRAM bytes carry them as counters do, so the locality tax is what the ledger would
-    measure from the counters of that timeline: the time its DRAM bytes take at the HBM bandwidth
-    beyond its useful floor, at most its time after useful (docs/ledger.md 5b)."""
-    from taxmodel.model.ledger import compute_ledger
-    from taxmodel.model.ledger_kernels import LOCALITY_MEASURED
+    """Simulate ``plans`` into a bundle of the predicted timeline (one iteration, clocks aligned).
+    Kernels with predicted DRAM bytes carry them as counters do."""
     from taxmodel.trace.bundle import Bundle, make_meta
 
     tl = simulate(plans, params)
@@ -84,10 +99,21 @@ def predicted_ledger(plans: Sequence[Sequence[KernelPlan]], cost: Mapping[str, A
                      ranks=list(range(world)), hardware={"name": hw.name, "vendor": hw.vendor},
                      clock_offsets_ns={str(r): 0 for r in range(world)},
                      capture={"tracer": "analytic model", "clock_offsets_source": "measured"}, cost=dict(cost))
-    ledger = compute_ledger(Bundle(events=events, meta=meta), hardware=hw)
+    return Bundle(events=events, meta=meta)
+
+
+def split_predicted(bundle: Any, hw: HardwareSpec) -> Any:
+    """Split a predicted timeline (``predicted_bundle``) with the measured ledger's own code, so
+    the locality tax is what the ledger would measure from the counters of that timeline: the
+    time its DRAM bytes take at the HBM bandwidth beyond its useful floor, at most its time after
+    useful (docs/ledger.md 5b)."""
+    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.model.ledger_kernels import LOCALITY_MEASURED
+
+    ledger = compute_ledger(bundle, hardware=hw)
     if ledger.locality == LOCALITY_MEASURED:
         ledger.locality = LOCALITY_PREDICTED
-    return ledger, tl
+    return ledger
 
 
 def standard_assumptions(hw: HardwareSpec, topo: Topology, params: ModelParams) -> list[str]:

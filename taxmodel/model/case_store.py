@@ -1,0 +1,249 @@
+"""The measured cases under a directory, and their predictions, computed once and in parallel:
+what lets ``taxmodel validate`` over every committed bundle take seconds instead of minutes.
+
+A bundle's ``Case`` (its measured ledger, reduced to what the model is checked against), or the
+reason it cannot be validated, depends only on the bundle's files, the calibrated hardware files
+that may be matched with it and taxmodel's own code. So it is kept on disk (``cache_dir``) as JSON
+under a key made of all three, and a changed bundle, hardware file or taxmodel (any of its source
+or data files) computes it anew. A prediction is kept the same way, keyed by its case and the
+fitted parameters. What is not kept is computed by ``jobs`` worker processes when there is enough
+of it to pay for their start, else here. Worker processes are spawned (fresh interpreters), so a
+script that asks for them needs Python's ``if __name__ == "__main__":`` guard; the default is one
+job, in this process (``taxmodel validate`` uses every CPU).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+
+from taxmodel.errors import InputError, TaxmodelError
+from taxmodel.fsutil import atomic_write
+from taxmodel.model.cases import Case, load_case, predict_case
+from taxmodel.model.hardware import HardwareSpec, calibrated_files
+
+CACHE_ENV = "TAXMODEL_CACHE_DIR"
+"""Where the cache lives (default ``$XDG_CACHE_HOME/taxmodel``, else ``~/.cache/taxmodel``)."""
+
+#: fewest cases to compute before worker processes pay for their start (each imports torch for the
+#: kernels' plans: seconds)
+MIN_PARALLEL = 24
+
+T = TypeVar("T")
+
+
+def cache_dir() -> Path:
+    """The directory cached cases and predictions are kept in."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "taxmodel"
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not on Linux
+        return max(os.cpu_count() or 1, 1)
+
+
+def code_roots() -> list[Path]:
+    """taxmodel's own folders: its package (data files included) and the kernels (``taxmodel.kernels``,
+    a folder of its own in an editable install)."""
+    spec = importlib.util.find_spec("taxmodel.kernels")
+    roots = [Path(__file__).resolve().parents[1], *(Path(p).resolve() for p in (spec.submodule_search_locations or []))]
+    return list(dict.fromkeys(roots))
+
+
+def tree_digest(roots: Sequence[Path]) -> str:
+    """A digest of every file below ``roots`` (names and contents; compiled bytecode left out)."""
+    h = hashlib.sha256()
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
+                h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A digest of taxmodel's own files (``code_roots``): any change to the code that computes a
+    case makes every cached one stale."""
+    return tree_digest(code_roots())
+
+
+def files_digest(paths: Iterable[Path], root: Path | None = None) -> str:
+    """A digest of the files' names (relative to ``root``) and contents."""
+    h = hashlib.sha256()
+    for p in paths:
+        h.update(str(p.relative_to(root) if root else p).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def bundle_digest(path: Path) -> str:
+    """A digest of everything in a bundle (a directory, or an archive file)."""
+    if path.is_file():
+        return files_digest([path], path.parent)
+    return files_digest(sorted(p for p in path.rglob("*") if p.is_file()), path)
+
+
+def case_to_json(case: Case) -> dict[str, Any]:
+    """A Case as plain JSON (its in-sample marks left out: ``fitting.mark_in_sample`` sets them per run)."""
+    d = {f.name: getattr(case, f.name) for f in dataclasses.fields(case) if f.name not in ("path", "hardware", "fits")}
+    return {**d, "path": str(case.path), "hardware": case.hardware.to_dict()}
+
+
+def case_from_json(d: Mapping[str, Any]) -> Case:
+    return Case(**{**d, "path": Path(d["path"]), "hardware": HardwareSpec.from_dict(d["hardware"])})
+
+
+def _case_or_reason(path: Path, root: Path) -> Case | str:
+    """The Case of one bundle under ``root``, or why it cannot be validated (a one-rank capture of
+    a variant that needs peers, a workload without a model...): such a bundle is skipped with its
+    reason, never the end of a whole validation run."""
+    try:
+        got = load_case(path, search=(root,))
+    except TaxmodelError as exc:
+        return f"{path}: {exc}"
+    if isinstance(got, str):
+        return got
+    try:
+        predict_case(got, {}).details  # the model's plans: where a case the model cannot take says so
+    except TaxmodelError as exc:
+        return f"{got.path}: the model cannot predict it: {exc}"
+    return got
+
+
+def _predicted_taxes(case: Case, fitted: Mapping[str, float]) -> dict[str, float]:
+    return predict_case(case, fitted).taxes_ns()
+
+
+class CaseStore:
+    """Cases and predictions of one run: cached on disk unless ``cache`` is False, computed on
+    ``jobs`` processes (None: one per CPU), with a progress bar on stderr when ``progress`` (and
+    stderr is a terminal)."""
+
+    #: cache directories of other taxmodel versions kept beside this one's (the newest ones)
+    KEEP_VERSIONS = 3
+
+    def __init__(self, *, jobs: int | None = 1, cache: bool = True, progress: bool = False) -> None:
+        self.jobs = default_jobs() if jobs is None else max(int(jobs), 1)
+        self.dir = cache_dir() / code_fingerprint() if cache else None
+        self.progress = progress
+        self._pool: Executor | None = None
+
+    def __enter__(self) -> "CaseStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    # --- the two things it computes ------------------------------------------------------------
+
+    def cases(self, root: str | os.PathLike) -> tuple[list[Case], list[str]]:
+        """One Case per bundle under ``root`` that the model can be checked against, and the
+        reasons the others cannot (in the order ``find_bundles`` lists them)."""
+        from taxmodel.trace.bundle import find_bundles
+
+        root = Path(root)
+        if not root.exists():
+            raise InputError(f"{root}: no such directory; pass the directory that holds the profile bundles")
+        paths = find_bundles(root)
+        hardware = files_digest(calibrated_files((root,)))
+        keys = [_key(str(p), bundle_digest(p), hardware) for p in paths]
+        got = self._computed("cases", keys, _case_or_reason, [(p, root) for p in paths], "measured ledgers",
+                             to_json=lambda c: {"skip": c} if isinstance(c, str) else {"case": case_to_json(c)},
+                             from_json=lambda d: d["skip"] if "skip" in d else case_from_json(d["case"]))
+        return [c for c in got if not isinstance(c, str)], [c for c in got if isinstance(c, str)]
+
+    def predicted_taxes(self, cases: Sequence[Case], fitted: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
+        """``predict_case(case, fitted).taxes_ns()`` for each case and its fitted parameters."""
+        keys = [_key(json.dumps(case_to_json(c), sort_keys=True, default=str), json.dumps(dict(f), sort_keys=True))
+                for c, f in zip(cases, fitted)]
+        return self._computed("predictions", keys, _predicted_taxes, list(zip(cases, fitted)), "predictions",
+                              to_json=lambda t: t, from_json=lambda d: {k: float(v) for k, v in d.items()})
+
+    # --- cache and workers ---------------------------------------------------------------------
+
+    def _computed(self, kind: str, keys: list[str], fn: Callable[..., T], args: list[tuple], what: str, *,
+                  to_json: Callable[[T], Any], from_json: Callable[[Any], T]) -> list[T]:
+        out: list[Any] = [self._read(kind, k, from_json) for k in keys]
+        todo = [i for i, v in enumerate(out) if v is None]
+        if not todo:
+            return out
+        from tqdm import tqdm
+
+        with tqdm(total=len(todo), desc=f"validate: {what}", unit="bundle" if kind == "cases" else "case",
+                  file=sys.stderr, disable=None if self.progress else True, leave=False) as bar:
+            for i, value in zip(todo, self._map(fn, [args[i] for i in todo])):
+                out[i] = value
+                self._write(kind, keys[i], to_json(value))
+                bar.update(1)
+        return out
+
+    def _map(self, fn: Callable[..., T], args: list[tuple]) -> Iterable[T]:
+        if self.jobs < 2 or len(args) < MIN_PARALLEL:
+            return (fn(*a) for a in args)
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn: a fresh interpreter per worker, never a fork of a process whose threads (torch's) hold locks
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool.map(fn, *zip(*args), chunksize=max(1, len(args) // (self.jobs * 8)))
+
+    def _path(self, kind: str, key: str) -> Path | None:
+        return None if self.dir is None else self.dir / kind / f"{key}.json"
+
+    def _read(self, kind: str, key: str, from_json: Callable[[Any], T]) -> T | None:
+        path = self._path(kind, key)
+        if path is None:
+            return None
+        try:
+            return from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, TaxmodelError):  # absent or damaged: computed anew
+            return None
+
+    def _write(self, kind: str, key: str, payload: Any) -> None:
+        path = self._path(kind, key)
+        if path is None:
+            return
+        try:
+            if not self.dir.exists():
+                self._prune_versions()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps(payload, default=str), what="cache entry")
+        except (OSError, TaxmodelError):  # a cache that cannot be written costs time, never the run
+            self.dir = None
+
+    def _prune_versions(self) -> None:
+        """Remove the cache directories of all but the ``KEEP_VERSIONS`` newest other versions of
+        taxmodel (a new one starts with every code change)."""
+        import shutil
+
+        others = [d for d in self.dir.parent.iterdir() if d.is_dir() and d != self.dir] if self.dir.parent.is_dir() else []
+        for d in sorted(others, key=lambda d: d.stat().st_mtime, reverse=True)[self.KEEP_VERSIONS:]:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def find_cases(root: str | os.PathLike, *, jobs: int | None = 1, cache: bool = True,
+               progress: bool = False) -> tuple[list[Case], list[str]]:
+    """Every bundle under ``root`` as a Case, and the reasons for those that cannot be one
+    (``CaseStore.cases``)."""
+    with CaseStore(jobs=jobs, cache=cache, progress=progress) as store:
+        return store.cases(root)
