@@ -8,6 +8,13 @@ from pathlib import Path
 
 MARK = "TAXMODEL_TEST_RUN_MARK"
 
+PAST_TIMEOUT_S = 35.0
+"""How long past its ``--timeout`` a run may take to end. The timeout itself is what such a test
+waits for, so only the time past it is bounded: every rank's watchdog records where it was
+(``launcher.DEADLINE_GRACE_S``), the ranks left are killed (``launcher.KILL_GRACE_S``) and the
+command exits. That took 0.1-2.8 s on a 2-core machine at load 3 and 11.3 s under heavier load;
+the bound is 3x the worst, so that a test fails for a run that does not end, not for a busy machine."""
+
 
 def marked(mark: str) -> dict[int, str]:
     """PID -> state letter (R, S, T...) of every process whose environment holds ``MARK=mark``."""

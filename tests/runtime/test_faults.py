@@ -1,5 +1,5 @@
 """Crash, hang and interruption of `taxmodel profile`, end to end on 2 CPU ranks (``--inject
-kill_rank=R@PHASE`` / ``hang_rank=R@PHASE``): the command ends within ``--timeout`` + 10 s with the
+kill_rank=R@PHASE`` / ``hang_rank=R@PHASE``): the command ends within seconds of ``--timeout`` with the
 right exit code, names the rank that failed, leaves no process behind, no bundle in ``-o`` and no
 run directory in the temp dir (the one file a failure keeps there: the ranks' tracebacks, which
 the last line names), and says it in one line: the surviving ranks' noise stays off the terminal.
@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from processes import MARK, last_line as _last_line, marked as _marked, outlived
+from processes import MARK, PAST_TIMEOUT_S, last_line as _last_line, marked as _marked, outlived
 
 TOY = str(Path(__file__).with_name("toy_workload.py"))
 
@@ -79,7 +79,7 @@ def test_a_frozen_rank_is_named_and_killed_within_the_timeout(tmp_path):
     assert re.match(rf"taxmodel: error: run timed out after {timeout} s: rank 1 hung in phase 'setup' "
                     r"\(rank\(s\) 0 were waiting for it\)", _last_line(err)), err
     _assert_one_line(err)  # the ranks' watchdogs record their timeouts for the launcher, silently
-    assert elapsed < timeout + 10
+    assert elapsed - timeout < PAST_TIMEOUT_S
     _assert_nothing_left(tmp_path, mark, tmpdir)
 
 
