@@ -535,7 +535,7 @@ def scaling_cmd(profile_dirs, markdown) -> None:
 @cli.command("report")
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
-              help="Report file: .html (self-contained) or .md (PNGs written beside it).")
+              help="Report file: .html (self-contained) or .md (its PNGs in a folder beside it, REPORT-figures/).")
 @click.option("--format", "fmt", type=click.Choice(["html", "md"]), default=None,
               help="Output format (default: from the output's suffix, else html).")
 @click.option("--hardware", default=None, help="Hardware preset or spec JSON for the useful floor (default: from each bundle).")
@@ -546,14 +546,17 @@ def report_cmd(bundles, output, fmt, hardware, lenient) -> None:
     Bundles are compared by (workload, shape) against the `bsp` variant and swept by
     (workload, variant) across shapes.
     """
-    from taxmodel.report.build import load_cases, write_report
+    from taxmodel.report.build import load_cases, write_report_files
     from taxmodel.report.headline import headlines
 
     cases = load_cases(bundles, hardware=hardware, lenient=lenient, on_skip=_note)
-    path = write_report(cases, output, fmt)
+    path, *figures = write_report_files(cases, output, fmt)
     for line in headlines([led for _, led in cases]):
         click.echo(line)
     click.echo(f"wrote {path}")
+    if figures:
+        folders = sorted({str(f.parent) for f in figures})
+        click.echo(f"wrote {len(figures)} figure(s) it links to, in {', '.join(f + '/' for f in folders)}")
 
 
 @cli.command("export-trace")

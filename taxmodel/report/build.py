@@ -94,13 +94,20 @@ def report_format(output: Path, fmt: str | None) -> str:
 
 
 def write_report(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.PathLike, fmt: str | None = None) -> Path:
-    """Write the report (HTML, or Markdown with PNGs beside it) atomically; return its path."""
+    """Write the report (HTML, or Markdown with its PNGs in a folder beside it) atomically; return its path."""
+    return write_report_files(cases, output, fmt)[0]
+
+
+def write_report_files(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.PathLike,
+                       fmt: str | None = None) -> list[Path]:
+    """``write_report``, returning every file written: the report, then its figures (Markdown)."""
     output = check_output_file(output, "report")  # before the work: a device, link or directory is refused
     check_not_inside(output, [b.path for b, _ in cases if b.path is not None])
     fmt = report_format(output, fmt)
     doc = build_document(cases)
-    text = render_html(doc) if fmt == "html" else render_markdown(doc, output)
-    return atomic_write(output, text, what="report")
+    figures: list[Path] = []
+    text = render_html(doc) if fmt == "html" else render_markdown(doc, output, written=figures)
+    return [atomic_write(output, text, what="report"), *figures]
 
 
 def export_trace(path: str | os.PathLike, output: str | os.PathLike, *, hardware: str | None = None,

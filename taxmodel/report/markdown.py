@@ -1,4 +1,4 @@
-"""Render a report Document as Markdown, with the figures as PNG files beside the .md.
+"""Render a report Document as Markdown, with the figures as PNG files in a folder beside the .md.
 
 For places that render Markdown (GitHub/GitLab comments, wikis, CI summaries): image links are
 relative file names, tables are GitHub-flavoured pipe tables.
@@ -40,13 +40,21 @@ def _table(t: Table) -> list[str]:
     return lines
 
 
+def figure_dir(md_path: Path) -> Path:
+    """``report.md`` -> ``report-figures/`` beside it: the report's figures in a folder of its own,
+    not loose in the report's directory (no spaces or odd characters: links need no quoting)."""
+    return md_path.parent / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{md_path.stem}-figures")
+
+
 def figure_file_name(md_path: Path, fig: Figure) -> str:
-    """``report.md`` -> ``report-<figure>.png`` (no spaces or odd characters, so the link needs no quoting)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{md_path.stem}-{fig.name}.png")
+    """The link to a figure from the report: ``report-figures/<figure>.png``."""
+    return f"{figure_dir(md_path).name}/" + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{fig.name}.png")
 
 
-def render_markdown(doc: Document, md_path: str | os.PathLike, *, dpi: int = 130) -> str:
-    """Write the figures beside ``md_path`` and return the Markdown text (the caller writes it)."""
+def render_markdown(doc: Document, md_path: str | os.PathLike, *, dpi: int = 130,
+                    written: list[Path] | None = None) -> str:
+    """Write the figures into ``figure_dir(md_path)`` and return the Markdown text (the caller
+    writes it); each figure file written is appended to ``written``."""
     md_path = Path(md_path)
     make_dirs(md_path.parent, "report")
     lines = [f"# {escape_text(doc.title)}", ""]
@@ -61,7 +69,10 @@ def render_markdown(doc: Document, md_path: str | os.PathLike, *, dpi: int = 130
             lines += _table(block) + [""]
         elif isinstance(block, Figure):
             name = figure_file_name(md_path, block)
-            atomic_write(md_path.parent / name, figure_png(block.figure, dpi), what="figure")
+            make_dirs(figure_dir(md_path), "report figures")
+            path = atomic_write(md_path.parent / name, figure_png(block.figure, dpi), what="figure")
+            if written is not None:
+                written.append(path)
             lines += [f"![{escape_text(block.alt)}]({name})", "", f"*{escape_text(block.caption)}*", ""]
         else:  # pragma: no cover - the Block union is closed
             raise TypeError(f"unknown block {type(block).__name__}")

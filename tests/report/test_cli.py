@@ -38,9 +38,12 @@ def test_report_markdown(bundle_dir, tmp_path):
     out = tmp_path / "md" / "report.md"
     res = CliRunner().invoke(cli, ["report", str(bundle_dir / "ag_gemm"), "-o", str(out), "--format", "md"])
     assert res.exit_code == 0, res.output
-    pngs = sorted(p.name for p in out.parent.glob("*.png"))
-    assert len(pngs) == 7 and all(p.startswith("report-") for p in pngs)
-    assert all(f"]({p})" in out.read_text() for p in pngs)
+    assert not list(out.parent.glob("*.png")), "figures loose beside the report"
+    pngs = sorted(p.name for p in (out.parent / "report-figures").glob("*.png"))
+    assert len(pngs) == 7
+    assert all(f"](report-figures/{p})" in out.read_text() for p in pngs)
+    # every file written is named: the report, and the folder of its figures with their count
+    assert res.output.splitlines()[-2:] == [f"wrote {out}", f"wrote 7 figure(s) it links to, in {out.parent / 'report-figures'}/"]
 
 
 def test_report_on_a_directory_without_bundles_is_a_clear_error(tmp_path):

@@ -80,8 +80,9 @@ def test_markdown_writes_pngs_beside_and_links_them(doc, md):
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
     assert len(links) == len(doc.figures)
     for link in links:
-        assert " " not in link and "/" not in link
+        assert " " not in link and link.startswith("my_report-figures/") and link.count("/") == 1
         Image.open(md_path.parent / link).verify()
+    assert not list(md_path.parent.glob("*.png")), "figures loose beside the report"
 
 
 def test_html_and_markdown_say_the_same(doc, html, md):
