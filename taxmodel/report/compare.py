@@ -6,7 +6,7 @@ and shape from its bundle's metadata (``Ledger.meta``), so nothing here needs th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -36,15 +36,19 @@ class LedgerLike(Protocol):
 
 @dataclass(frozen=True)
 class Identity:
-    """What a ledger measured: workload, variant and problem shape."""
+    """What a ledger measured: workload, variant and problem shape. The shape is sorted by key, so
+    that one shape is one identity whichever order a bundle lists it in; ``order`` is the bundle's
+    own (the workload's, as in the bundle's folder name), in which labels show it."""
 
     workload: str
     variant: str
     shape: tuple[tuple[str, Any], ...]
+    order: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def shape_label(self) -> str:
-        return shape_label(dict(self.shape))
+        values = dict(self.shape)
+        return shape_label({**{k: values[k] for k in self.order if k in values}, **values})
 
 
 def shape_label(shape: Mapping[str, Any]) -> str:
@@ -60,7 +64,8 @@ def identity(ledger: LedgerLike) -> Identity:
     return Identity(
         workload=str(meta.get("workload") or ledger.label),  # an imported job: its label (files, world size, GPU)
         variant=str(meta.get("variant") or ledger.label),
-        shape=tuple((str(k), v) for k, v in shape.items()),
+        shape=tuple(sorted((str(k), v) for k, v in shape.items())),
+        order=tuple(str(k) for k in shape),
     )
 
 

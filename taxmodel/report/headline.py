@@ -61,7 +61,7 @@ def compare_ledgers(reference: LedgerLike, candidate: LedgerLike) -> Comparison:
     ref_cat, cand_cat = compare.category_means_ns(reference), compare.category_means_ns(candidate)
     return Comparison(
         workload=cand_id.workload,
-        shape=cand_id.shape_label,
+        shape=ref_id.shape_label,  # as the side-by-side heading names it (the reference first)
         reference=ref_id.variant,
         candidate=cand_id.variant,
         reference_ns=compare.mean_window_ns(reference),

@@ -173,7 +173,7 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
     tmp = fsutil.make_temp_dir(path)
     try:
         write_events(tmp / EVENTS_FILE, events)
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True, default=_json_default) + "\n")
+        (tmp / META_FILE).write_text(meta_text(meta))
         if raw_files:
             (tmp / RAW_DIR).mkdir()
             for f in raw_files:
@@ -199,6 +199,22 @@ def check_time_range(events: pd.DataFrame, where: str) -> None:
         raise BundleError(f"{where}: times span {hi - lo} ns (more than 2**53 ns, 104 days), e.g. {first['kind']} "
                           f"{str(first['name'])[:60]!r} from {first['start_ns']} to {first['end_ns']} ns; "
                           "a timestamp is damaged: import or capture the trace again")
+
+
+def meta_text(meta: dict[str, Any]) -> str:
+    """meta.json's text: every object's keys sorted (one meta, one file), but the shape's, which
+    keep the workload's order: the order of the bundle's folder name (``bsp-M96xN40xK40xtp0``) and
+    of every heading that names the shape."""
+    def sort(obj: Any, keep: bool = False) -> Any:
+        if isinstance(obj, dict):
+            items = obj.items() if keep else sorted(obj.items(), key=lambda kv: str(kv[0]))
+            return {k: sort(v) for k, v in items}
+        if isinstance(obj, (list, tuple)):
+            return [sort(v) for v in obj]
+        return obj
+
+    ordered = {k: sort(v, keep=k == "shape") for k, v in sorted(meta.items())}
+    return json.dumps(ordered, indent=2, default=_json_default) + "\n"
 
 
 def _json_default(obj: Any) -> Any:

@@ -353,3 +353,13 @@ def test_a_bundle_the_model_cannot_predict_is_skipped_with_its_reason(tmp_path):
     v = val.validate(tmp_path, fit=False)
     assert [c.variant for c in v.cases] == ["bsp"]
     assert len(v.skipped) == 1 and "torch_fused" in v.skipped[0] and "more than one rank" in v.skipped[0]
+
+
+def test_cli_predict_names_a_part_once_when_its_category_has_one():
+    r = CliRunner().invoke(cli, ["predict", "ag_gemm", "--variant", "push", "-n", "8", "--hardware", "h200",
+                                 "--preset", "m8192"])
+    assert r.exit_code == 0, r.output
+    rows = [line.split() for line in r.output.splitlines() if line.startswith("  ") and line.rstrip().endswith("%")]
+    assert [row[0] for row in rows][:3] == ["useful", "compute_inefficiency", "locality_tax"]
+    assert all(row[0] != row[1] for row in rows), r.output  # "useful useful" was printed
+    assert any(row[:2] == ["bsp_tax", "skew_wait"] for row in rows)

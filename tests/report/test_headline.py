@@ -85,3 +85,13 @@ def test_saving_is_the_sum_of_its_parts(values):
     assert c.saved_ns == sum(a.values()) - sum(b.values())
     total = sum(c.category_saved_ns[t] for t in ("bsp_tax", "launch_tax", "locality_tax")) - c.efficiency_lost_ns + c.other_saved_ns
     assert math.isclose(total, c.saved_ns, abs_tol=1e-6)
+
+
+def test_a_shape_reads_in_its_bundles_order_and_is_one_shape_whatever_the_order():
+    """Headings name a shape in the order its bundle lists it (the workload's, as in the bundle's
+    folder name bsp-M96xN40xK40), and bundles that list one shape in two orders (written before
+    meta.json kept the order: sorted) are still compared."""
+    new = ledger_from_parts("bsp", BSP, shape={"M": 96, "N": 40, "K": 40})
+    old = ledger_from_parts("fg_pull", FG, shape={"K": 40, "M": 96, "N": 40})
+    (sentence,) = headline.headlines([new, old])
+    assert sentence.startswith("ag_gemm at M=96 N=40 K=40: fg_pull saves 22.0 us")

@@ -153,3 +153,20 @@ def test_make_meta_and_label():
     meta["notes"].append("x")
     assert make_meta()["notes"] == []  # defaults are copied, never shared
     assert Bundle(events=schema.empty_events(), meta={}).label == "bundle"
+
+
+def test_the_shape_keeps_the_workloads_order_every_other_key_sorted(tmp_path):
+    """The shape reads in one order everywhere: the folder name `profile` gives a bundle
+    (``bsp-M96xN40xK40xtp0``), its label and every heading; meta.json stays sorted otherwise."""
+    from taxmodel.runtime.spec import bundle_path
+
+    shape = {"M": 96, "N": 40, "K": 40, "tp": 0}
+    path = bundle_path(tmp_path, "ag_gemm", "bsp", shape)
+    write_bundle(path, _events(), {"workload": "ag_gemm", "variant": "bsp", "shape": shape, "world_size": 2,
+                                   "capture": {"z": 1, "a": 2}})
+    b = load_bundle(path)
+    assert list(b.meta["shape"]) == ["M", "N", "K", "tp"]
+    assert b.label == f"ag_gemm/{path.name.replace('-', '/', 1)}" == "ag_gemm/bsp/M96xN40xK40xtp0"
+    text = (path / "meta.json").read_text()
+    top = list(json.loads(text))
+    assert top == sorted(top) and list(json.loads(text)["capture"]) == ["a", "z"]

@@ -24,7 +24,8 @@ def render_prediction(preds: Sequence[Prediction]) -> str:
         out.append(f"  predicted latency: {p.window_ns / 1e3:,.1f} us")
         s = p.summary()
         for row in s.itertuples(index=False):
-            out.append(f"  {row.category:<21} {row.subcategory:<21} {row.mean_ns / 1e3:>12,.1f} us {row.pct:>6.1f}%")
+            part = "" if row.subcategory == row.category else row.subcategory  # a category without parts: once
+            out.append(f"  {row.category:<21} {part:<21} {row.mean_ns / 1e3:>12,.1f} us {row.pct:>6.1f}%")
         comp = ", ".join(f"{k} {v * 1e6:,.1f} us" for k, v in p.details.items())
         out.append(f"  components: {comp}")
         out.append("")
