@@ -292,8 +292,9 @@ def profile_cmd(workload, counters, variants, preset, shape, world_size, iterati
     for line in outcome.graph_fallbacks:
         click.echo(f"--graph: {line}")
     for path in outcome.bundles:
-        click.echo(str(path) + (" (replaced the earlier bundle there: --force)" if path in outcome.replaced else ""))
-    click.echo(f"{len(outcome.bundles)} bundle(s), {outcome.world_size} rank(s) on {outcome.device}, {outcome.wall_s:.1f} s", err=True)
+        click.echo(f"wrote {path}" + (" (replaced the earlier bundle there: --force)" if path in outcome.replaced else ""))
+    click.echo(f"{len(outcome.bundles)} bundle(s), {outcome.world_size} rank(s) on {outcome.device}, {outcome.wall_s:.1f} s"
+               + (f"; {outcome.ranks_output}" if outcome.ranks_output else ""), err=True)
     if counters and outcome.bundles:
         from taxmodel.runtime.counters import counters_pass
 

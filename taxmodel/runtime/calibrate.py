@@ -742,7 +742,7 @@ def run_calibration(output: str | os.PathLike, *, world_size: int | None = None,
     from taxmodel.errors import InputError, UnavailableError
     from taxmodel.fsutil import check_output_file
     from taxmodel.model.hardware import load_hardware
-    from taxmodel.runtime.launcher import launch_ranks, run_directory
+    from taxmodel.runtime.launcher import launch_ranks, ranks_output_note, run_directory
 
     steps = parse_steps(only)
     if update is not None and not Path(update).is_file():
@@ -768,10 +768,13 @@ def run_calibration(output: str | os.PathLike, *, world_size: int | None = None,
     before = out.stat().st_mtime_ns if out.exists() else None
     cmd = calibration_command(out, only=",".join(steps) if only else None, update=update, sizes=sizes, device=device)
     with run_directory() as run_dir:
-        launch_ranks(cmd, n, run_dir=run_dir, device=device, deadline_unix=time.time() + timeout_s,
-                     timeout_s=timeout_s, quiet=quiet, stopped=f"{out} was not written")
+        run = launch_ranks(cmd, n, run_dir=run_dir, device=device, deadline_unix=time.time() + timeout_s,
+                           timeout_s=timeout_s, quiet=quiet, stopped=f"{out} was not written")
+    if run.log is not None:
+        print(f"calibrate: {ranks_output_note(run)}", file=sys.stderr, flush=True)
     if not out.exists() or out.stat().st_mtime_ns == before:
-        raise RunError(f"calibration ended without writing {out}; its output above says why")
+        where = f" and in {run.log}" if run.log is not None else ""
+        raise RunError(f"calibration ended without writing {out}; its output above{where} says why")
     return load_hardware(out)
 
 

@@ -36,7 +36,8 @@ from taxmodel.errors import Interrupted, RunError
 from taxmodel.runtime.diagnose import RankExit, diagnose
 from taxmodel.runtime.heap import NO_MULTICAST_ENV
 from taxmodel.runtime.bootstrap import RENDEZVOUS_FILE_ENV
-from taxmodel.runtime.status import STATUS_DIR_ENV, read_logs, read_result, read_statuses
+from taxmodel.runtime.status import (STATUS_DIR_ENV, TERMINAL_FD_ENV, output_file, read_logs, read_result,
+                                     read_statuses)
 
 KILL_GRACE_S = 3.0
 """How long a rank sent SIGTERM may take to clean up (a half-written bundle) before SIGKILL."""
@@ -76,6 +77,17 @@ def worker_command(spec_path: str | os.PathLike, wrap: Sequence[str] = ()) -> li
 class LaunchResult:
     result: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    output: "RanksRun | None" = None  # the ranks' wall time and kept stderr
+
+
+@dataclass
+class RanksRun:
+    """A run of ranks that ended well: its wall time, and the file that keeps what the ranks
+    printed on stderr (third-party libraries' lines), None when they printed nothing."""
+
+    wall_s: float
+    log: Path | None = None
+    lines: int = 0
 
 
 @contextlib.contextmanager
@@ -115,18 +127,37 @@ class Ranks:
     """The rank processes of one run: started in their own process groups, watched without reaping
     (a zombie keeps its PID, so a PID is never someone else's while we may still signal it)."""
 
-    def __init__(self, cmd: list[str], env: Mapping[str, str], nproc: int, quiet: bool) -> None:
-        out = subprocess.DEVNULL if quiet else None
+    def __init__(self, cmd: list[str], env: Mapping[str, str], nproc: int, quiet: bool,
+                 log_dir: Path | None = None) -> None:
+        """``quiet``: the ranks' stdout and stderr go nowhere. Else, with ``log_dir``, each rank's
+        stderr goes to its file there (``status.output_file``: the run's log, what third-party
+        libraries print) and the terminal is passed to it as ``status.TERMINAL_FD_ENV``."""
         self.procs: list[subprocess.Popen] = []
         self.exits: dict[int, RankExit] = {}
         self.stopped = False
+        term = os.dup(2) if log_dir is not None and not quiet else None
         try:
             for rank in range(nproc):
-                self.procs.append(subprocess.Popen(cmd, env=rank_env(env, rank, nproc), start_new_session=True,
-                                                   stdout=out, stderr=out))
+                renv = rank_env(env, rank, nproc)
+                if quiet:
+                    out = err = subprocess.DEVNULL
+                elif term is not None:
+                    out, err = None, open(output_file(log_dir, rank), "ab")
+                    renv[TERMINAL_FD_ENV] = str(term)
+                else:
+                    out = err = None
+                try:
+                    self.procs.append(subprocess.Popen(cmd, env=renv, start_new_session=True, stdout=out, stderr=err,
+                                                       pass_fds=(term,) if term is not None else ()))
+                finally:
+                    if err not in (None, subprocess.DEVNULL):
+                        err.close()  # the rank holds its own copy
         except BaseException:
             self.stop()
             raise
+        finally:
+            if term is not None:
+                os.close(term)
 
     @property
     def pids(self) -> list[int]:
@@ -214,10 +245,10 @@ def launch_workers(spec: Mapping[str, Any], nproc: int, *, timeout_s: float, dev
         deadline_unix = (time.time() if started_unix is None else started_unix) + timeout_s
         spec_path = run_dir / "spec.json"
         spec_path.write_text(json.dumps({**spec, "deadline_unix": deadline_unix}, indent=2))
-        wall = launch_ranks(worker_command(spec_path, wrap), nproc, run_dir=run_dir, device=device,
-                            deadline_unix=deadline_unix + DEADLINE_GRACE_S, timeout_s=timeout_s, quiet=quiet,
-                            stopped="bundles of variants not finished before were not written")
-        return LaunchResult(result=read_result(run_dir / STATUS_SUBDIR), wall_s=wall)
+        run = launch_ranks(worker_command(spec_path, wrap), nproc, run_dir=run_dir, device=device,
+                           deadline_unix=deadline_unix + DEADLINE_GRACE_S, timeout_s=timeout_s, quiet=quiet,
+                           stopped="bundles of variants not finished before were not written")
+        return LaunchResult(result=read_result(run_dir / STATUS_SUBDIR), wall_s=run.wall_s, output=run)
 
 
 STATUS_SUBDIR = "status"
@@ -237,17 +268,18 @@ def run_directory() -> Iterator[Path]:
 
 
 def launch_ranks(cmd: Sequence[str], nproc: int, *, run_dir: Path, device: str, deadline_unix: float,
-                 timeout_s: float, quiet: bool = False, stopped: str = "") -> float:
+                 timeout_s: float, quiet: bool = False, stopped: str = "") -> RanksRun:
     """Run ``cmd`` as ``nproc`` local ranks (each its own process group, torchrun's environment,
     multicast off, a rendezvous file and a status directory in ``run_dir``) until every rank has
-    ended; return the wall time. The launcher's part for every command that starts ranks
-    (``taxmodel profile``, ``taxmodel calibrate``).
+    ended; return the wall time and the run's log. The launcher's part for every command that
+    starts ranks (``taxmodel profile``, ``taxmodel calibrate``).
 
     Raises RunError with one diagnosis (``diagnose``) when a rank failed or ``deadline_unix``
     passed (then every rank is killed within seconds); Interrupted (exit 128 + the signal) on
     SIGINT, SIGTERM or SIGHUP, ``stopped`` saying what that left undone. Either way no rank is
-    left running. Tracebacks the ranks logged (``status.write_log``) are kept in one file that
-    the message names, since the run directory goes."""
+    left running. What the ranks printed on stderr and the tracebacks they logged
+    (``status.write_log``) are kept in one file (the run directory goes), which the message or
+    the returned ``RanksRun.log`` names."""
     status_dir = run_dir / STATUS_SUBDIR
     status_dir.mkdir(exist_ok=True)
     env = child_env(device, {STATUS_DIR_ENV: str(status_dir), RENDEZVOUS_FILE_ENV: str(run_dir / "rendezvous")})
@@ -258,7 +290,9 @@ def launch_ranks(cmd: Sequence[str], nproc: int, *, run_dir: Path, device: str, 
     if end.timed_out or any(e.failed for e in end.exits.values()) or len(end.exits) < nproc:
         raise RunError(diagnose(end.statuses, nproc, timed_out=end.timed_out, timeout_s=timeout_s, exits=end.exits)
                        + keep_logs(status_dir))
-    return wall
+    output = read_logs(status_dir, ".out")
+    log = _keep({}, output)
+    return RanksRun(wall, log, sum(len(t.splitlines()) for t in output.values()))
 
 
 @dataclass
@@ -273,11 +307,11 @@ class RanksEnd:
 
 def run_ranks(cmd: list[str], env: Mapping[str, str], nproc: int, *, deadline: float, quiet: bool = False,
               status_dir: Path | None = None, stopped: str = "") -> RanksEnd:
-    """Start ``nproc`` ranks of ``cmd`` (``Ranks``), wait until every rank ended, one failed (plus
-    ``SETTLE_S``) or the monotonic ``deadline`` passed, then stop them all. SIGINT, SIGTERM and
-    SIGHUP stop every rank and raise Interrupted."""
+    """Start ``nproc`` ranks of ``cmd`` (``Ranks``; their stderr into ``status_dir``), wait until
+    every rank ended, one failed (plus ``SETTLE_S``) or the monotonic ``deadline`` passed, then
+    stop them all. SIGINT, SIGTERM and SIGHUP stop every rank and raise Interrupted."""
     with signals_raise_interrupted():
-        ranks = Ranks(cmd, env, nproc, quiet)
+        ranks = Ranks(cmd, env, nproc, quiet, log_dir=status_dir)
         try:
             try:
                 timed_out = _watch(ranks, deadline)
@@ -292,17 +326,35 @@ def run_ranks(cmd: list[str], env: Mapping[str, str], nproc: int, *, deadline: f
             ranks.stop()
 
 
+def ranks_output_note(run: RanksRun) -> str:
+    """What a command says of its ranks' kept stderr (``RanksRun.log``)."""
+    return f"what the ranks printed on stderr ({run.lines} line(s): libraries' logs, warnings) is in {run.log}"
+
+
 def keep_logs(status_dir: Path) -> str:
-    """The ranks' logged tracebacks copied into one file that outlives the run directory, and the
-    words that name it ("" when no rank logged one)."""
-    logs = read_logs(status_dir)
-    if not logs:
+    """The ranks' logged tracebacks and what they printed on stderr, copied into one file that
+    outlives the run directory, and the words that name it ("" when there is neither)."""
+    logs, output = read_logs(status_dir), read_logs(status_dir, ".out")
+    name = _keep(logs, output)
+    if name is None:
         return ""
+    if logs:
+        return f"; the tracebacks of rank(s) {', '.join(map(str, sorted(logs)))} are in {name}"
+    return f"; what the ranks printed is in {name}"
+
+
+def _keep(logs: Mapping[int, str], output: Mapping[int, str]) -> Path | None:
+    """One file with each rank's traceback (``== rank R ==``), then what each printed on stderr
+    (``== rank R output ==``); None when there is nothing to keep."""
+    if not logs and not output:
+        return None
     fd, name = tempfile.mkstemp(prefix="taxmodel-ranks-", suffix=".log")
     with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
         for rank, text in sorted(logs.items()):
             f.write(f"== rank {rank} ==\n{text.rstrip()}\n")
-    return f"; the tracebacks of rank(s) {', '.join(map(str, sorted(logs)))} are in {name}"
+        for rank, text in sorted(output.items()):
+            f.write(f"== rank {rank} output ==\n{text.rstrip()}\n")
+    return Path(name)
 
 
 def _watch(ranks: Ranks, deadline: float) -> bool:

@@ -34,6 +34,7 @@ class ProfileOutcome:
     wall_s: float
     graph_fallbacks: list[str] = field(default_factory=list)  # variants profiled eagerly despite --graph, and why
     replaced: list[Path] = field(default_factory=list)  # earlier bundles this run replaced (--force)
+    ranks_output: str | None = None  # where what the ranks printed on stderr is kept, said as a sentence
 
 
 def default_world_size(device: str) -> int:
@@ -164,7 +165,9 @@ def profile(req: ProfileSpec, *, quiet: bool = False, started_unix: float | None
     return ProfileOutcome(bundles=[Path(p) for p in info.get("bundles", [])], skipped=dict(info.get("skipped", {})),
                           shape=dict(next(iter(info.get("shapes", {}).values()), {})), world_size=world, device=device,
                           wall_s=result.wall_s, graph_fallbacks=list(info.get("graph_fallbacks", [])),
-                          replaced=[p for p in replaced if p in {Path(b) for b in info.get("bundles", [])}])
+                          replaced=[p for p in replaced if p in {Path(b) for b in info.get("bundles", [])}],
+                          ranks_output=launcher.ranks_output_note(result.output)
+                          if result.output is not None and result.output.log is not None else None)
 
 
 def _earlier_bundles(spec: dict[str, Any]) -> list[Path]:

@@ -19,7 +19,7 @@ from typing import Any
 from taxmodel.errors import RunError, TaxmodelError
 from taxmodel.runtime.inject import Fault
 from taxmodel.runtime.spec import ProfileSpec
-from taxmodel.runtime.status import report_traceback, write_status
+from taxmodel.runtime.status import report_traceback, terminal, write_status
 
 PHASES = ("init", "setup", "compile", "check", "graph", "capture", "gather", "write", "done")
 
@@ -56,8 +56,8 @@ class RankState:
         """End an open progress bar's line, so that what the launcher prints next starts a line."""
         if self.progress_open:
             self.progress_open = False
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+            terminal().write("\n")
+            terminal().flush()
 
     def enter(self, phase: str, variant: str | None = None) -> None:
         with self.lock:

@@ -11,7 +11,6 @@ here, top to bottom.
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -20,6 +19,7 @@ from taxmodel.errors import RunError
 from taxmodel.runtime.inject import Injection
 from taxmodel.runtime.rank import RankState
 from taxmodel.runtime.spec import ProfileSpec
+from taxmodel.runtime.status import terminal
 from taxmodel.workload import tolerance_of
 
 #: Steps run under the tracer before ``ProfilerStep#0`` of every repetition, outside any step
@@ -34,14 +34,19 @@ _PROCESS = {"warm": False}  # whether this process has traced its warm-up repeti
 
 
 class Progress:
-    """Phase progress on rank 0 (tqdm on stderr); silent elsewhere."""
+    """Phase progress on rank 0 (tqdm on the terminal, ``status.terminal``); silent elsewhere.
 
-    def __init__(self, enabled: bool, total: int) -> None:
+    ``announce``: this rank also says what the run did (bundles written, variants skipped, graph
+    fallbacks) as it happens: rank 0 of a run that no ``taxmodel profile`` watches (torchrun).
+    Under ``taxmodel profile`` the command says it once, at the end, from rank 0's result."""
+
+    def __init__(self, enabled: bool, total: int, announce: bool = False) -> None:
         self.bar = None
+        self.announce = announce
         if enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="phase", file=sys.stderr, dynamic_ncols=True, leave=True)
+            self.bar = tqdm(total=total, unit="phase", file=terminal(), dynamic_ncols=True, leave=True)
 
     def phase(self, text: str) -> None:
         if self.bar is not None:
@@ -52,10 +57,13 @@ class Progress:
             self.bar.update(1)
 
     def write(self, text: str) -> None:
+        """Say ``text`` on the terminal if this rank announces (see the class)."""
+        if not self.announce:
+            return
         if self.bar is not None:
-            self.bar.write(text)
+            self.bar.write(text, file=terminal())
         else:
-            print(text, file=sys.stderr, flush=True)
+            print(text, file=terminal(), flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

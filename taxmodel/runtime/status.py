@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from taxmodel.fsutil import atomic_write
 
@@ -30,6 +30,33 @@ TRACEBACK_ENV = "TAXMODEL_TRACEBACK"
 
 RESULT_FILE = "result.json"
 """Written by rank 0 into the status directory on success: the bundles written and variants skipped."""
+
+TERMINAL_FD_ENV = "TAXMODEL_TERMINAL_FD"
+"""A file descriptor of the launcher's terminal, passed to each rank. The launcher sends a rank's
+stderr to the run's log (``output_file``), since third-party libraries print there (Kineto's
+``USDT: ... profiler_start`` lines, Triton's and torch's warnings); what a rank says to the user
+(rank 0's progress bar) goes here (``terminal``)."""
+
+_TERMINAL: list[TextIO] = []
+
+
+def terminal() -> TextIO:
+    """Where this rank speaks to the user: the launcher's terminal (``TERMINAL_FD_ENV``), else stderr
+    (a rank started by torchrun, or by hand)."""
+    fd = os.environ.get(TERMINAL_FD_ENV)
+    if not fd:
+        return sys.stderr
+    if not _TERMINAL:
+        try:
+            _TERMINAL.append(os.fdopen(int(fd), "w", buffering=1, encoding="utf-8", errors="replace", closefd=False))
+        except (OSError, ValueError):
+            _TERMINAL.append(sys.stderr)
+    return _TERMINAL[0]
+
+
+def output_file(directory: str | os.PathLike, rank: int) -> Path:
+    """Where the launcher keeps a rank's own stderr (the run's log, ``read_logs``)."""
+    return Path(directory) / f"rank{rank}.out"
 
 
 def _write_json(directory: Path, name: str, payload: Any) -> None:
@@ -74,12 +101,15 @@ def write_log(directory: str | os.PathLike | None, rank: int, text: str) -> bool
     return True
 
 
-def read_logs(directory: str | os.PathLike) -> dict[int, str]:
-    """The logs the ranks wrote (``write_log``), by rank."""
+def read_logs(directory: str | os.PathLike, suffix: str = ".log") -> dict[int, str]:
+    """The logs the ranks wrote (``write_log``; with ``suffix`` ".out", what they printed on
+    stderr, ``output_file``), by rank; empty ones left out."""
     out: dict[int, str] = {}
-    for p in Path(directory).glob("rank*.log"):
+    for p in Path(directory).glob(f"rank*{suffix}"):
         try:
-            out[int(p.stem[4:])] = p.read_text(encoding="utf-8", errors="replace")
+            text = p.read_text(encoding="utf-8", errors="replace")
+            if text.strip():
+                out[int(p.name[4:-len(suffix)])] = text
         except (ValueError, OSError):
             continue
     return out
@@ -89,8 +119,8 @@ def report_traceback(directory: str | os.PathLike | None, rank: int, text: str) 
     """A rank's traceback: into its log when a launcher reads one (and to stderr as well with
     ``TAXMODEL_TRACEBACK`` set), else to stderr."""
     if not write_log(directory, rank, text) or os.environ.get(TRACEBACK_ENV):
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        terminal().write(text)
+        terminal().flush()
 
 
 def read_result(directory: str | os.PathLike) -> dict[str, Any]:

@@ -75,7 +75,8 @@ def run_rank(spec: ProfileSpec, state: RankState) -> dict[str, Any]:
         heap_bytes = int(spec.heap_bytes or (4 << 30 if spec.device == "cuda" else 256 << 20))
         ctx.heap = make_heap(ctx, heap_bytes)
     clock = measure_clock_offsets(ctx.rank, ctx.world_size, ctx.device)
-    progress = Progress(bool(spec.progress) and ctx.rank == 0, total=len(chosen) * 4 * len(presets))
+    progress = Progress(bool(spec.progress) and ctx.rank == 0, total=len(chosen) * 4 * len(presets),
+                        announce=ctx.rank == 0 and not state.status_dir)  # else `taxmodel profile` says it once
     state.progress_open = progress.bar is not None
     for v, why in skipped.items():
         progress.write(f"skipped {workload.name}/{v}: {why}")

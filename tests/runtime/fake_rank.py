@@ -2,7 +2,9 @@
 
 Every rank reports phase ``work`` in the launcher's status directory, then by MODE:
 ``raise`` rank 1 fails with a traceback (logged as a real rank logs it) and rank 0 a moment
-later with one of its own (a peer's echo); ``sleep`` every rank sleeps (killed by the launcher).
+later with one of its own (a peer's echo); ``sleep`` every rank sleeps (killed by the launcher);
+``noise`` every rank prints a third-party library's line on stderr, rank 0 a line on the terminal
+(``status.terminal``, as its progress bar), and both end well.
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import sys
 import time
 import traceback
 
-from taxmodel.runtime.status import STATUS_DIR_ENV, report_traceback, write_status
+from taxmodel.runtime.status import STATUS_DIR_ENV, report_traceback, terminal, write_status
 
 
 def main(mode: str) -> int:
@@ -25,6 +27,15 @@ def main(mode: str) -> int:
             report_traceback(status_dir, rank, traceback.format_exc())
             write_status(status_dir, rank, phase="work", error=f"ValueError: {exc}", exit_code=3)
         return 3
+    if mode == "noise":
+        print(f"USDT:2026-11-27 {os.getpid()} SyncActivityProfilerHandler.cpp:52] profiler_start", file=sys.stderr,
+              flush=True)
+        if rank == 0:
+            print("progress: done", file=terminal(), flush=True)
+        if len(sys.argv) > 2:  # and then fail
+            write_status(status_dir, rank, phase="work", error="ValueError: failed after printing", exit_code=3)
+            return 3
+        return 0
     time.sleep(300)
     return 0
 

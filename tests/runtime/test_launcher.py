@@ -36,10 +36,29 @@ def tmpdir_env(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", None)
 
 
-def _launch(mode: str, timeout_s: float = 60) -> None:
+def _launch(mode: str, timeout_s: float = 60, *extra: str) -> launcher.RanksRun:
     with launcher.run_directory() as run_dir:
-        launcher.launch_ranks([sys.executable, FAKE, mode], 2, run_dir=run_dir, device="cpu",
-                              deadline_unix=time.time() + timeout_s, timeout_s=timeout_s, quiet=False)
+        return launcher.launch_ranks([sys.executable, FAKE, mode, *extra], 2, run_dir=run_dir, device="cpu",
+                                     deadline_unix=time.time() + timeout_s, timeout_s=timeout_s, quiet=False)
+
+
+def test_what_the_ranks_print_on_stderr_goes_to_the_runs_log_and_what_they_say_to_the_terminal(tmpdir_env, capfd):
+    """Third-party libraries print on a rank's stderr (Kineto's USDT lines, 16 per CPU profile):
+    the run's log keeps them, the terminal gets only what a rank says to the user (rank 0's
+    progress, through status.terminal)."""
+    tmpdir, _ = tmpdir_env
+    run = _launch("noise")
+    err = capfd.readouterr().err
+    assert "USDT" not in err and err.count("progress: done") == 1, err
+    assert run.log is not None and list(tmpdir.iterdir()) == [run.log] and run.lines == 2
+    text = run.log.read_text()
+    assert text.index("== rank 0 output ==") < text.index("== rank 1 output ==") and text.count("profiler_start") == 2
+    assert str(run.log) in launcher.ranks_output_note(run) and "2 line(s)" in launcher.ranks_output_note(run)
+    # a failed run keeps it too, in the file its message names
+    with pytest.raises(RunError) as failed:
+        _launch("noise", 60, "fail")
+    kept = Path(re.search(r"what the ranks printed is in (\S+)$", str(failed.value)).group(1))
+    assert kept.read_text().count("profiler_start") == 2 and "USDT" not in capfd.readouterr().err
 
 
 def test_a_failed_run_keeps_the_tracebacks_in_one_file_it_names(tmpdir_env, capfd):

@@ -135,3 +135,31 @@ def test_a_rerun_replaces_an_earlier_bundle_only_with_force(tmp_path):
     mixed = CliRunner().invoke(cli, args + ["--force"])
     assert mixed.exit_code == 2 and "notes.txt" in mixed.output
     assert (bundle / "notes.txt").read_text() == "mine"
+
+
+def test_the_terminal_gets_each_thing_once_and_no_library_lines(tmp_path):
+    """Run as a user runs it: a variant skipped is said once (not once per rank), each bundle
+    written is named once, and what the ranks' libraries print on stderr (Kineto's USDT
+    profiler_start lines) is in the run's log, which the last line names."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "taxmodel", "profile", "toy", "--workload-module", TOY, "--device", "cpu", "-n", "2",
+           "--iterations", "2", "--warmup", "1", "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "TMPDIR": str(tmp)})
+    assert proc.returncode == 0, proc.stderr
+    said = proc.stdout + proc.stderr
+    assert said.count("skipped toy/never: rank 0: needs hardware nobody has") == 1, said
+    bundles = sorted(p for p in (out / "toy").iterdir())
+    assert [p.name.split("-")[0] for p in bundles] == ["bsp", "ring"]
+    assert proc.stdout.splitlines()[1:] == [f"wrote {p}" for p in bundles] and all(said.count(str(p)) == 1 for p in bundles)
+    assert "USDT" not in said and "profiler_start" not in said
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("2 bundle(s), 2 rank(s) on cpu"), proc.stderr
+    log = Path(re.search(r"is in (\S+)$", last).group(1))
+    assert log.parent == tmp and "== rank 0 output ==" in log.read_text()
