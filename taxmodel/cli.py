@@ -321,11 +321,12 @@ def workloads_cmd(workload_modules) -> None:
 @click.option("--hardware", default=None, metavar="NAME|FILE",
               help="Hardware preset (H100 SXM, H200 SXM, MI300X, B200) or a JSON file from `taxmodel calibrate`.")
 @click.option("--per-rank", is_flag=True, help="Also show the ledger of every rank.")
+@click.option("--wide", is_flag=True, help="Show every column of the tables, however wide (else they fit 120 characters).")
 @click.option("--scheduler", default=None, metavar="ADDRESS|local[:N]",
               help="Run the per-rank work on Dask (pip install 'taxmodel[distributed]'): a scheduler's address, or "
                    "local[:N] worker processes on this machine. The ledger is the same.")
 def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware: str | None, per_rank: bool,
-                scheduler: str | None) -> None:
+                wide: bool, scheduler: str | None) -> None:
     """Split each bundle's measured time into useful work and the three taxes (docs/ledger.md)."""
     import json
 
@@ -336,31 +337,38 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
     if as_json:
         click.echo(json.dumps(analysis_document(ledgers), indent=2, default=float))
     else:
-        click.echo(render_analysis(ledgers, per_rank=per_rank), nl=False)
+        click.echo(render_analysis(ledgers, per_rank=per_rank, wide=wide), nl=False)
 
 
 @cli.command("advise")
-@click.argument("bundle", type=click.Path(exists=True))
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--top", type=int, default=10, show_default=True, help="How many candidates to list (largest bound first).")
 @click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
+@click.option("--wide", is_flag=True, help="Every column (what to do, the ops, each tax, the model, what it could not use), "
+                                           "however wide; else the table fits 120 characters.")
 @click.option("--hardware", default=None, metavar="NAME|FILE",
               help="Hardware preset or a JSON file from `taxmodel calibrate` (default: from the bundle).")
 @click.option("--lenient", is_flag=True, help="Skip (and list) iterations that cannot be analyzed instead of failing.")
-def advise_cmd(bundle, top, as_json, hardware, lenient) -> None:
+def advise_cmd(bundles, top, as_json, wide, hardware, lenient) -> None:
     """Which kernels to fuse and what it would buy: fusion candidates ranked by the taxes on their boundaries
-    (docs/advise.md)."""
+    (docs/advise.md), for each of BUNDLES (directories of bundles are searched)."""
     import json
 
     from taxmodel.api import Profile
     from taxmodel.report.advice import advice_document, render_advice
+    from taxmodel.report.build import expand_bundle_paths
 
-    p = Profile.from_path(bundle, hardware=hardware, lenient=lenient)
-    table = p.advise(top=top)
-    window_us = p.window_ns / 1e3
+    docs, texts = [], []
+    for path in expand_bundle_paths(bundles):
+        p = Profile.from_path(path, hardware=hardware, lenient=lenient)
+        table = p.advise(top=top)
+        window_us = p.window_ns / 1e3
+        docs.append(advice_document(table, p.label, window_us))
+        texts.append(render_advice(table, p.label, window_us, wide=wide))
     if as_json:
-        click.echo(json.dumps(advice_document(table, p.label, window_us), indent=2, default=float))
+        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, default=float))
     else:
-        click.echo(render_advice(table, p.label, window_us), nl=False)
+        click.echo("\n".join(texts), nl=False)
 
 
 @cli.command("calibrate")

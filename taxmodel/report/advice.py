@@ -9,6 +9,7 @@ thinks a fine-grained kernel would not get back.
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any, Sequence
 
 import matplotlib
@@ -22,11 +23,13 @@ from taxmodel.model.categories import LABELS
 from taxmodel.report import blocks as d
 from taxmodel.report import style
 from taxmodel.report.figures import _new_figure
-from taxmodel.report.terminal import _text_table
+from taxmodel.report.terminal import TERMINAL_WIDTH, _text_table
 
 TAX_COLUMNS = (("launch_tax_us", "launch_tax"), ("bsp_tax_us", "bsp_tax"), ("locality_tax_us", "locality_tax"))
 TERMINAL_COLUMNS = ["kind", "action", "kernels", "ops", "per_iteration", "launch_tax_us", "locality_tax_us", "bsp_tax_us",
                     "bound_us", "bound_pct", "predicted_saving_us", "saving_range_us", "model", "confidence", "missing"]
+#: the terminal's default view (``taxmodel advise`` without --wide), within ``TERMINAL_WIDTH``
+NARROW_COLUMNS = ["kind", "kernels", "bound_us", "bound_pct", "predicted_saving_us", "saving_range_us", "confidence"]
 #: what fusing a candidate of each kind means in practice (docs/advise.md, "Candidates")
 KIND_ACTIONS = {
     "run": "CUDA graph of the region",
@@ -64,18 +67,31 @@ def _range(lo: float, hi: float) -> str:
     return "" if math.isnan(lo) or math.isnan(hi) else f"{lo:,.1f} to {hi:,.1f}"
 
 
-def render_advice(table: pd.DataFrame, label: str, window_us: float) -> str:
+def render_advice(table: pd.DataFrame, label: str, window_us: float, wide: bool = False) -> str:
     """The ranked table for the terminal, with a line on what the columns mean and the ledger's
-    caveats that bear on it (a profiler-inflated launch tax)."""
+    caveats that bear on it (a profiler-inflated launch tax). Without ``wide``, the columns that
+    rank and judge a candidate (``NARROW_COLUMNS``), its kernels shortened to fit ``TERMINAL_WIDTH``."""
     head = f"== {label}: what fusing would buy (us per iteration and rank; step {window_us:,.1f} us)"
     if table.empty:
         return head + "\nno fusion candidates: no two kernels on one stream between host syncs, no collective next " \
                       "to a GEMM\n"
+    shown = shown_table(table)
+    if not wide:
+        shown = shown[NARROW_COLUMNS]
+        rest = _table_width(shown.drop(columns="kernels")) + 2  # the other columns and one more separator
+        shown = shown.assign(kernels=table["kernels"].map(lambda t: kernels_text(t, max(TERMINAL_WIDTH - rest, 24))))
     note = ("bound_us: launch + locality + bulk-synchronous tax on the candidate's boundaries (what a perfect fusion "
             "recovers at most); predicted_saving_us: the analytic model's bsp minus its best fine-grained variant; "
-            "saving_range_us: what its measured latency errors (10th-90th percentile, CUDA-graph captures) allow")
+            "saving_range_us: what its measured latency errors (10th-90th percentile, CUDA-graph captures) allow"
+            + ("" if wide else "; --wide adds what to do, the ops, each tax, the model and what it could not use"))
     caveats = [f"caveat: {c}" for c in table.attrs.get("caveats", [])]
-    return "\n".join([head, _text_table(shown_table(table)), note, *caveats]) + "\n"
+    return "\n".join([head, _text_table(shown, None if wide else TERMINAL_WIDTH), *textwrap.wrap(note, TERMINAL_WIDTH),
+                      *caveats]) + "\n"
+
+
+def _table_width(df: pd.DataFrame) -> int:
+    """How wide ``_text_table`` draws ``df``."""
+    return max(len(line) for line in _text_table(df).splitlines())
 
 
 def advice_document(table: pd.DataFrame, label: str, window_us: float) -> dict[str, Any]:

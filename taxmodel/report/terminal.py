@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from taxmodel.model.categories import SUBCATEGORY_ORDER
+from taxmodel.model.categories import LABELS
 from taxmodel.model.coverage import missing_ranks
 from taxmodel.report import compare, headline
 from taxmodel.report.kernels import top_kernel_lines
@@ -32,21 +32,32 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _text_table(df: pd.DataFrame) -> str:
+#: what a terminal table may take; wider tables leave their last columns to ``--wide`` (and ``--json``)
+TERMINAL_WIDTH = 120
+
+
+def _text_table(df: pd.DataFrame, max_width: int | None = None) -> str:
+    """``df`` as aligned text. With ``max_width``, the last columns that do not fit are left out
+    and a line after the table says how many and where they are."""
     cols = list(df.columns)
     cells = [[_fmt(v) for v in row] for row in df.itertuples(index=False)]
     widths = [max(len(str(c)), *(len(r[i]) for r in cells)) if cells else len(str(c)) for i, c in enumerate(cols)]
     numeric = [pd.api.types.is_numeric_dtype(df[c]) for c in cols]
+    shown = len(cols)
+    while max_width is not None and shown > 1 and sum(widths[:shown]) + 2 * (shown - 1) > max_width:
+        shown -= 1
 
     def line(vals):
-        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals[:shown], widths, numeric)).rstrip()
 
     out = [line([str(c) for c in cols]), line(["-" * w for w in widths])]
     out.extend(line(r) for r in cells)
+    if shown < len(cols):
+        out.append(f"(left out to fit {max_width} characters: {', '.join(map(str, cols[shown:]))}; see --wide)")
     return "\n".join(out)
 
 
-def render_ledger(ledger, per_rank: bool = False) -> str:
+def render_ledger(ledger, per_rank: bool = False, wide: bool = False) -> str:
     """One bundle: header, the mean ledger table, clock and hardware, caveats, skipped."""
     w = ledger.windows
     n_iter = len(w)
@@ -58,11 +69,13 @@ def render_ledger(ledger, per_rank: bool = False) -> str:
     launches = launch_mode(ledger.meta or {})
     if launches:
         head += f"; launches: {launches}"
-    lines = [head, _text_table(headline.ledger_table(ledger))]
-    if per_rank:
-        pr = (ledger.per_rank() / 1e3).reset_index()
-        pr = pr.rename(columns={s: s for s in SUBCATEGORY_ORDER})
-        lines += ["", "per rank (mean us per iteration):", _text_table(pr)]
+    width = None if wide else TERMINAL_WIDTH
+    lines = [head, _text_table(headline.ledger_table(ledger), width)]
+    if per_rank:  # one row per part, one column per rank: as many columns as ranks, not as parts
+        pr = (ledger.per_rank() / 1e3).T
+        table = pd.DataFrame({"part": [LABELS[s] for s in pr.index],
+                              **{f"rank {r}": pr[r].to_numpy() for r in pr.columns}})
+        lines += ["", "per rank (mean us per iteration):", _text_table(table, width)]
     kernel_lines = top_kernel_lines(getattr(ledger, "kernels", None), n_iter * max(len(ledger.ranks), 1))
     if kernel_lines:
         lines += [""] + kernel_lines
@@ -81,9 +94,11 @@ def render_ledger(ledger, per_rank: bool = False) -> str:
     return "\n".join(lines)
 
 
-def render_analysis(ledgers: Sequence, per_rank: bool = False) -> str:
-    """Every ledger, then side-by-side comparisons of variants at the same (workload, shape)."""
-    blocks = [render_ledger(led, per_rank) for led in ledgers]
+def render_analysis(ledgers: Sequence, per_rank: bool = False, wide: bool = False) -> str:
+    """Every ledger, then side-by-side comparisons of variants at the same (workload, shape):
+    the reference's column and each variant's difference from it first, each variant's own
+    column after them (left out where ``TERMINAL_WIDTH`` ends, unless ``wide``)."""
+    blocks = [render_ledger(led, per_rank, wide) for led in ledgers]
     for (workload, shape), group in compare.group_by_shape(ledgers).items():
         if len(group) < 2:
             continue
@@ -95,7 +110,10 @@ def render_analysis(ledgers: Sequence, per_rank: bool = False) -> str:
         if len({m for _, m in modes if m}) > 1:
             title += ("\n   launch modes differ (" + ", ".join(f"{v}: {m or 'unknown'}" for v, m in modes)
                       + "): launch_tax is not comparable between them")
-        blocks.append(title + "\n" + _text_table(headline.comparison_table(group)))
+        table = headline.comparison_table(group)
+        own = [c for c in table.columns[3:] if "−" not in c]  # after category, part and the reference
+        table = table[[c for c in table.columns if c not in own] + own]
+        blocks.append(title + "\n" + _text_table(table, None if wide else TERMINAL_WIDTH))
     sentences = headline.headlines(ledgers)
     if sentences:
         blocks.append("\n".join(f"* {s}" for s in sentences))

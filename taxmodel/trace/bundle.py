@@ -266,7 +266,24 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
         check_time_range(events, str(events_path))
     except BundleError as exc:
         raise BundleError(f"{path}: {exc}") from exc
-    return Bundle(events=events, meta=make_meta(**meta), path=path)
+    meta = make_meta(**meta)
+    meta["shape"] = folder_order(meta.get("shape"), path.name, meta.get("variant"))
+    return Bundle(events=events, meta=meta, path=path)
+
+
+def folder_order(shape: Any, folder: str, variant: Any) -> Any:
+    """``shape`` in the order of the bundle's folder name (``bsp-M96xN40xK40xtp0``, what ``taxmodel
+    profile`` names it), where the name lists exactly its keys: bundles written before meta.json
+    kept the shape's order hold it sorted (K, M, N), and every heading names the shape in the
+    order the folder does. Anything else is returned as it is."""
+    prefix = f"{variant}-"
+    if not isinstance(shape, dict) or not shape or not folder.startswith(prefix):
+        return shape
+    by_tag = {f"{k}{v}": k for k, v in shape.items()}
+    keys = [by_tag.get(t) for t in folder[len(prefix):].split("x")]
+    if None in keys or sorted(map(str, keys)) != sorted(map(str, shape)):
+        return shape
+    return {k: shape[k] for k in keys}
 
 
 MAX_ARCHIVE_MEMBER_BYTES = 16 * 2 ** 30

@@ -170,3 +170,18 @@ def test_the_shape_keeps_the_workloads_order_every_other_key_sorted(tmp_path):
     text = (path / "meta.json").read_text()
     top = list(json.loads(text))
     assert top == sorted(top) and list(json.loads(text)["capture"]) == ["a", "z"]
+
+
+def test_a_bundle_written_with_its_shape_sorted_reads_in_its_folders_order(tmp_path):
+    """Bundles from before meta.json kept the shape's order (profiles/ holds many) list it sorted;
+    loaded, they read in the order of their folder name, as new ones do."""
+    shape = {"M": 8192, "N": 8192, "K": 8192}
+    for folder, want in (("bsp-M8192xN8192xK8192", ["M", "N", "K"]), ("my_copy", ["K", "M", "N"]),
+                         ("bsp-M8192xN8192", ["K", "M", "N"])):  # a name that lists other keys: as stored
+        path = write_bundle(tmp_path / folder, _events(), {"workload": "gemm_rs", "variant": "bsp", "shape": shape,
+                                                          "world_size": 2})
+        meta = json.loads((path / "meta.json").read_text())
+        meta["shape"] = dict(sorted(meta["shape"].items()))
+        (path / "meta.json").write_text(json.dumps(meta, sort_keys=True))
+        assert list(load_bundle(path).meta["shape"]) == want, folder
+    assert load_bundle(tmp_path / "bsp-M8192xN8192xK8192").label == "gemm_rs/bsp/M8192xN8192xK8192"
