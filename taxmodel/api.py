@@ -26,7 +26,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.model.categories import CATEGORY_ORDER, TAXES
-from taxmodel.trace.bundle import Bundle, find_bundles, load_bundle, make_meta, write_bundle
+from taxmodel.trace.bundle import Bundle, find_bundles, make_meta, write_bundle
 
 PathLike = str | os.PathLike
 NS_PER_US = 1000.0
@@ -74,7 +74,11 @@ class Profile:
     # construction -------------------------------------------------------------------------------
     @classmethod
     def from_path(cls, path: PathLike, **kw: Any) -> "Profile":
-        return cls(load_bundle(path), **kw)
+        """The bundle at ``path`` (a directory or an archive); a trace given instead is refused with
+        the import that makes it a bundle (``Profile.from_traces`` reads traces)."""
+        from taxmodel.trace.importers import open_bundle
+
+        return cls(open_bundle(path), **kw)
 
     @classmethod
     def from_traces(cls, paths: PathLike | Sequence[PathLike], *, fmt: str = "auto", iteration_pattern: str | None = None,

@@ -6,7 +6,6 @@ input), so scripts and CI can tell bad input from a regression (exit 1).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
@@ -147,24 +146,24 @@ def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw
 
 
 @cli.command("show")
-@click.argument("bundle", type=click.Path(exists=True))
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--top", default=10, show_default=True, help="How many of the longest-running kernels to list.")
-def show_cmd(bundle, as_json, top) -> None:
-    """Summarize a bundle (or every bundle below a directory, as analyze takes them): ranks,
+def show_cmd(bundles, as_json, top) -> None:
+    """Summarize BUNDLES (directories of bundles are searched, as analyze takes them): ranks,
     iterations, kernels by role and rank, top kernels, metadata."""
     import json
 
-    from taxmodel.trace.bundle import find_bundles
+    from taxmodel.report.build import expand_bundle_paths
 
-    found = find_bundles(bundle) if Path(bundle).is_dir() else []
+    found = expand_bundle_paths(bundles)
     if len(found) > 1 and as_json:
         from taxmodel.trace import summary
-        from taxmodel.trace.bundle import load_bundle
+        from taxmodel.trace.importers import open_bundle
 
-        click.echo(json.dumps([summary.to_json(load_bundle(p), top) for p in found], indent=2, default=str))
+        click.echo(json.dumps([summary.to_json(open_bundle(p), top) for p in found], indent=2, default=str))
         return
-    for i, path in enumerate(found if len(found) > 1 else [bundle]):
+    for i, path in enumerate(found):
         if i:
             click.echo("")
         _show_one(path, as_json, top)
@@ -174,9 +173,9 @@ def _show_one(bundle, as_json: bool, top: int) -> None:
     import json
 
     from taxmodel.trace import summary
-    from taxmodel.trace.bundle import load_bundle
+    from taxmodel.trace.importers import open_bundle
 
-    b = load_bundle(bundle)
+    b = open_bundle(bundle)
     if as_json:
         click.echo(json.dumps(summary.to_json(b, top), indent=2, default=str))
         return
@@ -569,16 +568,19 @@ def report_cmd(bundles, output, fmt, hardware, lenient) -> None:
 
 
 @cli.command("export-trace")
-@click.argument("bundle", type=click.Path(exists=True))
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
-              help="Trace file (.json, or .json.gz); open it in Perfetto's UI or chrome://tracing.")
+@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("-o", "--output", required=True, type=click.Path(writable=True),
+              help="Trace file (.json, or .json.gz) for one bundle; for several, a directory that gets one trace per "
+                   "bundle, named after its folder. Open them in Perfetto's UI or chrome://tracing.")
 @click.option("--hardware", default=None, help="Hardware preset or spec JSON for the useful floor (default: from the bundle).")
 @click.option("--lenient", is_flag=True, help="Skip what cannot be analyzed instead of stopping.")
-def export_trace_cmd(bundle, output, hardware, lenient) -> None:
-    """BUNDLE's events plus one track per rank and ledger part (taxes), as a Chrome/Perfetto trace."""
-    from taxmodel.report.build import export_trace
+def export_trace_cmd(bundles, output, hardware, lenient) -> None:
+    """Each bundle's events plus one track per rank and ledger part (taxes), as a Chrome/Perfetto trace
+    (directories of bundles are searched)."""
+    from taxmodel.report.build import export_traces
 
-    click.echo(f"wrote {export_trace(bundle, output, hardware=hardware, lenient=lenient)}")
+    for path in export_traces(bundles, output, hardware=hardware, lenient=lenient):
+        click.echo(f"wrote {path}")
 
 
 # --- regress: compare, baseline ------------------------------------------------------------

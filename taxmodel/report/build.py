@@ -13,19 +13,23 @@ from taxmodel.report.document import build_document
 from taxmodel.report.html import render_html
 from taxmodel.report.markdown import render_markdown
 from taxmodel.report.perfetto import write_chrome_trace
-from taxmodel.trace.bundle import Bundle, find_bundles, load_bundle
+from taxmodel.trace.bundle import Bundle, find_bundles
 
 FORMATS = ("html", "md")
 
 
 def expand_bundle_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     """Bundles named on the command line; a directory that is not a bundle stands for every bundle below it."""
+    from taxmodel.trace.importers import import_hint
+
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             found = find_bundles(p)
             if not found:
-                raise InputError(f"{p}: no bundles found below this directory (a bundle has meta.json and events.parquet)")
+                hint = import_hint(p)
+                raise InputError(f"{p}: no bundles found below this directory (a bundle has meta.json and events.parquet)"
+                                 + (f"; {hint}" if hint else ""))
             out.extend(found)
         else:
             out.append(p)  # an archive, or a missing path that load_bundle reports clearly
@@ -43,6 +47,7 @@ def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = Non
     Dask (``model/ledger_dask.py``) and the returned bundles carry meta only."""
     from taxmodel.model.hardware import resolve_hardware
     from taxmodel.model.ledger import compute_ledger
+    from taxmodel.trace.importers import open_bundle
 
     client = None
     if scheduler:
@@ -55,7 +60,7 @@ def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = Non
                 if client is not None:
                     cases.append(compute_ledger_dask(path, client, hardware, lenient=lenient))
                     continue
-                bundle = load_bundle(path)
+                bundle = open_bundle(path)
                 hw = resolve_hardware(bundle.meta, hardware) if hardware else None
                 cases.append((bundle, compute_ledger(bundle, hw, lenient=lenient)))
             except TaxmodelError as exc:
@@ -120,3 +125,36 @@ def export_trace(path: str | os.PathLike, output: str | os.PathLike, *, hardware
         raise InputError(f"{path}: holds {len(cases)} bundles; export-trace takes exactly one (name it directly)")
     bundle, ledger = cases[0]
     return write_chrome_trace(bundle, ledger, output)
+
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+def export_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *, hardware: str | None = None,
+                  lenient: bool = False) -> list[Path]:
+    """``export_trace`` for each bundle of ``paths`` (directories of bundles are searched): one
+    bundle to the file ``output``, several into the directory ``output``, one trace per bundle
+    named after its folder (``bsp-M96xN40xK40xtp0.json``). Every output path is checked before
+    any trace is written."""
+    bundles = expand_bundle_paths(paths)
+    out = Path(output)
+    if len(bundles) == 1 and not out.is_dir():
+        return [export_trace(bundles[0], out, hardware=hardware, lenient=lenient)]
+    if out.name.endswith(TRACE_SUFFIXES) and not out.is_dir():
+        shown = ", ".join(str(b) for b in bundles[:3]) + (", ..." if len(bundles) > 3 else "")
+        raise InputError(f"-o {output} names one trace file, but {len(bundles)} bundles were given ({shown}): give -o a "
+                         "directory (one trace per bundle, named after its folder), or name one bundle")
+    targets = [out / f"{name}.json" for name in _unique_names(bundles)]
+    for t in targets:
+        check_output_file(t, "trace")
+    return [export_trace(b, t, hardware=hardware, lenient=lenient) for b, t in zip(bundles, targets)]
+
+
+def _unique_names(bundles: Sequence[Path]) -> list[str]:
+    """Each bundle's folder name, with as many parent folders as it takes to tell them apart."""
+    parts = [Path(b).resolve().parts for b in bundles]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["-".join(p[-depth:]).replace(" ", "_") for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [f"{i}-{Path(b).name}" for i, b in enumerate(bundles)]

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import os
 import re
 import sqlite3
 import zlib
@@ -135,6 +136,46 @@ def detect_format(path: str | Path) -> str:
             return mod.FORMAT
     raise InputError(f"{path}: format not recognized (known: {', '.join(available_formats())}); "
                      "check the file, or name the format with --format")
+
+
+def import_hint(path: str | os.PathLike) -> str | None:
+    """For a trace given where a bundle belongs (``taxmodel show trace.json.gz``): a sentence
+    saying which format it is and the import that makes it a bundle. For a directory without
+    bundles, the same for the traces in it (the first ``HINT_FILES`` files are looked at). None
+    when ``path`` holds no trace this taxmodel reads."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(q for q in p.iterdir() if q.is_file())[:HINT_FILES] if p.is_dir() else []
+    found: dict[Path, str] = {}
+    for f in files:
+        try:
+            found[f] = detect_format(f)
+        except TaxmodelError:
+            continue
+    if not found:
+        return None
+    first, fmt = next(iter(found.items()))
+    if p.is_file():
+        return (f"{p} is a {fmt} trace, not a bundle: import it first, with the other ranks' files of the run "
+                f"(`taxmodel import {p} ... -o my_job`), then give my_job")
+    suffix = "".join(first.suffixes[-2:]) if first.name.endswith(".gz") else first.suffix
+    return (f"it holds traces, not bundles ({len(found)} file(s) such as {first.name}, a {fmt} trace): import one run's "
+            f"traces first (`taxmodel import {p}/*{suffix} -o my_job`), then give my_job")
+
+
+#: how many files of a directory ``import_hint`` looks at
+HINT_FILES = 50
+
+
+def open_bundle(path: str | os.PathLike) -> Bundle:
+    """``load_bundle``, except that a trace given where a bundle belongs is refused with the
+    import that makes it one (``import_hint``)."""
+    try:
+        return load_bundle(path)
+    except TaxmodelError as exc:
+        hint = import_hint(path) if Path(path).is_file() else None
+        if hint is None:
+            raise
+        raise InputError(hint) from exc
 
 
 def _is_gzip(path: Path) -> bool:
