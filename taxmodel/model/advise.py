@@ -36,6 +36,7 @@ from taxmodel.model import advise_regions as regions
 from taxmodel.model.ledger import Ledger
 from taxmodel.model.ledger import _matches  # the ledger's own matching of declared producers/consumers
 from taxmodel.trace.bundle import Bundle
+from taxmodel.trace.capture_meta import CPU_RUN_CAVEAT
 from taxmodel.trace.counter_match import function_name
 from taxmodel.trace.vocabulary import SHORT_LABELS, normalize_collective
 
@@ -545,7 +546,7 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
         })
     table = pd.DataFrame(rows, columns=list(COLUMNS))
     # what a reader of the table must know from the ledger (renderers print it under the table)
-    table.attrs["caveats"] = [c for c in inp.ledger.caveats if PROFILER_CAVEAT_MARK in c]
+    table.attrs["caveats"] = [c for c in inp.ledger.caveats if PROFILER_CAVEAT_MARK in c or c == CPU_RUN_CAVEAT]
     return table
 
 

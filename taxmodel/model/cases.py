@@ -16,7 +16,7 @@ from taxmodel.errors import InputError
 from taxmodel.model.analytic import MODELS, model_params, predict, resolve_model_hardware
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.analytic.prediction import Prediction
-from taxmodel.trace.capture_meta import CaptureSettings
+from taxmodel.trace.capture_meta import CaptureSettings, emulated_gpu
 
 #: ``Case.measured`` key: mean over the CTAs that wait on a flag of the time from their first
 #: ``flag_wait`` record's start to their last record's end (bundles with in-kernel records).
@@ -132,7 +132,7 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
     capture = meta.get("capture") or {}
     if wl not in MODELS:
         return f"{path}: workload {wl!r} has no analytic model"
-    if capture.get("emulated_gpu") or (meta.get("hardware") or {}).get("emulated"):
+    if emulated_gpu(meta):
         return f"{path}: CPU-emulated capture (times say nothing about GPUs)"
     if capture.get("inject"):
         return f"{path}: injected taxes ({capture.get('inject')}) are not part of the model"

@@ -42,6 +42,7 @@ from taxmodel.model.coverage import coverage_caveat, missing_ranks
 from taxmodel.model.stream_waits import gap_keys, gated_by_stream_wait, split_gap_keys
 from taxmodel.model.windows import GPU_SPAN_NOTE, partition_windows
 from taxmodel.trace import schema
+from taxmodel.trace.capture_meta import CPU_RUN_CAVEAT, emulated_gpu
 from taxmodel.trace.bundle import Bundle
 
 LOCAL_ROLES = ("compute", "fused", "copy")
@@ -580,7 +581,9 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
     kc = per_kernel.KernelCosts(rows[["floor_ns", "reason", "basis"]], np.zeros(0), np.zeros(0), use_floors, locality,
                                 hw.hbm_bytes_per_s if hw is not None else 0.0) if kc_any else None
     gaps = (sum(p.unknown_gaps[0] for p in pieces), sum(p.unknown_gaps[1] for p in pieces))
-    _add_caveats(caveats, hw, cost, parts, clock, ranks, gaps, kc, fused_without_records=any(p.has_fused for p in pieces) and not records,
+    cpu_run = emulated_gpu(meta)
+    _add_caveats(caveats, hw, cost, parts, clock, ranks, gaps, kc, cpu_run=cpu_run,
+                 fused_without_records=any(p.has_fused for p in pieces) and not records,
                  active={p.rank for p in pieces if p.has_gpu}, outside=sum(p.outside for p in pieces))
     d = rows["d"].to_numpy(np.float64)
     everywhere = np.ones(len(rows), bool)
@@ -591,7 +594,7 @@ def assemble_ledger(plan: LedgerPlan, pieces: list[RankLedger], label: str, hard
     capped = [p.floor_capped for p in pieces if p.floor_capped[0]]
     if capped:
         caveats.append(per_kernel.declared_floor_caveat(sum(c[0] for c in capped), max(c[1] for c in capped),
-                                                        [p.rank for p in pieces if p.floor_capped[0]], hw))
+                                                        [p.rank for p in pieces if p.floor_capped[0]], hw, cpu_run=cpu_run))
     mism = hardware_mismatch(meta, hw)
     if mism:
         caveats.append(mism)
@@ -990,8 +993,10 @@ def _intervals(pieces, seg, lab, local_int, link_int, transfer_len, wrep, wit, w
 
 
 def _add_caveats(caveats, hw, cost, parts, clock, ranks, unknown_gaps, kc=None, *, fused_without_records: bool,
-                 active: set[int], outside: int) -> None:
-    if hw is not None and hw.source == "datasheet":
+                 active: set[int], outside: int, cpu_run: bool = False) -> None:
+    if cpu_run:  # first, in place of the nominal hardware's: nothing here is a GPU's time
+        caveats.insert(0, CPU_RUN_CAVEAT)
+    elif hw is not None and hw.source == "datasheet":
         caveats.append(f"hardware: {hw.name} datasheet peaks; 'useful' is measured against numbers real kernels rarely "
                        "reach (run `taxmodel calibrate` and pass --hardware FILE for measured ones)")
     elif hw is not None and hw.source != "calibrated":

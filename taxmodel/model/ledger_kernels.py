@@ -197,14 +197,19 @@ def timer_resolution_ns(d: np.ndarray) -> float:
     return 1000.0 if len(real) and not np.any(np.mod(real, 1000.0)) else 0.0
 
 
-def declared_floor_caveat(windows: int, worst: float, ranks: list[int], hw: HardwareSpec | None) -> str:
+def declared_floor_caveat(windows: int, worst: float, ranks: list[int], hw: HardwareSpec | None,
+                          cpu_run: bool = False) -> str:
     """The workload's declared compute floor exceeded its kernels' measured time: useful is
-    capped at that time, and the reader must know the peaks in use were beaten."""
+    capped at that time, and the reader must know the peaks in use were beaten (on a CPU run the
+    peaks are nominal placeholders: no GPU to calibrate)."""
     peaks = hw.label if hw is not None else "the hardware spec"
-    return (f"the workload's declared floor exceeds its kernels' measured time in {windows} rank-iteration(s) "
+    head = (f"the workload's declared floor exceeds its kernels' measured time in {windows} rank-iteration(s) "
             f"(ranks {', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}; up to x{worst:.3f}): useful is "
-            f"capped at that time. The kernels beat the peaks of {peaks}, or the declared cost over-counts; "
-            "calibrate this GPU (taxmodel calibrate) or pass the matching --hardware")
+            "capped at that time. ")
+    if cpu_run:
+        return head + f"The peaks of {peaks} are placeholders for the interpreter, not a GPU's"
+    return head + (f"The kernels beat the peaks of {peaks}, or the declared cost over-counts; "
+                   "calibrate this GPU (taxmodel calibrate) or pass the matching --hardware")
 
 
 def profiler_caveat(meta: Mapping[str, Any], launch_pct: float, launches: pd.DataFrame, n_windows: int,

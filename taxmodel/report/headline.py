@@ -15,6 +15,7 @@ import pandas as pd
 from taxmodel.model.categories import CATEGORIES, CATEGORY_ORDER, LABELS, TAXES
 from taxmodel.report import compare
 from taxmodel.report.compare import LedgerLike
+from taxmodel.trace.capture_meta import emulated_gpu
 
 _SHORT = {"bsp_tax": "BSP tax", "launch_tax": "launch tax", "locality_tax": "locality tax"}
 _TAX_ORDER = ("bsp_tax", "launch_tax", "locality_tax")  # the order the sentence names them
@@ -32,6 +33,7 @@ class Comparison:
     reference_ns: float
     candidate_ns: float
     category_saved_ns: dict[str, float]  # reference minus candidate, per category (positive = candidate pays less)
+    cpu_run: bool = False  # either side ran in Triton's interpreter (trace.capture_meta.emulated_gpu): no GPU verdict
 
     @property
     def saved_ns(self) -> float:
@@ -67,6 +69,7 @@ def compare_ledgers(reference: LedgerLike, candidate: LedgerLike) -> Comparison:
         reference_ns=compare.mean_window_ns(reference),
         candidate_ns=compare.mean_window_ns(candidate),
         category_saved_ns={c: float(ref_cat[c] - cand_cat[c]) for c in CATEGORY_ORDER},
+        cpu_run=emulated_gpu(reference.meta) or emulated_gpu(candidate.meta),
     )
 
 
@@ -90,7 +93,13 @@ def _us(ns: float) -> str:
 def comparison_sentence(c: Comparison) -> str:
     """"At M=... , fg saves X us (Y%) per iteration over bsp, of which BSP tax A, launch tax B,
     locality tax C; it loses D to compute efficiency." A negative part is a tax the candidate pays
-    more of than the reference."""
+    more of than the reference. A CPU run's sentence gives the difference and no verdict: its times
+    are the interpreter's."""
+    if c.cpu_run:
+        more = "more" if c.saved_ns < 0 else "less"
+        return (f"{c.workload} at {c.shape}: on CPU, in Triton's interpreter, {c.candidate} took {_us(abs(c.saved_ns))} "
+                f"{more} per iteration than {c.reference}: interpreter times, not GPU times, so no verdict on which is "
+                "faster on a GPU.")
     if c.saved_ns >= 0:
         lead = f"{c.candidate} saves {_us(c.saved_ns)} ({c.saved_pct:.1f}%) per iteration over {c.reference}"
     else:
@@ -118,6 +127,8 @@ def ledger_sentence(ledger: LedgerLike) -> str:
     parts = ", ".join(f"{_SHORT[t]} n/m" if t in unmeasured else f"{_SHORT[t]} {_us(cats[t])} ({100 * cats[t] / window:.1f}%)"
                       for t in _TAX_ORDER) if window else ""
     name = ledger.label if not (ledger.meta or {}).get("workload") else f"{ident.workload}/{ident.variant} at {ident.shape_label}"
+    if emulated_gpu(ledger.meta):
+        name += " (on CPU: interpreter times, not GPU times)"
     return (f"{name}: {_us(window)} per iteration; "
             f"{parts}; useful floor {_us(cats['useful'])} ({100 * cats['useful'] / window:.1f}%).")
 

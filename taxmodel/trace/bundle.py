@@ -227,7 +227,7 @@ def _json_default(obj: Any) -> Any:
 
 def load_bundle_meta(path: Path) -> dict[str, Any]:
     """The checked meta.json of a bundle directory (whose events.parquet must exist too), as
-    stored (``make_meta`` completes it)."""
+    stored (``make_meta`` completes it), its shape in its folder's order (``folder_order``)."""
     meta_path, events_path = path / META_FILE, path / EVENTS_FILE
     for p in (meta_path, events_path):
         if not p.is_file():
@@ -244,6 +244,8 @@ def load_bundle_meta(path: Path) -> dict[str, Any]:
     if version != schema.SCHEMA_VERSION:
         raise BundleError(f"{meta_path}: field 'schema_version' is {version!r}; this taxmodel reads version {schema.SCHEMA_VERSION}")
     check_meta(meta, str(meta_path))
+    if "shape" in meta:
+        meta["shape"] = folder_order(meta["shape"], path.name, meta.get("variant"))
     return meta
 
 
@@ -266,9 +268,7 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
         check_time_range(events, str(events_path))
     except BundleError as exc:
         raise BundleError(f"{path}: {exc}") from exc
-    meta = make_meta(**meta)
-    meta["shape"] = folder_order(meta.get("shape"), path.name, meta.get("variant"))
-    return Bundle(events=events, meta=meta, path=path)
+    return Bundle(events=events, meta=make_meta(**meta), path=path)
 
 
 def folder_order(shape: Any, folder: str, variant: Any) -> Any:

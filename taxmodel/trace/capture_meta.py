@@ -31,6 +31,20 @@ GATE_ROLES = {GATE_KERNEL: "other"}
 GATE_SIGNALS = "parallel"
 
 
+#: What every reading of a CPU run says first: its times are the interpreter's.
+CPU_RUN_CAVEAT = ("CPU run: the kernels ran in Triton's interpreter on emulated GPUs, so these are interpreter times, "
+                  "not GPU times; they say nothing about how the variants compare on a GPU (profile on GPUs for that)")
+
+
+def emulated_gpu(meta: Mapping[str, Any] | None) -> bool:
+    """Whether a bundle is a CPU run (``taxmodel profile --device cpu``: Triton's interpreter, gloo),
+    as its meta says (``capture.emulated_gpu`` or ``hardware.emulated``)."""
+    meta = meta or {}
+    capture, hardware = meta.get("capture"), meta.get("hardware")
+    return bool((isinstance(capture, Mapping) and capture.get("emulated_gpu"))
+                or (isinstance(hardware, Mapping) and hardware.get("emulated")))
+
+
 def graph_meta(graph: bool, requested: str, note: str | None, backend: str) -> Mapping[str, Any]:
     """The bundle's ``meta['capture']`` fields about CUDA/HIP graphs: whether the traced steps
     replayed one (``graph``, what ``CaptureSettings.graph_launch`` reads back), what was asked,
