@@ -255,13 +255,16 @@ def _us_columns(df, columns):
                    "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts. "
                    "Under the profiler a rank's host needs 60-100 us from the gate to its graph launch (2x H200), so "
                    "the default leaves room; the hold is outside every traced step.")
+@click.option("--allow-gpu-sizes", is_flag=True, default=False,
+              help="On CPU, run a shape sized for GPUs (more than 100x the work of the workload's CPU preset) all the "
+                   "same: days in Triton's interpreter; without it such a run is refused at once, with its cost.")
 @click.option("--counters", is_flag=True, default=False,
               help="After the timed pass, run every variant once more under Nsight Compute (ncu) and attach each "
                    "kernel's DRAM bytes read/written and L2 hit rate to the bundles (one GPU: -n 1). The timed "
                    "pass never runs under ncu; the counters pass takes about a minute per bundle.")
 def profile_cmd(workload, counters, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
                 timeout_s, spin_timeout_s, workload_modules, heap_bytes, out, force, instrument, graph, graph_strict, align,
-                gate_hold_us) -> None:
+                gate_hold_us, allow_gpu_sizes) -> None:
     """Run WORKLOAD on N local ranks and capture one bundle per variant.
 
     \b
@@ -280,12 +283,12 @@ def profile_cmd(workload, counters, variants, preset, shape, world_size, iterati
                          warmup=warmup, repeat=repeat, inject=list(inject), tracer=tracer, out=out, force=force, device=device,
                          timeout_s=timeout_s, spin_timeout_s=spin_timeout_s, heap_bytes=heap_bytes, workload_modules=list(workload_modules),
                          instrument=instrument, graph="require" if graph_strict else "auto" if graph else "off",
-                         align=align, gate_hold_us=gate_hold_us)
+                         align=align, gate_hold_us=gate_hold_us, allow_gpu_sizes=allow_gpu_sizes)
     if counters:  # refuse before the timed pass (a CPU run, several ranks, no ncu)
         from taxmodel.runtime.counters import check_profile_request
 
         check_profile_request(req)
-    outcome = profile(req, started_unix=started)
+    outcome = profile(req, started_unix=started, say=_note)
     for v, why in outcome.skipped.items():
         click.echo(f"skipped {workload}/{v}: {why}")
     for line in outcome.graph_fallbacks:

@@ -14,13 +14,18 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_cache(tmp_path_factory):
-    """Cached cases (``taxmodel.model.case_store``) go to a directory of this session's own: every
+    """Cached cases (``taxmodel.model.case_store``) go to a directory of this test run's own: every
     run computes what it checks, as CI's fresh checkout does, and the user's cache is untouched.
-    Set before any test runs; subprocesses (the CLI, notebooks) inherit it."""
+    The workers of one ``pytest -n`` run share it (entries are written atomically), so a case
+    computed by one test is not computed again by another. Set before any test runs;
+    subprocesses (the CLI, notebooks) inherit it."""
     from taxmodel.model.case_store import CACHE_ENV
 
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "taxmodel-cache"
+    shared.mkdir(exist_ok=True)
     old = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("taxmodel-cache"))
+    os.environ[CACHE_ENV] = str(shared)
     yield
     if old is None:
         os.environ.pop(CACHE_ENV, None)

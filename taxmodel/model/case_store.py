@@ -82,10 +82,11 @@ def code_fingerprint() -> str:
 
 
 def files_digest(paths: Iterable[Path], root: Path | None = None) -> str:
-    """A digest of the files' names (relative to ``root``) and contents."""
+    """A digest of the files' names (relative to ``root``; else their own names: where they are
+    does not count) and contents."""
     h = hashlib.sha256()
     for p in paths:
-        h.update(str(p.relative_to(root) if root else p).encode() + b"\0" + p.read_bytes() + b"\0")
+        h.update((p.relative_to(root).as_posix() if root else p.name).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 
 
@@ -96,14 +97,33 @@ def bundle_digest(path: Path) -> str:
     return files_digest(sorted(p for p in path.rglob("*") if p.is_file()), path)
 
 
-def case_to_json(case: Case) -> dict[str, Any]:
-    """A Case as plain JSON (its in-sample marks left out: ``fitting.mark_in_sample`` sets them per run)."""
+def case_to_json(case: Case, path: Path | None = None) -> dict[str, Any]:
+    """A Case as plain JSON (its in-sample marks left out: ``fitting.mark_in_sample`` sets them per
+    run), its path left out when it is ``path`` (the cache keeps it where the bundle is)."""
     d = {f.name: getattr(case, f.name) for f in dataclasses.fields(case) if f.name not in ("path", "hardware", "fits")}
-    return {**d, "path": str(case.path), "hardware": case.hardware.to_dict()}
+    return {**d, "path": None if path is not None and case.path == path else str(case.path),
+            "hardware": case.hardware.to_dict()}
 
 
-def case_from_json(d: Mapping[str, Any]) -> Case:
-    return Case(**{**d, "path": Path(d["path"]), "hardware": HardwareSpec.from_dict(d["hardware"])})
+def case_from_json(d: Mapping[str, Any], path: Path | None = None) -> Case:
+    where = Path(d["path"]) if d.get("path") is not None else path
+    return Case(**{**d, "path": where, "hardware": HardwareSpec.from_dict(d["hardware"])})
+
+
+def _reason_to_json(reason: str, path: Path) -> dict[str, str]:
+    """Why a bundle is skipped, its path left out (the cache keeps it where the bundle is)."""
+    prefix = f"{path}: "
+    return {"skip_here": reason[len(prefix):]} if reason.startswith(prefix) else {"skip": reason}
+
+
+def _entry_to_json(value: Case | str, path: Path) -> dict[str, Any]:
+    return _reason_to_json(value, path) if isinstance(value, str) else {"case": case_to_json(value, path)}
+
+
+def _entry_from_json(d: Mapping[str, Any], path: Path) -> Case | str:
+    if "skip_here" in d:
+        return f"{path}: {d['skip_here']}"
+    return d["skip"] if "skip" in d else case_from_json(d["case"], path)
 
 
 def _case_or_reason(path: Path, root: Path) -> Case | str:
@@ -160,25 +180,28 @@ class CaseStore:
         if not root.exists():
             raise InputError(f"{root}: no such directory; pass the directory that holds the profile bundles")
         paths = find_bundles(root)
+        # by content, not by where: the same bundles reached by another path are the same cases
         hardware = files_digest(calibrated_files((root,)))
-        keys = [_key(str(p), bundle_digest(p), hardware) for p in paths]
+        keys = [_key(p.relative_to(root).as_posix(), bundle_digest(p), hardware) for p in paths]
         got = self._computed("cases", keys, _case_or_reason, [(p, root) for p in paths], "measured ledgers",
-                             to_json=lambda c: {"skip": c} if isinstance(c, str) else {"case": case_to_json(c)},
-                             from_json=lambda d: d["skip"] if "skip" in d else case_from_json(d["case"]))
+                             to_json=lambda c, args: _entry_to_json(c, args[0]),
+                             from_json=lambda d, args: _entry_from_json(d, args[0]))
         return [c for c in got if not isinstance(c, str)], [c for c in got if isinstance(c, str)]
 
     def predicted_taxes(self, cases: Sequence[Case], fitted: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
         """``predict_case(case, fitted).taxes_ns()`` for each case and its fitted parameters."""
-        keys = [_key(json.dumps(case_to_json(c), sort_keys=True, default=str), json.dumps(dict(f), sort_keys=True))
-                for c, f in zip(cases, fitted)]
+        keys = [_key(json.dumps(case_to_json(c, c.path), sort_keys=True, default=str), json.dumps(dict(f), sort_keys=True))
+                for c, f in zip(cases, fitted)]  # a prediction does not depend on where its bundle is
         return self._computed("predictions", keys, _predicted_taxes, list(zip(cases, fitted)), "predictions",
-                              to_json=lambda t: t, from_json=lambda d: {k: float(v) for k, v in d.items()})
+                              to_json=lambda t, _: t, from_json=lambda d, _: {k: float(v) for k, v in d.items()})
 
     # --- cache and workers ---------------------------------------------------------------------
 
     def _computed(self, kind: str, keys: list[str], fn: Callable[..., T], args: list[tuple], what: str, *,
-                  to_json: Callable[[T], Any], from_json: Callable[[Any], T]) -> list[T]:
-        out: list[Any] = [self._read(kind, k, from_json) for k in keys]
+                  to_json: Callable[[T, tuple], Any], from_json: Callable[[Any, tuple], T]) -> list[T]:
+        """``fn(*a)`` for each ``a`` of ``args``, from the cache where ``keys`` hold it, else computed
+        (and kept); ``to_json``/``from_json`` convert a value with its arguments."""
+        out: list[Any] = [self._read(kind, k, lambda d, a=a: from_json(d, a)) for k, a in zip(keys, args)]
         todo = [i for i, v in enumerate(out) if v is None]
         if not todo:
             return out
@@ -188,7 +211,7 @@ class CaseStore:
                   file=sys.stderr, disable=None if self.progress else True, leave=False) as bar:
             for i, value in zip(todo, self._map(fn, [args[i] for i in todo])):
                 out[i] = value
-                self._write(kind, keys[i], to_json(value))
+                self._write(kind, keys[i], to_json(value, args[i]))
                 bar.update(1)
         return out
 

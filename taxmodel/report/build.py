@@ -133,12 +133,12 @@ TRACE_SUFFIXES = (".json", ".json.gz")
 def export_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike, *, hardware: str | None = None,
                   lenient: bool = False) -> list[Path]:
     """``export_trace`` for each bundle of ``paths`` (directories of bundles are searched): one
-    bundle to the file ``output``, several into the directory ``output``, one trace per bundle
-    named after its folder (``bsp-M96xN40xK40xtp0.json``). Every output path is checked before
-    any trace is written."""
+    bundle to the file ``output``; several, or any into a directory (an existing one, or ``output``
+    ending in "/"), one trace per bundle named after its folder (``bsp-M96xN40xK40xtp0.json``).
+    Every output path is checked before any trace is written."""
     bundles = expand_bundle_paths(paths)
     out = Path(output)
-    if len(bundles) == 1 and not out.is_dir():
+    if len(bundles) == 1 and not out.is_dir() and not str(output).endswith(("/", os.sep)):
         return [export_trace(bundles[0], out, hardware=hardware, lenient=lenient)]
     if out.name.endswith(TRACE_SUFFIXES) and not out.is_dir():
         shown = ", ".join(str(b) for b in bundles[:3]) + (", ..." if len(bundles) > 3 else "")

@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.runtime import launcher
@@ -96,6 +96,8 @@ def resolve_spec(spec: ProfileSpec) -> ProfileSpec:
     for fault in Fault.parse(spec.inject):
         fault.check(world)
     _check_shapes(workload, preset, spec.shape, spec.variants or list(variants), world)
+    if device == "cpu" and not spec.allow_gpu_sizes:
+        check_cpu_size(cpu_costs(workload, preset, spec.shape, spec.variants or list(variants), world, _runs(spec)))
     get_tracer(spec.tracer)
     _check_graph_request(spec, workload, variants, device)
     if not spec.counters_pass:  # the counters pass re-runs a finished capture and writes nothing
@@ -129,6 +131,95 @@ def _check_shapes(workload: Any, presets: str, overrides: dict[str, int], varian
                                  f"({type(exc).__name__}: {exc}); change --shape, --preset or --world-size") from None
 
 
+#: A CPU run whose shape is more than this many times the work per iteration of its workload's
+#: CPU preset is refused without ``--allow-gpu-sizes`` when its cost cannot be estimated (a
+#: workload of the user's). The CPU presets are sized for Triton's interpreter; the GPU presets of
+#: the built-in workloads are 10^2-10^7 times more work.
+CPU_WORK_LIMIT = 100.0
+
+#: Seconds per iteration of the built-in variants whose kernels run in Triton's interpreter on CPU,
+#: at their workload's CPU preset on a 2-core machine (benchmarks/results/cpu_interpreter.md): what
+#: a larger shape's cost is scaled from. The interpreter runs a kernel's programs one tile at a time,
+#: so its time grows with the work at a fixed tile size. Variants of torch ops (ag_gemm's and
+#: gemm_rs's bsp: ms at the CPU preset, all overhead) have no such scale and are left out.
+CPU_PRESET_SECONDS = {"ag_gemm": {"pull": 0.28, "push": 0.32}, "flash_decode": {"bsp": 0.32, "fused": 0.52},
+                      "gemm_rs": {"fused": 0.95}}
+
+#: The longest a variant may take on CPU (estimated) without ``--allow-gpu-sizes``.
+CPU_RUN_LIMIT_S = 600.0
+
+#: From this many times its CPU preset's work, a CPU run says at once what it will cost.
+CPU_NOTE_RATIO = 10.0
+
+
+@dataclass(frozen=True)
+class CpuCost:
+    """What one preset of a CPU run costs: ``ratio`` times the work per iteration of the workload's
+    CPU preset ``base``, and, where a variant's interpreter time was measured (``CPU_PRESET_SECONDS``),
+    about ``seconds`` for the slowest one's ``runs`` iterations."""
+
+    name: str
+    base: str
+    ratio: float
+    runs: int
+    seconds: float | None
+
+    @property
+    def refused(self) -> bool:
+        return self.seconds > CPU_RUN_LIMIT_S if self.seconds is not None else self.ratio > CPU_WORK_LIMIT
+
+    def sentence(self) -> str:
+        head = f"{self.name} is {self.ratio:,.0f}x the work per iteration of the CPU preset '{self.base}'"
+        if self.seconds is None:
+            return head
+        return (f"{head}: about {_duration(self.seconds / self.runs)} per iteration in Triton's interpreter, "
+                f"{_duration(self.seconds)} for the {self.runs} iterations each variant runs (scaled from "
+                f"benchmarks/results/cpu_interpreter.md, a 2-core machine)")
+
+
+def cpu_costs(workload: Any, presets: str, overrides: Mapping[str, int], variants: list[str], world: int,
+              runs: int) -> list[CpuCost]:
+    """Per preset of a CPU run, its ``CpuCost`` (none when the workload has no CPU preset to measure
+    against). The work is FLOPs or HBM bytes per iteration, the larger ratio; the time, the slowest
+    variant's (those without a measured interpreter time, a user's or torch ops, are left out of it)."""
+    base = workload.cpu_preset
+    if not base or base not in workload.presets:
+        return []
+    measured = CPU_PRESET_SECONDS.get(workload.name, {})
+    out = []
+    for one in presets.split(","):
+        shape = workload.shape(one, **overrides)
+        ratios = {v: _work_ratio(workload, shape, workload.shape(base), world, v) for v in variants}
+        seconds = [measured[v] * r * runs for v, r in ratios.items() if v in measured]
+        name = f"{workload.name} preset {one}" + (f" with {shape_tag(dict(overrides))}" if overrides else "")
+        out.append(CpuCost(name, base, max(ratios.values(), default=0.0), runs, max(seconds) if seconds else None))
+    return out
+
+
+def check_cpu_size(costs: list[CpuCost]) -> None:
+    """InputError, before any rank starts, for a CPU run of a shape sized for GPUs (``CpuCost.refused``)."""
+    for c in costs:
+        if c.refused:
+            raise InputError(f"{c.sentence()}: it is sized for GPUs. Profile it on GPUs, use --preset {c.base} here, or "
+                             "pass --allow-gpu-sizes to run it on CPU all the same")
+
+
+def _work_ratio(workload: Any, shape: Mapping[str, int], base: Mapping[str, int], world: int, variant: str) -> float:
+    """How many times the work of ``base`` one iteration of ``shape`` is (FLOPs or HBM bytes, the larger)."""
+    try:
+        big, small = workload.cost(shape, world, variant), workload.cost(base, world, variant)
+    except (InputError, ValueError, ArithmeticError, KeyError, TypeError):
+        return 0.0  # the CPU preset does not run at this world size: no measure
+    return max(big.flops / max(small.flops, 1), big.hbm_bytes / max(small.hbm_bytes, 1))
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("days", 86400.0), ("hours", 3600.0), ("minutes", 60.0)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.0f} {unit}"
+    return f"{seconds:,.1f} s" if seconds < 10 else f"{seconds:,.0f} s"
+
+
 def _check_graph_request(req: ProfileSpec, workload: Any, variants: dict[str, Any], device: str) -> None:
     """``--graph-strict`` that cannot be honoured stops here, before any rank starts (exit 2)."""
     import torch
@@ -151,13 +242,28 @@ def _check_graph_request(req: ProfileSpec, workload: Any, variants: dict[str, An
                          f"({', '.join(safe) or 'none here'}), or use --graph to profile the others with eager launches")
 
 
-def profile(req: ProfileSpec, *, quiet: bool = False, started_unix: float | None = None) -> ProfileOutcome:
+def _runs(spec: ProfileSpec) -> int:
+    """Iterations each variant runs: the warm-up, one traced warm-up step, the profiled ones."""
+    return int(spec.warmup) + 1 + int(spec.iterations) * int(spec.repeat)
+
+
+def profile(req: ProfileSpec, *, quiet: bool = False, started_unix: float | None = None,
+            say: Callable[[str], None] | None = None) -> ProfileOutcome:
     """Run the request on local ranks; return the bundles written (one per variant).
 
     ``req.timeout_s`` counts from ``started_unix`` (the command's start; default: this call's),
-    so the checks here (imports of torch and the workloads) count too."""
+    so the checks here (imports of torch and the workloads) count too. ``say`` gets, before any
+    rank starts, what a CPU run of a shape well beyond its CPU preset will cost."""
     started = time.time() if started_unix is None else started_unix
     spec, world, device = build_spec(req)
+    if device == "cpu" and say is not None:
+        from taxmodel.workload import get_workload
+
+        wl = get_workload(spec["workload"])
+        for c in cpu_costs(wl, spec["preset"], spec["shape"], spec["variants"] or list(wl.variants()), world,
+                           _runs(ProfileSpec.from_dict(spec))):
+            if c.ratio >= CPU_NOTE_RATIO:
+                say(f"{c.sentence()}; the CPU preset is --preset {c.base}")
     replaced = _earlier_bundles(spec)
     result = launcher.launch_workers(spec, world, timeout_s=req.timeout_s, device=device, quiet=quiet,
                                      started_unix=started)

@@ -59,6 +59,7 @@ class ProfileSpec:
     graph_backend: str = _opt("cuda")  # tests register a fake one (taxmodel.runtime.graph.register_backend)
     align: str = _opt("host", "--align", "host barrier only, or also a device gate before each traced step")
     gate_hold_us: float = _opt(DEFAULT_GATE_HOLD_US, "--gate-hold-us", "with --align device: the gate's hold (us)")
+    allow_gpu_sizes: bool = _opt(False, "--allow-gpu-sizes", "on CPU, run shapes sized for GPUs all the same")
     deadline_unix: float | None = _opt(None)  # set by the local launcher: every rank's watchdog fires at this time
     counters_pass: bool = _opt(False)  # taxmodel.runtime.counters: one step under ncu, nothing traced or written
 
@@ -107,7 +108,7 @@ class ProfileSpec:
             kw: dict[str, Any] = {"dest": f.name, "help": f.metadata.get("help") or None, "default": None}
             if f.name in ("shape", "inject", "workload_modules"):
                 kw["action"] = "append"
-            elif f.name == "instrument":
+            elif f.name in ("instrument", "allow_gpu_sizes"):
                 kw["action"] = "store_const"
                 kw["const"] = True
             elif f.name == "graph":

@@ -138,3 +138,24 @@ def test_case_json_round_trip(bundles):
     for c in cases:
         back = case_store.case_from_json(json.loads(json.dumps(case_store.case_to_json(c))))
         assert back == c
+
+
+def test_the_same_bundles_by_another_path_are_the_same_cases(bundles, cache, counted, tmp_path, monkeypatch):
+    """A run from another directory (`validate profiles/` from the repository, the test suite's
+    absolute path) reuses the cases and names the bundles where they are now."""
+    import shutil
+
+    from taxmodel.testing.synthetic import synthetic_bundle
+    from taxmodel.trace.bundle import write_bundle
+
+    other = synthetic_bundle()  # workload "synthetic": no analytic model, skipped with its reason
+    write_bundle(bundles / "other", other.bundle.events, other.bundle.meta)
+    first = val.validate(bundles)
+    assert first.skipped == [f"{bundles / 'other'}: workload 'synthetic' has no analytic model"]
+    moved = tmp_path / "elsewhere" / "profiles"
+    shutil.copytree(bundles, moved)
+    monkeypatch.chdir(moved.parent)
+    v = val.validate("profiles")
+    assert counted == {"cases": 3, "predictions": 2}
+    assert sorted(str(c.path) for c in v.cases) == ["profiles/bsp", "profiles/pull"]
+    assert v.skipped == ["profiles/other: workload 'synthetic' has no analytic model"]

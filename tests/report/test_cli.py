@@ -79,6 +79,9 @@ def test_export_trace_writes_one_trace_per_bundle_into_a_directory(bundle_dir, t
     assert res.output.splitlines() == [f"wrote {w}" for w in written]
     for w in written:
         assert any(e.get("cat", "").startswith("ledger,") for e in json.loads(w.read_text())["traceEvents"])
+    # the README's `-o traces/` with the one bundle a glob matched: a directory all the same
+    res = CliRunner().invoke(cli, ["export-trace", str(bundles[0]), "-o", f"{tmp_path / 'one'}/"])
+    assert res.exit_code == 0 and res.output == f"wrote {tmp_path / 'one' / bundles[0].name}.json\n", res.output
 
 
 def test_commands_that_take_bundles_take_several_and_say_how_to_import_a_trace(bundle_dir, tmp_path):
