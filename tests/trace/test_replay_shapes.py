@@ -269,3 +269,31 @@ def test_the_alignment_against_every_longest_common_subsequence(seed):
     assert set(zip(pi.tolist(), pj.tolist())) == pairs
     assert set(np.flatnonzero(skip).tolist()) == skippable
     assert len(align) == L and all(a[i] == b[j] for i, j in align) and (np.diff(align, axis=0) > 0).all()
+
+
+def test_the_ledger_says_how_much_replayed_time_has_no_floor():
+    """Without an eager step only the tensor-list kernel has a floor (its launch grid); with one,
+    the rest is floored from the eager step's shapes. The caveat's shares are those of the
+    replayed kernels' time, computed here from the events."""
+    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.trace.bundle import Bundle, make_meta
+
+    layer = _layer(1)
+    adam = (ADAM, "64,1,1", 8_000)
+
+    def caveat(tr):
+        tr.rows[-1]["block"] = "512,1,1"
+        ev, meta = rs.attach_replay_shapes(tr.events(), {})
+        led = compute_ledger(Bundle(ev, make_meta(**meta, hardware={"name": "NVIDIA H200"})))
+        rep = _replayed(ev)
+        share = (rep["end_ns"] - rep["start_ns"]).to_numpy()
+        share = share / share.sum() * 100
+        return next(c for c in led.caveats if c.startswith("CUDA-graph replays:")), share
+
+    text, share = caveat(Trace().replay(1, 3, _as_replay(layer) + [adam]).replay(2, 3, _as_replay(layer) + [adam]))
+    assert f"0.0% is floored from the shapes of the eager step, {share[-1]:.1f}% from launch grids, " \
+           f"{share[:-1].sum():.1f}% has no floor" in text
+    assert rs.REASONS["no_eager_step"] in text and "0 of 12 replayed kernels" in text
+    text, share = caveat(Trace().eager(1, layer).replay(2, 3, _as_replay(layer) + [adam]))
+    assert f"{share[:-1].sum():.1f}% is floored from the shapes of the eager step, {share[-1]:.1f}% from launch grids, " \
+           "0.0% has no floor" in text
