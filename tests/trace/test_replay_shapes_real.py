@@ -114,3 +114,49 @@ def test_shapes_from_a_trace_with_no_eager_kernels_is_refused(tmp_path):
     res = stderr_runner().invoke(cli, ["import", str(_path("trace_graph_b1.json.gz")), "--shapes-from",
                                        str(_path("trace_graph_b8.json.gz")), "-o", str(tmp_path / "b")])
     assert res.exit_code == 2 and "no eager kernels" in res.stderr and not (tmp_path / "b").exists()
+
+
+# --- the captures of benchmarks/graph_replay_pairs.py (one GPU), once committed ------------------
+
+PAIRS = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("h*x1-graph-pairs"))
+
+
+def _pair_trace(name: str) -> Path:
+    f = PAIRS[0] / f"{name}.json.gz" if PAIRS else None
+    if f is None or not f.exists():
+        pytest.skip(f"no {name}.json.gz under profiles/h*x1-graph-pairs (benchmarks/graph_replay_pairs.py writes it)")
+    return f
+
+
+def _matched(graph: str, eager: str | None = None) -> tuple[pd.DataFrame, dict]:
+    ev, meta = importers.import_traces([_pair_trace(graph)])
+    if eager is not None:
+        ev, meta = importers.attach_shapes_from(ev, meta, [_pair_trace(eager)])
+    return _kernels(ev, True), meta["graph_shapes"]
+
+
+@pytest.mark.parametrize("graph, eager", [("graph_b2", "eager_b2"), ("graph_warmup_b2", None),
+                                          ("graphed_callables_b2", None), ("reduce_overhead_b2", None),
+                                          ("serve_b2_b4", None)])
+def test_replays_of_the_same_program_take_the_eager_steps_shapes(graph, eager):
+    """The same model and optimizer eagerly and in graphs (a whole step, a trace with its own
+    warm-up, forward and backward graphs around an eager optimizer, Inductor's CUDA-graph trees,
+    two graphs of different batches): the replays run the eager step's kernels."""
+    rep, g = _matched(graph, eager)
+    assert g["matched_time_share"] >= 0.9, g
+    assert (rep.loc[rep["shapes_from"] == rs.SHAPES_FROM_EAGER, "uncosted"] == "").mean() >= 0.9
+
+
+def test_the_graphs_of_two_batches_each_take_their_own_batchs_shapes():
+    rep, _ = _matched("serve_b2_b4")
+    gemm = rep[(rep["op"].isin(["aten::addmm", "aten::mm", "aten::linear"])) & (rep["flops"] > 0)]
+    per_graph = gemm.groupby("graph_id")["flops"].sum()
+    assert len(per_graph) >= 2
+    # every step replays the batch-2 graph, then the batch-4 one: the second does twice the GEMM work
+    assert sorted(per_graph.unique() / per_graph.min()) == pytest.approx([1.0, 2.0], rel=1e-3)
+
+
+def test_a_graph_captured_at_another_batch_than_the_eager_step_is_refused():
+    rep, g = _matched("graph_b4", "eager_b2")
+    assert g["matched"] == 0 and set(g["unmatched"]) == {"other_shapes"}
+    assert (rep["flops"] < 0).all()
