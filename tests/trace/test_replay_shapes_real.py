@@ -160,3 +160,10 @@ def test_a_graph_captured_at_another_batch_than_the_eager_step_is_refused():
     rep, g = _matched("graph_b4", "eager_b2")
     assert g["matched"] == 0 and set(g["unmatched"]) == {"other_shapes"}
     assert (rep["flops"] < 0).all()
+
+
+def test_the_python_api_takes_shapes_from_too():
+    from taxmodel.api import Profile
+
+    prof = Profile.from_traces(_path("trace_graph_b8.json.gz"), shapes_from=_path("trace_eager_b8.json.gz"))
+    assert prof.meta["graph_shapes"]["matched_time_share"] > 0.85
