@@ -297,3 +297,44 @@ def test_the_ledger_says_how_much_replayed_time_has_no_floor():
     text, share = caveat(Trace().eager(1, layer).replay(2, 3, _as_replay(layer) + [adam]))
     assert f"{share[:-1].sum():.1f}% is floored from the shapes of the eager step, {share[-1]:.1f}% from launch grids, " \
            "0.0% has no floor" in text
+
+
+def test_a_kineto_trace_with_its_own_eager_step_end_to_end(tmp_path):
+    """torch.profiler trace: step 1 eager (aten::mm launching a split-K GEMM and its reduce,
+    aten::add), step 2 one cudaGraphLaunch replaying the same three kernels: the import gives the
+    replay the eager kernels' work, the mm's split by the replay's own eager counterparts."""
+    import json
+
+    from taxmodel.trace import importers
+
+    bf = "c10::BFloat16"
+
+    def op(name, ts, dur, dims=None):
+        args = {} if dims is None else {"Input Dims": dims, "Input type": [bf] * len(dims), "Concrete Inputs": [""] * len(dims)}
+        return {"ph": "X", "cat": "cpu_op" if dims is not None else "user_annotation", "name": name, "pid": 1, "tid": 1,
+                "ts": ts, "dur": dur, "args": args}
+
+    def launch(ts, corr, name="cudaLaunchKernel"):
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 2,
+                "args": {"correlation": corr}}
+
+    def kernel(name, ts, dur, corr, grid):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur,
+                "args": {"device": 0, "stream": 7, "correlation": corr, "grid": grid, "block": [128, 1, 1]}}
+
+    gemm, red, add = "nvjet_splitK_gemm", "cublasLt::splitKreduce_kernel", "vectorized_elementwise_kernel<add>"
+    events = [op("ProfilerStep#1", 0, 1000), op("aten::mm", 10, 100, [[256, 512], [512, 256]]),
+              launch(20, 1), launch(30, 2), op("aten::add", 150, 50, [[256, 256], [256, 256]]), launch(160, 3),
+              kernel(gemm, 300, 30, 1, [2, 2, 4]), kernel(red, 340, 10, 2, [64, 1, 1]), kernel(add, 360, 5, 3, [64, 1, 1]),
+              op("ProfilerStep#2", 1000, 1000), launch(1010, 9, "cudaGraphLaunch"),
+              kernel(gemm, 1300, 31, 9, [2, 2, 4]), kernel(red, 1335, 9, 9, [64, 1, 1]), kernel(add, 1350, 5, 9, [64, 1, 1])]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events, "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}]}))
+    ev, meta, _ = importers.import_traces([path])
+    k = ev[ev["kind"] == "kernel"]
+    eager, rep = k[k["graph_id"] < 0], k[k["graph_id"] >= 0]
+    assert len(rep) == 3 and (rep["shapes_from"] == rs.SHAPES_FROM_EAGER).all()
+    assert rep[["op", "flops", "floor_bytes"]].to_numpy().tolist() == eager[["op", "flops", "floor_bytes"]].to_numpy().tolist()
+    mm = eager[eager["op"] == "aten::mm"]
+    assert mm["flops"].sum() == 2 * 256 * 512 * 256 and mm["op_id"].nunique() == 1
+    assert meta["graph_shapes"]["match_rate"] == 1.0 and meta["graph_shapes"]["eager_steps"] == "this trace"
