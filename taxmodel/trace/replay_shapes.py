@@ -22,10 +22,12 @@ The match, per rank (docs/ledger.md 5a, "CUDA-graph replays"):
   uncosted with the reason: no kernel of that name in the eager step; launched with other
   launch dims; no counterpart at its place (the replay runs it more often or in another
   order); ambiguous (eager kernels of different shapes fit its place).
-* Shapes that differ are refused, never guessed: where a longest alignment leaves a kernel of
-  the replay and one of the eager step of the same name but other launch dims between the
-  same aligned neighbours, the graph was captured with other shapes than the eager step (a
-  different batch), and none of that replay's kernels is costed from it; and a matched kernel
+* Shapes that differ are refused, never guessed: where a longest alignment leaves kernels of
+  the replay and of the eager step of the same name but other launch dims between the same
+  aligned neighbours, for ``OTHER_SHAPES_SHARE`` of the replay's kernels or more, the graph was
+  captured with other shapes than the eager step (a different batch), and none of that
+  replay's kernels is costed from it (kernels whose launch dims do not depend on the batch
+  would take the wrong work); fewer are refused alone (other launch dims); and a matched kernel
   whose replayed time differs from its counterpart's by more than ``MAX_TIME_RATIO`` (and more
   than a microsecond, the resolution of older traces) is refused (same launch dims, other work:
   a weight gradient's GEMM has the same grid at any batch).
@@ -52,6 +54,12 @@ SHAPES_FROM_EAGER = "eager step"
 #: 0.67-1.73 (benchmarks/results/per_kernel_floors.md), a batch-8 replay against a batch-1 step
 #: shows 7-8x on the kernels whose launch dims do not depend on the batch
 MAX_TIME_RATIO = 2.0
+#: a replay is taken as captured with other shapes than the eager step when at least this share of
+#: its kernels run with other launch dims than the eager kernel of the same name at their place:
+#: another batch changes every activation-sized kernel's grid (229 of the 793 kernels of the
+#: committed batch-8 training step against batch 1, 29%); same-shape pairs have none, and a few
+#: (a kernel of the attention alone at another sequence length, one kernel choice) leave the others' shapes as they are
+OTHER_SHAPES_SHARE = 0.05
 #: differences below this are within the whole-microsecond resolution of older traces
 TIME_SLACK_NS = 1000
 #: the largest alignment table (replay kernels x eager-step kernels) computed; larger pairs are refused
@@ -235,7 +243,7 @@ def _match_replay(rep: _Seq, steps: list[_Seq], key_name: dict, names: set):
     for s, _ in best:
         in_best |= np.isin(rep.keys, s.keys)
     why[known & ~in_best] = "other_dims"
-    if any(_substitutions(s.keys, rep.keys, r[4], key_name) for s, r in best):
+    if max(len(_substitutions(s.keys, rep.keys, r[4], key_name)) for s, r in best) >= OTHER_SHAPES_SHARE * m:
         why[:] = "other_shapes"
         return work, flops, nbytes, why
     # every pair on some longest alignment with some best step: per replay position, its partners

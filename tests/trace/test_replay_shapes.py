@@ -338,3 +338,16 @@ def test_a_kineto_trace_with_its_own_eager_step_end_to_end(tmp_path):
     mm = eager[eager["op"] == "aten::mm"]
     assert mm["flops"].sum() == 2 * 256 * 512 * 256 and mm["op_id"].nunique() == 1
     assert meta["graph_shapes"]["match_rate"] == 1.0 and meta["graph_shapes"]["eager_steps"] == "this trace"
+
+
+def test_a_few_kernels_with_other_launch_dims_are_refused_alone():
+    """Eight layers, one kernel launched with another grid at its place in the replay (1 of 40
+    kernels, below the share that says "another batch"): that kernel alone is refused, the
+    others take their work."""
+    step = _layer(1) * 8
+    replay = _as_replay(step)
+    replay[7] = (replay[7][0], "2048,1,1", replay[7][2])  # the second layer's GELU
+    ev, meta = rs.attach_replay_shapes(Trace().eager(1, step).replay(2, 5, replay).events(), {})
+    rep = _replayed(ev)
+    assert rep["uncosted"].tolist()[7] == rs.REASONS["other_dims"]
+    assert (rep["shapes_from"] == rs.SHAPES_FROM_EAGER).sum() == 39 and meta["graph_shapes"]["matched"] == 39
