@@ -257,6 +257,14 @@ def main() -> None:
         cases = [c for c in cases if c == "eager_b2"]
         print("graph_replay_pairs: no CUDA; only eager_b2 runs, on the CPU with a tiny model", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    if device.type == "cuda":
+        # the profiler must be set up before the first graph is captured (pytorch/pytorch#75504, #100441)
+        try:
+            from torch.profiler._utils import _init_for_cuda_graphs
+        except ImportError:
+            _init_for_cuda_graphs = None
+        if _init_for_cuda_graphs is not None:
+            _init_for_cuda_graphs()
     info = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__,
             "cuda": torch.version.cuda, "model": {k: getattr(args, k) for k in ("seq", "d", "layers", "heads", "vocab")},
             "dtype": "bfloat16" if device.type == "cuda" else "float32", "steps": args.steps, "warmup": args.warmup,
