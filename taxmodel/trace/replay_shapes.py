@@ -52,7 +52,7 @@ SHAPES_FROM_EAGER = "eager step"
 #: a matched kernel whose replayed time is off its eager counterpart's by more than this factor
 #: (either way) did other work; same-shape pairs of the committed H200 training step stay within
 #: 0.67-1.73 (benchmarks/results/per_kernel_floors.md), a batch-8 replay against a batch-1 step
-#: shows 7-8x on the kernels whose launch dims do not depend on the batch
+#: shows 4.2-7.8x on the kernels whose launch dims do not depend on the batch
 MAX_TIME_RATIO = 2.0
 #: a replay is taken as captured with other shapes than the eager step when at least this share of
 #: its kernels run with other launch dims than the eager kernel of the same name at their place:
