@@ -57,8 +57,9 @@ MAX_TIME_RATIO = 2.0
 #: a replay is taken as captured with other shapes than the eager step when at least this share of
 #: its kernels run with other launch dims than the eager kernel of the same name at their place:
 #: another batch changes every activation-sized kernel's grid (203 of the 793 kernels of the
-#: committed batch-8 training step against batch 1, 26%; 180 of 774, 23%, the other way); same-shape pairs have none, and a few
-#: (a kernel of the attention alone at another sequence length, one kernel choice) leave the others' shapes as they are
+#: committed batch-8 training step against batch 1, 26%; 180 of 774, 23%, the other way);
+#: same-shape pairs have none, and a few (the attention kernel alone at another sequence length,
+#: one other kernel choice) leave the others' shapes as they are
 OTHER_SHAPES_SHARE = 0.05
 #: differences below this are within the whole-microsecond resolution of older traces
 TIME_SLACK_NS = 1000
