@@ -111,20 +111,24 @@ def cli() -> None:
                    "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum` "
                    "(or a .ncu-rep where Nsight Compute's Python module is importable): DRAM bytes per kernel, "
                    "matched by order and name; a file from another run is refused.")
+@click.option("--shapes-from", "shapes_from", multiple=True, type=click.Path(exists=True), metavar="EAGER_TRACE",
+              help="An eager capture of the same program (trace files, one per rank, repeat the option; or a bundle): "
+                   "kernels of CUDA-graph replays take their shapes from its steps, matched by name, launch dims and "
+                   "place in the step (docs/ledger.md 5a). The trace's own eager steps are used without it.")
 @click.option("--scheduler", default=None, metavar="ADDRESS|local[:N]",
               help="Read the traces on Dask (pip install 'taxmodel[distributed]'): a scheduler's address, or local[:N] "
                    "worker processes on this machine. The bundle is the same. A file no worker can read is a missing "
                    "rank; today's importers read all files in one task, on a worker that sees them all (README, "
                    "'On a cluster'). --keep-raw needs the traces here too.")
 def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks, world_size,
-               scheduler) -> None:
+               shapes_from, scheduler) -> None:
     """Import torch.profiler (and other) traces, one file per rank, into a profile bundle."""
-    from taxmodel.trace import importers, summary
+    from taxmodel.trace import importers, replay_shapes, summary
     from taxmodel.trace.bundle import prepare_output
 
-    replaces = prepare_output(output, force=force, inputs=traces)  # before the work: refuse early
+    replaces = prepare_output(output, force=force, inputs=[*traces, *shapes_from])  # before the work: refuse early
     options = dict(keep_raw=keep_raw, counters=counters, allow_missing_ranks=allow_missing_ranks, force=force,
-                   world_size=world_size)
+                   world_size=world_size, shapes_from=shapes_from)
     if scheduler:  # the files may be on the workers' nodes only: the format is detected there
         from taxmodel.trace.dask_run import close, connect
         from taxmodel.trace.import_dask import import_bundle_dask
@@ -144,6 +148,8 @@ def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw
         bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, **options)
     click.echo(f"wrote {output}" + (" (replaced the bundle that was there: --force)" if replaces else ""))
     click.echo(summary.describe(bundle, fmt))
+    if (line := replay_shapes.describe(bundle.meta)) is not None:
+        click.echo(line)
 
 
 @cli.command("show")

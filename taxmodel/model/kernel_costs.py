@@ -6,9 +6,11 @@ per-kernel work the importer attached (``flops``, ``floor_bytes``, ``dtype``; se
     floor_ns = floor_bytes / link_bw                                 collectives (bus bytes)
 
 ``basis`` says where a floor's work came from: "shapes" (the launching op's recorded shapes, or
-work the importer declared), "size" (a copy's or memset's own byte count), "link" (a
-collective's bus bytes), "launch grid" (a tensor-list kernel whose op recorded no shapes, or a
-CUDA-graph replay of one: a lower bound from its grid, ``trace/tensor_list_kernels.py``).
+work the importer declared), "shapes from eager step" (a CUDA-graph replay's kernel matched to
+the same kernel of an eager step of the program, ``trace/replay_shapes.py``), "size" (a copy's
+or memset's own byte count), "link" (a collective's bus bytes), "launch grid" (a tensor-list
+kernel whose op recorded no shapes, or a CUDA-graph replay of one: a lower bound from its grid,
+``trace/tensor_list_kernels.py``).
 
 A row with neither flops nor bytes, or whose dtype has no peak on this GPU, is *uncosted*:
 its floor is NaN and ``reason`` says why; nothing is filled in. This frame is the one the
@@ -24,11 +26,13 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.model.hardware import HardwareSpec, device_arch, find_preset, normalized_name
+from taxmodel.trace.replay_shapes import SHAPES_FROM_EAGER
 from taxmodel.trace.tensor_list_kernels import tensor_list_launch_work
 
 KERNEL_COST_COLUMNS = ("floor_ns", "bound", "costed", "reason", "basis")
 #: where a floor's work came from (module docstring)
 BASIS_SHAPES, BASIS_SIZE, BASIS_LINK, BASIS_LAUNCH_GRID = "shapes", "size", "link", "launch grid"
+BASIS_EAGER_STEP = "shapes from eager step"
 #: why a kernel without per-kernel work has no floor (other formats, or bundles imported before the columns)
 NO_COST = ("no per-kernel cost in the bundle (ops and shapes come from Kineto traces captured with "
            "record_shapes=True; import such a trace)")
@@ -57,6 +61,7 @@ def kernel_floors(gpu: pd.DataFrame, hw: HardwareSpec | None) -> pd.DataFrame:
     comm = role == "comm"
     kind = _col(gpu, "kind", "").astype(str).to_numpy(object)
     basis[(f >= 0) | (nbytes.to_numpy() >= 0)] = BASIS_SHAPES
+    basis[(basis == BASIS_SHAPES) & (_col(gpu, "shapes_from", "").astype(str).to_numpy(object) == SHAPES_FROM_EAGER)] = BASIS_EAGER_STEP
     basis[np.isin(kind, ("memcpy", "memset")) & (nbytes.to_numpy() < 0) & (b >= 0)] = BASIS_SIZE
     by_grid, grid_flops, grid_bytes = launch_grid_work(gpu, f, b, comm)
     if by_grid.any():

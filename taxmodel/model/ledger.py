@@ -501,6 +501,7 @@ def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
         "pos": gpu_pos[in_win], "name": gpu["name"].to_numpy(object)[in_win],
         "op": gpu["op"].to_numpy(object)[in_win] if "op" in gpu.columns else np.full(int(in_win.sum()), "", dtype=object),
         "role": gpu["role"].to_numpy(object)[in_win], "kind": gpu["kind"].to_numpy(object)[in_win], "d": d[in_win],
+        "replayed": gpu["graph_id"].to_numpy(np.int64)[in_win] >= 0,
         "useful": shares["useful"][in_win], "locality": shares["locality_tax"][in_win],
         "wait_before": _launch_tax_before(pieces, gpu, g_start, ranks, nr)[in_win],
         "floor_ns": kc.floor_ns[in_win] if kc is not None else np.full(int(in_win.sum()), np.nan),

@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.trace import schema
+from taxmodel.trace import replay_shapes, schema
 from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
@@ -209,7 +209,23 @@ def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Pa
     events = widen_instants(events, meta)
     check_events(events, meta, shown=shown)
     meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
+    events, meta = replay_shapes.attach_replay_shapes(events, meta)  # from the trace's own eager steps, if any
     return events, meta, fmt
+
+
+def attach_shapes_from(events: pd.DataFrame, meta: dict, paths: Sequence[str | Path]) -> tuple[pd.DataFrame, dict]:
+    """The work of ``events``' CUDA-graph replays from the eager steps of another capture of the
+    same program (``import --shapes-from``): trace files (one per rank, any format) or a bundle
+    directory (``trace/replay_shapes.py``)."""
+    paths = [Path(p) for p in paths]
+    if len(paths) == 1 and paths[0].is_dir():
+        reference = load_bundle(paths[0]).events
+    else:
+        reference, _, _ = import_traces(paths, allow_missing_ranks=True)
+    if not (reference["kind"].eq("kernel") & reference["graph_id"].lt(0)).any():
+        raise InputError(f"{', '.join(str(p) for p in paths)}: no eager kernels (all are CUDA-graph replays, or none): "
+                         "--shapes-from needs a trace of the program run eagerly, captured with record_shapes=True")
+    return replay_shapes.attach_replay_shapes(events, meta, reference, ", ".join(p.name for p in paths))
 
 
 READ_FAILURES = (sqlite3.Error, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError,
@@ -256,6 +272,7 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
                   iteration_pattern: str | None = None, *, keep_raw: bool = True,
                   allow_missing_ranks: bool = False, force: bool = False,
                   world_size: int | None = None, counters: str | Path | None = None,
+                  shapes_from: Sequence[str | Path] = (),
                   read: Callable[..., tuple[pd.DataFrame, dict, str]] | None = None) -> tuple[Bundle, str]:
     """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format).
     ``keep_raw`` copies the original files into the bundle's ``raw/``. An existing bundle at
@@ -263,11 +280,14 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
     (``bundle.prepare_output``). ``counters``: an ncu export of the same run, attached per kernel
     (``counter_match``); one that does not match is refused and nothing is written. ``read``:
     what reads the traces, with ``import_traces``'s arguments (``import --scheduler`` reads them
-    on Dask); by default ``import_traces``."""
+    on Dask); by default ``import_traces``. ``shapes_from``: an eager capture of the same program
+    whose steps give the CUDA-graph replays' kernels their work (``attach_shapes_from``)."""
     paths = [Path(p) for p in paths]
-    prepare_output(output, force=force, inputs=paths)  # refuse before the (long) import
+    prepare_output(output, force=force, inputs=[*paths, *map(Path, shapes_from)])  # refuse before the (long) import
     events, meta, fmt = (read or import_traces)(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
                                                 world_size=world_size)
+    if shapes_from:
+        events, meta = attach_shapes_from(events, meta, shapes_from)
     if counters is not None:
         from taxmodel.trace.counter_match import attach_counters_file
 

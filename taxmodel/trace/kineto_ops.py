@@ -9,7 +9,8 @@ whose nesting depth equals the depth at ``t``; both depths come from counts of s
 (searchsorted), with no loop over events.
 
 Several kernels under one op instance (a split-K GEMM and its reduce, a GEMM and its cast)
-share the op's flops and bytes in proportion to their durations (copies and memsets are costed
+share the op's flops and bytes in proportion to their durations (in integers that add up to the
+op's; ``op_id`` numbers the instance) (copies and memsets are costed
 from their own byte count by ``model/kernel_costs.py``, for every trace format). NCCL kernels get the bytes their
 rank's link carries (``op_costs.collective_bus_bytes``) in ``floor_bytes``. Kernels of a CUDA
 graph replay are launched by the one graph launch, not by an op: they stay uncosted (the
@@ -41,6 +42,7 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     flops = np.full(n, -1, np.int64)
     fbytes = np.full(n, -1, np.int64)
     reason = np.full(n, "", dtype=object)
+    op_id = np.full(n, -1, np.int64)
     kind = frame["kind"].to_numpy(object)
     corr = frame["correlation"].to_numpy(np.int64)
     start = frame["start_ns"].to_numpy(np.int64)
@@ -89,11 +91,10 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
         b_op = np.array([costs[int(k)].bytes for k in op_of_gpu[has_op]], np.float64)
         dur = (end - start)[gk[has_op]].astype(np.float64)
         inst = op_of_gpu[has_op]
-        tot = pd.Series(dur).groupby(inst).transform("sum").to_numpy(np.float64)
-        share = np.where(tot > 0, dur / np.where(tot > 0, tot, 1.0), 1.0)
         rows = gk[has_op]
-        flops[rows] = np.where(ok & (f_op >= 0), np.round(f_op * share), -1).astype(np.int64)
-        fbytes[rows] = np.where(ok & (b_op >= 0), np.round(b_op * share), -1).astype(np.int64)
+        flops[rows] = np.where(ok & (f_op >= 0), split_by_duration(np.maximum(f_op, 0), dur, inst), -1)
+        fbytes[rows] = np.where(ok & (b_op >= 0), split_by_duration(np.maximum(b_op, 0), dur, inst), -1)
+        op_id[rows] = inst
         dtype[rows] = np.array([costs[int(k)].dtype for k in inst], dtype=object)
         reason[rows] = np.array([costs[int(k)].uncosted for k in inst], dtype=object)
     no_op = ~has_op & ~comm
@@ -136,7 +137,25 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     frame["flops"] = flops
     frame["floor_bytes"] = fbytes
     frame["uncosted"] = reason
+    frame["op_id"] = op_id
     return {"record_shapes": bool(shaped.any()), "ops_linked": int(has_op.sum())}
+
+
+def split_by_duration(total: np.ndarray, dur: np.ndarray, inst: np.ndarray) -> np.ndarray:
+    """Each op instance's ``total`` (the same on each of its kernels) split over its kernels in
+    proportion to their durations (equally when they all lasted 0), in integers that add up to
+    the total exactly (largest remainders): the kernels of one call of an op carry its work
+    between them, whatever their timings."""
+    if not len(total):
+        return np.zeros(0, np.int64)
+    tot = pd.Series(dur).groupby(inst).transform("sum").to_numpy(np.float64)
+    count = pd.Series(dur).groupby(inst).transform("size").to_numpy(np.float64)
+    share = np.where(tot > 0, dur / np.where(tot > 0, tot, 1.0), 1.0 / count)
+    raw = np.round(total).astype(np.float64) * share
+    base = np.floor(raw)
+    short = np.round(total) - pd.Series(base).groupby(inst).transform("sum").to_numpy(np.float64)
+    order = pd.Series(raw - base).groupby(inst).rank(method="first", ascending=False).to_numpy(np.float64) - 1
+    return (base + (order < short)).astype(np.int64)
 
 
 def _list_types(op_of_gpu: np.ndarray, names: np.ndarray) -> dict[int, str]:

@@ -67,6 +67,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("floor_bytes", "int64", -1, "compulsory HBM bytes of a GPU row (inputs read once, outputs written once); "
                                        "for a collective the bytes its rank's link carries"),
     Column("uncosted", "string", "", "why a GPU row has no per-kernel cost (empty when costed or not tried)"),
+    Column("op_id", "int64", -1, "the op call that launched a GPU row (kernels of one call share it and its flops and "
+                                 "floor_bytes), numbered per rank; -1 when no op is linked"),
+    Column("shapes_from", "string", "", "where a GPU row's work came from when not from its own op: 'eager step' for a "
+                                        "CUDA-graph replay's kernel matched to the same kernel of an eager step"),
     Column("dram_read_bytes", "int64", -1, "DRAM bytes a kernel read, measured by hardware counters; -1 not measured"),
     Column("dram_write_bytes", "int64", -1, "DRAM bytes a kernel wrote, measured by hardware counters; -1 not measured"),
     Column("l2_hit_pct_x100", "int32", -1, "L2 sector hit rate of a kernel in hundredths of a percent (8406 = 84.06%), "

@@ -67,3 +67,17 @@ def test_graph_replay_kernels_are_uncosted(tmp_path):
               _launch(30, 9, name="cudaGraphLaunch"), _kernel("g0", 300, 30, 9), _kernel("g1", 340, 30, 9)]
     k, _ = _read(tmp_path, events)
     assert k["uncosted"].str.contains("CUDA graph replay").all() and (k["op"] == "").all()
+
+
+def test_an_op_calls_kernels_carry_its_whole_work_and_its_id(tmp_path):
+    """Three kernels under one aten::mm of 2*8*8*8 = 1024 flops and 384 bytes, timed 10:10:10 us:
+    shares of 341.33 each, in integers that add up to the op's exactly; one op_id for the three."""
+    events = [_op("ProfilerStep#1", 0, 1000), _op("aten::mm", 20, 100, dims=[[8, 8], [8, 8]], types=[BF, BF]),
+              _launch(30, 1), _launch(40, 2), _launch(50, 3), _op("aten::add", 200, 50, dims=[[8], [8]], types=[BF, BF]),
+              _launch(210, 4),
+              _kernel("a", 300, 10, 1), _kernel("b", 320, 10, 2), _kernel("c", 340, 10, 3), _kernel("d", 360, 5, 4)]
+    k, _ = _read(tmp_path, events)
+    mm = k.loc[["a", "b", "c"]]
+    assert mm["flops"].sum() == 1024 and sorted(mm["flops"]) == [341, 341, 342]
+    assert mm["floor_bytes"].sum() == 384 and mm["op_id"].nunique() == 1
+    assert k.loc["d", "op_id"] not in set(mm["op_id"]) and k.loc["d", "op_id"] >= 0
