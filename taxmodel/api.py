@@ -652,7 +652,7 @@ def open_profiles(root: PathLike, *, workload: str | None = None, fallback: Path
     return ps
 
 
-def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int = 4, hardware: Any = "h200",
+def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int = 4, hardware: Any = "h200-calibrated",
             fitted: Mapping[str, float] | None = None, graph_launch: bool | None = None, transport: str | None = None,
             align: str = "host", **params: Any):
     """The analytic model's predicted ledger (``taxmodel.model.analytic.predict``), with the same

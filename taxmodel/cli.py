@@ -405,7 +405,7 @@ def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
 @click.argument("workload")
 @click.option("--variant", "variants_", default=None, help="Comma-separated variants (default: every modeled one).")
 @click.option("-n", "--world-size", type=int, default=4, show_default=True, help="GPUs (what-if sizes welcome: 8, 16, 72...).")
-@click.option("--hardware", default="h200", show_default=True, metavar="NAME|FILE",
+@click.option("--hardware", default="h200-calibrated", show_default=True, metavar="NAME|FILE",
               help="Preset (h100, h200, mi300x, b200; a calibrated file for it wins when one ships) or a calibrate JSON.")
 @click.option("--shape", "shape", multiple=True, metavar="K=V[,K=V]", help="Shape values, e.g. --shape M=8192,N=8192,K=8192.")
 @click.option("--preset", default=None, help="The workload's shape preset (default: its default preset).")

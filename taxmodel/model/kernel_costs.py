@@ -25,7 +25,7 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.hardware import HardwareSpec, device_arch, find_preset, normalized_name
+from taxmodel.model.hardware import HardwareSpec, match_device, normalized_name, same_name
 from taxmodel.trace.replay_shapes import SHAPES_FROM_EAGER
 from taxmodel.trace.tensor_list_kernels import tensor_list_launch_work
 
@@ -173,28 +173,29 @@ _FORM_FACTORS = frozenset(("pcie", "nvl", "sxm", "sxm2", "sxm4", "sxm5", "oam"))
 
 def hardware_mismatch(meta: Mapping[str, Any], hw: HardwareSpec | None) -> str | None:
     """A sentence when the spec in use is not the GPU the trace recorded (``--hardware`` given
-    for another device), or was chosen by the device's architecture alone; None when they agree
-    or the trace names no GPU."""
-    if hw is None:
+    for another device), or was chosen by the device's architecture alone; None when they agree,
+    the trace names no GPU, or the spec is an estimate (whose own caveat says what it is)."""
+    if hw is None or hw.source == "estimated":
         return None
     rec = (meta or {}).get("hardware") or {}
-    name = rec.get("name") if isinstance(rec, Mapping) else None
-    arch = device_arch(rec) if isinstance(rec, Mapping) else None
-    preset = find_preset(str(name)) if name else None
-    if preset is None and arch and find_preset(arch) == hw:
-        return (f"hardware: the trace's device '{name or '(unnamed)'}' is no preset; {hw.name} was chosen by its "
-                f"architecture {arch} (pass --hardware if that is not the part)")
+    if not isinstance(rec, Mapping):
+        return None
+    name = rec.get("name") if isinstance(rec.get("name"), str) else ""
+    part, by_arch = match_device(rec)
+    same = part is not None and (hw == part or any(same_name(hw, a) for a in (part.name, *part.aliases)))
+    if by_arch and same:
+        return (f"hardware: the trace's device '{name or '(unnamed)'}' is no preset; {hw.label} was chosen{by_arch[1:]} "
+                "(pass --hardware if that is not the part)")
     if not name:
         return None
-    if preset is not None and normalized_name(preset.name).split()[0] == normalized_name(hw.name).split()[0]:
-        part = normalized_name(preset.name).split()[0]
-        words = set(normalized_name(str(name)).split())
-        forms = words & _FORM_FACTORS - set(" ".join(normalized_name(a) for a in (preset.name, *preset.aliases)).split())
-        if part in words and not forms:
+    if same:
+        words = set(normalized_name(name).split())
+        forms = words & _FORM_FACTORS - set(" ".join(normalized_name(a) for a in (part.name, *part.aliases)).split())
+        if not forms:
             return None
         return (f"hardware: the trace's device '{name}' has no preset of its own; the floors use {hw.label}, a related part "
                 f"(its notes say how they differ); pass --hardware FILE.json with this part's numbers if they matter")
-    if preset is None and normalized_name(hw.name).split()[0] in normalized_name(str(name)):
+    if part is None and normalized_name(hw.name).split()[0] in normalized_name(name):
         return None
     return (f"hardware: the trace ran on '{name}' but the floors use {hw.label}; pass the matching "
             "--hardware (or none, to use the trace's own device) unless this is a what-if")

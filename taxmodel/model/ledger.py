@@ -983,6 +983,11 @@ def _add_caveats(caveats, hw, cost, parts, clock, ranks, unknown_gaps, kc=None, 
     if hw is not None and hw.source == "datasheet":
         caveats.append(f"hardware: {hw.name} datasheet peaks; 'useful' is measured against numbers real kernels rarely "
                        "reach (run `taxmodel calibrate` and pass --hardware FILE for measured ones)")
+        if hw.estimated:
+            caveats.append(f"hardware: {hw.name}'s {', '.join(hw.estimated)} are estimates, not data-sheet numbers "
+                           f"(their basis: `taxmodel hardware {hw.key or hw.name}`)")
+    elif hw is not None and hw.source == "estimated":
+        caveats.append(f"hardware: {hw.label}: {hw.notes}")
     elif hw is not None and hw.source != "calibrated":
         caveats.append(f"hardware: {hw.name} numbers are {hw.source}, not measured on this machine")
     if not cost and kc is not None and kc.use_floors:

@@ -203,7 +203,7 @@ def test_every_format_yields_the_same_ledger(kineto_files):
     from taxmodel.model.hardware import find_preset
     from taxmodel.trace.bundle import Bundle, make_meta
 
-    spec = find_preset("h200")
+    spec = find_preset("h200-calibrated")
     parts = {}
     for fmt, paths in _all_formats(kineto_files).items():
         events, meta, _ = importers.import_traces(paths)
