@@ -26,6 +26,8 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.fsutil import atomic_write
+from taxmodel.model import hardware_estimate
+from taxmodel.model.gpu_names import normalized_name
 from taxmodel.trace import bundle_meta as types
 
 SOURCES = ("datasheet", "calibrated", "estimated", "nominal")  # nominal: placeholder numbers for CPU emulation
@@ -228,11 +230,6 @@ def save_hardware(spec: HardwareSpec, path: str | os.PathLike) -> Path:
 
 # --- names ---------------------------------------------------------------------------------------
 
-def normalized_name(name: str) -> str:
-    """A GPU name as presets are matched: lower case, punctuation and spaces as single spaces."""
-    return re.sub(r"[^a-z0-9]+", " ", name.lower()).strip()
-
-
 def find_preset(name: str, num_sms: int | None = None) -> HardwareSpec | None:
     """The shipped spec ``name`` names: a key (``h200-calibrated``) or a display name ("H200 SXM")
     exactly, else the part a device name names (``find_part``); None when none does."""
@@ -300,14 +297,15 @@ def device_arch(hw: Mapping[str, Any]) -> str | None:
 
 def find_by_arch(arch: str, num_sms: int | None = None) -> HardwareSpec | None:
     """The datasheet preset of an architecture (an AMD gfx target) with the device's compute-unit
-    count when the trace records one (gfx90a: MI210 and an MI250 die have 104, an MI250X die 110),
-    else the first preset of it that its aliases name (the historical choice)."""
+    count when the trace records one (gfx90a: an MI250 die and an MI210 have 104, an MI250X die
+    110; between parts of one count, whose peaks are the same, the MI250: ROCm names an MI210 by
+    its name but an MI250 'AMD Radeon Graphics'), else the first preset of it that its aliases name."""
     parts = [s for s in _shipped() if s.source == "datasheet" and (s.arch == arch or normalized_name(arch) in
                                                                    {normalized_name(a) for a in s.aliases})]
     if num_sms:
         same = [s for s in parts if s.num_sms == int(num_sms)]
         if same:
-            return same[0]
+            return max(same, key=lambda s: s.key)
         return None if any(s.num_sms for s in parts) else (parts[0] if parts else None)
     named = [s for s in parts if normalized_name(arch) in {normalized_name(a) for a in s.aliases}]
     return (named or parts or [None])[0]
@@ -390,7 +388,7 @@ def choose_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, A
        part's calibration wins over its datasheet when one ships with taxmodel, or, with
        ``prefer_calibrated`` (predictions), lies under ``search``.
     4. A bundle's device that is no part gets a spec estimated from what the trace recorded
-       (``hardware_estimate.estimate_spec``), labelled ``estimated`` with its basis.
+       (``estimate_spec``), labelled ``estimated`` with its basis.
     InputError (with "did you mean" for a mistyped name) says how to choose a spec otherwise."""
     if name_or_path is not None and (str(name_or_path).endswith(".json") or Path(str(name_or_path)).is_file()):
         spec = load_hardware(name_or_path)
@@ -415,8 +413,6 @@ def choose_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, A
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             raise InputError(f"unknown hardware '{name}'; {hint}keys: {known_keys()} (a display name such as "
                              "'H200 SXM' works too), or a JSON file written by `taxmodel calibrate`")
-        from taxmodel.model.hardware_estimate import estimate_spec
-
         spec, why_not = estimate_spec(hw)
         if spec is not None:
             return spec, f"hardware: {spec.label} -- {spec.notes}"
@@ -440,6 +436,25 @@ def choose_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, A
             return spec, (f"hardware: {spec.shown} ({where}) for {whose}, in preference to its datasheet "
                           f"(--hardware {part.key}){by_arch}")
     return part, f"hardware: {part.shown} for {whose}{by_arch}"
+
+
+def estimate_spec(hw: Mapping[str, Any]) -> tuple[HardwareSpec | None, str]:
+    """The spec estimated for a recorded device that is no preset (``hardware_estimate``), labelled
+    ``estimated`` with its basis in its notes; (None, why not) when nothing ties it to a preset."""
+    arch, arch_from = device_arch(hw) or "", "the trace's gfx target"
+    if not arch:
+        cc, hint = hw.get("compute_capability"), hw.get("arch_hint")
+        if isinstance(cc, str) and cc:
+            arch, arch_from = cc, "the trace's compute capability"
+        elif isinstance(hint, Mapping) and isinstance(hint.get("arch"), str):
+            arch, arch_from = hint["arch"], str(hint.get("basis") or "the kernels' names")
+    if not arch:
+        return None, "the trace records no compute capability or architecture"
+    relatives = [s for s in _shipped() if s.source == "datasheet" and s.arch == arch]
+    if not relatives:
+        return None, f"no preset shares its architecture {arch}"
+    fields = hardware_estimate.estimate_fields(hw, arch, arch_from, relatives)
+    return HardwareSpec(**fields), fields["notes"]
 
 
 def _in_package(path: Path) -> bool:

@@ -1,43 +1,31 @@
-"""A spec for a GPU that has no preset, estimated from what its trace recorded.
+"""The numbers of a GPU that has no preset, estimated from what its trace recorded.
 
 A trace names its device ("NVIDIA GeForce RTX 3060 Laptop GPU", "AMD Instinct MI300A") and
 records some of its properties: the SM (compute unit) count and compute capability or gfx target
 (Kineto's ``deviceProperties``, Nsight Systems' ``TARGET_INFO_GPU``, rocprofv3's agents), and
-for Nsight Systems also the memory bandwidth and L2 size. The estimate scales the datasheet
-presets of the same architecture (its *relatives*) by SM count:
+for Nsight Systems also the memory bandwidth and L2 size. A trace without any of them may still
+name the architecture in its kernels' names (``sm90_xmma_gemm_...``). The estimate scales the
+datasheet presets of the same architecture (its *relatives*) by SM count:
 
-    peak[dtype] = max over relatives of (peak[dtype] / SMs)  x  the device's SMs
+    peak[dtype] = max over its kin of (peak[dtype] / SMs)  x  the device's SMs
     HBM bandwidth = the trace's, else the highest of the relatives'
     peer and host links = the fastest of the relatives'
 
-Every choice takes the larger number where the trace leaves it open, so the floors stay lower
-bounds (a kernel cannot beat an upper-bound peak), at the price of a smaller ``useful``. The
-spec says so: ``source="estimated"``, its basis in ``notes``, shown in every ledger that uses
-it. A device whose architecture no preset shares (a Pascal card, an RDNA GPU), or whose trace
-records neither architecture nor a name pointing to one, gets no estimate: the ledger then says
-that it has no spec, never a silent 0.
+where its *kin* are the relatives its name names ('GeForce RTX 3080 Ti' -> the RTX 3080), else
+those of its product line (GeForce cards accumulate FP16 in FP32 at half the rate of data-center
+and workstation parts), else all of them. Every choice takes the larger number where the trace
+leaves it open, so the floors stay lower bounds (a kernel cannot beat an upper-bound peak), at
+the price of a smaller ``useful``. The spec says so: ``source="estimated"``, its basis in
+``notes``, shown in every ledger that uses it (``hardware.estimate_spec`` builds it). A device
+whose architecture no preset shares (a Pascal card, an RDNA GPU) gets no estimate: the ledger
+then says that it has no spec, never a silent 0.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from taxmodel.model.hardware import HardwareSpec, device_arch, normalized_name, specs_by_key
-
-
-def _arch_of(hw: Mapping[str, Any]) -> tuple[str, str]:
-    """(architecture, where it came from): an AMD gfx target, NVIDIA's compute capability, or a
-    hint the importer read off the kernels' names (``arch_hint``)."""
-    amd = device_arch(hw)
-    if amd:
-        return amd, "the trace's gfx target"
-    cc = hw.get("compute_capability")
-    if isinstance(cc, str) and cc:
-        return cc, "the trace's compute capability"
-    hint = hw.get("arch_hint")
-    if isinstance(hint, Mapping) and isinstance(hint.get("arch"), str):
-        return hint["arch"], str(hint.get("basis") or "the kernels' names")
-    return "", ""
+from taxmodel.model.gpu_names import normalized_name
 
 
 def _positive(hw: Mapping[str, Any], key: str) -> float:
@@ -45,16 +33,11 @@ def _positive(hw: Mapping[str, Any], key: str) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else 0.0
 
 
-def estimate_spec(hw: Mapping[str, Any]) -> tuple[HardwareSpec | None, str]:
-    """The estimated spec of a device with no preset and the basis in words; (None, why not)
-    when nothing in the trace ties it to a preset's architecture."""
+def estimate_fields(hw: Mapping[str, Any], arch: str, arch_from: str, relatives: Sequence[Any]) -> dict[str, Any]:
+    """The fields of the estimated spec (``HardwareSpec``'s) of the recorded device ``hw`` of
+    architecture ``arch`` (found from ``arch_from``), from its ``relatives`` (the datasheet
+    presets of that architecture, at least one)."""
     name = str(hw.get("name") or "").strip()
-    arch, arch_from = _arch_of(hw)
-    if not arch:
-        return None, "the trace records no compute capability or architecture"
-    relatives = [s for s in specs_by_key().values() if s.source == "datasheet" and s.arch == arch]
-    if not relatives:
-        return None, f"no preset shares its architecture {arch}"
     kin = _kin(name, relatives)
     sms = int(_positive(hw, "num_sms"))
     dtypes = sorted({d for s in kin for d in s.peak_flops})
@@ -78,21 +61,17 @@ def estimate_spec(hw: Mapping[str, Any]) -> tuple[HardwareSpec | None, str]:
              + ("; integrated GPU: host copies move through its own memory" if integrated else "")
              + ". Upper bounds where the trace is silent, so floors stay lower bounds; pass --hardware FILE.json "
                "with the part's data-sheet numbers to replace them")
-    spec = HardwareSpec(
+    return dict(
         name=f"{label} (estimated)", vendor=str(hw.get("vendor") or relatives[0].vendor), source="estimated",
-        peak_flops=peaks, hbm_bytes_per_s=hbm,
-        link_bytes_per_s=fastest_link.link_bytes_per_s, num_sms=sms, l2_bytes=int(_positive(hw, "l2_bytes")),
-        notes=notes, key="", arch=arch, peer_link=fastest_link.peer_link,
+        peak_flops=peaks, hbm_bytes_per_s=hbm, link_bytes_per_s=fastest_link.link_bytes_per_s, num_sms=sms,
+        l2_bytes=int(_positive(hw, "l2_bytes")), notes=notes, key="", arch=arch, peer_link=fastest_link.peer_link,
         host_link="integrated" if integrated else host.host_link, pcie_gen=0 if integrated else host.pcie_gen,
         pcie_lanes=0 if integrated else host.pcie_lanes,
         host_link_bytes_per_s=hbm if integrated else host.host_link_bytes_per_s)
-    return spec, notes
 
 
-def _kin(name: str, relatives: list[HardwareSpec]) -> list[HardwareSpec]:
-    """The relatives whose per-SM rates the device shares: presets its name names ('GeForce RTX
-    3080 Ti' -> the RTX 3080), else those of its product line (GeForce cards accumulate FP16 in
-    FP32 at half the rate of data-center and workstation parts), else all of the architecture."""
+def _kin(name: str, relatives: Sequence[Any]) -> list[Any]:
+    """The relatives whose per-SM rates the device shares (module docstring)."""
     low = normalized_name(name)
     named = [s for s in relatives if any(re.search(rf"\b{re.escape(normalized_name(a))}\b", low) for a in s.aliases)]
     if named:
@@ -100,4 +79,4 @@ def _kin(name: str, relatives: list[HardwareSpec]) -> list[HardwareSpec]:
     geforce = [s for s in relatives if "geforce" in " ".join(s.aliases)]
     if "geforce" in low and geforce:
         return geforce
-    return [s for s in relatives if s not in geforce] or relatives
+    return [s for s in relatives if s not in geforce] or list(relatives)

@@ -24,6 +24,8 @@ LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated"
 HEAVY_PROFILER_OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_flops")
 #: a kernel counts as faster than its floor below this fraction of it (timer granularity aside)
 FASTER_THAN_FLOOR = 0.98
+#: a copy from or to pageable host memory, as Kineto and Nsight Systems name it ("Memcpy HtoD (Pageable -> Device)")
+PAGEABLE = r"^Mem(?:cpy|set)\b.*\bPageable\b"
 
 
 @dataclass
@@ -173,6 +175,12 @@ def kernel_caveats(table: pd.DataFrame, kc: KernelCosts | None, gpu: pd.DataFram
     replay = replay_caveat(gpu, kc, d, in_window, meta)
     if replay:
         out.append(replay)
+    pageable = table[table["name"].str.contains(PAGEABLE, regex=True) & table["costed"]]
+    if len(pageable) and total > 0:
+        out.append(f"pageable host copies: {pageable['time_ns'].sum() / total * 100:.1f}% of GPU time in "
+                   f"{int(pageable['launches'].sum())} copies from or to pageable memory, floored at the host link's rate; "
+                   "pageable memory stages through a driver buffer and cannot reach it: pin the host buffers "
+                   "(pin_memory=True, cudaHostAlloc) to approach the floor and overlap the copies with compute")
     prof = ((meta.get("capture") or {}).get("profiler") or {})
     if prof and not prof.get("record_shapes") and not table["costed"][table["role"] != "comm"].any():
         out.append("the trace has no input shapes: no kernel could be costed (useful is 0). Capture again with "

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, inflate, kineto_ops
+from taxmodel.trace import importers, inflate, kineto_ops, vendor_common
 from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
 FORMAT = "kineto"
@@ -495,8 +495,9 @@ def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[d
 def _hardware(doc: dict, frame: pd.DataFrame) -> dict:
     """The rank's GPU from ``deviceProperties``: the device most of its GPU rows ran on."""
     props = [p for p in doc.get("deviceProperties") or [] if isinstance(p, dict)] if isinstance(doc.get("deviceProperties"), list) else []
-    if not props:
-        return {}
+    if not props:  # older traces, and files merged by other tools, drop the device table: the kernels may still say
+        hint = vendor_common.arch_from_kernel_names(frame.loc[frame["kind"] == "kernel", "name"])
+        return {"vendor": "nvidia", "arch_hint": hint} if hint else {}
     devices = frame.loc[frame["device"] >= 0, "device"]
     used = int(devices.mode().iloc[0]) if len(devices) else None
     prop = next((p for p in props if _int_or_none(p.get("id")) == used), props[0])

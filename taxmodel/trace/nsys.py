@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
@@ -43,10 +44,16 @@ _HOST_COLUMNS = ("start", "end", "globalTid", "correlationId", "nameId")
 _NAME_COLUMNS = ("demangledName", "shortName", "mangledName")
 _NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 
-# CUPTI enums (CUpti_ActivityMemcpyKind, CUpti_ActivityMemoryKind), named as Kineto names them.
-_MEMCPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP")
-_MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static")
+# Copy and memory kinds, named as Kineto names them. The copy kinds are CUPTI's CUpti_ActivityMemcpyKind,
+# which Nsight Systems' ENUM_CUDA_MEMCPY_OPER extends by unified-memory migrations (11-13). Memory kinds:
+# Nsight Systems numbers them its own way (ENUM_CUDA_MEM_KIND: Pageable first, Unknown last); exports
+# without that table are read by which numbering makes their host<->device copies end in device memory.
+_MEMCPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP",
+                 "UVM HtoD", "UVM DtoH", "UVM DtoD")
+_NSYS_MEMORY_KINDS = ("Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static", "Unknown")
+_CUPTI_MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static")
 _PTOP = 10
+_HTOD, _DTOH = 1, 2
 _PID_SHIFT, _ID_MASK = 24, 0xFFFFFF
 
 
@@ -108,7 +115,7 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
 
     processes = vc.process_table(gpu, file_index, _mpi_ranks(s))
     return {"file_index": file_index, "gpu": gpu, "calls": calls_df, "ranges": ranges, "waits": waits, "processes": processes,
-            "hardware": _hardware(s), "software": _software(s), "notes": notes, "utc": utc}
+            "hardware": _hardware(s, gpu), "software": _software(s), "notes": notes, "utc": utc}
 
 
 def _col(s: vc.SqliteSchema, table: str, col: str, default: str, alias: str = "t") -> str:
@@ -153,11 +160,11 @@ def _read_gpu_table(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
         select.append(f"{_col(s, table, 'graphId', '0')} AS graph_id")
     elif table == MEMCPY:
         select += [f"{_col(s, table, 'bytes', '-1')} AS bytes", f"{_col(s, table, 'copyKind', '0')} AS copy_kind",
-                   f"{_col(s, table, 'srcKind', '0')} AS src_kind", f"{_col(s, table, 'dstKind', '0')} AS dst_kind",
+                   f"{_col(s, table, 'srcKind', '-1')} AS src_kind", f"{_col(s, table, 'dstKind', '-1')} AS dst_kind",
                    f"{_col(s, table, 'srcDeviceId', '-1')} AS src_device", f"{_col(s, table, 'dstDeviceId', '-1')} AS dst_device",
                    f"{_col(s, table, 'graphId', '0')} AS graph_id"]
     else:
-        select += [f"{_col(s, table, 'bytes', '-1')} AS bytes", f"{_col(s, table, 'memKind', '0')} AS mem_kind",
+        select += [f"{_col(s, table, 'bytes', '-1')} AS bytes", f"{_col(s, table, 'memKind', '-1')} AS mem_kind",
                    f"{_col(s, table, 'graphId', '0')} AS graph_id"]
     df = s.query(f'SELECT {", ".join(select)} FROM "{table}" t{joins}')
     df = df.astype({"pid": "int64", "device": "int64", "stream": "int64", "start_ns": "int64", "end_ns": "int64",
@@ -171,17 +178,36 @@ def _read_gpu_table(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
         df = df.drop(columns=[f"{a}_{x}" for a in ("grid", "block") for x in "xyz"])
     elif table == MEMCPY:
         df["kind"] = "memcpy"
-        df["name"] = ("Memcpy " + _label(df["copy_kind"], _MEMCPY_KINDS) + " (" + _label(df["src_kind"], _MEMORY_KINDS)
-                      + " -> " + _label(df["dst_kind"], _MEMORY_KINDS) + ")")
+        kinds = _memory_kinds(s, df)
+        df["name"] = ("Memcpy " + _label(df["copy_kind"], _MEMCPY_KINDS) + " (" + _label(df["src_kind"], kinds)
+                      + " -> " + _label(df["dst_kind"], kinds) + ")")
         df["role"] = vc.gpu_memcpy_role(df["src_device"].astype("int64"), df["dst_device"].astype("int64"),
                                         df["copy_kind"].astype("int64") == _PTOP)
         df = df.drop(columns=["copy_kind", "src_kind", "dst_kind", "src_device", "dst_device"])
     else:
         df["kind"] = "memset"
-        df["name"] = "Memset (" + _label(df["mem_kind"], _MEMORY_KINDS) + ")"
+        df["name"] = "Memset (" + _label(df["mem_kind"], _memory_kinds(s, None)) + ")"
         df["role"] = "copy"
         df = df.drop(columns=["mem_kind"])
     return df
+
+
+def _memory_kinds(s: vc.SqliteSchema, copies: pd.DataFrame | None) -> tuple[str, ...]:
+    """Labels of the export's memory-kind codes: its ENUM_CUDA_MEM_KIND table; else Nsight Systems'
+    numbering (Device = 2), unless a host<->device copy then would not touch device memory while
+    CUPTI's numbering (Device = 3) makes it do so (exports older than the enum tables)."""
+    t = "ENUM_CUDA_MEM_KIND"
+    if s.has(t) and {"id", "label"} <= s.columns(t):
+        rows = dict(s.conn.execute(f'SELECT "id", "label" FROM "{t}"').fetchall())
+        if rows and all(isinstance(k, int) for k in rows):
+            return tuple(str(rows.get(i, "Unknown")) for i in range(max(rows) + 1))
+    if copies is not None and len(copies):
+        kind = copies["copy_kind"].astype("int64")
+        device_end = np.where(kind == _HTOD, copies["dst_kind"], np.where(kind == _DTOH, copies["src_kind"], -1)).astype("int64")
+        device_end = device_end[device_end >= 0]
+        if len(device_end) and (device_end == 3).all() and not (device_end == 2).any():
+            return _CUPTI_MEMORY_KINDS
+    return _NSYS_MEMORY_KINDS
 
 
 def _label(codes: pd.Series, labels: tuple[str, ...]) -> pd.Series:
@@ -245,19 +271,39 @@ def _mpi_ranks(s: vc.SqliteSchema) -> dict[int, int]:
     return {int(p): int(r) for p, r in rows}
 
 
-def _hardware(s: vc.SqliteSchema) -> dict:
+#: TARGET_INFO_GPU columns -> meta["hardware"] keys (clockRate in Hz, memoryBandwidth in bytes/s)
+_GPU_INFO = {"name": "name", "smCount": "num_sms", "totalMemory": "memory_bytes", "memoryBandwidth": "memory_bandwidth_bytes_per_s",
+             "clockRate": "clock_hz", "l2CacheSize": "l2_bytes"}
+
+
+def _hardware(s: vc.SqliteSchema, gpu: pd.DataFrame) -> dict:
+    """The GPU most of the file's GPU rows ran on, from TARGET_INFO_GPU (its ``id`` is the
+    ``deviceId`` of the activity tables): name, SMs, memory size and bandwidth, clock, L2, compute
+    capability, and whether it is integrated (host memory is device memory). Without the table, the
+    kernels' names may still say the architecture (``vendor_common.arch_from_kernel_names``)."""
+    hw: dict = {"vendor": "nvidia"}
     t = "TARGET_INFO_GPU"
-    if not s.has(t):
-        return {"vendor": "nvidia"}
-    cols = s.columns(t)
-    wanted = {"name": "name", "smCount": "num_sms", "totalMemory": "memory_bytes"}
-    present = {c: k for c, k in wanted.items() if c in cols}
-    if not present:
-        return {"vendor": "nvidia"}
-    row = s.conn.execute(f'SELECT {", ".join(chr(34) + c + chr(34) for c in present)} FROM "{t}" LIMIT 1').fetchone()
-    hw = {"vendor": "nvidia"}
-    if row:
-        hw.update({k: v for k, v in zip(present.values(), row) if v is not None})
+    cols = s.columns(t) if s.has(t) else set()
+    present = {c: k for c, k in _GPU_INFO.items() if c in cols}
+    extra = [c for c in ("computeMajor", "computeMinor", "isDiscrete") if c in cols]
+    if present or extra:
+        sel = ", ".join(f'"{c}"' for c in [*present, *extra])
+        by_id = "id" in cols
+        rows = s.conn.execute(f'SELECT {sel}{", " + chr(34) + "id" + chr(34) if by_id else ""} FROM "{t}"').fetchall()
+        used = gpu["device"].mode() if len(gpu) else pd.Series([], dtype="int64")
+        want = int(used.iloc[0]) if len(used) else None
+        row = next((r for r in rows if by_id and r[-1] == want), rows[0] if rows else None)
+        if row is not None:
+            values = dict(zip([*present, *extra], row))
+            hw.update({k: values[c] for c, k in present.items() if values.get(c) not in (None, "", 0)})
+            if values.get("computeMajor") is not None:
+                hw["compute_capability"] = f"{int(values['computeMajor'])}.{int(values.get('computeMinor') or 0)}"
+            if values.get("isDiscrete") == 0:
+                hw["integrated"] = True
+    if "compute_capability" not in hw and len(gpu):
+        hint = vc.arch_from_kernel_names(gpu.loc[gpu["kind"] == "kernel", "name"])
+        if hint:
+            hw["arch_hint"] = hint
     return hw
 
 

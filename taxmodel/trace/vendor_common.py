@@ -380,6 +380,26 @@ def process_table(gpu: pd.DataFrame, file_index: int, declared: dict[int, int] |
     })
 
 
+_SM_IN_NAME = re.compile(r"(?:^|[^a-z0-9])sm_?([1-9][0-9]{1,2})[a-z]?_|arch::Sm([1-9][0-9]{1,2})\b")
+
+
+def arch_from_kernel_names(names: pd.Series) -> dict | None:
+    """The GPU architecture the kernels were built for, where their names say it (cuBLAS and
+    CUTLASS name kernels ``sm90_xmma_gemm_...``, ``cutlass::arch::Sm80``): the highest one seen, as
+    ``{"arch": "9.0", "basis": ...}``, for a trace that records no device. A kernel built for an
+    older architecture runs on a newer GPU, so the device is at least this; None when no name says."""
+    best, example = 0, ""
+    for u in pd.unique(names.astype(str)):  # once per distinct name
+        for m in _SM_IN_NAME.finditer(u):
+            v = int(m.group(1) or m.group(2))
+            if v > best:
+                best, example = v, u
+    if not best:
+        return None
+    arch = f"{best // 10}.{best % 10}"
+    return {"arch": arch, "basis": f"the kernels' names (e.g. {example[:60]!r}: built for compute capability {arch})"}
+
+
 def dims(x: pd.Series, y: pd.Series, z: pd.Series) -> pd.Series:
     """'x,y,z' strings from three integer columns."""
     return x.astype("int64").astype(str) + "," + y.astype("int64").astype(str) + "," + z.astype("int64").astype(str)
