@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.trace import replay_shapes, schema
+from taxmodel.trace import replay_shapes, schema, unsupported
 from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
@@ -126,6 +126,7 @@ def detect_format(path: str | Path) -> str:
     if not head.strip():
         raise InputError(f"{path}: its first {len(head):,} bytes{' (unpacked)' if _is_gzip(path) else ''} are only "
                          "whitespace; this is not a trace, export it again")
+    refuse_unsupported(path, head)
     for mod in importer_modules():
         try:
             claims = mod.sniff(path, head)
@@ -135,6 +136,15 @@ def detect_format(path: str | Path) -> str:
             return mod.FORMAT
     raise InputError(f"{path}: format not recognized (known: {', '.join(available_formats())}); "
                      "check the file, or name the format with --format")
+
+
+def refuse_unsupported(path: Path, head: bytes | None = None) -> None:
+    """InputError in one line for a profiler output taxmodel recognizes but does not read
+    (``unsupported.py``: an .nsys-rep, an nvprof or RPD database, an nsys export without CUDA
+    activity), saying how to get a supported one; nothing for any other file."""
+    why = unsupported.refusal(path, read_head(path) if head is None else head)
+    if why:
+        raise InputError(why)
 
 
 def _is_gzip(path: Path) -> bool:
@@ -166,6 +176,9 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
         _check_file(p)
     if fmt == "auto":
         fmt = one_format({p: detect_format(p) for p in paths})
+    else:  # a named format does not make an nvprof database an nsys export
+        for p in paths:
+            refuse_unsupported(p)
     events, meta = read_with(importer_for(fmt), paths, iteration_pattern)
     return finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks, world_size=world_size)
 
