@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, inflate, kineto_ops, vendor_common
+from taxmodel.trace import importers, inflate, kineto_merged, kineto_ops, vendor_common
 from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
 FORMAT = "kineto"
@@ -187,9 +187,10 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
                    iteration_pattern=iteration_pattern)
 
 
-def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> tuple[Path, pd.DataFrame, dict]:
-    """One file of ``read`` (``importers``' per-file step): its rows (rank: distributedInfo's,
-    else ``index``), and what ``combine`` needs of it."""
+def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> list[tuple[Path, pd.DataFrame, dict]]:
+    """One file of ``read`` (``importers``' per-file step): its ranks' rows (rank:
+    distributedInfo's, else ``index``) and what ``combine`` needs of each. One rank per file,
+    except a file several ranks were merged into (``kineto_merged``): one part per rank."""
     pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
     path = Path(path)
     doc = _trace_document(path)
@@ -199,20 +200,38 @@ def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> tu
         raise InputError(f"{path}: distributedInfo.rank is {rank}, not a valid rank; the trace is damaged")
     if world is not None and not 0 < world <= MAX_RANKS:
         raise InputError(f"{path}: distributedInfo.world_size is {world}, not a valid world size; the trace is damaged")
-    frame, ranges_host, ranges_gpu, info = _read_one(path, doc, index if rank is None else rank, pattern)
+    merged = kineto_merged.split_ranks(path, doc)
+    if merged is None:
+        return [_parse_rank(path, doc, rank, index if rank is None else rank, world, pattern)]
     del doc
+    world = world if world is not None and world > max(r for r, _, _ in merged) else None
+    return [_parse_rank(path, sub, r, r, world, pattern, merged=how) for r, sub, how in merged]
+
+
+def _parse_rank(path: Path, doc: dict, rank: int | None, row_rank: int, world: int | None, pattern: re.Pattern,
+                merged: str = "") -> tuple[Path, pd.DataFrame, dict]:
+    """(path, rows, info) of one rank's trace document; ``merged``: how it was told apart from the
+    other ranks of a merged file ("" for a file of its own)."""
+    frame, ranges_host, ranges_gpu, info = _read_one(path, doc, row_rank, pattern)
     frame["iteration"] = importers.assign_iterations(frame, ranges_host, ranges_gpu)
     own = frame["_own_iteration"].to_numpy()
     frame.loc[own >= 0, "iteration"] = own[own >= 0]
     info.update(rank=rank, world=world, iterations=int(ranges_host["iteration"].nunique()),
-                markers=len(ranges_host) + len(ranges_gpu))
+                markers=len(ranges_host) + len(ranges_gpu), merged=merged)
     return path, frame.drop(columns="_own_iteration"), info
 
 
-def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
+def combine(parts: list, *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
     """``read``'s events and meta from every file's ``parse``, in the order given."""
     pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
+    per_file = [p for part in parts for p in (part if isinstance(part, list) else [part])]
     notes: list[str] = []
+    merged = {p.name: (info["merged"], sum(1 for q, _, i in per_file if q == p and i.get("merged")))
+              for p, _, info in per_file if info.get("merged")}
+    for name, (how, n) in merged.items():
+        notes.append(f"kineto: {name} holds {n} ranks merged into one file, told apart by {how}; each rank keeps its "
+                     "own timestamps, and the clock offsets between them are estimated (the merge does not say which "
+                     "host each rank ran on)")
     known = [info["rank"] is not None for _, _, info in per_file]
     if all(known):
         rank_source = "distributedInfo"
@@ -229,7 +248,8 @@ def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd
     inputs, hardware, software = [], [], {}
     for index, (path, frame, info) in enumerate(per_file):
         rank = index if info["rank"] is None else info["rank"]
-        inputs.append({"file": path.name, "ranks": [rank], "world_size": info["world"], "rank_source": rank_source,
+        source = "merged file" if info.get("merged") else rank_source
+        inputs.append({"file": path.name, "ranks": [rank], "world_size": info["world"], "rank_source": source,
                        "iterations": info["iterations"], "gpu": (info["hardware"] or {}).get("name"),
                        "nccl": info["software"].get("nccl"),
                        "start_ns": int(frame["start_ns"].min()) if len(frame) else None})
