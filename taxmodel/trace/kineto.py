@@ -41,6 +41,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.trace import importers, inflate, kineto_merged, kineto_ops, vendor_common
+from taxmodel.trace.op_costs import COMM_DTYPE_BYTES
 from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
 FORMAT = "kineto"
@@ -70,14 +71,6 @@ _SNIFF_MARKERS = (
     b'"PyTorch Profiler', b'"gpu_user_annotation"',
 )
 
-# Bytes per element for the dtype names PyTorch writes into NCCL metadata (c10 ScalarType names).
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
-    "byte": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    "uint16": 2, "uint32": 4, "uint64": 8,
-}
 
 
 
@@ -261,6 +254,9 @@ def combine(parts: list, *, iteration_pattern: str | None = None) -> tuple[pd.Da
             notes.append(f"kineto: {path.name}: {info['no_args']} of {info['gpu_rows']} GPU activities have no 'args' "
                          "object (null or missing): their launch call (correlation) is unknown, so their iteration comes "
                          "from GPU-side annotations only (-1 without them) and they carry no grid, bytes or collective")
+        if info.get("without_group"):
+            notes.append(f"kineto: {path.name}: {info['without_group']} collective kernel(s) record a message size but no "
+                         "group size; their link floor is the fewest bytes any group of 2 or more ranks carries (a lower bound)")
         if info["markers"] == 0:
             notes.append(f"kineto: {path.name}: no iteration markers match {pattern.pattern!r}; its rows have iteration -1 "
                          "(pass --iteration-pattern to use your own record_function ranges)")
@@ -395,11 +391,12 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     launched = np.isin(correlation[gpu_idx], correlation[is_launch]) & (correlation[gpu_idx] >= 0)
     _fill_collectives(frame, gpu_idx, gpu_args, launched)
     ops, ops_start, ops_end = _cpu_ops(doc, pattern)
-    linked = kineto_ops.attach_op_costs(frame, args, gpu_idx, is_launch, tid, ops, ops_start, ops_end)
+    linked = kineto_ops.attach_op_costs(frame, args, gpu_idx, is_launch, tid, ops, ops_start, ops_end,
+                                        kineto_ops.process_group_sizes(_dist_info(doc)))
     frame = frame[keep].reset_index(drop=True)
     info = {"hardware": _hardware(doc, frame), "software": _software(doc),
             "profiler": kineto_ops.profiler_options(doc, ops, linked), "host": _host_identity(doc, frame),
-            "gpu_rows": len(gpu_idx), "no_args": no_args}
+            "gpu_rows": len(gpu_idx), "no_args": no_args, "without_group": linked.get("collectives_without_group", 0)}
     return frame, host_ranges, gpu_ranges, info
 
 
@@ -493,7 +490,7 @@ def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[d
     pg = [str(a.get("Process Group Name")) if a.get("Process Group Name") is not None else "default" for a in sub]
     seq = _arg_ints(sub, "Seq")
     nelems = np.maximum(_arg_ints(sub, "In msg nelems"), _arg_ints(sub, "Out msg nelems"))
-    width = np.array([_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 0) for a in sub], dtype=np.int64)
+    width = np.array([COMM_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 0) for a in sub], dtype=np.int64)
 
     coll = pd.DataFrame({"pg": pg, "seq": seq, "start": frame["start_ns"].to_numpy()[idx], "pos": np.arange(len(idx)),
                          "launched": launched[sel]})

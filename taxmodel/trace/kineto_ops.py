@@ -19,22 +19,26 @@ capture's shapes are not in a trace of the replay).
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
 
-from taxmodel.trace.op_costs import OpCall, collective_bus_bytes, has_shapes, list_type_from_kernel, op_cost
+from taxmodel.trace.op_costs import (OpCall, collective_bus_bytes, collective_bus_bytes_at_least, collective_call, has_shapes,
+                                     list_type_from_kernel, op_cost)
 
 OP_COLUMNS = ("op", "dtype", "floor_bytes", "uncosted")
 _SHIFT = np.int64(42)
 
 
 def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, is_launch: np.ndarray, tid: np.ndarray,
-                    ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray) -> dict:
+                    ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray,
+                    group_sizes: dict | None = None) -> dict:
     """Fill ``op``, ``dtype``, ``flops``, ``floor_bytes`` and ``uncosted`` of the GPU rows of
     ``frame`` (positions ``gpu_idx``; ``args`` are the selected trace events' args in frame
     order, ``tid`` their thread ids; ``ops`` the trace's ``cpu_op`` events with their exact
-    start and end in ns). Returns what the meta should say about the capture (whether shapes
+    start and end in ns; ``group_sizes``: process group name -> size from the trace's
+    ``distributedInfo``, key None for its only group). Returns what the meta should say about the capture (whether shapes
     were recorded, how many kernels were linked to an op)."""
     n = len(frame)
     op_name = np.full(n, "", dtype=object)
@@ -123,22 +127,72 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     reason[gk[no_op & ~graph][rest]] = ("no CPU ops in the trace (capture with ProfilerActivity.CPU and record_shapes=True)"
                                         if not ops else "no op recorded its shapes (capture with record_shapes=True)"
                                         if not shaped.any() else "no enclosing op with shapes")
-    # collectives: the bytes the rank's link carries
+    # collectives: the bytes the rank's link carries, from the kernel's own metadata, else from the op
+    # that launched it (record_param_comms / c10d::... on the launch's thread); a group size that
+    # neither records is taken as 2, the fewest bytes any group carries (a lower bound)
+    without_group = 0
     if comm.any():
         rows = gk[comm]
-        msg = frame["bytes"].to_numpy(np.int64)[rows]
+        msg = frame["bytes"].to_numpy(np.int64)[rows].copy()
         group = _group_sizes([args[i] for i in rows])
+        need = (msg < 0) | (group < 0)
+        if need.any():
+            op_msg, op_group, op_names = _launching_collective(rows[need], corr, is_launch, tid, start, ops, ops_start, ops_end)
+            msg[need] = np.where(msg[need] < 0, op_msg, msg[need])
+            group[need] = np.where(group[need] < 0, op_group, group[need])
+            op_name[rows[need]] = np.where(op_names != "", op_names, op_name[rows[need]])
+            frame.iloc[rows, frame.columns.get_loc("bytes")] = msg
+        if group_sizes and (group <= 0).any():  # the trace's process groups (distributedInfo.pg_config)
+            pg = [a.get("Process Group Name") for a in (args[i] for i in rows)]
+            known = np.array([group_sizes.get(str(p) if p is not None else None, -1) for p in pg], np.int64)
+            group = np.where(group > 0, group, known)
         cop = frame["collective_op"].to_numpy(object)[rows]
-        bus = np.array([collective_bus_bytes(str(o), int(m), int(g)) for o, m, g in zip(cop, msg, group)], np.int64)
+        bus = np.array([collective_bus_bytes(str(o), int(m), int(g)) if g > 0 else collective_bus_bytes_at_least(str(o), int(m))
+                        for o, m, g in zip(cop, msg, group)], np.int64)
+        without_group = int(((group <= 0) & (bus >= 0)).sum())
         fbytes[rows] = bus
-        reason[rows] = np.where(bus >= 0, "", "collective size or group not recorded")
+        reason[rows] = np.where(bus >= 0, "", "collective size not recorded (neither the kernel nor the op that launched it "
+                                              "carries a message size; PyTorch records one from 1.13 on)")
     frame["op"] = op_name
     frame["dtype"] = dtype
     frame["flops"] = flops
     frame["floor_bytes"] = fbytes
     frame["uncosted"] = reason
     frame["op_id"] = op_id
-    return {"record_shapes": bool(shaped.any()), "ops_linked": int(has_op.sum())}
+    return {"record_shapes": bool(shaped.any()), "ops_linked": int(has_op.sum()), "collectives_without_group": without_group}
+
+
+_COLLECTIVE_OP = re.compile(r"(?i)^(?:record_param_comms|c10d::|nccl:|gloo:|rccl:)")
+
+
+def _launching_collective(rows: np.ndarray, corr: np.ndarray, is_launch: np.ndarray, tid: np.ndarray, start: np.ndarray,
+                          ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(message bytes, group size, op name) that the innermost collective op (``record_param_comms``,
+    ``c10d::allreduce_``, ...) around each comm kernel's launch call recorded (``op_costs.collective_call``);
+    -1 / -1 / "" where none did."""
+    n = len(rows)
+    msg, group, names = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, "", dtype=object)
+    cand = [i for i, o in enumerate(ops) if type(o.get("name")) is str and _COLLECTIVE_OP.search(o["name"])
+            and isinstance(o.get("args"), dict)]
+    calls = [collective_call(ops[i]["args"]) for i in cand]
+    keep = [k for k, (m, g) in enumerate(calls) if m > 0 or g > 0]
+    if not keep or not n:
+        return msg, group, names
+    idx = np.asarray([cand[k] for k in keep], np.int64)
+    launches = np.flatnonzero(is_launch & (corr >= 0))
+    launch_of = pd.Series(launches, index=corr[launches])
+    launch_of = launch_of[~launch_of.index.duplicated()]
+    li = launch_of.reindex(corr[rows]).fillna(-1).to_numpy(np.int64)
+    ok = li >= 0
+    c_tid = np.array([-1 if (v := _to_int(ops[i].get("tid"))) is None else v for i in idx], np.int64)
+    inner = np.full(n, -1, np.int64)
+    inner[ok] = _innermost(ops_start[idx], ops_end[idx], c_tid, tid[li[ok]], start[li[ok]])
+    got = inner >= 0
+    picked = [calls[keep[int(j)]] for j in inner[got]]
+    msg[got] = [m for m, _ in picked]
+    group[got] = [g for _, g in picked]
+    names[got] = [str(ops[int(idx[int(j)])]["name"]) for j in inner[got]]
+    return msg, group, names
 
 
 def split_by_duration(total: np.ndarray, dur: np.ndarray, inst: np.ndarray) -> np.ndarray:
@@ -314,3 +368,19 @@ def clock_domain(hosts: list[dict], ranks: list[int] | None = None) -> dict:
         return {"shared": True, "evidence": "inferred: same Kineto base time, distinct processes and distinct GPUs "
                                             "of one machine's device table"}
     return {"shared": None, "evidence": "not known (no host names in the traces)"}
+
+
+def process_group_sizes(dist: dict) -> dict:
+    """Process group name -> size from ``distributedInfo.pg_config`` (PyTorch 2.1+), with key None
+    for the group a collective without a group name ran in when the trace has only one."""
+    out: dict = {}
+    for pg in dist.get("pg_config") or [] if isinstance(dist.get("pg_config"), list) else []:
+        if isinstance(pg, dict):
+            size = _to_int(pg.get("pg_size"))
+            if size is None and isinstance(pg.get("ranks"), list):
+                size = len(pg["ranks"])
+            if size and size > 0:
+                out[str(pg.get("pg_name"))] = size
+    if len(out) == 1:
+        out[None] = next(iter(out.values()))
+    return out

@@ -23,6 +23,7 @@ group).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.trace import vendor_common as vc
+from taxmodel.trace import vocabulary
 
 FORMAT = "nsys"
 
@@ -107,14 +109,16 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
                      "launch rows and launch taxes are unavailable (trace with --trace=cuda)")
     ranges = _read_ranges(s, utc)
     waits = _read_stream_waits(s, utc)
+    sized = _read_collective_calls(s, utc)
     if not all("globalPid" in s.columns(t) for t in present):
         # Old exports without globalPid: the whole file is one process.
         notes.append(f"{s.path.name}: no globalPid column; the file is read as one process")
-        for df in (gpu, calls_df, ranges, waits):
+        for df in (gpu, calls_df, ranges, waits, sized):
             df["pid"] = 0
 
     processes = vc.process_table(gpu, file_index, _mpi_ranks(s))
     return {"file_index": file_index, "gpu": gpu, "calls": calls_df, "ranges": ranges, "waits": waits, "processes": processes,
+            "collective_calls": sized,
             "hardware": _hardware(s, gpu), "software": _software(s), "notes": notes, "utc": utc}
 
 
@@ -262,6 +266,83 @@ def _read_ranges(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
         f'COALESCE({", ".join(text)}, \'\') AS name, t."start" + {utc} AS start_ns, t."end" + {utc} AS end_ns '
         f'FROM "{NVTX}" t{join} WHERE {where}')
     return df.astype({"pid": "int64", "stream": "int64", "start_ns": "int64", "end_ns": "int64"})
+
+
+def _read_collective_calls(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
+    """NCCL's own NVTX ranges (``ncclAllReduce``, ...; NCCL 2.19+ in the "NCCL" domain) with the
+    sizes their payloads carry: "Message size [bytes]", and the communicator whose "No. of ranks"
+    its ``ncclCommInitRank`` range gave. Nsight Systems exports a range's payload as JSON
+    (``jsonText``, or ``jsonTextId`` into StringIds); older NCCL records none (sizes stay -1)."""
+    if not s.has(NVTX):
+        return vc.empty_collective_calls()
+    cols = s.columns(NVTX)
+    text, payload, joins = [], [], ""
+    if "text" in cols:
+        text.append('t."text"')
+    if "textId" in cols and s.has("StringIds"):
+        text.append("n.\"value\"")
+        joins += ' LEFT JOIN "StringIds" n ON n."id" = t."textId"'
+    if "jsonText" in cols:
+        payload.append('t."jsonText"')
+    if "jsonTextId" in cols and s.has("StringIds"):
+        payload.append("j.\"value\"")
+        joins += ' LEFT JOIN "StringIds" j ON j."id" = t."jsonTextId"'
+    if not text or not {"start", "end", "globalTid"} <= cols:
+        return vc.empty_collective_calls()
+    label = f"COALESCE({', '.join(text)}, '')"
+    df = s.query(
+        f'SELECT ((t."globalTid" >> {_PID_SHIFT}) & {_ID_MASK}) AS pid, (t."globalTid" & {_ID_MASK}) AS stream, '
+        f'{label} AS name, t."start" + {utc} AS start_ns, t."end" + {utc} AS end_ns, '
+        f'{("COALESCE(" + ", ".join(payload) + ", NULL)") if payload else "NULL"} AS payload '
+        f'FROM "{NVTX}" t{joins} WHERE t."end" IS NOT NULL AND {label} LIKE \'nccl%\'')
+    if df.empty:
+        return vc.empty_collective_calls()
+    fields = [_payload_fields(p) for p in df["payload"]]
+    ranks_of_comm = {f["comm"]: f["nranks"] for n, f in zip(df["name"], fields)
+                     if str(n).lower().startswith(("ncclcomminit", "ncclcommsplit")) and f["comm"] is not None and f["nranks"] > 0}
+    op = [vocabulary.normalize_collective(str(n)[4:]) for n in df["name"]]
+    keep = np.array([o in vocabulary.COLLECTIVES for o in op], bool)
+    out = pd.DataFrame({"pid": df["pid"], "stream": df["stream"], "start_ns": df["start_ns"], "end_ns": df["end_ns"],
+                        "op": op, "payload_bytes": [f["bytes"] for f in fields],
+                        "group_size": [f["nranks"] if f["nranks"] > 0 else ranks_of_comm.get(f["comm"], -1) for f in fields]})
+    return out[keep].astype({c: "int64" for c in vc.COLLECTIVE_CALL_COLUMNS if c != "op"})
+
+
+def _payload_fields(payload) -> dict:
+    """Message size, communicator and number of ranks in an NVTX payload exported as JSON (NCCL's
+    schema entry names: "Message size [bytes]", "NCCL communicator ID", "No. of ranks")."""
+    out = {"bytes": -1, "comm": None, "nranks": -1}
+    if not isinstance(payload, str) or not payload.strip():
+        return out
+    try:
+        doc = json.loads(payload)
+    except (json.JSONDecodeError, RecursionError):
+        return out
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                key = str(k).lower()
+                if isinstance(v, (dict, list)):
+                    stack.append(v)
+                elif "message size" in key or key in ("bytes", "size"):
+                    out["bytes"] = _nonneg(v, out["bytes"])
+                elif "communicator" in key or key in ("comm", "commhash"):
+                    out["comm"] = v
+                elif "no. of ranks" in key or key in ("nranks", "ranks"):
+                    out["nranks"] = _nonneg(v, out["nranks"])
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out
+
+
+def _nonneg(v, default: int) -> int:
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        return default
+    return n if n >= 0 else default
 
 
 def _mpi_ranks(s: vc.SqliteSchema) -> dict[int, int]:

@@ -330,11 +330,95 @@ def finish_events(frames: list[pd.DataFrame], *, collective_from_kernels: bool =
     return events.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
 
 
+# --- collective sizes ------------------------------------------------------------------------
+
+#: ncclDataType_t, by name (NCCL's and RCCL's headers) and by value, -> element bytes
+NCCL_DTYPE_BYTES = {"ncclint8": 1, "ncclchar": 1, "nccluint8": 1, "ncclint32": 4, "ncclint": 4, "nccluint32": 4,
+                    "ncclint64": 8, "nccluint64": 8, "ncclfloat16": 2, "ncclhalf": 2, "ncclfloat32": 4, "ncclfloat": 4,
+                    "ncclfloat64": 8, "nccldouble": 8, "ncclbfloat16": 2, "ncclfloat8e4m3": 1, "ncclfloat8e5m2": 1,
+                    "0": 1, "1": 1, "2": 4, "3": 4, "4": 8, "5": 8, "6": 2, "7": 4, "8": 8, "9": 2, "10": 1, "11": 1}
+COLLECTIVE_CALL_COLUMNS = ("pid", "stream", "start_ns", "end_ns", "op", "payload_bytes", "group_size")
+"""A collective library call with its size (``assemble``'s ``collective_calls``): the host thread
+it ran on, its time range, the collective (``vocabulary.normalize_collective``), its payload in
+bytes (NCCL's "Message size [bytes]": an all-gather's send buffer, a reduce-scatter's receive
+buffer, an all-reduce's buffer; -1 unknown) and its group size (-1 unknown)."""
+NO_COLLECTIVE_SIZE = ("collective size not recorded: no NCCL/RCCL call with a message size encloses its launch "
+                      "(Nsight Systems: NCCL's NVTX ranges with payloads, NCCL 2.19+ and --trace=nvtx; rocprofv3: "
+                      "RCCL API arguments)")
+
+
+def empty_collective_calls() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series([], dtype=object if c == "op" else "int64") for c in COLLECTIVE_CALL_COLUMNS})
+
+
+def call_from_args(name: str, args: dict) -> tuple[str, int]:
+    """(collective, payload bytes) of an NCCL/RCCL API call from its recorded arguments (``count``,
+    ``sendcount`` or ``recvcount`` and ``datatype``); ("", -1) for a call that is no collective."""
+    low = str(name).lower()
+    if not low.startswith(("nccl", "rccl")):
+        return "", -1
+    op = vocabulary.normalize_collective(low[4:])
+    if op not in vocabulary.COLLECTIVES:
+        return "", -1
+    norm = {re.sub(r"[^a-z]", "", str(k).lower()): v for k, v in args.items()}
+    count = next((_count(norm[k]) for k in ("count", "sendcount", "recvcount") if k in norm), -1)
+    width = NCCL_DTYPE_BYTES.get(re.sub(r"[^a-z0-9]", "", str(norm.get("datatype", "")).lower()), 0)
+    return op, count * width if count >= 0 and width else -1
+
+
+def _count(v) -> int:
+    try:
+        return int(str(v).strip(), 0)
+    except ValueError:
+        return -1
+
+
+def attach_collective_sizes(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """``bytes`` (the message: the larger of input and output), ``floor_bytes`` (the bytes the
+    rank's link carries) and ``uncosted`` of every communication kernel, from the collective call
+    (``calls``: ``COLLECTIVE_CALL_COLUMNS`` with ``rank`` for ``pid``) whose time range on the
+    launching thread holds the kernel's launch call. A group size the trace does not give is taken
+    as 2, the fewest bytes any group carries (a lower bound, said in ``uncosted``'s absence by the
+    importer's note); a kernel without such a call is uncosted, its reason said."""
+    from taxmodel.trace.op_costs import collective_bus_bytes, payload_message_bytes
+
+    events = events.copy()
+    for col, default in (("floor_bytes", -1), ("uncosted", "")):
+        if col not in events:
+            events[col] = default
+    comm = ((events["kind"] == "kernel") & (events["role"] == "comm")).to_numpy()
+    if not comm.any():
+        return events
+    events.loc[comm, "uncosted"] = NO_COLLECTIVE_SIZE
+    sized = calls[calls["payload_bytes"] >= 0] if len(calls) else calls
+    if not len(sized):
+        return events
+    launches = events.loc[events["kind"] == "launch", ["rank", "correlation", "stream", "start_ns"]]
+    launches = launches[launches["correlation"] >= 0].drop_duplicates(["rank", "correlation"])
+    k = events.loc[comm, ["rank", "correlation", "collective_op"]].reset_index()
+    k = k.merge(launches, on=["rank", "correlation"], how="inner").sort_values("start_ns")
+    c = sized.sort_values("start_ns").rename(columns={"start_ns": "call_start", "end_ns": "call_end", "op": "call_op"})
+    m = pd.merge_asof(k, c, left_on="start_ns", right_on="call_start", by=["rank", "stream"], direction="backward")
+    m = m[m["call_end"].notna() & (m["call_end"] >= m["start_ns"])]
+    if not len(m):
+        return events
+    op = np.where(m["collective_op"].isin(vocabulary.COLLECTIVES), m["collective_op"], m["call_op"])
+    group = m["group_size"].astype("int64").to_numpy()
+    msg = np.array([payload_message_bytes(o, int(p), int(g)) for o, p, g in zip(op, m["payload_bytes"], group)], np.int64)
+    bus = np.array([collective_bus_bytes(o, int(b), int(g) if g > 0 else 2) for o, b, g in zip(op, msg, group)], np.int64)
+    idx = m["index"].to_numpy()
+    events.loc[idx, "bytes"] = msg
+    events.loc[idx, "floor_bytes"] = bus
+    events.loc[idx, "uncosted"] = np.where(bus >= 0, "", NO_COLLECTIVE_SIZE)
+    return events
+
+
 def assemble(per_file: list[dict], iteration_pattern: str | None) -> tuple[pd.DataFrame, list[int], str]:
     """Events of several files of one tool, each given as a dict with ``file_index``, ``file``
     (its path, for messages), ``gpu`` (GPU rows), ``calls`` (host API calls), ``ranges`` (user
-    ranges), optionally ``waits`` (rows of kind ``wait``: cross-stream dependencies) -- all keyed
-    by ``pid`` -- and ``processes`` (see :func:`assign_ranks`). Returns (events, ranks, how ranks
+    ranges), optionally ``waits`` (rows of kind ``wait``: cross-stream dependencies) and
+    ``collective_calls`` (``COLLECTIVE_CALL_COLUMNS``: NCCL/RCCL calls with their sizes) -- all
+    keyed by ``pid`` -- and ``processes`` (see :func:`assign_ranks`). Returns (events, ranks, how ranks
     were assigned); each dict gets ``ranks`` (its files' ranks)."""
     processes = concat([f["processes"] for f in per_file])
     rank_of, how = assign_ranks(processes)
@@ -346,6 +430,8 @@ def assemble(per_file: list[dict], iteration_pattern: str | None) -> tuple[pd.Da
     markers = iteration_markers(ranges, iteration_pattern)
     waits = [_with_rank(f["waits"], f["file_index"], rank_of) for f in per_file if len(f.get("waits", ()))]
     events = finish_events([gpu, launches, markers, *waits])
+    sized = [_with_rank(f["collective_calls"], f["file_index"], rank_of) for f in per_file if len(f.get("collective_calls", ()))]
+    events = attach_collective_sizes(events, concat(sized) if sized else empty_collective_calls().rename(columns={"pid": "rank"}))
     return events, sorted(set(rank_of.values())), how
 
 
