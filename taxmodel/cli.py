@@ -319,6 +319,15 @@ def workloads_cmd(workload_modules) -> None:
 
 # --- model: analyze, calibrate, predict, validate ------------------------------------------
 
+@cli.command("hardware")
+@click.argument("key", required=False)
+def hardware_cmd(key: str | None) -> None:
+    """List the hardware specs --hardware takes (one key per part and source), or show one in full."""
+    from taxmodel.model.hardware import describe
+
+    click.echo(describe(key))
+
+
 @cli.command("analyze")
 @click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON document instead of tables.")

@@ -280,6 +280,30 @@ def known_keys() -> str:
     return ", ".join(sorted(s.key for s in _shipped()))
 
 
+def describe(key: str | None = None) -> str:
+    """What ``taxmodel hardware`` prints: every shipped spec by key (source, bf16/fp16 and fp32
+    peaks, HBM, peer and host links), or one spec's fields, sources and notes in full."""
+    if key is not None:
+        spec = find_preset(key)
+        if spec is None:
+            close = suggest(key)
+            raise InputError(f"unknown hardware '{key}'{'; did you mean ' + ' or '.join(close) + '?' if close else ''} "
+                             f"(keys: {known_keys()})")
+        d = spec.to_dict()
+        lines = [f"{spec.shown}"] + [f"  {k}: {v}" for k, v in d.items() if k not in ("notes", "extra", "key") and v not in ("", 0, 0.0, [], {})]
+        lines += [f"  {k}: {v}" for k, v in (spec.extra or {}).items()] + [f"  notes: {spec.notes}"]
+        return "\n".join(lines)
+    rows = ["key               name                      source      bf16/fp16 TF  fp32 TF  HBM GB/s  peer GB/s  host link",
+            "----------------  ------------------------  ----------  ------------  -------  --------  ---------  ------------------"]
+    for spec in sorted(_shipped(), key=lambda s: s.key):
+        tensor = spec.peak_flops.get("bf16") or spec.peak_flops.get("fp16") or 0.0
+        rows.append(f"{spec.key:<16}  {spec.name[:24]:<24}  {spec.source:<10}  {tensor / 1e12:>12,.1f}  "
+                    f"{spec.peak_flops.get('fp32', 0.0) / 1e12:>7,.1f}  {spec.hbm_bytes_per_s / 1e9:>8,.0f}  "
+                    f"{spec.link_bytes_per_s / 1e9:>9,.1f}  {host_link_of(spec)[1] or 'unknown'}")
+    rows.append("taxmodel hardware KEY: one spec in full (its data sheet and notes); --hardware takes a key, a name or a FILE.json")
+    return "\n".join(rows)
+
+
 #: AMD GPUs report their gfx architecture as a CUDA-style compute capability in Kineto's deviceProperties
 _AMD_ARCH_BY_CAPABILITY = {"9.0": "gfx90a", "9.4": "gfx942", "9.5": "gfx950"}
 
