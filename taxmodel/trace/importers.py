@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.trace import replay_shapes, schema, unsupported
+from taxmodel.trace import replay_shapes, schema
 from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
@@ -52,6 +52,9 @@ IMPORTER_MODULES: list[str] = [
     "taxmodel.trace.rocprof_csv",
 ]
 """Importer modules, in the order ``detect_format`` asks them; the first whose ``sniff`` says yes wins."""
+REFUSALS_MODULE = "taxmodel.trace.unsupported"
+"""The profiler outputs recognized but not read (``refusal(path, head)``), asked before the importers;
+loaded like them, by name, since it shares their helpers."""
 
 HEAD_BYTES = 64 * 1024
 
@@ -142,7 +145,7 @@ def refuse_unsupported(path: Path, head: bytes | None = None) -> None:
     """InputError in one line for a profiler output taxmodel recognizes but does not read
     (``unsupported.py``: an .nsys-rep, an nvprof or RPD database, an nsys export without CUDA
     activity), saying how to get a supported one; nothing for any other file."""
-    why = unsupported.refusal(path, read_head(path) if head is None else head)
+    why = importlib.import_module(REFUSALS_MODULE).refusal(path, read_head(path) if head is None else head)
     if why:
         raise InputError(why)
 
