@@ -214,3 +214,23 @@ def test_collectives_without_a_sized_nccl_range_say_so(tmp_path):
     events, _ = _read([path])
     comm = events[(events["kind"] == "kernel") & (events["role"] == "comm")]
     assert len(comm) and (comm["floor_bytes"] == -1).all() and (comm["uncosted"] == vc.NO_COLLECTIVE_SIZE).all()
+
+
+def test_the_exports_gpu_table_describes_the_device_the_estimate_needs():
+    """TARGET_INFO_GPU of a real export (Perlmutter, Nsight Systems 2022.2): the device the
+    kernels ran on, with its memory bandwidth, clock, L2 and compute capability."""
+    path = HERE.parent / "data" / "thirdparty" / "pipit" / "perlmutter_saxpy_mpi_cuda_rank0.sqlite"
+    _, meta = _read([path])
+    hw = meta["hardware"]
+    assert hw["name"] == "NVIDIA A100-SXM4-40GB" and hw["num_sms"] == 108 and hw["compute_capability"] == "8.0"
+    assert hw["memory_bandwidth_bytes_per_s"] == 1555200000000 and hw["clock_hz"] == 1410000000
+    assert hw["l2_bytes"] == 41943040 and "integrated" not in hw
+
+
+def test_kernel_names_say_the_architecture_when_no_device_is_recorded():
+    names = pd.Series(["void at::native::vectorized_elementwise_kernel<4>", "sm80_xmma_gemm_f16f16_f16f32_f32_nn_n",
+                       "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "ampere_sgemm_128x64_nn"])
+    hint = vc.arch_from_kernel_names(names)
+    assert hint["arch"] == "9.0" and "sm90_xmma" in hint["basis"]
+    assert vc.arch_from_kernel_names(pd.Series(["void cutlass::device_kernel<cutlass::arch::Sm100>"]))["arch"] == "10.0"
+    assert vc.arch_from_kernel_names(pd.Series(["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "gemm_kernel"])) is None
