@@ -184,16 +184,16 @@ _DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float3
 @lru_cache(maxsize=1)
 def _shipped() -> tuple[HardwareSpec, ...]:
     """Every hardware file shipped with taxmodel, keyed (a file without a key by its name)."""
-    out = []
+    out: list[HardwareSpec] = []
     folder = resources.files("taxmodel") / "data" / "hardware"
     for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         if entry.name.endswith(".json"):
             spec = HardwareSpec.from_dict(json.loads(entry.read_text()), where=f"preset {entry.name}")
-            out.append(spec if spec.key else replace(spec, key=entry.name[:-5].lower().replace("_", "-")))
-    keys = [s.key for s in out]
-    dup = next((k for k in keys if keys.count(k) > 1), None)
-    if dup:
-        raise InputError(f"two shipped hardware files have the key {dup!r}; keys must be unique")
+            stem = entry.name[:-5].lower().replace("_", "-")
+            taken = {s.key for s in out}
+            # a file without a key, or whose key another file took first (a calibration copied from
+            # another), is keyed by its file name
+            out.append(spec if spec.key and spec.key not in taken else replace(spec, key=stem))
     return tuple(out)
 
 
