@@ -90,6 +90,9 @@ class HardwareSpec:
     peer_link: str = ""
     #: Fields that are estimates, not data-sheet numbers (e.g. "peak_flops.bf16"); the notes give the basis.
     estimated: tuple[str, ...] = ()
+    #: The clock the peaks are given at (Hz; 0 when the data sheet does not say), to scale them to
+    #: the clock a trace of a related part records (``hardware_estimate``).
+    boost_clock_hz: float = 0.0
 
     @property
     def label(self) -> str:
@@ -171,6 +174,7 @@ HARDWARE_FIELDS = {
     "notes": types.text, "extra": types.optional(types.mapping), "key": types.text, "arch": types.text,
     "memory_gb": types.number(0), "host_link": types.text, "pcie_gen": types.integer(0, 6), "pcie_lanes": types.integer(0, 32),
     "host_link_bytes_per_s": types.number(0), "peer_link": types.text, "estimated": types.list_of(types.text),
+    "boost_clock_hz": types.number(0),
 }
 """JSON types of a hardware file's fields (a wrong type is one line naming the field, not a traceback)."""
 

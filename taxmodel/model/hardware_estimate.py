@@ -8,6 +8,7 @@ name the architecture in its kernels' names (``sm90_xmma_gemm_...``). The estima
 datasheet presets of the same architecture (its *relatives*) by SM count:
 
     peak[dtype] = max over its kin of (peak[dtype] / SMs)  x  the device's SMs
+                  (per SM and clock, x the trace's clock, where both the trace and its kin give one)
     HBM bandwidth = the trace's, else the highest of the relatives'
     peer and host links = the fastest of the relatives'
 
@@ -41,7 +42,14 @@ def estimate_fields(hw: Mapping[str, Any], arch: str, arch_from: str, relatives:
     kin = _kin(name, relatives)
     sms = int(_positive(hw, "num_sms"))
     dtypes = sorted({d for s in kin for d in s.peak_flops})
-    if sms and any(s.num_sms for s in kin):
+    clock = _positive(hw, "clock_hz")
+    clocked = [s for s in kin if s.num_sms and s.boost_clock_hz]
+    if sms and clock and clocked:
+        peaks = {d: max(s.peak_flops[d] / (s.num_sms * s.boost_clock_hz) for s in clocked if d in s.peak_flops) * sms * clock
+                 for d in dtypes if any(d in s.peak_flops for s in clocked)}
+        how = (f"{sms} SMs at the trace's clock of {clock / 1e9:.2f} GHz x the highest per-SM, per-clock peak of "
+               f"{', '.join(s.key for s in clocked)}")
+    elif sms and any(s.num_sms for s in kin):
         peaks = {d: max(s.peak_flops[d] / s.num_sms * sms for s in kin if d in s.peak_flops and s.num_sms)
                  for d in dtypes if any(d in s.peak_flops and s.num_sms for s in kin)}
         how = f"{sms} SMs x the highest per-SM peak of {', '.join(s.key for s in kin)}"

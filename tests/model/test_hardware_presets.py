@@ -133,3 +133,14 @@ def test_the_ledger_says_once_which_spec_and_labels_an_estimate(tmp_path):
     assert sum(c.startswith("hardware: NVIDIA GeForce RTX 3060 (estimated)") for c in led.caveats) == 1
     text = render_ledger(led)
     assert text.count("hardware: NVIDIA GeForce RTX 3060 (estimated);") == 1
+
+
+def test_a_recorded_clock_scales_the_estimate_per_sm_and_clock():
+    """Nsight Systems records the GPU's clock: an RTX 3070 (46 SMs at 1.725 GHz) scaled per SM and
+    clock from the GA102 GeForce whitepaper figures gives its own FP32 rate, 46 x 128 x 2 x 1.725 GHz."""
+    hw = {"name": "NVIDIA GeForce RTX 3070", "num_sms": 46, "compute_capability": "8.6", "clock_hz": 1.725e9}
+    spec = resolve_hardware({"hardware": hw})
+    assert spec.peak_flops["fp32"] == pytest.approx(46 * 128 * 2 * 1.725e9, rel=0.01)
+    assert "at the trace's clock of 1.73 GHz" in spec.notes
+    without = resolve_hardware({"hardware": {k: v for k, v in hw.items() if k != "clock_hz"}})
+    assert "clock" not in without.notes.split("peaks", 1)[1].split(";")[0]
