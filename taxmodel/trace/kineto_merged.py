@@ -76,11 +76,13 @@ def _document(doc: dict, events: list[dict]) -> dict:
 
 
 def _by_rank_label(events: list[dict]) -> tuple[dict[int, list[dict]], str] | None:
-    """TraceFusion: ``args.rank`` on the events (metadata events without it go to every rank)."""
+    """TraceFusion: ``args.rank`` on every event (metadata events without it go to every rank); a
+    trace some of whose GPU activities lack it is not such a merge (an op may record a 'rank')."""
     ranks = [_int(e["args"].get("rank")) if type(e.get("args")) is dict else None for e in events]
-    labelled = {r for r, e in zip(ranks, events) if r is not None and e.get("ph") != "M"}
-    if not labelled:
+    gpu = [r for r, e in zip(ranks, events) if e.get("ph") == "X" and _cat(e) in _GPU_CATS]
+    if not gpu or any(r is None for r in gpu):
         return None
+    labelled = {r for r, e in zip(ranks, events) if r is not None and e.get("ph") != "M"}
     groups: dict[int, list[dict]] = {r: [] for r in labelled}
     shared = [e for r, e in zip(ranks, events) if r is None]
     for r, e in zip(ranks, events):

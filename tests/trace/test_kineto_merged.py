@@ -73,3 +73,19 @@ def test_a_merge_whose_gpu_work_cannot_be_told_apart_is_refused(tmp_path):
 def test_one_processs_trace_is_not_split():
     events, meta, _ = importers.import_traces(RANKS[:1], allow_missing_ranks=True)
     assert meta["ranks"] == [0] and not any("merged" in n for n in meta["notes"])
+
+
+def test_an_op_that_records_a_rank_does_not_make_a_trace_a_merge(tmp_path):
+    """Only a file whose every GPU activity carries args.rank is a TraceFusion merge."""
+    import gzip
+    import json
+
+    doc = json.load(gzip.open(RANKS[1]))
+    ops = [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("cat") == "cpu_op"]
+    for e in ops[:50]:
+        e.setdefault("args", {})["rank"] = 5
+    path = tmp_path / "rank1.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    _, meta, _ = importers.import_traces([path], allow_missing_ranks=True)
+    assert meta["ranks"] == [1] and not any("merged" in n for n in meta["notes"])
