@@ -9,18 +9,15 @@ import os
 import re
 from pathlib import Path
 
+from taxmodel import safetext
 from taxmodel.fsutil import atomic_write, make_dirs
 from taxmodel.report.blocks import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
 
 
-_ACTIVE = re.compile(r"([\\`*_\[\]<>!|~#&])")
-
-
-def escape_text(text: str) -> str:
-    """Text as it should read, never as Markdown: every line break becomes a space (a name with a
-    newline cannot start a heading or a list) and Markdown's active characters are escaped (a
-    bundle-supplied name cannot become a link, an image fetched from elsewhere, or HTML)."""
-    return _ACTIVE.sub(r"\\\1", " ".join(str(text).split()))
+escape_text = safetext.markdown
+"""Text as it should read, never as Markdown (the one sanitizer of names for Markdown, shared
+with ``taxmodel compare --markdown``): a bundle-supplied name cannot become a link, an image
+fetched from elsewhere, HTML, or a heading."""
 
 
 def _cell(text: str) -> str:

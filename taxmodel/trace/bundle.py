@@ -23,7 +23,8 @@ import pandas as pd
 
 from taxmodel import fsutil
 from taxmodel.fsutil import replace_dir  # the one directory swap (regress/baseline.py imports it from here)
-from taxmodel.errors import BundleError, InputError
+from taxmodel import limits
+from taxmodel.errors import BundleError, InputError, TaxmodelError
 from taxmodel.trace import schema
 from taxmodel.trace.bundle_meta import EXACT_NS, check_meta
 
@@ -51,6 +52,9 @@ META_DEFAULTS: dict[str, Any] = {
     "created": None,  # ISO 8601 date-time of capture or import
     "notes": [],
 }
+RAW_MANIFEST = "raw_files"
+"""meta key listing the files ``write_bundle`` copied into ``raw/``: what a replacement (``--force``)
+may delete there; anything else in ``raw/`` was put there by someone else."""
 
 
 @dataclass
@@ -145,7 +149,34 @@ def prepare_output(path: str | os.PathLike, *, force: bool = False,
                          "which taxmodel did not write; move those away or choose another -o")
     if not force:
         raise InputError(f"{path}: a bundle already exists there; pass --force to replace it, or choose another -o")
+    if RAW_DIR in entries:
+        _check_raw_is_ours(path)
     return True
+
+
+def _check_raw_is_ours(path: Path) -> None:
+    """InputError when the bundle's ``raw/`` holds anything its writer did not put there: the
+    files its meta lists (``RAW_MANIFEST``, or the imported traces' names in ``inputs``); in a
+    bundle written before the manifest, any regular file. Directories, links and special files
+    are never ours."""
+    raw = path / RAW_DIR
+    if fsutil.describe(raw) != "a directory":
+        raise InputError(f"{raw}: is {fsutil.describe(raw)}, which taxmodel did not write; move it away or choose another -o")
+    try:
+        meta = json.loads((path / META_FILE).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        meta = {}
+    meta = meta if isinstance(meta, dict) else {}
+    listed = meta.get(RAW_MANIFEST)
+    inputs = meta.get("inputs") if isinstance(meta.get("inputs"), list) else []
+    names = {str(i.get("file")) for i in inputs if isinstance(i, dict)}
+    if isinstance(listed, list):
+        names |= {str(n) for n in listed}
+    foreign = sorted(e.name for e in os.scandir(raw)
+                     if fsutil.describe(e.path) != "a regular file" or ((listed is not None or names) and e.name not in names))
+    if foreign:
+        raise InputError(f"{raw}: holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}, which taxmodel "
+                         "did not write; move those away or choose another -o (--force replaces only what taxmodel wrote)")
 
 
 def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, Any],
@@ -168,6 +199,10 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
         raise BundleError(f"meta: field 'schema_version' is {meta.get('schema_version')}, this taxmodel writes {schema.SCHEMA_VERSION}")
     if not meta.get("ranks"):
         meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
+    if raw_files:
+        meta[RAW_MANIFEST] = sorted(f.name for f in raw_files)
+    else:
+        meta.pop(RAW_MANIFEST, None)
     check_meta(json.loads(json.dumps(meta, default=_json_default)), "meta")
     fsutil.make_dirs(path.parent, "bundle")
     tmp = fsutil.make_temp_dir(path)
@@ -253,14 +288,12 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
     return Bundle(events=events, meta=make_meta(**meta), path=path)
 
 
-MAX_ARCHIVE_MEMBER_BYTES = 16 * 2 ** 30
-"""The largest meta.json or events.parquet an archive may unpack to (a guard against a small
-archive that inflates without end; real bundles of a million kernels are tens of MB)."""
-
-
 def _load_archive(path: Path) -> Bundle:
     """Unpack only the archive's meta.json and events.parquet (raw traces are not needed to
-    load) into a temporary directory, refusing links, devices and paths that leave it."""
+    load) into a temporary directory, refusing links, devices, paths that leave it, and members
+    that together unpack to more than the input budget allows for an archive of this size
+    (``limits.decompressed_cap``: a 2 MB archive does not write gigabytes to the disk). Errors
+    name the archive and the member, never the temporary directory."""
     try:
         tar = tarfile.open(path)
     except tarfile.ReadError as exc:
@@ -276,14 +309,17 @@ def _load_archive(path: Path) -> Bundle:
                     if not m.isfile():
                         raise BundleError(f"{path}: archive member {m.name!r} is not a regular file; "
                                           "pack the bundle again with `tar czf`")
-                    if m.size > MAX_ARCHIVE_MEMBER_BYTES:
-                        raise BundleError(f"{path}: archive member {m.name!r} unpacks to {m.size} bytes, more than "
-                                          f"{MAX_ARCHIVE_MEMBER_BYTES}; this is not a bundle")
+                limits.check_size(path, sum(m.size for m in members), "the bundle inside the archive",
+                                  limits.decompressed_cap(path.stat().st_size))
                 tar.extractall(tmp, members=members, filter="data")
             roots = sorted({(Path(tmp) / m.name).parent for m in members if Path(m.name).name == META_FILE})
             if len(roots) != 1:
                 raise BundleError(f"{path}: archive holds {len(roots)} bundles; expected exactly one")
-            bundle = load_bundle(roots[0])
+            try:
+                bundle = load_bundle(roots[0])
+            except TaxmodelError as exc:  # name the archive's member, not the temporary copy
+                message = str(exc).replace(str(Path(tmp)) + os.sep, f"{path}:").replace(str(Path(tmp)), str(path))
+                raise type(exc)(message) from None
             bundle.events = bundle.events.copy()
             bundle.path = path
             return bundle
@@ -303,6 +339,17 @@ def archive_bundle(bundle_dir: str | os.PathLike, archive: str | os.PathLike) ->
         with tarfile.open(tmp, "w:gz") as tar:
             tar.add(bundle_dir, arcname=bundle_dir.name)
     return archive
+
+
+def bundle_inputs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """What a command that reads ``paths`` (bundles, archives, directories of bundles) reads:
+    every archive and bundle directory among or below them. Outputs go through
+    ``fsutil.check_output_file(..., inputs=bundle_inputs(...))``: a file may be written beside
+    bundles, never over an archive or inside a bundle."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out += find_bundles(p) if p.is_dir() else [p]
+    return out
 
 
 def find_bundles(root: str | os.PathLike) -> list[Path]:
