@@ -12,6 +12,8 @@ each reader asks this module before it commits memory, disk or time:
   ``MAX_RATIO`` times its size (real traces compress 5-30x) with a floor for small files, and
   never more than the budget;
 * ``check_size``: the one-line refusal, naming the file, the size and the budget;
+* ``row_budget`` and ``query_seconds``: a query of a SQLite export yields at most as many rows
+  as the file has bytes, and stops after ``TAXMODEL_MAX_QUERY_SECONDS`` (600 s);
 * ``read_small_text``: settings files (``--config``, ``--hardware``), which are kilobytes: at
   most ``SMALL_FILE_BYTES``, UTF-8 text, else one line.
 
@@ -45,6 +47,33 @@ def input_budget() -> int:
     if value <= 0:
         raise InputError(f"{BUDGET_ENV}={text!r} must be a positive number of bytes")
     return value
+
+
+QUERY_SECONDS_ENV = "TAXMODEL_MAX_QUERY_SECONDS"
+DEFAULT_QUERY_SECONDS = 600.0
+MIN_ROW_BUDGET = 1_000_000
+
+
+def query_seconds() -> float:
+    """How long one query of an input database may run (``TAXMODEL_MAX_QUERY_SECONDS``)."""
+    text = os.environ.get(QUERY_SECONDS_ENV, "").strip()
+    try:
+        value = float(text) if text else DEFAULT_QUERY_SECONDS
+    except ValueError:
+        raise InputError(f"{QUERY_SECONDS_ENV}={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise InputError(f"{QUERY_SECONDS_ENV}={text!r} must be a positive number of seconds")
+    return value
+
+
+def row_budget(path: str | os.PathLike) -> int:
+    """The most rows one query of the database file ``path`` may yield: a row takes at least a
+    byte on disk, so a table never holds more rows than the file has bytes."""
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    return max(MIN_ROW_BUDGET, size)
 
 
 def decompressed_cap(compressed_bytes: int) -> int:
