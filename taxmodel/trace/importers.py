@@ -425,6 +425,38 @@ def check_events(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] | No
         raise InputError(f"{_where(int(row['rank']), files)}: {row['kind']} {row['name']!r} at {row['start_ns']} ns has "
                          f"a negative duration ({int(row['end_ns'] - row['start_ns'])} ns); the trace is damaged")
     check_stream_order(events, files)
+    check_launch_gaps(events, files)
+
+
+MAX_LAUNCH_GAP_NS = 3600 * 10**9
+"""A GPU activity starts at most this long (an hour) after the launch call that enqueued it ended.
+Real queues delay work by milliseconds, a long synchronization by seconds; a kernel 103 days
+after its launch means the host and GPU clocks of the trace disagree or a timestamp is damaged,
+and every window and tax computed from it would be that long."""
+
+
+def check_launch_gaps(events: pd.DataFrame, files: dict[int, str] | None = None) -> None:
+    """InputError naming the first GPU activity that starts more than ``MAX_LAUNCH_GAP_NS`` after
+    its launch call (same rank and correlation) ended."""
+    corr = events["correlation"].to_numpy()
+    kind = events["kind"].to_numpy()
+    launch = (kind == "launch") & (corr >= 0)
+    gpu = np.isin(kind, list(schema.GPU_KINDS)) & (corr >= 0)
+    if not launch.any() or not gpu.any():
+        return
+    calls = pd.DataFrame({"rank": events["rank"].to_numpy()[launch], "correlation": corr[launch],
+                          "call_end": events["end_ns"].to_numpy()[launch]}).drop_duplicates(["rank", "correlation"])
+    work = pd.DataFrame({"rank": events["rank"].to_numpy()[gpu], "correlation": corr[gpu],
+                         "start": events["start_ns"].to_numpy()[gpu], "row": np.flatnonzero(gpu)})
+    linked = work.merge(calls, on=["rank", "correlation"], how="inner")
+    late = linked[linked["start"] - linked["call_end"] > MAX_LAUNCH_GAP_NS]
+    if len(late):
+        first = late.iloc[0]
+        row = events.iloc[int(first["row"])]
+        gap_s = (int(first["start"]) - int(first["call_end"])) / 1e9
+        raise InputError(f"{_where(int(row['rank']), files or {})}: {row['kind']} {str(row['name'])[:80]!r} (correlation "
+                         f"{int(row['correlation'])}) starts {gap_s:,.0f} s ({gap_s / 86400:,.1f} days) after its launch "
+                         "call ended; the trace's host and GPU clocks disagree or a timestamp is damaged: export it again")
 
 
 def widen_instants(events: pd.DataFrame, meta: dict) -> pd.DataFrame:
