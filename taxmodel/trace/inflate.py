@@ -67,3 +67,10 @@ def gunzip_file(path: str | os.PathLike, dst: BinaryIO) -> int:
             dst.write(out)
             n += len(out)
     return n
+
+
+def iter_gunzip(path: str | os.PathLike):
+    """The inflated chunks of the gzip file ``path``, capped (for readers that stream)."""
+    path = Path(path)
+    with open(path, "rb") as src:
+        yield from _chunks(src, path, cap_for(path.stat().st_size))
