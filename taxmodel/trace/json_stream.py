@@ -28,6 +28,7 @@ from taxmodel.trace import inflate
 
 CHUNK_BYTES = 8 << 20
 WINDOW_CHARS = 2 << 20
+LOOKAHEAD = 64
 MAX_VALUE_CHARS = 256 << 20
 """One event (or top-level value) larger than this is not a trace: refused instead of buffered."""
 
@@ -116,9 +117,8 @@ class TraceStream:
     # --- errors ----------------------------------------------------------------------------
 
     def _error(self, msg: str, pos: int) -> InputError:
-        rest = self._buf[pos:].strip()
-        if self._eof and not rest or (self._eof and pos >= len(self._buf.rstrip())):
-            hint = "the file looks truncated"
+        if self._eof and (pos >= len(self._buf.rstrip()) or msg.startswith("Unterminated string")):
+            hint = "the file looks truncated"  # the text ended inside a value
         else:
             hint = "the file is not valid JSON"
         line = self._lines_before + self._buf.count("\n", 0, pos) + 1
@@ -133,21 +133,24 @@ class TraceStream:
         return c
 
     def _value(self) -> Any:
-        """One JSON value at the position (reading more text while it is incomplete)."""
+        """One JSON value at the position, reading more text while it may be incomplete: an
+        error or an end within ``LOOKAHEAD`` characters of the text read so far (a number cut
+        by the chunk's end parses as a shorter number), or a string still open."""
         self._skip_ws()
         while True:
+            buf, pos = self._buf, self._pos
             try:
-                value, end = self._dec.raw_decode(self._buf, self._pos)
-                if end == len(self._buf) and not self._eof and type(value) in (int, str) and self._more():
-                    continue  # a number (or decimal text) cut by the chunk's end: read on
-                self._pos = end
-                return value
+                value, end = self._dec.raw_decode(buf, pos)
             except json.JSONDecodeError as exc:
-                if not self._eof and self._more():
+                if (exc.msg.startswith("Unterminated string") or exc.pos >= len(buf) - LOOKAHEAD) and self._more():
                     continue
                 raise self._error(exc.msg, exc.pos) from None
             except RecursionError as exc:
                 raise InputError(f"{self.path}: cannot be parsed as JSON (nested too deeply)") from exc
+            if end > len(buf) - LOOKAHEAD and self._more():
+                continue
+            self._pos = end
+            return value
 
     # --- the document ------------------------------------------------------------------------
 
