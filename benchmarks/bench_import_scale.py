@@ -11,7 +11,9 @@ all-gather (collective metadata) every 50 kernels, deviceProperties and distribu
     python benchmarks/bench_import_scale.py --kernels 1000000 --ranks 2 --dir /tmp/scale --keep
 
 Writes the traces under --dir (never into the repository), runs the import as a child process
-and prints one JSON line: kernels, bytes, wall_s, peak_rss_mb (the child's ru_maxrss).
+and prints one JSON line: kernels, bytes, wall_s, cpu_s (user + system of the child: on a shared
+machine the wall time also counts other people's work, see load_avg_1min), peak_rss_mb (the
+child's ru_maxrss).
 """
 from __future__ import annotations
 
@@ -97,11 +99,14 @@ def main() -> None:
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peak = usage.ru_maxrss / 1024
+    cpu = usage.ru_utime + usage.ru_stime
     if proc.returncode != 0:
         sys.exit(f"import failed ({proc.returncode}): {proc.stderr[-2000:]}")
     print(json.dumps({"ranks": args.ranks, "kernels": args.kernels * args.ranks, "json_bytes": size,
-                      "wall_s": round(wall, 1), "peak_rss_mb": round(peak), "cpus": os.cpu_count(),
+                      "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "peak_rss_mb": round(peak),
+                      "cpus": os.cpu_count(), "load_avg_1min": round(os.getloadavg()[0], 1),
                       "python": sys.version.split()[0]}))
 
 

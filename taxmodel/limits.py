@@ -23,6 +23,7 @@ This module is at the bottom layer (it imports only ``errors``).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 from taxmodel.errors import InputError
@@ -94,6 +95,8 @@ def read_small_text(path: str | os.PathLike, what: str = "settings file") -> str
     ``SMALL_FILE_BYTES``, not text, or cannot be read."""
     path = Path(path)
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read for ever, a device never end
+            raise InputError(f"{path}: is not a regular file; a {what} must be one")
         with open(path, "rb") as f:
             data = f.read(SMALL_FILE_BYTES + 1)
     except OSError as exc:

@@ -68,6 +68,9 @@ def plan_update(candidate: str | Path, baseline_dir: str | Path,
     that ``compare`` will read for this baseline), or has several bundles without ``pool``."""
     baseline_dir = Path(baseline_dir)
     recover_dir(baseline_dir)  # a killed update's old directory goes back first
+    if baseline_dir.is_symlink():  # the swap would replace the link, not the directory it points to
+        raise InputError(f"{baseline_dir}: is a symbolic link; pass the directory it points to "
+                         f"({os.path.realpath(baseline_dir)}) as --baseline")
     if baseline_dir.exists() and not baseline_dir.is_dir():
         raise InputError(f"{baseline_dir}: --baseline must be a directory of bundles")
     if (baseline_dir / "meta.json").exists():

@@ -266,6 +266,29 @@ def load_bundle_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+def read_events_file(events_path: Path) -> pd.DataFrame:
+    """``events.parquet`` as a DataFrame, each Arrow column released as soon as it is converted
+    (``self_destruct``), so a large bundle is not held twice while it loads."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(events_path)
+    return table.to_pandas(split_blocks=True, self_destruct=True)
+
+
+def check_parquet_size(events_path: Path) -> None:
+    """InputError when ``events.parquet`` says it unpacks to more than the input budget (its row
+    groups' uncompressed sizes, from the footer): a small file of well-compressed columns can claim
+    billions of rows, which ``read_parquet`` would try to hold."""
+    import pyarrow.parquet as pq
+
+    try:
+        md = pq.ParquetFile(events_path).metadata
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise BundleError(f"{events_path}: cannot be read as parquet ({exc})") from exc
+    limits.check_size(events_path, sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)),
+                      "the events (unpacked)")
+
+
 def load_bundle(path: str | os.PathLike) -> Bundle:
     """Load a bundle directory or archive; raise BundleError naming what is wrong."""
     path = Path(path)
@@ -276,8 +299,9 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
     if not path.is_dir():
         raise InputError(f"{path}: is {fsutil.describe(path)}, not a bundle directory or archive")
     meta, events_path = load_bundle_meta(path), path / EVENTS_FILE
+    check_parquet_size(events_path)
     try:
-        events = schema.add_missing_columns(pd.read_parquet(events_path))
+        events = schema.add_missing_columns(read_events_file(events_path))
     except Exception as exc:  # pyarrow raises several types for damaged files
         raise BundleError(f"{events_path}: cannot be read as parquet ({exc})") from exc
     try:
@@ -366,14 +390,15 @@ def write_events(path: Path, events: pd.DataFrame) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pandas(events, preserve_index=False)
     rank = events["rank"].to_numpy()
     cuts = np.r_[0, np.flatnonzero(rank[1:] != rank[:-1]) + 1, len(rank)] if len(rank) else np.zeros(1, np.int64)
-    with pq.ParquetWriter(path, table.schema) as writer:
+    # one rank at a time into Arrow: the whole frame is never held twice
+    schema = pa.Table.from_pandas(events.iloc[:1] if len(events) else events, preserve_index=False).schema
+    with pq.ParquetWriter(path, schema) as writer:
         if len(rank) == 0:
-            writer.write_table(table)
+            writer.write_table(pa.Table.from_pandas(events, schema=schema, preserve_index=False))
         for a, b in zip(cuts[:-1], cuts[1:]):
-            writer.write_table(table.slice(int(a), int(b - a)))
+            writer.write_table(pa.Table.from_pandas(events.iloc[int(a):int(b)], schema=schema, preserve_index=False))
 
 
 def _rank_row_groups(pf: Any) -> dict[int, list[tuple[int, int]]] | None:

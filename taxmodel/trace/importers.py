@@ -208,6 +208,7 @@ def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Pa
     check_ranks(events, meta, allow_missing=allow_missing_ranks, shown=shown, world_size=world_size)
     events = widen_instants(events, meta)
     check_events(events, meta, shown=shown)
+    note_long_spans(events, meta, shown=shown)
     meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
     return events, meta, fmt
 
@@ -279,7 +280,9 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
         if dup:
             raise InputError(f"two traces are named {dup!r}; rename one, or import with --no-keep-raw")
         raw = paths
-    return load_bundle(write_bundle(output, events, meta, raw_files=raw, overwrite=force)), fmt
+    written = write_bundle(output, events, meta, raw_files=raw, overwrite=force)
+    del events  # the bundle read back is the one copy kept
+    return load_bundle(written), fmt
 
 
 # --- cross-file checks -------------------------------------------------------------------------
@@ -459,6 +462,29 @@ def check_launch_gaps(events: pd.DataFrame, files: dict[int, str] | None = None)
                          "call ended; the trace's host and GPU clocks disagree or a timestamp is damaged: export it again")
 
 
+LONG_SPAN_NS = 24 * 3600 * 10**9
+"""GPU activity of one rank spanning more than a day is noted: a profiled trace covers seconds to
+minutes, so a day points at a damaged timestamp that no launch links (a kernel without a
+correlation id escapes ``check_launch_gaps``)."""
+
+
+def note_long_spans(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] | None = None) -> None:
+    """A note in meta (shown by ``show`` and kept with the bundle) for every rank whose GPU activity
+    spans more than ``LONG_SPAN_NS``, naming its longest gap between GPU activities."""
+    files = _rank_files(meta, shown)
+    gpu = events[events["kind"].isin(schema.GPU_KINDS)]
+    for rank, g in gpu.groupby("rank", sort=True):
+        lo, hi = int(g["start_ns"].min()), int(g["end_ns"].max())
+        if hi - lo <= LONG_SPAN_NS:
+            continue
+        starts = np.sort(g["start_ns"].to_numpy())
+        gap = int(np.diff(starts).max()) if len(starts) > 1 else 0
+        meta.setdefault("notes", []).append(
+            f"import: {_where(int(rank), files)}: GPU activity spans {(hi - lo) / 86400e9:,.1f} days, with a gap of "
+            f"{gap / 86400e9:,.1f} days between two activities; a timestamp may be damaged (every window that "
+            "contains the gap is that long)")
+
+
 def widen_instants(events: pd.DataFrame, meta: dict) -> pd.DataFrame:
     """GPU activities recorded with zero duration get 1 ns, and a note says how many.
 
@@ -489,7 +515,8 @@ def check_stream_order(events: pd.DataFrame, files: dict[int, str] | None = None
     launch lets kernels of one stream overlap legitimately. Rows without a correlation id are
     not checked.
     """
-    gpu = events[events["kind"].isin(schema.GPU_KINDS) & (events["correlation"] >= 0)]
+    cols = ["start_ns", "correlation", "stream", "device", "rank"]
+    gpu = events.loc[events["kind"].isin(schema.GPU_KINDS) & (events["correlation"] >= 0), cols]
     if len(gpu) < 2:
         return
     keys = [gpu[c].to_numpy() for c in ("start_ns", "correlation", "stream", "device", "rank")]

@@ -223,6 +223,8 @@ def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd
                          "(pass --iteration-pattern to use your own record_function ranges)")
 
     events = pd.concat([f for _, f, _ in per_file], ignore_index=True) if per_file else pd.DataFrame()
+    for i, (path, _, info) in enumerate(per_file):  # the concatenation is the one copy kept
+        per_file[i] = (path, None, info)
     worlds = {i["world_size"] for i in inputs if i["world_size"] is not None}
     meta = {
         "source": FORMAT,
@@ -290,6 +292,7 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
     cat_cache: dict = {}
     marker_cache: dict = {}
     dims_cache: dict = {}
+    names_seen: dict = {}
     empty: dict = {}
     seen = 0
     for batch in stream.batches():
@@ -330,7 +333,11 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
             if not has_args:
                 a = empty
             b["cat"].append(cat)
-            b["name"].append(name if type(name) is str else "")
+            if type(name) is str:  # one object per distinct name: a trace repeats few
+                name = names_seen.setdefault(name, name)
+            else:
+                name = ""
+            b["name"].append(name)
             raw_ts.append(e.get("ts"))
             raw_dur.append(e.get("dur"))
             b["has_args"].append(has_args)
