@@ -174,7 +174,8 @@ def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw
 @cli.command("show")
 @click.argument("bundle", type=_BUNDLES)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--top", default=10, show_default=True, help="How many of the longest-running kernels to list.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=1),
+              help="How many of the longest-running kernels to list.")
 def show_cmd(bundle, as_json, top) -> None:
     """Summarize a bundle (or every bundle below a directory, as analyze takes them): ranks,
     iterations, kernels by role and rank, top kernels, metadata."""
@@ -365,7 +366,7 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
 
 @cli.command("advise")
 @click.argument("bundle", type=_BUNDLES)
-@click.option("--top", type=int, default=10, show_default=True, help="How many candidates to list (largest bound first).")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="How many candidates to list (largest bound first).")
 @click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
 @click.option("--hardware", default=None, metavar="NAME|FILE",
               help="Hardware preset or a JSON file from `taxmodel calibrate` (default: from the bundle).")

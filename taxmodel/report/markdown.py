@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from taxmodel import safetext
-from taxmodel.fsutil import atomic_write, make_dirs
+from taxmodel.fsutil import atomic_write, make_dirs, temp_stem
 from taxmodel.report.blocks import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
 
 
@@ -38,8 +38,11 @@ def _table(t: Table) -> list[str]:
 
 
 def figure_file_name(md_path: Path, fig: Figure) -> str:
-    """``report.md`` -> ``report-<figure>.png`` (no spaces or odd characters, so the link needs no quoting)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{md_path.stem}-{fig.name}.png")
+    """``report.md`` -> ``report-<figure>.png`` (no spaces or odd characters, so the link needs no
+    quoting), shortened like a temporary's name (``fsutil.temp_stem``) so that it stays within
+    NAME_MAX whatever the report's (legal) name and the figure's."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{md_path.stem}-{fig.name}")
+    return temp_stem(name) + ".png"
 
 
 def render_markdown(doc: Document, md_path: str | os.PathLike, *, dpi: int = 130) -> str:

@@ -244,6 +244,11 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
+META_MAX_BYTES = 256 * 2 ** 20
+"""A meta.json is kilobytes (a 1,024-rank job's, with one input per rank, well under a megabyte);
+one larger than this is not a bundle's (a sparse file of gigabytes would be read whole)."""
+
+
 def load_bundle_meta(path: Path) -> dict[str, Any]:
     """The checked meta.json of a bundle directory (whose events.parquet must exist too), as
     stored (``make_meta`` completes it)."""
@@ -252,6 +257,7 @@ def load_bundle_meta(path: Path) -> dict[str, Any]:
         if not p.is_file():
             raise BundleError(f"{path}: not a bundle, {p.name} is missing")
     try:
+        limits.check_size(meta_path, meta_path.stat().st_size, "meta.json", META_MAX_BYTES)
         meta = json.loads(meta_path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise BundleError(f"{meta_path}: not valid JSON ({exc})") from exc

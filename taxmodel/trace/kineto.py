@@ -172,6 +172,10 @@ def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> tu
     scan = _scan(path, pattern)
     dist = _dist_info(scan.top)
     rank, world = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
+    for key, value in (("rank", rank), ("world_size", world)):  # recorded but unreadable: never guessed
+        if value is None and dist.get(key) is not None:
+            raise InputError(f"{path}: distributedInfo.{key} is {str(dist.get(key))[:40]!r}, not a whole number; the "
+                             "trace is damaged")
     if rank is not None and not 0 <= rank < MAX_RANKS:
         raise InputError(f"{path}: distributedInfo.rank is {rank}, not a valid rank; the trace is damaged")
     if world is not None and not 0 < world <= MAX_RANKS:
