@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, json_stream, kineto_ops
+from taxmodel.trace import importers, json_stream, kineto_ops, schema
 from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
 FORMAT = "kineto"
@@ -187,7 +187,9 @@ def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> tu
     frame.loc[own >= 0, "iteration"] = own[own >= 0]
     info.update(rank=rank, world=world, iterations=int(ranges_host["iteration"].nunique()),
                 markers=len(ranges_host) + len(ranges_gpu))
-    return path, frame.drop(columns="_own_iteration"), info
+    # normalized here, one file at a time: the run's frame is then normalized already (no copy)
+    # when its files come in rank order
+    return path, schema.normalize_events(frame.drop(columns="_own_iteration")), info
 
 
 def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
@@ -469,6 +471,9 @@ def _read_one(path: Path, scan: _Scan, rank: int, pattern: re.Pattern) -> tuple[
         "correlation": correlation, "collective_id": "", "collective_op": "",
         "graph_id": -1, "grid": "", "block": "", "bytes": -1,
     })
+    for k in ("cat", "name", "start", "end", "pid", "device", "has_args"):  # in the frame now
+        del col[k]
+    del cats, start_ns, end_ns
     if len(gpu_idx):
         _fill_gpu_details(frame, gpu_idx, col)
         _fill_graph_ids(frame, gpu_idx, is_launch, col)
@@ -487,7 +492,9 @@ def _read_one(path: Path, scan: _Scan, rank: int, pattern: re.Pattern) -> tuple[
     ops_start = np.asarray(scan.ops_start, dtype=np.int64)
     ops_end = ops_start + np.asarray(scan.ops_end, dtype=np.int64)
     linked_ops = kineto_ops.attach_op_costs(frame, col["group_size"], gpu_idx, is_launch, tid, ops, ops_start, ops_end)
-    frame = frame[keep].reset_index(drop=True)
+    col.clear()
+    frame = frame[keep]
+    frame.index = pd.RangeIndex(len(frame))  # not reset_index: that copies every column once more
     info = {"hardware": _hardware(scan.top, frame), "software": _software(scan.top),
             "profiler": kineto_ops.profiler_options(scan.top, scan.flags, ops, linked_ops),
             "host": _host_identity(scan.top, scan.pids, frame), "gpu_rows": len(gpu_idx), "no_args": no_args}
