@@ -29,11 +29,11 @@ OP_COLUMNS = ("op", "dtype", "floor_bytes", "uncosted")
 _SHIFT = np.int64(42)
 
 
-def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, is_launch: np.ndarray, tid: np.ndarray,
-                    ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray) -> dict:
+def attach_op_costs(frame: pd.DataFrame, group_size: np.ndarray, gpu_idx: np.ndarray, is_launch: np.ndarray,
+                    tid: np.ndarray, ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray) -> dict:
     """Fill ``op``, ``dtype``, ``flops``, ``floor_bytes`` and ``uncosted`` of the GPU rows of
-    ``frame`` (positions ``gpu_idx``; ``args`` are the selected trace events' args in frame
-    order, ``tid`` their thread ids; ``ops`` the trace's ``cpu_op`` events with their exact
+    ``frame`` (positions ``gpu_idx``; ``group_size`` is each selected trace event's process group
+    size (``group_size_of`` its args, -1 unknown) in frame order, ``tid`` their thread ids; ``ops`` the trace's ``cpu_op`` events with their exact
     start and end in ns). Returns what the meta should say about the capture (whether shapes
     were recorded, how many kernels were linked to an op)."""
     n = len(frame)
@@ -127,7 +127,7 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     if comm.any():
         rows = gk[comm]
         msg = frame["bytes"].to_numpy(np.int64)[rows]
-        group = _group_sizes([args[i] for i in rows])
+        group = group_size[rows]
         cop = frame["collective_op"].to_numpy(object)[rows]
         bus = np.array([collective_bus_bytes(str(o), int(m), int(g)) for o, m, g in zip(cop, msg, group)], np.int64)
         fbytes[rows] = bus
@@ -197,14 +197,13 @@ def _to_int(v) -> int | None:
     return None
 
 
-def _group_sizes(args: list[dict]) -> np.ndarray:
-    out = []
-    for a in args:
-        g = _to_int(a.get("Group size"))
-        if g is None and isinstance(a.get("Process Group Ranks"), str):
-            g = len([x for x in a["Process Group Ranks"].strip("[]").split(",") if x.strip()])
-        out.append(g if g is not None else -1)
-    return np.asarray(out, np.int64)
+def group_size_of(a: dict) -> int:
+    """A collective's process group size from its args (``Group size``, else the length of
+    ``Process Group Ranks``), -1 when neither says."""
+    g = _to_int(a.get("Group size"))
+    if g is None and isinstance(a.get("Process Group Ranks"), str):
+        g = len([x for x in a["Process Group Ranks"].strip("[]").split(",") if x.strip()])
+    return g if g is not None else -1
 
 
 def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -252,26 +251,44 @@ def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, 
 _OPTIONS = ("record_shapes", "with_stack", "with_flops", "profile_memory")
 
 
-def profiler_options(doc: dict, ops: list[dict], linked: dict) -> dict:
+class EventFlags:
+    """What ``profiler_options`` reads off the events, gathered one event at a time (``see``)
+    while a trace streams by: python stack events, memory events, the profiler's overhead."""
+
+    def __init__(self) -> None:
+        self.with_stack = False
+        self.profile_memory = False
+        self.overhead_ns = 0
+
+    def see(self, e: dict) -> None:
+        cat = e.get("cat")
+        if cat == "python_function":
+            self.with_stack = True
+        elif cat == "overhead" and e.get("ph") == "X":
+            self.overhead_ns += (_to_int(e.get("dur")) or 0) * 1000
+        if e.get("name") == "[memory]":
+            self.profile_memory = True
+
+
+def profiler_options(top: dict, flags: EventFlags, ops: list[dict], linked: dict) -> dict:
     """The torch.profiler options this trace was captured with: Kineto writes them at the top
-    level in recent versions; otherwise they are read off the events (shapes, python stack
-    events, flops, memory events). ``overhead_ns``: the profiler's own ``overhead`` events."""
+    level (``top``: the document's keys but its events) in recent versions; otherwise they are
+    read off the events (shapes, python stack events, flops, memory events: ``flags``).
+    ``overhead_ns``: the profiler's own ``overhead`` events."""
     opts: dict = {}
     for key in _OPTIONS:
-        v = doc.get(key)
+        v = top.get(key)
         if v is not None:
             opts[key] = bool(_to_int(v)) if not isinstance(v, bool) else v
-    events = [e for e in doc["traceEvents"] if type(e) is dict]
     if "record_shapes" not in opts:
         opts["record_shapes"] = bool(linked.get("record_shapes"))
     if "with_stack" not in opts:
-        opts["with_stack"] = any(e.get("cat") == "python_function" for e in events)
+        opts["with_stack"] = flags.with_stack
     if "with_flops" not in opts:
         opts["with_flops"] = any(isinstance(o.get("args"), dict) and "flops" in o["args"] for o in ops)
     if "profile_memory" not in opts:
-        opts["profile_memory"] = any(e.get("name") == "[memory]" for e in events)
-    over = [e for e in events if e.get("cat") == "overhead" and e.get("ph") == "X"]
-    opts["overhead_ns"] = int(sum((_to_int(e.get("dur")) or 0) * 1000 for e in over)) if over else 0
+        opts["profile_memory"] = flags.profile_memory
+    opts["overhead_ns"] = int(flags.overhead_ns)
     opts["cpu_ops"] = len(ops)
     opts["kernels_linked_to_ops"] = int(linked.get("ops_linked", 0))
     return opts
