@@ -247,8 +247,12 @@ def _write(a: Assessment, plan: Plan, out: Path, req: CommandRequest, outcome: C
                                                            stopped=stopped)
         return True
     except TaxmodelError as exc:
-        a.lines.append(f"the traces could not be made a bundle: {' '.join(str(exc).split())}"
-                       + _keep_raw(list(a.traces.values()), out))
+        why = " ".join(str(exc).split())
+        for trace in a.traces.values():  # name the traces as they are kept, not by the capture directory
+            why = why.replace(str(trace), trace.name)
+        hint = (" (a CPU run: a CPU capture's kernels are its record_function('kernel::NAME') ranges)"
+                if a.device == "cpu" and "no GPU events" in why else "")
+        a.lines.append(f"the traces could not be made a bundle: {why}{hint}" + _keep_raw(list(a.traces.values()), out))
         a.complete = False
         return False
 
