@@ -70,7 +70,7 @@ def compare(hook: Path, hand: Path, hardware: str | None, floor_pct: float) -> d
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# `taxmodel profile -- COMMAND` vs a hand-written capture of the same steps",
+    lines = ["# `taxmodel profile -- COMMAND` vs a hand-written capture of the same steps",
              "",
              f"- hook: `{result['hook']}`; hand-written: `{result['hand']}`; world size {result['world_size']}; "
              f"steps {result['steps']}; hardware {result['hardware'] or 'from the bundles'}",

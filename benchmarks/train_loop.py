@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_step import LM  # noqa: E402  (the same decoder as the traced training step)
+from train_step import LM, add_model_args  # noqa: E402  (the same decoder as the traced training step)
 
 
 def trace_writer(directory: Path, rank: int):
@@ -48,12 +48,7 @@ def trace_writer(directory: Path, rank: int):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--loop", type=int, default=20, help="training steps to run")
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--d", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_args(ap, batch=4, seq=512, layers=4)
     ap.add_argument("--trace-dir", type=Path, default=None, help="the hand-written torch.profiler capture goes here")
     ap.add_argument("--trace-skip", type=int, default=5)
     ap.add_argument("--trace-steps", type=int, default=5)

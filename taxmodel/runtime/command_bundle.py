@@ -104,8 +104,9 @@ def assess(capture: Capture, plan: Plan, end: JobEnd) -> Assessment:
                            "it); nothing was written")
         else:
             a.lines.append(f"the command {_ended(end)} before its first step: no process called {plan.step_name}()"
-                           + ("" if plan.step_fn else " (for another loop, name its step function with --step-fn "
-                              "MODULE:QUALNAME)") + "; nothing was written")
+                           + (" (is MODULE the name the program imports it by?)" if plan.step_fn else
+                              " (for another loop, name its step function with --step-fn MODULE:QUALNAME)")
+                           + "; nothing was written")
         return a
     a.world = max(int(s.get("world_size") or 1) for s in capture.statuses)
     by_rank: dict[int, list[dict]] = {}
@@ -127,7 +128,8 @@ def assess(capture: Capture, plan: Plan, end: JobEnd) -> Assessment:
                 a.lines.append(f"rank {rank} ended during step {plan.first + done_steps}: its trace holds "
                                f"{done_steps} of the {plan.steps} traced steps")
         elif s.get("state") == "failed":
-            a.lines.append(f"rank {rank}: taxmodel's step hook failed after step {s.get('calls')}: {s.get('error')}")
+            when = f"after step {s['calls']}" if s.get("calls") else "before the first step"
+            a.lines.append(f"taxmodel's step hook failed in rank {rank} (pid {s.get('pid')}) {when}: {s.get('error')}")
         elif with_trace:
             a.lines.append(f"rank {rank} ended during its first traced step (step {plan.first}): no traced step of it "
                            "is complete")

@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import functools
 import importlib.abc
+import inspect
 import json
 import os
 import signal
@@ -270,12 +271,14 @@ class _Hook:
     def _wrap_step_fn(self, module: Any) -> None:
         qualname = self.plan.step_fn.partition(":")[2]
         *owners, name = qualname.split(".")
-        owner = module
-        for part in owners:
-            owner = getattr(owner, part)
-        raw = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name)
-        if raw is None:
-            raise AttributeError(f"--step-fn {self.plan.step_fn}: {module.__name__} has no {qualname}")
+        try:
+            owner = module
+            for part in owners:
+                owner = getattr(owner, part)
+            # a class's own attribute as defined (a staticmethod stays one), also when inherited
+            raw = inspect.getattr_static(owner, name) if isinstance(owner, type) else getattr(owner, name)
+        except AttributeError:
+            raise AttributeError(f"--step-fn {self.plan.step_fn}: {module.__name__} has no {qualname}") from None
         kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
         fn = raw.__func__ if kind else raw
         if getattr(fn, "__taxmodel_step__", False):
@@ -486,10 +489,9 @@ class _Hook:
                 self.active = False
                 self.state = "failed"
                 self.error = f"{type(exc).__name__}: {exc}"
-                _record_error(self.plan.to_json(), traceback.format_exc())
                 try:
                     self.write_status()
-                except Exception:  # noqa: BLE001
-                    pass
+                except Exception:  # noqa: BLE001 - no status: the traceback, where the runner looks too
+                    _record_error(self.plan.to_json(), traceback.format_exc())
                 return None
         return guarded

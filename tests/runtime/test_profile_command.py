@@ -173,6 +173,16 @@ def test_a_program_that_ends_before_the_steps_is_one_line(tmp_path, args, says):
     nothing_beside(out)
 
 
+def test_a_step_fn_that_is_not_there_is_one_line(tmp_path):
+    out = tmp_path / "out"
+    code, _, notes = profile(["--step-fn", "command_steps:Trainer.nope", "-o", str(out)], train("--trainer"))
+    assert code == 3 and not out.exists()
+    assert notes[1] == ("taxmodel: taxmodel's step hook failed in rank 0 (pid %s) before the first step: AttributeError: "
+                        "--step-fn command_steps:Trainer.nope: command_steps has no Trainer.nope"
+                        % re.search(r"pid (\d+)", notes[1]).group(1)), notes
+    assert notes[2].endswith("nothing was written") and len(notes) == 3
+
+
 def test_a_rank_killed_while_tracing_is_named(tmp_path):
     out = tmp_path / "out"
     code, _, notes = profile(["--skip", "2", "--steps", "3", "-o", str(out)], train("--loop", "10", "--kill-at", "4"))
