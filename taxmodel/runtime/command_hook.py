@@ -215,6 +215,7 @@ class _Hook:
         self.pid = os.getpid()  # a forked child inherits this object: it must do nothing with it
         self.lock = threading.RLock()
         self.error: str | None = None
+        self.identity: tuple[int, int] | None = None  # (rank, world size) as torch.distributed said
         self.counted: list[int] = []  # counters mode: the step calls that opened and closed the counted range
 
     # arming ---------------------------------------------------------------------------------------
@@ -452,15 +453,17 @@ class _Hook:
 
     # reporting ----------------------------------------------------------------------------------
 
-    @staticmethod
-    def rank_and_world() -> tuple[int, int]:
-        """torch.distributed's rank and world size, else the launcher's RANK/WORLD_SIZE, else 0 of 1."""
+    def rank_and_world(self) -> tuple[int, int]:
+        """torch.distributed's rank and world size (remembered: a process that destroyed its group
+        at the end is still that rank), else the launcher's RANK/WORLD_SIZE, else 0 of 1."""
         dist = sys.modules.get("torch.distributed")
         try:
             if dist is not None and dist.is_available() and dist.is_initialized():
-                return int(dist.get_rank()), int(dist.get_world_size())
-        except Exception:  # noqa: BLE001 - a group being torn down: fall back to the environment
+                self.identity = (int(dist.get_rank()), int(dist.get_world_size()))
+        except Exception:  # noqa: BLE001 - a group being torn down: what was seen before, or the environment
             pass
+        if self.identity is not None:
+            return self.identity
         try:
             return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         except ValueError:

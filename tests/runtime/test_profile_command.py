@@ -203,10 +203,12 @@ def test_a_crash_mid_capture_keeps_the_complete_steps_and_says_so(tmp_path):
     assert any("its trace holds 2 of the 3" in n for n in b.meta["notes"])
 
 
-def test_two_cpu_ranks_under_torchrun_each_write_their_trace(tmp_path):
+def test_two_cpu_ranks_under_torchrun_each_write_their_trace(tmp_path, capfd):
     out = tmp_path / "out"
-    code, stdout, notes = profile(["--skip", "2", "--steps", "2", "-o", str(out)], torchrun())
+    code, stdout, notes = profile(["--skip", "2", "--steps", "2", "-o", str(out)], torchrun("--loop", "300", "--sleep", "0.02"))
     assert code == 0, notes
+    err = capfd.readouterr().err  # the job's own output; torchrun's ranks lead sessions of their own
+    assert len(pids_of(err)) == 2 and all(map(gone, pids_of(err))) and "done" not in err  # stopped, every rank
     b = load_bundle(out)
     assert b.world_size == 2 and b.ranks == [0, 1]
     assert step_markers(b).tolist() == [["step_3", "step_4"]] * 2
@@ -215,6 +217,18 @@ def test_two_cpu_ranks_under_torchrun_each_write_their_trace(tmp_path):
     assert sorted(p.name for p in (out / "raw").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
     assert "Skew wait" in stdout  # the ledger over both ranks
     nothing_beside(out)
+
+
+def test_ranks_started_by_multiprocessing_spawn_are_ranks_too(tmp_path):
+    """No RANK in their environment, and their groups are gone when they exit: the rank is
+    torch.distributed's, as seen while the group was up."""
+    out = tmp_path / "out"
+    code, _, notes = profile(["--skip", "2", "--steps", "2", "-o", str(out)],
+                             [sys.executable, str(HERE / "command_spawn.py"), str(tmp_path / "init"), "20"])
+    assert code == 0, notes
+    b = load_bundle(out)
+    assert b.world_size == 2 and b.ranks == [0, 1]
+    assert sorted(p.name for p in (out / "raw").iterdir()) == ["rank0.json.gz", "rank1.json.gz"]
 
 
 def test_a_rank_crashing_under_torchrun_is_said_and_the_others_kept(tmp_path):
