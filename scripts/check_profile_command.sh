@@ -85,6 +85,10 @@ step ends_early 120 3 python -m taxmodel profile --skip 50 --steps $STEPS -o "$W
 [ -e "$W/b/never" ] && { echo "   UNEXPECTED: $W/b/never was written" | tee -a "$S"; status=1; }
 step counters_1gpu 400 0 python -m taxmodel profile --counters --skip $SKIP --steps $STEPS -o "$W/b/counters_1gpu" -- \
   python "$TRAIN" "${JOB[@]}"
+if ! grep -q "^--counters: DRAM counters" "$W/logs/counters_1gpu.log"; then  # does ncu need the program to end by itself?
+  step counters_1gpu_to_end 400 0 python -m taxmodel profile --counters --run-to-end --force --skip $SKIP --steps $STEPS \
+    -o "$W/b/counters_1gpu" -- python "$TRAIN" "${JOB[@]}"
+fi
 step counters_meta 30 0 python -c "
 import json, sys
 m = json.load(open('$W/b/counters_1gpu/meta.json')).get('counters') or {}

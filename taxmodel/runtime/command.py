@@ -296,7 +296,8 @@ def _counters(req: CommandRequest, plan: Plan, a: Assessment, out: Path, directo
     if not counted:
         raise RunError(f"--counters: the run under ncu {how} before step {plan.first} was counted; {out} is written "
                        "without counters")
-    if not csv.is_file():
-        raise RunError(f"--counters: ncu wrote no counters (it {how}); {out} is written without counters")
+    if not csv.is_file() or not csv.stat().st_size:
+        raise RunError(f"--counters: ncu wrote no counters (it {how}); {out} is written without counters"
+                       + ("" if req.run_to_end else "; with --run-to-end the program ends by itself under ncu"))
     return attach_pass_counters(out, csv, command=req.command, step=plan.first, pass_s=end.wall_s)
 
