@@ -130,15 +130,17 @@ def test_a_job_is_traced_in_the_asked_steps_with_shapes_markers_and_no_stacks(tr
     nothing_beside(out)
 
 
-@pytest.mark.parametrize("step_fn, flags", [("command_steps:Trainer.step", ["--trainer"]),
-                                            ("__main__:train_step", [])])
-def test_step_fn_names_the_step_of_a_loop_without_an_optimizer(tmp_path, step_fn, flags):
+@pytest.mark.parametrize("step_fn, flags, skip, traced", [
+    ("command_steps:Trainer.step", ["--trainer"], "2", ["step_3", "step_4"]),
+    ("__main__:train_step", [], "1", ["step_2", "step_3"]),  # --skip 1: no traced warm-up step
+])
+def test_step_fn_names_the_step_of_a_loop_without_an_optimizer(tmp_path, step_fn, flags, skip, traced):
     out = tmp_path / "out"
-    code, _, notes = profile(["--skip", "2", "--steps", "2", "--step-fn", step_fn, "-o", str(out)],
+    code, _, notes = profile(["--skip", skip, "--steps", "2", "--step-fn", step_fn, "-o", str(out)],
                              train("--loop", "30", "--no-step", *flags))
     assert code == 0, notes
     b = load_bundle(out)
-    assert step_markers(b).tolist() == [["step_3", "step_4"]]
+    assert step_markers(b).tolist() == [traced] and b.meta["capture"]["traced_warmup"] == (skip != "1")
     assert b.meta["capture"]["step"] == step_fn
     nothing_beside(out)
 
