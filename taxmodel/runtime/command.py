@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from taxmodel import fsutil
 from taxmodel.errors import InputError, Interrupted, RunError, TaxmodelError
-from taxmodel.runtime.command_bundle import Assessment, Capture, assess, done, write_capture_bundle
+from taxmodel.runtime.command_bundle import Assessment, Capture, assess, done, steps_text, write_capture_bundle
 from taxmodel.runtime.command_hook import ERRORS_DIR, PLAN_ENV, Plan
 from taxmodel.runtime.command_job import JobEnd, run_job
 from taxmodel.runtime.launcher import KILL_GRACE_S
@@ -200,8 +200,8 @@ def profile_command(req: CommandRequest, *, say: Callable[[str], None] = lambda 
     outcome = CommandOutcome(out=out, replaced=replaced)
     with capture_directory(out) as directory:
         plan = Plan(str(directory), req.skip, req.steps, req.step_fn, "trace")
-        say(f"tracing {_span(plan)} of every rank (a step ends with each call of {plan.step_name}()); "
-            f"the bundle goes to {out}")
+        say(f"tracing {steps_text(plan.first, plan.steps)} of every rank (a step ends with each call of "
+            f"{plan.step_name}()); the bundle goes to {out}")
         try:
             end = run_job(req.command, hook_env(directory, plan), directory, done=lambda: done(directory, plan),
                           run_to_end=req.run_to_end, timeout_s=req.timeout_s, grace_s=_grace(directory),
@@ -233,11 +233,9 @@ def profile_command(req: CommandRequest, *, say: Callable[[str], None] = lambda 
                 outcome.counters = _counters(req, plan, a, out, directory, say)
             except TaxmodelError as exc:
                 outcome.counters_error = exc
+            except Interrupted as exc:
+                raise Interrupted(exc.signum, f"{exc}; {out} is written, without counters") from None
     return outcome
-
-
-def _span(plan: Plan) -> str:
-    return f"steps {plan.first}-{plan.last}" if plan.steps > 1 else f"step {plan.first}"
 
 
 def _write(a: Assessment, plan: Plan, out: Path, req: CommandRequest, outcome: CommandOutcome, *, stopped: bool) -> bool:

@@ -81,7 +81,7 @@ class Assessment:
         return [r for r in range(self.world) if r not in self.traces]
 
 
-def _steps(first: int, count: int) -> str:
+def steps_text(first: int, count: int) -> str:
     return f"step {first}" if count == 1 else f"steps {first}-{first + count - 1}"
 
 
@@ -94,7 +94,7 @@ def _ended(end: JobEnd) -> str:
 def assess(capture: Capture, plan: Plan, end: JobEnd) -> Assessment:
     """What ``capture`` holds for ``plan``, with one line per problem (ranks by number)."""
     a = Assessment()
-    wanted = f"{_steps(plan.first, plan.steps)} (--skip {plan.skip} --steps {plan.steps})"
+    wanted = f"{steps_text(plan.first, plan.steps)} (--skip {plan.skip} --steps {plan.steps})"
     for err in sorted(set(capture.hook_errors)):
         a.lines.append(f"taxmodel's step hook failed in a process of the command: {err}")
     if not capture.statuses:
@@ -157,7 +157,7 @@ def assess(capture: Capture, plan: Plan, end: JobEnd) -> Assessment:
     if a.missing:
         a.lines.append(f"the bundle holds rank(s) {', '.join(map(str, sorted(usable)))} of {a.world}")
     if a.keep_steps < max(n for _, n in usable.values()):
-        a.lines.append(f"the bundle keeps {_steps(plan.first, a.keep_steps)}, the ones every rank in it completed")
+        a.lines.append(f"the bundle keeps {steps_text(plan.first, a.keep_steps)}, the ones every rank in it completed")
     return a
 
 
