@@ -241,8 +241,27 @@ def _us_columns(df, columns):
 
 # --- runtime: profile, workloads -----------------------------------------------------------
 
-@cli.command("profile")
-@click.argument("workload")
+class _CommandAfterDashes(click.Command):
+    """``profile``: what follows ``--`` is the command to profile, kept whole (its own options
+    included) in ``ctx.meta["command"]``; before it, profile's own options."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["command"] = args[i + 1:]
+            args = args[:i]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["[OPTIONS] WORKLOAD  |  taxmodel profile [OPTIONS] -- COMMAND [ARGS]..."]
+
+
+_COMMAND_ONLY = ("steps", "skip", "step_fn", "run_to_end")
+_SHARED = ("out", "force", "counters", "timeout_s")
+
+
+@cli.command("profile", cls=_CommandAfterDashes)
+@click.argument("workload", required=False)
 @click.option("--variants", default=None, help="Comma-separated variants (default: every one available here; others are skipped with the reason).")
 @click.option("--preset", default=None, help="Shape preset, or several comma-separated (run in one start-up) (default: the workload's CPU preset on CPU, its default on GPUs).")
 @click.option("--shape", "shape", multiple=True, metavar="K=V", help="Override one shape value, e.g. --shape M=4096 (repeatable).")
@@ -256,7 +275,9 @@ def _us_columns(df, columns):
 @click.option("--tracer", default="torch", show_default=True, help="Tracer to record with.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu runs kernels in Triton's interpreter with gloo (emulated GPUs).")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds for the whole run; a hung rank is then named and the run ended.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds for the whole run; a hung rank is then named and the run ended. With -- COMMAND: none "
+                   "unless given.")
 @click.option("--spin-timeout", "spin_timeout_s", type=float, default=60.0, show_default=True,
               help="Seconds an in-kernel wait on a peer's flag may last before the kernel gives up and the run "
                    "names the rank, peer and flag (raise it if a peer is still compiling its kernels).")
@@ -264,7 +285,8 @@ def _us_columns(df, columns):
               help="Import a module (name or .py file) that registers your own workload (repeatable).")
 @click.option("--heap-size", "heap_bytes", type=int, default=None, help="Bytes of symmetric heap per rank (default 4 GiB on GPUs, 256 MiB on CPU).")
 @click.option("-o", "--out", default="runs", show_default=True, type=click.Path(file_okay=False),
-              help="Bundles go to OUT/WORKLOAD/VARIANT-SHAPE/.")
+              help="Bundles go to OUT/WORKLOAD/VARIANT-SHAPE/. With -- COMMAND, OUT is the bundle (default: "
+                   "runs/<the script's name>).")
 @click.option("--force", is_flag=True, default=False,
               help="Replace the bundles of an earlier run at the same paths (without it such a run is refused before "
                    "any rank starts). A path holding anything but a bundle is refused even with --force.")
@@ -292,18 +314,52 @@ def _us_columns(df, columns):
 @click.option("--counters", is_flag=True, default=False,
               help="After the timed pass, run every variant once more under Nsight Compute (ncu) and attach each "
                    "kernel's DRAM bytes read/written and L2 hit rate to the bundles (one GPU: -n 1). The timed "
-                   "pass never runs under ncu; the counters pass takes about a minute per bundle.")
-def profile_cmd(workload, counters, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
-                timeout_s, spin_timeout_s, workload_modules, heap_bytes, out, force, instrument, graph, graph_strict, align,
-                gate_hold_us) -> None:
-    """Run WORKLOAD on N local ranks and capture one bundle per variant.
+                   "pass never runs under ncu; the counters pass takes about a minute per bundle. With -- COMMAND: "
+                   "the command runs once more under ncu, counting the first traced step's kernels (a one-GPU job).")
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With -- COMMAND: steps to trace in every rank.")
+@click.option("--skip", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With -- COMMAND: steps to run untraced first (the last of them traced and discarded, as the "
+                   "tracer's own warm-up).")
+@click.option("--step-fn", default=None, metavar="MODULE:QUALNAME",
+              help="With -- COMMAND: a step ends with each call of this function instead of the optimizer's step() "
+                   "(inference loops, custom trainers), e.g. my_trainer:Trainer.train_step, or __main__:decode_step "
+                   "for a function of the script itself.")
+@click.option("--run-to-end", is_flag=True, default=False,
+              help="With -- COMMAND: let it finish after the traced steps (default: it is stopped once every rank's "
+                   "trace is written, as nsys ends a capture range).")
+@click.pass_context
+def profile_cmd(ctx, workload, counters, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer,
+                device, timeout_s, spin_timeout_s, workload_modules, heap_bytes, out, force, instrument, graph,
+                graph_strict, align, gate_hold_us, steps, skip, step_fn, run_to_end) -> None:
+    """Run WORKLOAD on N local ranks and capture one bundle per variant; or run your own job
+    (-- COMMAND) unchanged and capture its steps in every rank.
 
     \b
+    Your own job (torchrun, or any launcher whose ranks are Python processes):
+      taxmodel profile -o my_job -- torchrun --nproc-per-node 8 train.py --lr 3e-4
+      taxmodel analyze my_job
     Across nodes, start the same worker with torchrun on every node:
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m taxmodel.runtime.worker --workload ag_gemm --preset small -o runs/
     """
     import time
+
+    given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name).name in ("COMMANDLINE", "ENVIRONMENT")}
+    if "command" in ctx.meta:
+        wrong = sorted(given - set(_COMMAND_ONLY) - set(_SHARED) - {"workload"})
+        if workload is not None or wrong:
+            what = f"WORKLOAD ({workload})" if workload is not None else "--" + wrong[0].replace("_", "-")
+            raise click.UsageError(f"{what} applies to a built-in workload, not to a command after --")
+        _profile_command(ctx.meta["command"], out if "out" in given else None, steps, skip, step_fn, force, counters,
+                         timeout_s if "timeout_s" in given else None, run_to_end)
+        return
+    if workload is None:
+        raise click.UsageError("Missing argument 'WORKLOAD' (or -- COMMAND to profile your own job)")
+    wrong = sorted(given & set(_COMMAND_ONLY))
+    if wrong:
+        raise click.UsageError(f"--{wrong[0].replace('_', '-')} applies to a command after -- (a workload's steps are "
+                               "--iterations and --warmup)")
 
     started = time.time()  # --timeout counts from here: importing torch and the workloads takes seconds
     from taxmodel.runtime.profile import ProfileRequest, profile
@@ -333,6 +389,35 @@ def profile_cmd(workload, counters, variants, preset, shape, world_size, iterati
         done = counters_pass(req, outcome.bundles, timeout_s=timeout_s)
         _echo(f"--counters: DRAM counters of {done.kernels} kernel(s) attached to {len(done.bundles)} bundle(s) "
                    f"in {done.wall_s:.1f} s (ncu, one step per variant)", err=True)
+
+
+def _profile_command(command, out, steps, skip, step_fn, force, counters, timeout_s, run_to_end) -> None:
+    """``profile -- COMMAND``: run it under the step hook, then the bundle's summary and ledger."""
+    from taxmodel.report.build import load_cases
+    from taxmodel.report.terminal import render_analysis
+    from taxmodel.runtime.command import CommandRequest, profile_command
+    from taxmodel.trace import summary
+
+    req = CommandRequest(command=list(command), out=out, skip=skip, steps=steps, step_fn=step_fn, force=force,
+                         counters=counters, timeout_s=timeout_s, run_to_end=run_to_end)
+    outcome = profile_command(req, say=_note)
+    for line in outcome.lines:
+        _note(line)
+    if outcome.stopped:
+        _note("stopped the command once every rank's trace was written (--run-to-end lets it finish)")
+    if outcome.bundle is not None:
+        click.echo(f"wrote {outcome.out}" + (" (replaced the bundle that was there: --force)" if outcome.replaced else ""))
+        if outcome.counters:
+            click.echo(f"--counters: {outcome.counters}")
+        click.echo(summary.describe(outcome.bundle, outcome.fmt) + "\n")
+        try:
+            click.echo(render_analysis([led for _, led in load_cases([str(outcome.out)])]), nl=False)
+        except TaxmodelError as exc:
+            _note(f"the ledger of {outcome.out} cannot be computed: {' '.join(str(exc).split())}")
+            outcome.exit_code = outcome.exit_code or exc.exit_code
+    if outcome.counters_error is not None:
+        raise outcome.counters_error
+    sys.exit(outcome.exit_code)
 
 
 @cli.command("workloads")
