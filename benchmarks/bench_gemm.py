@@ -187,6 +187,8 @@ def _descriptors(ops: Operands, cfg: Any) -> dict[str, Any]:
 
     if not (cfg.use_tma and gemm_tiles.tma_available()):
         return {}
+    if any((t.stride(0) * t.element_size()) % 16 for t in (ops.a, ops.b)):
+        return {}  # TMA needs 16-byte aligned row strides: the pointer path, as the variants take it
     return dict(a_desc=gemm_tiles.make_descriptor(ops.a, [cfg.block_m, cfg.block_k]),
                 b_desc=gemm_tiles.make_descriptor(ops.b, [cfg.block_k, cfg.block_n]))
 

@@ -41,7 +41,7 @@ import triton.language as tl
 from taxmodel.kernels.ag_gemm import gemm_table
 from taxmodel.kernels.device import trace
 from taxmodel.kernels.device.sync import interpreting
-from taxmodel.kernels.device.tile_gemm import A_WAIT, ROLE_AG, flatten_ok, persistent_gemm
+from taxmodel.kernels.device.tile_gemm import A_LOCAL, A_PULL, A_WAIT, ROLE_AG, flatten_ok, persistent_gemm  # noqa: F401  (the modes are this module's API too)
 
 
 

@@ -13,13 +13,14 @@ straddles two slabs: the last block of a slab is partial when ``M_loc`` is not a
   epoch, or piece by piece along K with ``K_PIECES`` > 1).
 - ``ROLE_RS`` (GEMM + Reduce-Scatter): slab ``o`` of the output belongs to rank ``o``; the finished
   tile goes to the owner's receive slot of this source (``iris.store``; an own tile's pointer
-  translates to itself), and its flag on the owner is release-set to the epoch. The release is
-  deferred by one tile: a program releases tile i's flag after tile i+1's main loop, just before
-  storing tile i+1, and the last tile's after the loop. Why: a system-scope release waits until
-  the program's earlier stores are visible; right after a tile's 64 KB of stores that stalled the
-  tensor cores 1.4-3 us per tile (GEMM+RS's kernel ran 3-6% behind the AG role's on one H100),
-  one main loop later they have long landed. The flags array has one scratch row past the last
-  tile (``flag_rows``): the first tile of a program "releases" it, so the loop has no branch.
+  translates to itself). The tiles' flags on their owners are set to the epoch once the program's
+  last tile is stored: one release (a system-scope fence) orders every store of the program, then
+  relaxed sets of its tiles' flags (``release_tiles``). Why not a release per tile: the fence
+  waits until the program's stores are visible system-wide, and per tile it cost GEMM+RS's kernel
+  6% against the engine alone at K=2048 on one H100 (3% at K=8192), deferred by one tile or not;
+  the reduction that waits on the flags runs after the GEMM in any case (``rs_reduce_kernel`` on
+  the same stream, or the tail). The flags array has one scratch row past the last tile
+  (``flag_rows``) that takes the release.
 
 Tile order (``tile_coords``, why): AG takes its own slab first (no communication needed) and then
 the peers' blocks interleaved (block 0 of every peer, then block 1: the order the push kernels
@@ -50,8 +51,7 @@ a tile before its wait.
 Records (``INSTRUMENT``, kernels/device/trace.py) at phase changes only (a record costs a CTA
 barrier and a clock read): AG records ``compute`` before a wait that will spin and ``flag_wait``
 after it, and one last ``compute``; RS records ``compute`` after each tile's MMA loop and then
-``store_push`` (peer tile: the previous tile's release and this tile's stores) or ``compute`` (own
-tile's epilogue).
+``store_push`` (peer tile: its stores) or ``compute`` (own tile's epilogue).
 
 ``COUNT`` (debug, AG ``A_WAIT`` and RS) counts per output tile how often it was computed and (AG)
 the least flag value it saw, so tests can check the flag protocol.
@@ -179,9 +179,9 @@ def wait_piece(flags_ptr, flag, waits, a_row0, seen_min, rec_ptr, pid, t_rec, er
     """If ``waits``: wait (acquire, bounded) until flag ``flag`` holds ``epoch``, with records around a
     wait that spins. Returns (A's first row for the loads, the record clock, the least flag seen).
 
-    The row is computed from the flag value read after the wait (the same row once it holds the
-    epoch), so the loads depend on the wait and no schedule can issue them before it."""
-    ready = epoch
+    The row is computed from the wait's outcome (the same row when the flag arrived), so the loads
+    depend on the wait and no schedule can issue them before it."""
+    ok = True
     if waits:
         if INSTRUMENT:
             # A scalar atomic reads the flag once for the whole CTA (``late`` must agree in every
@@ -189,16 +189,15 @@ def wait_piece(flags_ptr, flag, waits, a_row0, seen_min, rec_ptr, pid, t_rec, er
             late = tl.atomic_add(flags_ptr + flag, 0, sem="relaxed", scope="sys") < epoch
             if late:
                 t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
-        wait_geq(flags_ptr + flag, epoch, budget, err_ptr, rank, src, flag, kernel_id, SYNC_MODE)
+        ok = wait_geq(flags_ptr + flag, epoch, budget, err_ptr, rank, src, flag, kernel_id, SYNC_MODE)
         if INSTRUMENT:
             if late:
                 t_rec = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
         if USE_TMA:
             fence_tma_after_acquire(SYNC_MODE)
-        ready = tl.atomic_add(flags_ptr + flag, 0, sem="relaxed", scope="gpu")
         if COUNT:
-            seen_min = tl.minimum(seen_min, ready.to(tl.int32))
-    return a_row0 + tl.where(ready >= epoch, 0, 1), t_rec, seen_min
+            seen_min = tl.minimum(seen_min, tl.load(flags_ptr + flag, volatile=True).to(tl.int32))
+    return a_row0 + tl.where(ok, 0, 1), t_rec, seen_min
 
 
 @triton.jit
@@ -225,10 +224,6 @@ def persistent_gemm(
     n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = WORLD * blocks_per_rank * n_tiles
     k_tiles = tl.cdiv(K, BLOCK_K)
-    # RS: the flag release a tile owes, deferred to the next tile (see the module docstring); the
-    # first "previous tile" is the scratch flag row past the last tile, on this rank.
-    pending_flag = flags_ptr + blocks_per_rank * n_tiles * WORLD + rank
-    pending_owner = rank
     for t in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
         slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE, WORLD, GROUP_M)
         offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the slab
@@ -278,9 +273,6 @@ def persistent_gemm(
                 tl.atomic_add(count_ptr + (slab * blocks_per_rank + j) * n_tiles + pid_n, 1)
         else:
             t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
-            # The previous tile's stores had this tile's whole main loop to land: its release
-            # (a system-scope fence) now finds little to wait for.
-            signal(pending_flag, epoch, rank, pending_owner, heap_bases, SYNC_MODE)
             dst = c_ptr + offs_r[:, None] * N + offs_n[None, :]
             mask = row_ok[:, None] & col_ok[None, :]
             val = acc.to(c_ptr.dtype.element_ty)
@@ -291,14 +283,27 @@ def persistent_gemm(
                 iris.store(dst, val, rank, slab, heap_bases, mask=mask, hint=(1, 16))
             else:
                 iris.store(dst, val, rank, slab, heap_bases, mask=mask)
-            pending_flag = flags_ptr + (j * n_tiles + pid_n) * WORLD + rank
-            pending_owner = slab
             # A peer's tile: moving it out is communication only; an own tile's store is the epilogue.
             t_rec = trace.mark(rec_ptr, pid, tl.where(slab == rank, trace.COMPUTE, trace.STORE_PUSH), t_rec,
                                INSTRUMENT, SYNC_MODE)
     if ROLE == 1:
-        signal(pending_flag, epoch, rank, pending_owner, heap_bases, SYNC_MODE)  # the last tile's release
+        release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, num_tiles, NUM_PROGS, WORLD,
+                      GROUP_M, SYNC_MODE)
     return t_rec
+
+
+@triton.jit
+def release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, num_tiles,
+                  NUM_PROGS: tl.constexpr, WORLD: tl.constexpr, GROUP_M: tl.constexpr, SYNC_MODE: tl.constexpr):
+    """RS, after a program's last tile: one release (system scope) on the scratch flag row, then the
+    flag of every tile this program pushed set to ``epoch`` on its owner (relaxed: the release's
+    fence already ordered every store of the program before them)."""
+    signal(flags_ptr + blocks_per_rank * n_tiles * WORLD + rank, epoch, rank, rank, heap_bases, SYNC_MODE)
+    for t in range(pid, num_tiles, NUM_PROGS):
+        slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, 1, WORLD, GROUP_M)
+        flag = flags_ptr + (j * n_tiles + pid_n) * WORLD + rank
+        iris.atomic_xchg(flag, tl.cast(epoch, flags_ptr.dtype.element_ty), rank, slab, heap_bases, sem="relaxed",
+                         scope="sys")
 
 
 def flatten_ok(k_pieces: int, instrument: bool, use_tma: bool) -> bool:

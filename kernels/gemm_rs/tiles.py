@@ -200,7 +200,7 @@ def own_tiles(m_loc: int, n: int, cfg: GemmConfig) -> int:
 
 def flag_rows(m_loc: int, n: int, cfg: GemmConfig) -> int:
     """Rows of the flags array ([rows, world] int32 on the heap): one per own output tile, plus the
-    scratch row the engine's deferred release starts with (kernels/device/tile_gemm.py)."""
+    scratch row that takes the release of each program's flags (kernels/device/tile_gemm.py)."""
     return own_tiles(m_loc, n, cfg) + 1
 
 

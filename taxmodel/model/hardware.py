@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.fsutil import atomic_write
+from taxmodel.limits import read_small_text
 from taxmodel.model import hardware_estimate
 from taxmodel.model.gpu_names import normalized_name
 from taxmodel.trace import bundle_meta as types
@@ -214,12 +215,14 @@ def specs_by_key() -> dict[str, HardwareSpec]:
 def load_hardware(path: str | os.PathLike) -> HardwareSpec:
     """Read a hardware JSON file (a preset's format; `taxmodel calibrate` writes it)."""
     path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such hardware file")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise InputError(f"{path}: no such hardware file") from exc
+        data = json.loads(read_small_text(path, "hardware file"))
     except json.JSONDecodeError as exc:
         raise InputError(f"{path}: not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise InputError(f"{path}: nested too deeply to be a hardware file") from exc
     if not isinstance(data, dict):
         raise InputError(f"{path}: expected a JSON object")
     return HardwareSpec.from_dict(data, where=str(path))

@@ -9,18 +9,15 @@ import os
 import re
 from pathlib import Path
 
-from taxmodel.fsutil import atomic_write, make_dirs
+from taxmodel import safetext
+from taxmodel.fsutil import atomic_write, make_dirs, temp_stem
 from taxmodel.report.blocks import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
 
 
-_ACTIVE = re.compile(r"([\\`*_\[\]<>!|~#&])")
-
-
-def escape_text(text: str) -> str:
-    """Text as it should read, never as Markdown: every line break becomes a space (a name with a
-    newline cannot start a heading or a list) and Markdown's active characters are escaped (a
-    bundle-supplied name cannot become a link, an image fetched from elsewhere, or HTML)."""
-    return _ACTIVE.sub(r"\\\1", " ".join(str(text).split()))
+escape_text = safetext.markdown
+"""Text as it should read, never as Markdown (the one sanitizer of names for Markdown, shared
+with ``taxmodel compare --markdown``): a bundle-supplied name cannot become a link, an image
+fetched from elsewhere, HTML, or a heading."""
 
 
 def _cell(text: str) -> str:
@@ -41,8 +38,11 @@ def _table(t: Table) -> list[str]:
 
 
 def figure_file_name(md_path: Path, fig: Figure) -> str:
-    """``report.md`` -> ``report-<figure>.png`` (no spaces or odd characters, so the link needs no quoting)."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{md_path.stem}-{fig.name}.png")
+    """``report.md`` -> ``report-<figure>.png`` (no spaces or odd characters, so the link needs no
+    quoting), shortened like a temporary's name (``fsutil.temp_stem``) so that it stays within
+    NAME_MAX whatever the report's (legal) name and the figure's."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{md_path.stem}-{fig.name}")
+    return temp_stem(name) + ".png"
 
 
 def render_markdown(doc: Document, md_path: str | os.PathLike, *, dpi: int = 130) -> str:

@@ -224,6 +224,7 @@ def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Pa
     check_ranks(events, meta, allow_missing=allow_missing_ranks, shown=shown, world_size=world_size)
     events = widen_instants(events, meta)
     check_events(events, meta, shown=shown)
+    note_long_spans(events, meta, shown=shown)
     meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
     events, meta = replay_shapes.attach_replay_shapes(events, meta)  # from the trace's own eager steps, if any
     return events, meta, fmt
@@ -315,7 +316,9 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
         if dup:
             raise InputError(f"two traces are named {dup!r}; rename one, or import with --no-keep-raw")
         raw = paths
-    return load_bundle(write_bundle(output, events, meta, raw_files=raw, overwrite=force)), fmt
+    written = write_bundle(output, events, meta, raw_files=raw, overwrite=force)
+    del events  # the bundle read back is the one copy kept
+    return load_bundle(written), fmt
 
 
 # --- cross-file checks -------------------------------------------------------------------------
@@ -461,6 +464,61 @@ def check_events(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] | No
         raise InputError(f"{_where(int(row['rank']), files)}: {row['kind']} {row['name']!r} at {row['start_ns']} ns has "
                          f"a negative duration ({int(row['end_ns'] - row['start_ns'])} ns); the trace is damaged")
     check_stream_order(events, files)
+    check_launch_gaps(events, files)
+
+
+MAX_LAUNCH_GAP_NS = 3600 * 10**9
+"""A GPU activity starts at most this long (an hour) after the launch call that enqueued it ended.
+Real queues delay work by milliseconds, a long synchronization by seconds; a kernel 103 days
+after its launch means the host and GPU clocks of the trace disagree or a timestamp is damaged,
+and every window and tax computed from it would be that long."""
+
+
+def check_launch_gaps(events: pd.DataFrame, files: dict[int, str] | None = None) -> None:
+    """InputError naming the first GPU activity that starts more than ``MAX_LAUNCH_GAP_NS`` after
+    its launch call (same rank and correlation) ended."""
+    corr = events["correlation"].to_numpy()
+    kind = events["kind"].to_numpy()
+    launch = (kind == "launch") & (corr >= 0)
+    gpu = np.isin(kind, list(schema.GPU_KINDS)) & (corr >= 0)
+    if not launch.any() or not gpu.any():
+        return
+    calls = pd.DataFrame({"rank": events["rank"].to_numpy()[launch], "correlation": corr[launch],
+                          "call_end": events["end_ns"].to_numpy()[launch]}).drop_duplicates(["rank", "correlation"])
+    work = pd.DataFrame({"rank": events["rank"].to_numpy()[gpu], "correlation": corr[gpu],
+                         "start": events["start_ns"].to_numpy()[gpu], "row": np.flatnonzero(gpu)})
+    linked = work.merge(calls, on=["rank", "correlation"], how="inner")
+    late = linked[linked["start"] - linked["call_end"] > MAX_LAUNCH_GAP_NS]
+    if len(late):
+        first = late.iloc[0]
+        row = events.iloc[int(first["row"])]
+        gap_s = (int(first["start"]) - int(first["call_end"])) / 1e9
+        raise InputError(f"{_where(int(row['rank']), files or {})}: {row['kind']} {str(row['name'])[:80]!r} (correlation "
+                         f"{int(row['correlation'])}) starts {gap_s:,.0f} s ({gap_s / 86400:,.1f} days) after its launch "
+                         "call ended; the trace's host and GPU clocks disagree or a timestamp is damaged: export it again")
+
+
+LONG_SPAN_NS = 24 * 3600 * 10**9
+"""GPU activity of one rank spanning more than a day is noted: a profiled trace covers seconds to
+minutes, so a day points at a damaged timestamp that no launch links (a kernel without a
+correlation id escapes ``check_launch_gaps``)."""
+
+
+def note_long_spans(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] | None = None) -> None:
+    """A note in meta (shown by ``show`` and kept with the bundle) for every rank whose GPU activity
+    spans more than ``LONG_SPAN_NS``, naming its longest gap between GPU activities."""
+    files = _rank_files(meta, shown)
+    gpu = events[events["kind"].isin(schema.GPU_KINDS)]
+    for rank, g in gpu.groupby("rank", sort=True):
+        lo, hi = int(g["start_ns"].min()), int(g["end_ns"].max())
+        if hi - lo <= LONG_SPAN_NS:
+            continue
+        starts = np.sort(g["start_ns"].to_numpy())
+        gap = int(np.diff(starts).max()) if len(starts) > 1 else 0
+        meta.setdefault("notes", []).append(
+            f"import: {_where(int(rank), files)}: GPU activity spans {(hi - lo) / 86400e9:,.1f} days, with a gap of "
+            f"{gap / 86400e9:,.1f} days between two activities; a timestamp may be damaged (every window that "
+            "contains the gap is that long)")
 
 
 def widen_instants(events: pd.DataFrame, meta: dict) -> pd.DataFrame:
@@ -493,7 +551,8 @@ def check_stream_order(events: pd.DataFrame, files: dict[int, str] | None = None
     launch lets kernels of one stream overlap legitimately. Rows without a correlation id are
     not checked.
     """
-    gpu = events[events["kind"].isin(schema.GPU_KINDS) & (events["correlation"] >= 0)]
+    cols = ["start_ns", "correlation", "stream", "device", "rank"]
+    gpu = events.loc[events["kind"].isin(schema.GPU_KINDS) & (events["correlation"] >= 0), cols]
     if len(gpu) < 2:
         return
     keys = [gpu[c].to_numpy() for c in ("start_ns", "correlation", "stream", "device", "rank")]

@@ -16,171 +16,173 @@ none), however many GPUs it drives; it is not split. A merged file whose GPU act
 told apart by any of these is refused, never read as one rank. Each split rank keeps its own
 timestamps; the merge records no host per rank, so the clock offsets between ranks are estimated
 (model/clock.py) rather than assumed shared.
+
+The split works on the columns the streaming reader keeps (``kineto._scan``), never on the
+document: per event that becomes a row, and per cpu_op, the process it ran in as an index into the
+file's distinct (pid, ``args.rank``) pairs; the ``process_name`` metadata by pid. A rank is a set
+of row and op positions, read from the same columns as a file of its own.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+import numpy as np
+import pandas as pd
 
 from taxmodel.errors import InputError
 
-_GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"})
-_LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime", "hip_driver", "runtime"})
 _LAUNCH_NAME = re.compile(r"(?i)launch|memcpy|memset")
 _RANK_LABEL = re.compile(r"(?i)(?:\brank|\[\s*(?:tp|dp|pp|ep))\s*0*(\d{1,7})\b")
 #: the top-level fields that describe one process's capture, dropped from the split ranks (they
 #: came from one of the merged files, or were made up by the merger)
-_PER_CAPTURE = ("distributedInfo", "host_name", "baseTimeNanoseconds")
+PER_CAPTURE = ("distributedInfo", "host_name", "baseTimeNanoseconds")
+_NONE = 1 << 40  # "no device": after every real one
 
 
-def _int(v: Any) -> int | None:
-    if type(v) is int:
-        return v
+class Scanned(NamedTuple):
+    """What the split reads of one scanned file. Per selected event (a row to be): ``proc``, its
+    process as an index into ``procs``; whether it is GPU activity (``gpu``) or a runtime call
+    (``runtime``); its ``name``, ``start`` (ns), ``correlation`` and ``device`` (args.device; -1
+    unknown). Per cpu_op: ``ops_proc``. ``procs``: the distinct (pid, args.rank) pairs of those
+    events (``rank_value``; None unrecorded); ``process_names``: ``process_name`` metadata by pid."""
+    proc: np.ndarray
+    gpu: np.ndarray
+    runtime: np.ndarray
+    name: np.ndarray
+    start: np.ndarray
+    correlation: np.ndarray
+    device: np.ndarray
+    ops_proc: np.ndarray
+    procs: list[tuple[Any, int | None]]
+    process_names: dict[Any, str]
+
+
+class Rank(NamedTuple):
+    """One rank of a merged file: the positions of its rows (``rows``) and cpu_ops (``ops``) in
+    the scanned columns, and how it was told apart from the others."""
+    rank: int
+    rows: np.ndarray
+    ops: np.ndarray
+    how: str
+
+
+def rank_value(v: Any) -> int | None:
+    """``args.rank`` (or a pid) as a whole number, from an int or a string of digits; None for
+    anything else, and for a number beyond 2^62 (a damaged trace's, past int64 arithmetic)."""
     if type(v) is str and v.strip().isdigit() and len(v.strip()) < 19:
-        return int(v)
-    return None
+        v = int(v)
+    return v if type(v) is int and 0 <= v < 1 << 62 else None
 
 
-def _cat(e: dict) -> str:
-    c = e.get("cat")
-    return c.lower() if type(c) is str else ""
+def split_ranks(path: Path, scanned: Scanned) -> list[Rank] | None:
+    """The file's ranks, in rank order, or None for one process's trace. InputError when several
+    processes launched GPU work and their GPU activity cannot be attributed."""
+    by_label = _by_rank_label(scanned)
+    if by_label is not None:  # a TraceFusion file of one rank still names it
+        return by_label
+    ranks = _by_process_label(scanned)
+    if ranks is None:
+        ranks = _by_launching_process(path, scanned)
+    return ranks if ranks is not None and len(ranks) >= 2 else None
 
 
-def split_ranks(path: Path, doc: dict) -> list[tuple[int | None, dict, str]] | None:
-    """The file's ranks as ``[(rank, trace document of that rank, how it was told apart)]``
-    (rank None: numbered later by file order), or None for one process's trace. InputError when
-    several processes launched GPU work and their GPU activity cannot be attributed."""
-    events = [e for e in doc["traceEvents"] if type(e) is dict]
-    by_label = _by_rank_label(events)
-    if by_label is not None:
-        groups, how = by_label
-    else:
-        by_pid = _by_process_label(events)
-        if by_pid is not None:
-            groups, how = by_pid
-        else:
-            attributed = _by_launching_process(path, events)
-            if attributed is None:
-                return None
-            groups, how = attributed
-    if len(groups) < 2:
-        return None if by_label is None else [(r, _document(doc, evs), how) for r, evs in groups.items()]
-    return [(r, _document(doc, evs), how) for r, evs in sorted(groups.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))]
-
-
-def _document(doc: dict, events: list[dict]) -> dict:
-    out = {k: v for k, v in doc.items() if k not in _PER_CAPTURE and k != "traceEvents"}
-    out["traceEvents"] = events
+def _ranks(row_label: np.ndarray, op_label: np.ndarray, labels: list[int], how: str,
+           shared_rows: np.ndarray | None = None, shared_ops: np.ndarray | None = None) -> list[Rank]:
+    """One ``Rank`` per label: the rows and ops so labelled, and those ``shared`` by every rank."""
+    out = []
+    for r in sorted(labels):
+        rows, ops = row_label == r, op_label == r
+        if shared_rows is not None:
+            rows, ops = rows | shared_rows, ops | shared_ops
+        out.append(Rank(int(r), np.flatnonzero(rows), np.flatnonzero(ops), how))
     return out
 
 
-def _by_rank_label(events: list[dict]) -> tuple[dict[int, list[dict]], str] | None:
-    """TraceFusion: ``args.rank`` on every event (metadata events without it go to every rank); a
-    trace some of whose GPU activities lack it is not such a merge (an op may record a 'rank')."""
-    ranks = [_int(e["args"].get("rank")) if type(e.get("args")) is dict else None for e in events]
-    gpu = [r for r, e in zip(ranks, events) if e.get("ph") == "X" and _cat(e) in _GPU_CATS]
-    if not gpu or any(r is None for r in gpu):
+def _by_rank_label(s: Scanned) -> list[Rank] | None:
+    """TraceFusion: ``args.rank`` on every event (events without it go to every rank); a trace
+    some of whose GPU activities lack it is not such a merge (an op may record a 'rank')."""
+    rank_of = np.array([-1 if r is None else r for _, r in s.procs], np.int64)
+    if not (rank_of >= 0).any():
         return None
-    labelled = {r for r, e in zip(ranks, events) if r is not None and e.get("ph") != "M"}
-    groups: dict[int, list[dict]] = {r: [] for r in labelled}
-    shared = [e for r, e in zip(ranks, events) if r is None]
-    for r, e in zip(ranks, events):
-        if r in groups:
-            groups[r].append(e)
-    for g in groups.values():
-        g.extend(shared)
-    return groups, "args.rank on every event (TraceLens TraceFusion)"
+    row_rank, op_rank = rank_of[s.proc], rank_of[s.ops_proc]
+    if not s.gpu.any() or (row_rank[s.gpu] < 0).any():
+        return None
+    labels = set(np.unique(row_rank[row_rank >= 0]).tolist()) | set(np.unique(op_rank[op_rank >= 0]).tolist())
+    return _ranks(row_rank, op_rank, list(labels), "args.rank on every event (TraceLens TraceFusion)",
+                  row_rank < 0, op_rank < 0)
 
 
-def _by_process_label(events: list[dict]) -> tuple[dict[int, list[dict]], str] | None:
+def _by_process_label(s: Scanned) -> list[Rank] | None:
     """Process ids labelled with a rank: ``process_name`` metadata ("RANK 3 - GPU", "Rank 3") or
-    string process ids ("[TP03] 1234"); None unless every process with events has a label and
+    string process ids ("[TP03] 1234"); None unless every process with rows or ops has a label and
     there are at least two ranks."""
     label: dict[Any, int] = {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name" and type(e.get("args")) is dict:
-            m = _RANK_LABEL.search(str(e["args"].get("name", "")))
-            if m:
-                label[e.get("pid")] = int(m.group(1))
-    for pid in {e.get("pid") for e in events if type(e.get("pid")) is str}:
-        m = _RANK_LABEL.search(pid)
+    for pid, name in s.process_names.items():
+        m = _RANK_LABEL.search(name)
+        if m:
+            label[pid] = int(m.group(1))
+    pids = {pid for pid, _ in s.procs}
+    for pid in pids:
+        m = _RANK_LABEL.search(pid) if type(pid) is str else None
         if m and pid not in label:
             label[pid] = int(m.group(1))
-    pids = {e.get("pid") for e in events if e.get("ph") == "X"}
     if len(set(label.values())) < 2 or not pids <= set(label):
         return None
-    groups: dict[int, list[dict]] = {}
-    for e in events:
-        r = label.get(e.get("pid"))
-        if r is not None:
-            groups.setdefault(r, []).append(e)
-    return groups, "process names that carry the rank"
+    proc_label = np.array([label[pid] for pid, _ in s.procs], np.int64)
+    return _ranks(proc_label[s.proc], proc_label[s.ops_proc], list(set(label[p] for p in pids)),
+                  "process names that carry the rank")
 
 
-def _by_launching_process(path: Path, events: list[dict]) -> tuple[dict[int | None, list[dict]], str] | None:
+def _by_launching_process(path: Path, s: Scanned) -> list[Rank] | None:
     """Several host processes that launched GPU work (a concatenation of per-rank traces): each
     GPU activity goes to the process whose launch call with its correlation id started last before
-    it; None when one process launched everything."""
-    gpu = [e for e in events if e.get("ph") == "X" and _cat(e) in _GPU_CATS]
-    callers = {e.get("pid") for e in events if e.get("ph") == "X" and _cat(e) in _LAUNCH_CATS
-               and type(e.get("name")) is str and _LAUNCH_NAME.search(e["name"])}
+    it (else to the process that launched most of the rest of its GPU's work); None when one
+    process launched everything."""
+    pids = list(dict.fromkeys(pid for pid, _ in s.procs))
+    pid_code = {p: i for i, p in enumerate(pids)}
+    proc_pid = np.array([pid_code[p] for p, _ in s.procs], np.int64)
+    row_pid = proc_pid[s.proc]
+    codes, names = pd.factorize(pd.Series(s.name[s.runtime], dtype=object))
+    hits = np.array([type(n) is str and bool(_LAUNCH_NAME.search(n)) for n in names], bool)
+    launch = np.flatnonzero(s.runtime)[hits[codes]] if len(codes) else np.zeros(0, np.int64)
+    callers = np.unique(row_pid[launch])
     if len(callers) < 2:
         return None
-    gpu_corr = {c for e in gpu if type(e.get("args")) is dict and (c := _int(e["args"].get("correlation"))) is not None}
-    launches: dict[Any, dict[int, list[float]]] = {p: {} for p in callers}
-    for e in events:
-        if e.get("ph") == "X" and _cat(e) in _LAUNCH_CATS and type(e.get("args")) is dict and e.get("pid") in callers:
-            c = _int(e["args"].get("correlation"))
-            if c is not None and c in gpu_corr:
-                launches[e.get("pid")].setdefault(c, []).append(_ts(e))
-    owner: list[Any] = []
-    for e in gpu:
-        c = _int(e["args"].get("correlation")) if type(e.get("args")) is dict else None
-        t = _ts(e)
-        best, best_t = None, None
-        for pid, by_corr in launches.items():
-            for lt in by_corr.get(c, ()) if c is not None else ():
-                if lt <= t and (best_t is None or lt > best_t):
-                    best, best_t = pid, lt
-        owner.append(best)
-    by_gpu_pid: dict[Any, dict[Any, int]] = {}
-    for e, o in zip(gpu, owner):
-        if o is not None:
-            votes = by_gpu_pid.setdefault(e.get("pid"), {})
-            votes[o] = votes.get(o, 0) + 1
-    unowned = [e for e, o in zip(gpu, owner) if o is None and not by_gpu_pid.get(e.get("pid"))]
+    g = np.flatnonzero(s.gpu)
+    launch = launch[s.correlation[launch] >= 0]
+    left = pd.DataFrame({"start": s.start[g], "corr": s.correlation[g], "pos": np.arange(len(g))})
+    right = pd.DataFrame({"start": s.start[launch], "corr": s.correlation[launch], "owner": row_pid[launch]})
+    left = left[left["corr"] >= 0].sort_values("start", kind="stable")
+    matched = pd.merge_asof(left, right.sort_values("start", kind="stable"), on="start", by="corr", direction="backward")
+    owner = np.full(len(g), -1, np.int64)
+    owner[matched["pos"].to_numpy()] = matched["owner"].fillna(-1).to_numpy(np.int64)
+    gpu_pid = row_pid[g]
+    votes = pd.DataFrame({"gpu_pid": gpu_pid, "owner": owner})[owner >= 0]
+    usual = votes.groupby(["gpu_pid", "owner"]).size().sort_values(ascending=False, kind="stable") \
+        .reset_index().drop_duplicates("gpu_pid").set_index("gpu_pid")["owner"]
+    fill = pd.Series(gpu_pid).map(usual).fillna(-1).to_numpy(np.int64)
+    unowned = int(((owner < 0) & (fill < 0)).sum())
     if unowned:
-        raise InputError(f"{path}: {len(callers)} processes launched GPU work in this one file (pids "
-                         f"{', '.join(map(str, sorted(callers, key=str)[:6]))}), without rank labels, and "
-                         f"{len(unowned)} GPU activities match none of their launch calls; import each rank's own trace")
-    owner = [o if o is not None else max(by_gpu_pid[e.get("pid")].items(), key=lambda kv: kv[1])[0]
-             for e, o in zip(gpu, owner)]
-    launches = {p: c for p, c in launches.items() if p in set(owner)}  # ranks are the processes that ran GPU work
-    if len(launches) < 2:
+        shown = ", ".join(map(str, sorted((pids[c] for c in callers), key=str)[:6]))
+        raise InputError(f"{path}: {len(callers)} processes launched GPU work in this one file (pids {shown}), without "
+                         f"rank labels, and {unowned} GPU activities match none of their launch calls; import each "
+                         "rank's own trace")
+    owner = np.where(owner >= 0, owner, fill)
+    owners = np.unique(owner)  # ranks are the processes that ran GPU work
+    if len(owners) < 2:
         return None
-    gpu_ids = {id(e) for e in gpu}
-    first_device = {}
-    for e, o in zip(gpu, owner):
-        d = _int(e["args"].get("device")) if type(e.get("args")) is dict else None
-        d = d if d is not None else _int(e.get("pid"))
-        first_device[o] = min(first_device.get(o, 1 << 40), d if d is not None else 1 << 40)
-    order = sorted(launches, key=lambda p: (first_device.get(p, 1 << 40), str(p)))
-    groups: dict[int | None, list[dict]] = {}
-    rank_of = {p: i for i, p in enumerate(order)}
-    for e, o in zip(gpu, owner):
-        groups.setdefault(rank_of[o], []).append(e)
-    for e in events:
-        if id(e) not in gpu_ids and e.get("pid") in rank_of:
-            groups.setdefault(rank_of[e.get("pid")], []).append(e)
+    pid_int = np.array([_NONE if (v := rank_value(p)) is None else v for p in pids], np.int64)
+    dev = s.device[g]
+    dev = np.where(dev >= 0, dev, pid_int[gpu_pid])
+    first = pd.Series(dev).groupby(owner).min()
+    order = sorted(owners.tolist(), key=lambda p: (int(first.get(p, _NONE)), str(pids[p])))
+    rank_of = np.full(len(pids), -1, np.int64)
+    rank_of[order] = np.arange(len(order))
+    row_rank = rank_of[row_pid]
+    row_rank[g] = rank_of[owner]
+    op_rank = rank_of[proc_pid[s.ops_proc]]
     how = ("the process that launched each GPU activity (no rank labels; ranks numbered by GPU index, then process id: "
-           + ", ".join(f"rank {rank_of[p]} = pid {p}" for p in order) + ")")
-    return groups, how
-
-
-def _ts(e: dict) -> float:
-    v = e.get("ts")
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
+           + ", ".join(f"rank {r} = pid {pids[p]}" for r, p in enumerate(order)) + ")")
+    return _ranks(row_rank, op_rank, list(range(len(order))), how)

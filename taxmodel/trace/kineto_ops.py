@@ -31,14 +31,16 @@ OP_COLUMNS = ("op", "dtype", "floor_bytes", "uncosted")
 _SHIFT = np.int64(42)
 
 
-def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, is_launch: np.ndarray, tid: np.ndarray,
-                    ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray,
-                    group_sizes: dict | None = None) -> dict:
+def attach_op_costs(frame: pd.DataFrame, group_size: np.ndarray, gpu_idx: np.ndarray, is_launch: np.ndarray,
+                    tid: np.ndarray, ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray,
+                    pg: np.ndarray | None = None, group_sizes: dict | None = None) -> dict:
     """Fill ``op``, ``dtype``, ``flops``, ``floor_bytes`` and ``uncosted`` of the GPU rows of
-    ``frame`` (positions ``gpu_idx``; ``args`` are the selected trace events' args in frame
-    order, ``tid`` their thread ids; ``ops`` the trace's ``cpu_op`` events with their exact
-    start and end in ns; ``group_sizes``: process group name -> size from the trace's
-    ``distributedInfo``, key None for its only group). Returns what the meta should say about the capture (whether shapes
+    ``frame`` (positions ``gpu_idx``; ``group_size`` is each selected trace event's process group
+    size (``op_costs.recorded_group_size`` of its args, -1 unknown) in frame order, ``tid`` their thread ids; ``ops``
+    the trace's ``cpu_op`` events with their exact start and end in ns; ``pg`` each selected
+    event's process group name (None: not recorded) and ``group_sizes`` the sizes of the trace's
+    process groups (``process_group_sizes``), for collectives whose own args give no size).
+    Returns what the meta should say about the capture (whether shapes
     were recorded, how many kernels were linked to an op)."""
     n = len(frame)
     op_name = np.full(n, "", dtype=object)
@@ -134,7 +136,7 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     if comm.any():
         rows = gk[comm]
         msg = frame["bytes"].to_numpy(np.int64)[rows].copy()
-        group = _group_sizes([args[i] for i in rows])
+        group = group_size[rows]
         need = (msg < 0) | (group < 0)
         if need.any():
             op_msg, op_group, op_names = _launching_collective(rows[need], corr, is_launch, tid, start, ops, ops_start, ops_end)
@@ -142,9 +144,8 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
             group[need] = np.where(group[need] < 0, op_group, group[need])
             op_name[rows[need]] = np.where(op_names != "", op_names, op_name[rows[need]])
             frame.iloc[rows, frame.columns.get_loc("bytes")] = msg
-        if group_sizes and (group <= 0).any():  # the trace's process groups (distributedInfo.pg_config)
-            pg = [a.get("Process Group Name") for a in (args[i] for i in rows)]
-            known = np.array([group_sizes.get(str(p) if p is not None else None, -1) for p in pg], np.int64)
+        if group_sizes and pg is not None and (group <= 0).any():  # the trace's process groups (distributedInfo.pg_config)
+            known = np.array([group_sizes.get(p, -1) for p in pg[rows]], np.int64)
             group = np.where(group > 0, group, known)
         cop = frame["collective_op"].to_numpy(object)[rows]
         bus = np.array([collective_bus_bytes(str(o), int(m), int(g)) if g > 0 else collective_bus_bytes_at_least(str(o), int(m))
@@ -251,16 +252,6 @@ def _to_int(v) -> int | None:
     return None
 
 
-def _group_sizes(args: list[dict]) -> np.ndarray:
-    out = []
-    for a in args:
-        g = _to_int(a.get("Group size"))
-        if g is None and isinstance(a.get("Process Group Ranks"), str):
-            g = len([x for x in a["Process Group Ranks"].strip("[]").split(",") if x.strip()])
-        out.append(g if g is not None else -1)
-    return np.asarray(out, np.int64)
-
-
 def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Index of the innermost op (ranges ``[s, e]`` on threads ``otid``) on thread ``tid[i]``
     whose range contains ``t[i]`` (-1 where none does)."""
@@ -306,26 +297,44 @@ def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, 
 _OPTIONS = ("record_shapes", "with_stack", "with_flops", "profile_memory")
 
 
-def profiler_options(doc: dict, ops: list[dict], linked: dict) -> dict:
+class EventFlags:
+    """What ``profiler_options`` reads off the events, gathered one event at a time (``see``)
+    while a trace streams by: python stack events, memory events, the profiler's overhead."""
+
+    def __init__(self) -> None:
+        self.with_stack = False
+        self.profile_memory = False
+        self.overhead_ns = 0
+
+    def see(self, e: dict) -> None:
+        cat = e.get("cat")
+        if cat == "python_function":
+            self.with_stack = True
+        elif cat == "overhead" and e.get("ph") == "X":
+            self.overhead_ns += (_to_int(e.get("dur")) or 0) * 1000
+        if e.get("name") == "[memory]":
+            self.profile_memory = True
+
+
+def profiler_options(top: dict, flags: EventFlags, ops: list[dict], linked: dict) -> dict:
     """The torch.profiler options this trace was captured with: Kineto writes them at the top
-    level in recent versions; otherwise they are read off the events (shapes, python stack
-    events, flops, memory events). ``overhead_ns``: the profiler's own ``overhead`` events."""
+    level (``top``: the document's keys but its events) in recent versions; otherwise they are
+    read off the events (shapes, python stack events, flops, memory events: ``flags``).
+    ``overhead_ns``: the profiler's own ``overhead`` events."""
     opts: dict = {}
     for key in _OPTIONS:
-        v = doc.get(key)
+        v = top.get(key)
         if v is not None:
             opts[key] = bool(_to_int(v)) if not isinstance(v, bool) else v
-    events = [e for e in doc["traceEvents"] if type(e) is dict]
     if "record_shapes" not in opts:
         opts["record_shapes"] = bool(linked.get("record_shapes"))
     if "with_stack" not in opts:
-        opts["with_stack"] = any(e.get("cat") == "python_function" for e in events)
+        opts["with_stack"] = flags.with_stack
     if "with_flops" not in opts:
         opts["with_flops"] = any(isinstance(o.get("args"), dict) and "flops" in o["args"] for o in ops)
     if "profile_memory" not in opts:
-        opts["profile_memory"] = any(e.get("name") == "[memory]" for e in events)
-    over = [e for e in events if e.get("cat") == "overhead" and e.get("ph") == "X"]
-    opts["overhead_ns"] = int(sum((_to_int(e.get("dur")) or 0) * 1000 for e in over)) if over else 0
+        opts["profile_memory"] = flags.profile_memory
+    opts["overhead_ns"] = int(flags.overhead_ns)
     opts["cpu_ops"] = len(ops)
     opts["kernels_linked_to_ops"] = int(linked.get("ops_linked", 0))
     return opts

@@ -348,7 +348,7 @@ def _nonneg(v, default: int) -> int:
 def _mpi_ranks(s: vc.SqliteSchema) -> dict[int, int]:
     if not (s.has("MPI_RANKS") and {"globalTid", "rank"} <= s.columns("MPI_RANKS")):
         return {}
-    rows = s.conn.execute(f'SELECT (("globalTid" >> {_PID_SHIFT}) & {_ID_MASK}), "rank" FROM "MPI_RANKS"').fetchall()
+    rows = s.fetchall(f'SELECT (("globalTid" >> {_PID_SHIFT}) & {_ID_MASK}), "rank" FROM "MPI_RANKS"')
     return {int(p): int(r) for p, r in rows}
 
 
@@ -392,7 +392,7 @@ def _software(s: vc.SqliteSchema) -> dict:
     sw = {}
     for t in ("META_DATA_EXPORT", "META_DATA_CAPTURE"):
         if s.has(t) and {"name", "value"} <= s.columns(t):
-            for name, value in s.conn.execute(f'SELECT "name", "value" FROM "{t}"'):
+            for name, value in s.fetchall(f'SELECT "name", "value" FROM "{t}"'):
                 if name in ("EXPORT_SCHEMA_VERSION", "EXPORT_PROGRAM_VERSION", "CAPTURE_PROGRAM_VERSION", "NSYS_VERSION"):
                     sw[f"nsys_{str(name).lower()}"] = value
     return sw

@@ -732,11 +732,26 @@ def collective_call(args: Mapping[str, Any]) -> tuple[int, int]:
         sizes = [_tensor_bytes(d, t) for d, t in zip(_seq(args.get("Input Dims")), _seq(args.get("Input type")))]
         msg = max(sizes, default=-1)
         msg = msg if msg > 0 else -1
-    group = _nonneg(args.get("Group size"))
+    return msg, recorded_group_size(args)
+
+
+#: The args of an op that ``collective_call`` reads (an importer that keeps only some of each op's
+#: args keeps these).
+COLLECTIVE_CALL_ARGS = ("In msg nelems", "Out msg nelems", "dtype", "Input Dims", "Input type", "Group size",
+                        "Process Group Ranks")
+
+
+def recorded_group_size(args: Mapping[str, Any]) -> int:
+    """A collective's process group size as its args (a kernel's or the op's that launched it)
+    record it: ``Group size``, else the length of ``Process Group Ranks``; -1 where neither does."""
+    group = args.get("Group size")
+    if type(group) is str and group.strip().isdigit() and len(group.strip()) < 19:
+        group = int(group)
+    group = _nonneg(group)
     ranks = args.get("Process Group Ranks")
     if group <= 0 and isinstance(ranks, str):
         group = len([x for x in ranks.strip("[]").split(",") if x.strip()])
-    return msg, (group if group > 0 else -1)
+    return group if group > 0 else -1
 
 
 def payload_message_bytes(op: str, payload_bytes: int, group_size: int) -> int:

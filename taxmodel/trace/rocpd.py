@@ -216,7 +216,7 @@ def _marker_text(name, extdata) -> str:
 def _declared_ranks(s: vc.SqliteSchema, t: _Tables, key_of: dict) -> dict[int, int]:
     if "environment" not in t.columns.get("rocpd_info_process", set()):
         return {}
-    rows = s.conn.execute(f'SELECT guid, pid, environment FROM {t.src["rocpd_info_process"]}').fetchall()
+    rows = s.fetchall(f'SELECT guid, pid, environment FROM {t.src["rocpd_info_process"]}')
     out = {}
     for guid, pid, env in rows:
         try:
@@ -240,5 +240,5 @@ def _hardware(s: vc.SqliteSchema, t: _Tables) -> dict:
 def _software(s: vc.SqliteSchema, t: _Tables) -> dict:
     if not t.has("rocpd_metadata") or not {"tag", "value"} <= t.columns["rocpd_metadata"]:
         return {}
-    rows = s.conn.execute(f"SELECT tag, value FROM {t.src['rocpd_metadata']}").fetchall()
+    rows = s.fetchall(f"SELECT tag, value FROM {t.src['rocpd_metadata']}")
     return {f"rocpd_{re.sub(r'[^a-z0-9]+', '_', str(k).lower())}": v for k, v in rows if str(k).lower() == "schema_version"}

@@ -29,6 +29,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from taxmodel import limits
 from taxmodel.errors import InputError
 from taxmodel.trace import inflate, vocabulary
 
@@ -85,14 +86,77 @@ def sqlite_connection(path: Path) -> Iterator[sqlite3.Connection]:
             path = target
         if magic != SQLITE_MAGIC:
             raise InputError(f"{shown}: not a SQLite database (the file does not start with the SQLite header)")
-        conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        # the path as a percent-encoded file: URI ('#', '?' and '%' in a name are the name's, not the
+        # URI's fragment, query or escapes), opened read-only
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, factory=_GuardedConnection)
         try:
-            yield conn
+            conn.execute("PRAGMA query_only = ON")
+            conn.guard(limits.query_seconds())
+            with conn.noting_interrupts():
+                yield conn
+        except BaseException as exc:
+            if conn.stopped == "interrupted":  # Ctrl-C during a query: a Ctrl-C, not a damaged file
+                raise KeyboardInterrupt from exc
+            if conn.stopped == "deadline":
+                raise InputError(f"{shown}: a query of the database ran longer than {limits.query_seconds():g} s "
+                                 "(a view that never ends?); export the trace again, or raise "
+                                 f"{limits.QUERY_SECONDS_ENV} for a database that big") from exc
+            raise
         finally:
             conn.close()
     finally:
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class _GuardedConnection(sqlite3.Connection):
+    """A connection whose queries stop at a deadline and on Ctrl-C.
+
+    SQLite runs a query in C: without a progress handler Python never gets to run its SIGINT
+    handler until the query ends, so a never-ending view ignored Ctrl-C. The handler below runs
+    every few thousand virtual-machine steps, which lets Python's signal handlers run; a Ctrl-C
+    (noted by ``noting_interrupts``: the exception raised inside the callback is swallowed by
+    sqlite3) or a passed deadline makes it return 1, which aborts the query, and ``stopped``
+    says why."""
+
+    stopped = ""
+
+    @contextlib.contextmanager
+    def noting_interrupts(self) -> Iterator[None]:
+        """While the connection is in use, a SIGINT is noted in ``stopped`` before the handler
+        that was there runs (and raises KeyboardInterrupt, as it would have)."""
+        import signal
+        import threading
+
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread() or not callable(previous):
+            yield  # signals go to the main thread only; an ignored SIGINT stays ignored
+            return
+
+        def note(signum, frame):
+            self.stopped = "interrupted"
+            previous(signum, frame)
+
+        signal.signal(signal.SIGINT, note)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def guard(self, seconds: float) -> None:
+        import time
+
+        deadline = time.monotonic() + seconds
+
+        def check() -> int:
+            if self.stopped:
+                return 1
+            if time.monotonic() > deadline:
+                self.stopped = "deadline"
+                return 1
+            return 0
+
+        self.set_progress_handler(check, 20_000)
 
 
 @contextlib.contextmanager
@@ -154,9 +218,27 @@ class SqliteSchema:
         cols = self.columns(name)
         return next((c for c in candidates if c in cols), None)
 
+    def fetchall(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """The rows of a query, at most ``limits.row_budget`` of the file (a table cannot hold more
+        rows than the file has bytes; a view that yields more is not data): InputError beyond."""
+        return self._fetch(sql, params)[1]
+
+    def _fetch(self, sql: str, params: tuple = ()) -> tuple[list[str], list[tuple]]:
+        cur = self.conn.execute(sql, params)
+        budget = limits.row_budget(self.path)
+        rows: list[tuple] = []
+        while batch := cur.fetchmany(100_000):
+            rows += batch
+            if len(rows) > budget:
+                raise InputError(f"{self.path}: a query of the {self.tool} database yields more than {budget:,} rows, more "
+                                 "than a database of its size can hold (a view that never ends?); export the trace again")
+        return [d[0] for d in cur.description or ()], rows
+
     def query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
+        """A query's rows as a DataFrame (``fetchall``'s budget; what ``pd.read_sql_query`` gives)."""
         try:
-            return pd.read_sql_query(sql, self.conn, params=params)
+            columns, rows = self._fetch(sql, params)
+            return pd.DataFrame.from_records(rows, columns=columns, coerce_float=True)
         except (sqlite3.Error, pd.errors.DatabaseError) as exc:
             raise InputError(f"{self.path}: cannot read the {self.tool} database ({exc})") from exc
 

@@ -11,7 +11,7 @@ import pytest
 import kineto_merge_fixtures as merge
 from taxmodel.errors import InputError
 from taxmodel.model.ledger import compute_ledger
-from taxmodel.trace import importers
+from taxmodel.trace import importers, json_stream
 from taxmodel.trace.bundle import Bundle, make_meta
 
 THIRD = Path(__file__).resolve().parents[1] / "data" / "thirdparty" / "hta"
@@ -33,7 +33,12 @@ def separate():
 
 @pytest.mark.parametrize("build", [merge.trace_fusion, merge.renamed_processes, merge.concatenated],
                          ids=["tracefusion", "renamed", "concatenated"])
-def test_a_merged_file_is_split_into_its_ranks(tmp_path, separate, build):
+@pytest.mark.parametrize("window", [None, 64 << 10], ids=["one-batch", "many-batches"])
+def test_a_merged_file_is_split_into_its_ranks(tmp_path, monkeypatch, separate, build, window):
+    """Split from the columns the streaming reader keeps (never the whole document), the same
+    whether the file streams by in one batch of events or in many."""
+    if window:
+        monkeypatch.setattr(json_stream, "WINDOW_CHARS", window)
     path = build(RANKS, tmp_path / "merged.json.gz")
     events, meta, fmt = importers.import_traces([path], allow_missing_ranks=True)
     assert fmt == "kineto" and meta["ranks"] == [0, 1]

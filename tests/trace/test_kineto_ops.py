@@ -124,3 +124,39 @@ def test_a_collective_without_a_group_size_is_floored_as_two_ranks():
     # NCCL's NVTX payload is one rank's share for all-gather / reduce-scatter, the buffer for all-reduce
     assert payload_message_bytes("allgather", 1000, 8) == 8000 and payload_message_bytes("allgather", 1000, -1) == 2000
     assert payload_message_bytes("allreduce", 1000, 8) == 1000 and payload_message_bytes("allreduce", -1, 8) == -1
+
+
+def test_a_collectives_group_size_comes_from_the_traces_process_groups(tmp_path):
+    """A collective whose kernel and launching op record no group size (neither ``Group size`` nor
+    ``Process Group Ranks``) takes its process group's size from ``distributedInfo.pg_config``
+    (PyTorch 2.1+), read off the streamed file's top-level keys; without it, it is floored as 2
+    ranks and said so (issue 36 item 3)."""
+    import gzip
+
+    from taxmodel.trace import importers
+    from taxmodel.trace.op_costs import collective_bus_bytes
+
+    src = Path(__file__).resolve().parents[1] / "data" / "thirdparty" / "hta" / "a100_nccl_rank0_of_2.json.gz"
+    doc = json.load(gzip.open(src))
+    for e in doc["traceEvents"]:
+        if isinstance(e.get("args"), dict):
+            e["args"] = {k: v for k, v in e["args"].items() if k not in ("Group size", "Process Group Ranks")}
+    doc["distributedInfo"]["world_size"] = 4
+    doc["distributedInfo"]["pg_config"][0].update(pg_size=4, ranks=[0, 1, 2, 3])
+
+    def comm(d: dict) -> tuple:
+        path = tmp_path / "rank0.json.gz"
+        with gzip.open(path, "wt") as f:
+            json.dump(d, f)
+        events, meta, _ = importers.import_traces([path], allow_missing_ranks=True)
+        return events[(events["role"] == "comm") & (events["kind"] == "kernel")], meta
+
+    four, meta = comm(doc)
+    assert len(four) > 0 and (four["bytes"] > 0).all()
+    assert four["floor_bytes"].tolist() == [collective_bus_bytes(o, b, 4) for o, b in zip(four["collective_op"], four["bytes"])]
+    assert not any("no group size" in n for n in meta["notes"])
+    del doc["distributedInfo"]["pg_config"]
+    two, meta = comm(doc)
+    assert two["floor_bytes"].tolist() == [collective_bus_bytes(o, b, 2) for o, b in zip(two["collective_op"], two["bytes"])]
+    assert two["floor_bytes"].sum() < four["floor_bytes"].sum()
+    assert any(f"{len(two)} collective kernel(s) record a message size but no group size" in n for n in meta["notes"])
