@@ -129,7 +129,7 @@ def _pair_trace(name: str) -> Path:
 
 
 def _matched(graph: str, eager: str | None = None) -> tuple[pd.DataFrame, dict]:
-    ev, meta = importers.import_traces([_pair_trace(graph)])
+    ev, meta = importers.import_traces([_pair_trace(graph)])[:2]
     if eager is not None:
         ev, meta = importers.attach_shapes_from(ev, meta, [_pair_trace(eager)])
     assert "graph_shapes" in meta, f"{graph}: no CUDA-graph replays in the trace"
