@@ -128,17 +128,51 @@ def _pair_trace(name: str) -> Path:
     return f
 
 
-def _matched(graph: str, eager: str | None = None) -> tuple[pd.DataFrame, dict]:
+def _imported(graph: str, eager: str | None = None) -> tuple[pd.DataFrame, dict, list[pd.DataFrame]]:
+    """The graph trace's events and meta, matched, and the eager steps they were matched with
+    (the trace's own and ``eager``'s eager kernels, one frame per iteration, in time order)."""
     ev, meta = importers.import_traces([_pair_trace(graph)])[:2]
+    sources = [ev]
     if eager is not None:
         ev, meta = importers.attach_shapes_from(ev, meta, [_pair_trace(eager)])
+        sources.append(importers.import_traces([_pair_trace(eager)])[0])
     assert "graph_shapes" in meta, f"{graph}: no CUDA-graph replays in the trace"
+    steps = [step for src in sources for _, step in _kernels(src, False).sort_values("start_ns").groupby("iteration")]
+    return ev, meta, steps
+
+
+def _matched(graph: str, eager: str | None = None) -> tuple[pd.DataFrame, dict]:
+    ev, meta, _ = _imported(graph, eager)
     return _kernels(ev, True), meta["graph_shapes"]
 
 
-@pytest.mark.parametrize("graph, eager", [("graph_b2", "eager_b2"), ("graph_warmup_b2", None),
-                                          ("graphed_callables_b2", None), ("reduce_overhead_b2", None),
-                                          ("serve_b2_b4", None)])
+SAME_PROGRAM = [("graph_b2", "eager_b2"), ("graph_warmup_b2", None), ("graphed_callables_b2", None),
+                ("reduce_overhead_b2", None), ("serve_b2_b4", None)]
+
+
+@pytest.mark.parametrize("graph, eager", SAME_PROGRAM)
+def test_each_replayed_kernel_takes_the_work_at_its_place_where_the_eager_step_ran_the_replay(graph, eager):
+    """Checked without the matcher: where a replay's (name, grid, block) sequence runs as one
+    contiguous stretch of an eager step (the warm-up before a capture, each of
+    make_graphed_callables' three warm-ups, one batch's warm-up next to another's), each
+    replayed kernel carries the op and dtype of the kernel at its place in that stretch and its
+    work (within 15%: an op call's kernels split its work by their durations, per step)."""
+    ev, _, steps = _imported(graph, eager)
+    key = ["name", "grid", "block"]
+    stretches = [list(map(tuple, s[key].to_numpy().tolist())) for s in steps]
+    for corr, rep in _kernels(ev, True).sort_values("start_ns").groupby("correlation"):
+        want = list(map(tuple, rep[key].to_numpy().tolist()))
+        found = [steps[k].iloc[at:at + len(want)] for k, keys in enumerate(stretches)
+                 for at in range(len(keys) - len(want) + 1) if keys[at:at + len(want)] == want]
+        assert found, f"{graph}: the replay of launch {corr} runs as no stretch of an eager step"
+        for eag in found:
+            assert rep["op"].tolist() == eag["op"].tolist() and rep["dtype"].tolist() == eag["dtype"].tolist()
+            costed = eag["flops"].to_numpy() >= 0
+            assert np.allclose(rep["flops"].to_numpy()[costed], eag["flops"].to_numpy()[costed], rtol=0.15)
+            assert (rep["flops"].to_numpy()[~costed] < 0).all()
+
+
+@pytest.mark.parametrize("graph, eager", SAME_PROGRAM)
 def test_replays_of_the_same_program_take_the_eager_steps_shapes(graph, eager):
     """The same model and optimizer eagerly and in graphs (a whole step, a trace with its own
     warm-up, forward and backward graphs around an eager optimizer, Inductor's CUDA-graph trees,
