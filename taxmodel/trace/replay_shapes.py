@@ -45,6 +45,7 @@ rate and the unmatched kernels per reason.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,9 +69,9 @@ MAX_TIME_RATIO = 2.0
 OTHER_SHAPES_SHARE = 0.05
 #: differences below this are within the whole-microsecond resolution of older traces
 TIME_SLACK_NS = 1000
-#: the largest alignment table (replay kernels x eager-step kernels that share a key) computed, 100 MB
-#: of int32; larger pairs are refused
-MAX_CELLS = 25_000_000
+#: the largest alignment (replay kernels x eager-step kernels that share a key) computed: its time
+#: (a few seconds); larger pairs are refused
+MAX_CELLS = 50_000_000
 
 COST_COLUMNS = ("op", "dtype", "flops", "floor_bytes", "uncosted", "shapes_from")
 
@@ -330,72 +331,79 @@ def _windows(a: np.ndarray, b: np.ndarray, pos: np.ndarray, w: int):
     j1 <= j) of ``M[i1][j1] + pos[i1]`` (row by row: a running maximum); ``Mb`` the same from the
     ends. (i, j) lies on a best alignment iff ``M + Mb - w`` is the best score; j can be left
     unpaired iff a best alignment pairs only before j, only after j, or around it:
-    ``G[i-1][j-1] + max(Mb[i][j2 > j]) - pos[i] + 1`` is the best score for some i."""
+    ``G[i-1][j-1] + max(Mb[i][j2 > j]) - pos[i] + 1`` is the best score for some i. The backward
+    pass needs ``G`` row by row from the end: the forward pass keeps every k-th row (k ~ sqrt(n))
+    and each block of rows is computed again from its first, so memory stays ~2 sqrt(n) rows."""
     n, m = len(a), len(b)
-    big = w * min(n, m) + int(pos[-1]) + 2
-    G = np.empty((n, m), np.int32 if big < np.iinfo(np.int32).max else np.int64)
     at = pd.Series(np.arange(m)).groupby(b).apply(lambda s: s.to_numpy()).to_dict()
     none = np.full(m, -1, np.int64)  # no pair yet (every score is positive)
     neg = np.iinfo(np.int64).min // 4
 
-    def pairs_ending(i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Row i's pair columns and their ``M``, from ``G[i-1]``."""
+    def row_step(i: int, prev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Row i's pair columns, their ``M`` and ``G[i]``, from ``prev`` = ``G[i-1]``."""
         idx = at[int(a[i])]
-        prev = G[i - 1].astype(np.int64) if i else none
         before = np.where(idx > 0, prev[np.maximum(idx - 1, 0)], -1)
-        return idx, w + np.maximum(0, np.where(before >= 0, before - pos[i] + 1, 0))
+        mi = w + np.maximum(0, np.where(before >= 0, before - pos[i] + 1, 0))
+        g = none.copy()
+        g[idx] = mi + pos[i]
+        return idx, mi, np.maximum(np.maximum.accumulate(g), prev)
 
+    k = max(1, math.isqrt(n))
+    first_of_block = {}  # block start -> G[start - 1]
     best_col = np.full(m, -1, np.int64)  # max M per column
-    last = (0, 0)
+    prev = none
     for i in range(n):
-        idx, mi = pairs_ending(i)
-        if mi.max() > best_col.max():
-            last = i, int(idx[mi.argmax()])
+        if i % k == 0:
+            first_of_block[i] = prev
+        idx, mi, prev = row_step(i, prev)
         best_col[idx] = np.maximum(best_col[idx], mi)
-        row = none.copy()
-        row[idx] = mi + pos[i]
-        G[i] = np.maximum(np.maximum.accumulate(row), G[i - 1] if i else none)
     score = int(best_col.max())
     skip = np.zeros(m, bool)
     skip[1:] = np.maximum.accumulate(best_col)[:-1] == score  # a best alignment pairs only before j
-    pi, pj = [], []
+    on_i, on_j, on_m = [], [], []
     gb = np.full(m + 1, neg, np.int64)  # max over pairs (i2 > i, j2 >= j) of Mb[i2][j2] - pos[i2]
     best_col_b = np.full(m, neg, np.int64)
-    for i in range(n - 1, -1, -1):
-        idx, mi = pairs_ending(i)
-        mb = w + np.maximum(0, gb[idx + 1] + pos[i] + 1)
-        on = mi + mb - w == score
-        pi.append(np.full(int(on.sum()), i))
-        pj.append(idx[on])
-        row = np.full(m, neg, np.int64)
-        row[idx] = mb
-        best_col_b = np.maximum(best_col_b, row)
-        after = np.full(m, neg, np.int64)  # max Mb[i][j2 > j]
-        after[:-1] = np.maximum.accumulate(row[::-1])[::-1][1:]
-        left = np.full(m, -1, np.int64)  # G[i-1][j-1]
-        if i:
-            left[1:] = G[i - 1, :-1]
-        skip |= (left >= 0) & (after > neg) & (left + after - pos[i] + 1 == score)
-        gb[:m] = np.maximum(np.maximum.accumulate((row - pos[i])[::-1])[::-1], gb[:m])
+    for start in range(k * ((n - 1) // k), -1, -k):
+        block, prev = [], first_of_block[start]
+        for i in range(start, min(start + k, n)):
+            idx, mi, g = row_step(i, prev)
+            block.append((i, idx, mi, prev))
+            prev = g
+        for i, idx, mi, prev in reversed(block):
+            mb = w + np.maximum(0, gb[idx + 1] + pos[i] + 1)
+            on = mi + mb - w == score
+            on_i.append(np.full(int(on.sum()), i))
+            on_j.append(idx[on])
+            on_m.append(mi[on])
+            row = np.full(m, neg, np.int64)
+            row[idx] = mb
+            best_col_b = np.maximum(best_col_b, row)
+            after = np.full(m, neg, np.int64)  # max Mb[i][j2 > j]
+            after[:-1] = np.maximum.accumulate(row[::-1])[::-1][1:]
+            left = np.full(m, -1, np.int64)  # G[i-1][j-1]
+            left[1:] = prev[:-1]
+            skip |= (left >= 0) & (after > neg) & (left + after - pos[i] + 1 == score)
+            gb[:m] = np.maximum(np.maximum.accumulate((row - pos[i])[::-1])[::-1], gb[:m])
     skip[:-1] |= np.maximum.accumulate(best_col_b[::-1])[::-1][1:] == score  # ... only after j
-    return score, np.concatenate(pi), np.concatenate(pj), skip, _one_best(G, pairs_ending, pos, w, last, score)
+    pi, pj, pm = np.concatenate(on_i), np.concatenate(on_j), np.concatenate(on_m)
+    return score, pi, pj, skip, _one_best(pi, pj, pm, pos, w, score)
 
 
-def _one_best(G: np.ndarray, pairs_ending, pos: np.ndarray, w: int, last: tuple[int, int], score: int) -> np.ndarray:
-    """One best alignment of ``_windows``, traced back from its last pair ``last``: the pair
-    before (i, j) with score ``M`` is the first one found in ``G``'s column ``j - 1`` (which
-    never decreases downwards) with ``M[i1][j1] + pos[i1] = M - w + pos[i] - 1``."""
-    out = [last]
-    i, j = last
-    M = score
-    while M > w:
-        prior = M - w + int(pos[i]) - 1
-        i1 = int(np.searchsorted(G[:i, j - 1], prior))
-        idx, mi = pairs_ending(i1)
-        j1 = int(idx[(idx < j) & (mi + pos[i1] == prior)][0])
-        i, j, M = i1, j1, prior - int(pos[i1])
-        out.append((i, j))
-    return np.array(out[::-1], np.int64).reshape(-1, 2)
+def _one_best(pi: np.ndarray, pj: np.ndarray, pm: np.ndarray, pos: np.ndarray, w: int, score: int) -> np.ndarray:
+    """One best alignment of ``_windows`` from the pairs on best alignments (``pm``: each one's
+    ``M``). A best alignment's first pair has ``M = w``, its last ``M = score``, and between
+    consecutive pairs ``M2 + pos[i2] = M1 + pos[i1] + w + 1`` (a prefix of a best alignment is a
+    best one ending there); any such pair after the current one continues a best alignment."""
+    v = pm + pos[pi]
+    order = np.lexsort((pj, pi, v))
+    v, pi, pj, pm = v[order], pi[order], pj[order], pm[order]
+    t = int(np.flatnonzero(pm == w)[0])
+    out = [(int(pi[t]), int(pj[t]))]
+    while pm[t] < score:
+        lo, hi = np.searchsorted(v, v[t] + w + 1, "left"), np.searchsorted(v, v[t] + w + 1, "right")
+        t = lo + int(np.flatnonzero((pi[lo:hi] > pi[t]) & (pj[lo:hi] > pj[t]))[0])
+        out.append((int(pi[t]), int(pj[t])))
+    return np.array(out, np.int64).reshape(-1, 2)
 
 
 def _summary(events: pd.DataFrame, target: np.ndarray, outcome: np.ndarray, cols: dict, reference_name: str | None) -> dict:
