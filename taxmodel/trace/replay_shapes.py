@@ -298,9 +298,9 @@ def _substitutions(a: np.ndarray, b: np.ndarray, align: np.ndarray, key_name: di
 def _align(a: np.ndarray, b: np.ndarray):
     """The best windows of ``a`` (eager step) for ``b`` (replay) by ``_windows``' score:
     (score, the pairs (i, j) that lie on some best alignment, the positions of ``b`` some best
-    one leaves unpaired, one best alignment as an (L, 2) array); None when the table would
-    exceed ``MAX_CELLS``. Keys only one side has never pair, so the table is built without them
-    (an eager kernel left out still counts where it lies inside a window)."""
+    one leaves unpaired, one best alignment as an (L, 2) array); None when it would take more
+    than ``MAX_CELLS`` cells. Keys only one side has never pair, so the alignment is computed
+    without them (an eager kernel left out still counts where it lies inside a window)."""
     ka, kb = np.flatnonzero(np.isin(a, b)), np.flatnonzero(np.isin(b, a))
     if len(ka) * len(kb) > MAX_CELLS:
         return None
