@@ -13,16 +13,21 @@ The match, per rank (docs/ledger.md 5a, "CUDA-graph replays"):
   order; a *replay* is the kernels of one graph launch (graph id and the launch's correlation)
   in time order. A kernel's key is (name, grid, block). Steps and replays with the same key
   sequence are taken together (durations: their median per position).
-* Each replay is aligned with each eager step by a longest common subsequence of keys (order
-  kept: "position in the step"); the steps with the longest alignment are the replay's eager
-  step (several when they tie, e.g. a graph of one layer against identical layers).
+* Each replay is aligned with each eager step, keys paired in order ("position in the step"),
+  by the best window: ``w`` per pair (half the replay's length) less one per eager kernel left
+  unpaired between the window's first and last pair. A graph replays one contiguous stretch of
+  the program, and a profiler step may hold that stretch more than once (the three warm-up runs
+  of ``make_graphed_callables``) or next to the same kernels with other work (two batches'
+  warm-ups): a plain longest common subsequence could pair a kernel with one of its key a
+  stretch away. The steps with the best score are the replay's eager step (several when they
+  tie, e.g. a graph of one layer against identical layers).
 * A replayed kernel gets the work (``op``, ``dtype``, ``flops``, ``floor_bytes``) of its eager
-  counterpart when every longest alignment pairs it with an eager kernel (it is never skipped),
+  counterpart when every best alignment pairs it with an eager kernel (it is never skipped),
   and all the eager kernels it can be paired with had the same work. Otherwise it stays
   uncosted with the reason: no kernel of that name in the eager step; launched with other
   launch dims; no counterpart at its place (the replay runs it more often or in another
   order); ambiguous (eager kernels of different shapes fit its place).
-* Shapes that differ are refused, never guessed: where a longest alignment leaves kernels of
+* Shapes that differ are refused, never guessed: where a best alignment leaves kernels of
   the replay and of the eager step of the same name but other launch dims between the same
   aligned neighbours, for ``OTHER_SHAPES_SHARE`` of the replay's kernels or more, the graph was
   captured with other shapes than the eager step (a different batch), and none of that
@@ -40,6 +45,7 @@ rate and the unmatched kernels per reason.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,7 +69,8 @@ MAX_TIME_RATIO = 2.0
 OTHER_SHAPES_SHARE = 0.05
 #: differences below this are within the whole-microsecond resolution of older traces
 TIME_SLACK_NS = 1000
-#: the largest alignment table (replay kernels x eager-step kernels) computed; larger pairs are refused
+#: the largest alignment (replay kernels x eager-step kernels that share a key) computed: its time
+#: (a few seconds); larger pairs are refused
 MAX_CELLS = 50_000_000
 
 COST_COLUMNS = ("op", "dtype", "flops", "floor_bytes", "uncosted", "shapes_from")
@@ -235,11 +242,11 @@ def _match_replay(rep: _Seq, steps: list[_Seq], key_name: dict, names: set):
     why = np.full(m, "no_name", dtype=object)
     known = np.array([key_name[k] in names for k in rep.keys.tolist()], bool)
     results = [_align(s.keys, rep.keys) for s in steps]
-    best_len = max((r[0] for r in results if r is not None), default=0)
-    if best_len == 0:
+    best_score = max((r[0] for r in results if r is not None), default=0)
+    if best_score == 0:
         why[known] = "too_long" if any(r is None for r in results) else "other_dims"
         return work, flops, nbytes, why
-    best = [(s, r) for s, r in zip(steps, results) if r is not None and r[0] == best_len]
+    best = [(s, r) for s, r in zip(steps, results) if r is not None and r[0] == best_score]
     in_best = np.zeros(m, bool)
     for s, _ in best:
         in_best |= np.isin(rep.keys, s.keys)
@@ -247,7 +254,7 @@ def _match_replay(rep: _Seq, steps: list[_Seq], key_name: dict, names: set):
     if max(len(_substitutions(s.keys, rep.keys, r[4], key_name)) for s, r in best) >= OTHER_SHAPES_SHARE * m:
         why[:] = "other_shapes"
         return work, flops, nbytes, why
-    # every pair on some longest alignment with some best step: per replay position, its partners
+    # every pair on some best alignment with some best step: per replay position, its partners
     pj = np.concatenate([r[2] for _, r in best])
     pw = np.concatenate([s.work[r[1]] for s, r in best])
     pf = np.concatenate([s.flops[r[1]] for s, r in best])
@@ -289,66 +296,114 @@ def _substitutions(a: np.ndarray, b: np.ndarray, align: np.ndarray, key_name: di
 
 
 def _align(a: np.ndarray, b: np.ndarray):
-    """Longest common subsequences of ``a`` (eager step) and ``b`` (replay): (length, the pairs
-    (i, j) that lie on some longest one, the positions of ``b`` some longest one skips, one
-    longest alignment as an (L, 2) array); None when the table would exceed ``MAX_CELLS``.
-    Keys only one side has never pair, so the table is built without them."""
+    """The best windows of ``a`` (eager step) for ``b`` (replay) by ``_windows``' score:
+    (score, the pairs (i, j) that lie on some best alignment, the positions of ``b`` some best
+    one leaves unpaired, one best alignment as an (L, 2) array); None when it would take more
+    than ``MAX_CELLS`` cells. Keys only one side has never pair, so the alignment is computed
+    without them (an eager kernel left out still counts where it lies inside a window)."""
     ka, kb = np.flatnonzero(np.isin(a, b)), np.flatnonzero(np.isin(b, a))
-    if (len(ka) + 1) * (len(kb) + 1) > MAX_CELLS:
+    if len(ka) * len(kb) > MAX_CELLS:
         return None
-    L, pi, pj, skip_k, align = _lcs(a[ka], b[kb])
     skip = np.ones(len(b), bool)
+    if not len(ka):
+        return 0, ka, kb, skip, np.zeros((0, 2), np.int64)
+    score, pi, pj, skip_k, align = _windows(a[ka], b[kb], ka, max(1, (len(b) + 1) // 2))
     skip[kb] = skip_k
-    return L, ka[pi], kb[pj], skip, np.stack([ka[align[:, 0]], kb[align[:, 1]]], axis=1) if len(align) else align
+    return score, ka[pi], kb[pj], skip, np.stack([ka[align[:, 0]], kb[align[:, 1]]], axis=1)
 
 
-def _lcs(a: np.ndarray, b: np.ndarray):
-    """``_align`` on sequences that share every key.
+def _windows(a: np.ndarray, b: np.ndarray, pos: np.ndarray, w: int):
+    """``_align`` on sequences that share every key; ``pos``: each eager kernel's place in the
+    whole step (the kernels left out lie between them).
 
-    ``F[i][j]`` = LCS(a[:i], b[:j]) row by row (``F[i+1][j+1]`` is the running maximum over j
-    of ``F[i][j+1]``, or ``F[i][j] + 1`` where a[i] == b[j]); ``B`` the same from the ends,
-    one row at a time. (i, j) lies on a longest one iff a[i] == b[j] and ``F[i][j] + 1 +
-    B[i+1][j+1] == L``; j can be skipped iff ``F[i][j] + B[i][j+1] == L`` for some i."""
+    An alignment pairs equal keys in order. Its score is ``w`` per pair minus one per eager
+    kernel between its first and last pair that it leaves unpaired (the gaps of its window;
+    what lies outside the window is free, so is any replay kernel left unpaired). A graph
+    replays one contiguous stretch of the program, and an eager step may hold that stretch more
+    than once (warm-up repetitions) or next to a stretch of the same kernels with other work
+    (another batch's warm-up): a kernel pairs inside its own stretch. With ``w`` half the
+    replay's length, reaching into another repetition of a stretch that holds the replay costs
+    more than the pair gains, while a stretch of eager-only kernels inside the window (an
+    optimizer's first-step state) is bridged whenever a few pairs follow it.
+
+    ``M[i][j]`` (best score of an alignment whose last pair is (i, j)) =
+    ``w + max(0, G[i-1][j-1] - pos[i] + 1)``, where ``G[i][j]`` = max over pairs (i1 <= i,
+    j1 <= j) of ``M[i1][j1] + pos[i1]`` (row by row: a running maximum); ``Mb`` the same from the
+    ends. (i, j) lies on a best alignment iff ``M + Mb - w`` is the best score; j can be left
+    unpaired iff a best alignment pairs only before j, only after j, or around it:
+    ``G[i-1][j-1] + max(Mb[i][j2 > j]) - pos[i] + 1`` is the best score for some i. The backward
+    pass needs ``G`` row by row from the end: the forward pass keeps every k-th row (k ~ sqrt(n))
+    and each block of rows is computed again from its first, so memory stays ~2 sqrt(n) rows."""
     n, m = len(a), len(b)
-    dt = np.int16 if min(n, m) < np.iinfo(np.int16).max else np.int32
-    at = pd.Series(np.arange(m)).groupby(b).apply(lambda s: s.to_numpy()).to_dict() if m else {}
-    none = np.zeros(0, np.int64)
-    F = np.zeros((n + 1, m + 1), dt)
+    at = pd.Series(np.arange(m)).groupby(b).apply(lambda s: s.to_numpy()).to_dict()
+    none = np.full(m, -1, np.int64)  # no pair yet (every score is positive)
+    neg = np.iinfo(np.int64).min // 4
+
+    def row_step(i: int, prev: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Row i's pair columns, their ``M`` and ``G[i]``, from ``prev`` = ``G[i-1]``."""
+        idx = at[int(a[i])]
+        before = np.where(idx > 0, prev[np.maximum(idx - 1, 0)], -1)
+        mi = w + np.maximum(0, np.where(before >= 0, before - pos[i] + 1, 0))
+        g = none.copy()
+        g[idx] = mi + pos[i]
+        return idx, mi, np.maximum(np.maximum.accumulate(g), prev)
+
+    k = max(1, math.isqrt(n))
+    first_of_block = {}  # block start -> G[start - 1]
+    best_col = np.full(m, -1, np.int64)  # max M per column
+    prev = none
     for i in range(n):
-        t = F[i, 1:].copy()
-        idx = at.get(int(a[i]), none)
-        if len(idx):
-            t[idx] = F[i, idx] + 1
-        np.maximum.accumulate(t, out=F[i + 1, 1:])
-    L = int(F[n, m])
-    pi, pj = [], []
-    skip = F[n, :m] == L  # i = n: B[n][*] = 0
-    nxt = np.zeros(m + 1, dt)  # B[i+1]
-    for i in range(n - 1, -1, -1):
-        idx = at.get(int(a[i]), none)
-        t = nxt[:m].copy()
-        if len(idx):
-            on = F[i, idx] + 1 + nxt[idx + 1] == L
-            pi.append(np.full(int(on.sum()), i))
-            pj.append(idx[on])
-            t[idx] = np.maximum(t[idx], nxt[idx + 1] + 1)
-        cur = np.zeros(m + 1, dt)
-        cur[:m] = np.maximum.accumulate(t[::-1])[::-1]
-        skip |= F[i, :m] + cur[1:] == L
-        nxt = cur
-    align = []
-    i, j = n, m
-    while i > 0 and j > 0:
-        if a[i - 1] == b[j - 1] and F[i, j] == F[i - 1, j - 1] + 1:
-            align.append((i - 1, j - 1))
-            i, j = i - 1, j - 1
-        elif F[i - 1, j] >= F[i, j - 1]:
-            i -= 1
-        else:
-            j -= 1
-    pairs_i = np.concatenate(pi) if pi else np.zeros(0, np.int64)
-    pairs_j = np.concatenate(pj) if pj else np.zeros(0, np.int64)
-    return L, pairs_i, pairs_j, skip, np.array(align[::-1], np.int64).reshape(-1, 2)
+        if i % k == 0:
+            first_of_block[i] = prev
+        idx, mi, prev = row_step(i, prev)
+        best_col[idx] = np.maximum(best_col[idx], mi)
+    score = int(best_col.max())
+    skip = np.zeros(m, bool)
+    skip[1:] = np.maximum.accumulate(best_col)[:-1] == score  # a best alignment pairs only before j
+    on_i, on_j, on_m = [], [], []
+    gb = np.full(m + 1, neg, np.int64)  # max over pairs (i2 > i, j2 >= j) of Mb[i2][j2] - pos[i2]
+    best_col_b = np.full(m, neg, np.int64)
+    for start in range(k * ((n - 1) // k), -1, -k):
+        block, prev = [], first_of_block[start]
+        for i in range(start, min(start + k, n)):
+            idx, mi, g = row_step(i, prev)
+            block.append((i, idx, mi, prev))
+            prev = g
+        for i, idx, mi, prev in reversed(block):
+            mb = w + np.maximum(0, gb[idx + 1] + pos[i] + 1)
+            on = mi + mb - w == score
+            on_i.append(np.full(int(on.sum()), i))
+            on_j.append(idx[on])
+            on_m.append(mi[on])
+            row = np.full(m, neg, np.int64)
+            row[idx] = mb
+            best_col_b = np.maximum(best_col_b, row)
+            after = np.full(m, neg, np.int64)  # max Mb[i][j2 > j]
+            after[:-1] = np.maximum.accumulate(row[::-1])[::-1][1:]
+            left = np.full(m, -1, np.int64)  # G[i-1][j-1]
+            left[1:] = prev[:-1]
+            skip |= (left >= 0) & (after > neg) & (left + after - pos[i] + 1 == score)
+            gb[:m] = np.maximum(np.maximum.accumulate((row - pos[i])[::-1])[::-1], gb[:m])
+    skip[:-1] |= np.maximum.accumulate(best_col_b[::-1])[::-1][1:] == score  # ... only after j
+    pi, pj, pm = np.concatenate(on_i), np.concatenate(on_j), np.concatenate(on_m)
+    return score, pi, pj, skip, _one_best(pi, pj, pm, pos, w, score)
+
+
+def _one_best(pi: np.ndarray, pj: np.ndarray, pm: np.ndarray, pos: np.ndarray, w: int, score: int) -> np.ndarray:
+    """One best alignment of ``_windows`` from the pairs on best alignments (``pm``: each one's
+    ``M``). A best alignment's first pair has ``M = w``, its last ``M = score``, and between
+    consecutive pairs ``M2 + pos[i2] = M1 + pos[i1] + w + 1`` (a prefix of a best alignment is a
+    best one ending there); any such pair after the current one continues a best alignment."""
+    v = pm + pos[pi]
+    order = np.lexsort((pj, pi, v))
+    v, pi, pj, pm = v[order], pi[order], pj[order], pm[order]
+    t = int(np.flatnonzero(pm == w)[0])
+    out = [(int(pi[t]), int(pj[t]))]
+    while pm[t] < score:
+        lo, hi = np.searchsorted(v, v[t] + w + 1, "left"), np.searchsorted(v, v[t] + w + 1, "right")
+        t = lo + int(np.flatnonzero((pi[lo:hi] > pi[t]) & (pj[lo:hi] > pj[t]))[0])
+        out.append((int(pi[t]), int(pj[t])))
+    return np.array(out, np.int64).reshape(-1, 2)
 
 
 def _summary(events: pd.DataFrame, target: np.ndarray, outcome: np.ndarray, cols: dict, reference_name: str | None) -> dict:

@@ -203,6 +203,43 @@ def test_several_graphs_per_step_and_graphs_of_different_batches():
     assert meta["graph_shapes"]["match_rate"] == 1.0
 
 
+def test_a_step_that_runs_the_graphed_part_several_times_pairs_each_kernel_at_its_place():
+    """make_graphed_callables warms a module up three times (forward and backward) in one step
+    of the profiler, then replays a forward and a backward graph per step. The forward's two
+    GEMMs share kernel and launch dims but not work (K = 1024 and K = 4096): each replayed GEMM
+    takes its own place's work in a repetition, never the other GEMM's one repetition on
+    (which a longest common subsequence alone allows: it left them ambiguous)."""
+    norm, up, gelu, down, add = _layer(1)
+    down = (up[0], up[1], up[2] * 4, "aten::addmm", up[4] * 4, up[5] * 2)  # same kernel and grid as up, 4x the work
+    fwd, bwd = [norm, up, gelu, down, add], _layer(1)[::-1]
+    tr = Trace().eager(1, (fwd + bwd) * 3)
+    for it in (2, 3):
+        tr.replay(it, graph=10 * it, kernels=_as_replay(fwd)).replay(it, graph=10 * it + 1, kernels=_as_replay(bwd))
+    ev, meta = rs.attach_replay_shapes(tr.events(), {})
+    rep = _replayed(ev)
+    assert meta["graph_shapes"]["match_rate"] == 1.0
+    for it in (2, 3):
+        assert rep.loc[rep["graph_id"] == 10 * it, "flops"].tolist() == [k[4] for k in fwd]
+        assert rep.loc[rep["graph_id"] == 10 * it + 1, "flops"].tolist() == [k[4] for k in bwd]
+
+
+def test_warm_ups_of_two_batches_in_one_step_give_each_graph_its_own_batch():
+    """Two graphs of one forward at batch 1 and 2, both warmed up in the same step of the
+    profiler: the forward's last GEMM has the same launch dims at both batches (its grid covers
+    the weight), so the batch-1 replay could end on either warm-up's GEMM by order alone; it
+    takes the batch-1 one, next to the rest of its replay."""
+    f1, f2 = _layer(1)[:4], _layer(2)[:4]
+    assert f1[-1][:2] == f2[-1][:2] and f1[-1][4] != f2[-1][4]
+    tr = Trace().eager(1, f1 + f2)
+    for it in (2, 3):
+        tr.replay(it, graph=1, kernels=_as_replay(f1)).replay(it, graph=2, kernels=_as_replay(f2))
+    ev, meta = rs.attach_replay_shapes(tr.events(), {})
+    rep = _replayed(ev)
+    assert rep.loc[rep["graph_id"] == 1, "flops"].tolist() == [k[4] for k in f1] * 2
+    assert rep.loc[rep["graph_id"] == 2, "flops"].tolist() == [k[4] for k in f2] * 2
+    assert meta["graph_shapes"]["match_rate"] == 1.0
+
+
 def test_without_an_eager_step_only_the_launch_grid_floors_remain():
     tr = Trace().replay(1, 3, _as_replay(_layer(1)) + [(ADAM, "64,1,1", 8_000)])
     tr.rows[-1]["block"] = "512,1,1"
@@ -244,31 +281,38 @@ def test_a_trace_without_replays_is_left_as_it_is():
     assert out is ev and meta == {"x": 1}
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_alignment_against_every_longest_common_subsequence(seed):
-    """``_lcs`` against brute force on short random sequences: the length, the pairs that lie on
-    some longest common subsequence, and the replay positions some longest one skips."""
+@pytest.mark.parametrize("seed", range(60))
+def test_the_alignment_against_every_alignment(seed):
+    """``_align`` against brute force on short random sequences (keys 3 and 4 only one side
+    has): every alignment pairs equal keys in order and scores w = ceil(len(b) / 2) per pair
+    less one per eager position left unpaired between its first and last pair; the best score,
+    the pairs on some best alignment, the replay positions some best one leaves unpaired, and
+    one best alignment."""
     rng = np.random.default_rng(seed)
-    a = rng.integers(0, 3, rng.integers(1, 7))
-    b = rng.integers(0, 3, rng.integers(1, 7))
-    L, pi, pj, skip, align = rs._lcs(a, b)
-    best, pairs, skippable = 0, set(), set()
-    for k in range(min(len(a), len(b)), 0, -1):
+    a = rng.choice([0, 1, 2, 3], rng.integers(1, 8))
+    b = rng.choice([0, 1, 2, 4], rng.integers(1, 7))
+    w = max(1, (len(b) + 1) // 2)
+
+    def score(ia, jb):
+        return w * len(ia) - sum(y - x - 1 for x, y in zip(ia, ia[1:]))
+
+    best, pairs, skippable = 0, set(), set(range(len(b)))
+    for k in range(1, min(len(a), len(b)) + 1):
         for ia in itertools.combinations(range(len(a)), k):
             for jb in itertools.combinations(range(len(b)), k):
                 if all(a[i] == b[j] for i, j in zip(ia, jb)):
-                    best = max(best, k)
-                    if k == best:
+                    s = score(ia, jb)
+                    if s > best:
+                        best, pairs, skippable = s, set(), set()
+                    if s == best:
                         pairs |= set(zip(ia, jb))
                         skippable |= set(range(len(b))) - set(jb)
-        if best:
-            break
-    if not best:
-        skippable = set(range(len(b)))
-    assert L == best
+    S, pi, pj, skip, align = rs._align(a, b)
+    assert S == best
     assert set(zip(pi.tolist(), pj.tolist())) == pairs
     assert set(np.flatnonzero(skip).tolist()) == skippable
-    assert len(align) == L and all(a[i] == b[j] for i, j in align) and (np.diff(align, axis=0) > 0).all()
+    assert all(a[i] == b[j] for i, j in align) and (np.diff(align, axis=0) > 0).all()
+    assert (score(tuple(align[:, 0]), tuple(align[:, 1])) if len(align) else 0) == best
 
 
 def test_the_ledger_says_how_much_replayed_time_has_no_floor():

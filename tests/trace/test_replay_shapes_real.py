@@ -121,35 +121,75 @@ def test_shapes_from_a_trace_with_no_eager_kernels_is_refused(tmp_path):
 PAIRS = sorted((Path(__file__).resolve().parents[2] / "profiles").glob("h*x1-graph-pairs"))
 
 
-def _pair_trace(name: str) -> Path:
-    f = PAIRS[0] / f"{name}.json.gz" if PAIRS else None
+@pytest.fixture(params=PAIRS or [None], ids=lambda d: d.name if d else "none")
+def pairs(request) -> Path | None:
+    """Each committed capture of the script (one folder per GPU it ran on)."""
+    return request.param
+
+
+def _pair_trace(folder: Path | None, name: str) -> Path:
+    f = folder / f"{name}.json.gz" if folder is not None else None
     if f is None or not f.exists():
         pytest.skip(f"no {name}.json.gz under profiles/h*x1-graph-pairs (benchmarks/graph_replay_pairs.py writes it)")
     return f
 
 
-def _matched(graph: str, eager: str | None = None) -> tuple[pd.DataFrame, dict]:
-    ev, meta = importers.import_traces([_pair_trace(graph)])
+def _imported(folder: Path | None, graph: str, eager: str | None = None) -> tuple[pd.DataFrame, dict, list[pd.DataFrame]]:
+    """The graph trace's events and meta, matched, and the eager steps they were matched with
+    (the trace's own and ``eager``'s eager kernels, one frame per iteration, in time order)."""
+    ev, meta = importers.import_traces([_pair_trace(folder, graph)])[:2]
+    sources = [ev]
     if eager is not None:
-        ev, meta = importers.attach_shapes_from(ev, meta, [_pair_trace(eager)])
+        ev, meta = importers.attach_shapes_from(ev, meta, [_pair_trace(folder, eager)])
+        sources.append(importers.import_traces([_pair_trace(folder, eager)])[0])
     assert "graph_shapes" in meta, f"{graph}: no CUDA-graph replays in the trace"
+    steps = [step for src in sources for _, step in _kernels(src, False).sort_values("start_ns").groupby("iteration")]
+    return ev, meta, steps
+
+
+def _matched(folder: Path | None, graph: str, eager: str | None = None) -> tuple[pd.DataFrame, dict]:
+    ev, meta, _ = _imported(folder, graph, eager)
     return _kernels(ev, True), meta["graph_shapes"]
 
 
-@pytest.mark.parametrize("graph, eager", [("graph_b2", "eager_b2"), ("graph_warmup_b2", None),
-                                          ("graphed_callables_b2", None), ("reduce_overhead_b2", None),
-                                          ("serve_b2_b4", None)])
-def test_replays_of_the_same_program_take_the_eager_steps_shapes(graph, eager):
+SAME_PROGRAM = [("graph_b2", "eager_b2"), ("graph_warmup_b2", None), ("graphed_callables_b2", None),
+                ("reduce_overhead_b2", None), ("serve_b2_b4", None)]
+
+
+@pytest.mark.parametrize("graph, eager", SAME_PROGRAM)
+def test_each_replayed_kernel_takes_the_work_at_its_place_where_the_eager_step_ran_the_replay(pairs, graph, eager):
+    """Checked without the matcher: where a replay's (name, grid, block) sequence runs as one
+    contiguous stretch of an eager step (the warm-up before a capture, each of
+    make_graphed_callables' three warm-ups, one batch's warm-up next to another's), each
+    replayed kernel carries the op and dtype of the kernel at its place in that stretch and its
+    work (within 15%: an op call's kernels split its work by their durations, per step)."""
+    ev, _, steps = _imported(pairs, graph, eager)
+    key = ["name", "grid", "block"]
+    stretches = [list(map(tuple, s[key].to_numpy().tolist())) for s in steps]
+    for corr, rep in _kernels(ev, True).sort_values("start_ns").groupby("correlation"):
+        want = list(map(tuple, rep[key].to_numpy().tolist()))
+        found = [steps[k].iloc[at:at + len(want)] for k, keys in enumerate(stretches)
+                 for at in range(len(keys) - len(want) + 1) if keys[at:at + len(want)] == want]
+        assert found, f"{graph}: the replay of launch {corr} runs as no stretch of an eager step"
+        for eag in found:
+            assert rep["op"].tolist() == eag["op"].tolist() and rep["dtype"].tolist() == eag["dtype"].tolist()
+            costed = eag["flops"].to_numpy() >= 0
+            assert np.allclose(rep["flops"].to_numpy()[costed], eag["flops"].to_numpy()[costed], rtol=0.15)
+            assert (rep["flops"].to_numpy()[~costed] < 0).all()
+
+
+@pytest.mark.parametrize("graph, eager", SAME_PROGRAM)
+def test_replays_of_the_same_program_take_the_eager_steps_shapes(pairs, graph, eager):
     """The same model and optimizer eagerly and in graphs (a whole step, a trace with its own
     warm-up, forward and backward graphs around an eager optimizer, Inductor's CUDA-graph trees,
     two graphs of different batches): the replays run the eager step's kernels."""
-    rep, g = _matched(graph, eager)
+    rep, g = _matched(pairs, graph, eager)
     assert g["matched_time_share"] >= 0.9, g
     assert (rep.loc[rep["shapes_from"] == rs.SHAPES_FROM_EAGER, "uncosted"] == "").mean() >= 0.9
 
 
-def test_the_graphs_of_two_batches_each_take_their_own_batchs_shapes():
-    rep, _ = _matched("serve_b2_b4")
+def test_the_graphs_of_two_batches_each_take_their_own_batchs_shapes(pairs):
+    rep, _ = _matched(pairs, "serve_b2_b4")
     gemm = rep[(rep["op"].isin(["aten::addmm", "aten::mm", "aten::linear"])) & (rep["flops"] > 0)]
     per_graph = gemm.groupby("graph_id")["flops"].sum()
     assert len(per_graph) >= 2
@@ -157,8 +197,8 @@ def test_the_graphs_of_two_batches_each_take_their_own_batchs_shapes():
     assert sorted(per_graph.unique() / per_graph.min()) == pytest.approx([1.0, 2.0], rel=1e-3)
 
 
-def test_a_graph_captured_at_another_batch_than_the_eager_step_is_refused():
-    rep, g = _matched("graph_b4", "eager_b2")
+def test_a_graph_captured_at_another_batch_than_the_eager_step_is_refused(pairs):
+    rep, g = _matched(pairs, "graph_b4", "eager_b2")
     assert g["matched"] == 0 and set(g["unmatched"]) == {"other_shapes"}
     assert (rep["flops"] < 0).all()
 
