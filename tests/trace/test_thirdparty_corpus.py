@@ -168,7 +168,8 @@ def test_pipelined_steps_are_not_counted_twice(tmp_path):
     case = next(c for c in CASES if c.id == "v100_resnet50_integer_us")
     importers.import_bundle(case.paths(), tmp_path / "b", keep_raw=False)
     bundle = load_bundle(tmp_path / "b")
-    ev = bundle.events
+    ev = bundle.events.copy()  # a loaded bundle's columns are read-only
+    bundle.events = ev
     gpu = ev[ev["kind"].isin(["kernel", "memcpy", "memset"]) & (ev["iteration"] >= 0)].sort_values("start_ns")
     its = sorted(gpu["iteration"].unique())
     for prev, nxt in zip(its, its[1:]):
