@@ -1,17 +1,28 @@
-"""The project's tile GEMM against cuBLAS, one GPU, every operand local (issue 25, items 2 and 4).
+"""The project's GEMM engine against cuBLAS on one GPU (issues 25, 34).
 
-Why: the fine-grained AG+GEMM and GEMM+RS variants all run the same persistent tile GEMM
-(``kernels/ag_gemm/gemm_tiles.py``); whatever it loses to cuBLAS they lose on every tile. This
-script measures that gap alone: ``torch.matmul`` (impl ``cublas``) against ``launch_ag_gemm`` in
-``A_LOCAL`` mode on one rank (impl ``taxmodel``, the configuration ``config_for_shape`` gives:
-the committed per-shape table, as the variants get it), bf16 in and out.
+Why: the fine-grained AG+GEMM and GEMM+RS variants all compute with one persistent tile GEMM
+(``kernels/device/tile_gemm.py``); whatever it loses to cuBLAS they lose on every tile. This script
+measures that gap alone, ``torch.matmul`` (impl ``cublas``) against the engine as each variant
+launches it, with the configuration ``config_for_shape`` gives (the committed per-family table):
+
+- ``taxmodel``: ``launch_ag_gemm`` in ``A_LOCAL`` mode, every row of A local (the GEMM alone);
+- ``taxmodel_wait``: ``A_WAIT``, as pull, push and the copy-engine variant run it on ``--world``
+  ranks, here rank 0 on one GPU with every remote block's flag already set: each remote tile's
+  wait (acquire, fence) runs and passes, so the time is the fused GEMM's without the link;
+- ``taxmodel_rs``: GEMM+RS's ``gemm_rs_kernel`` on ``--world`` ranks, here rank 0 on one GPU whose
+  peers' heaps are other parts of this GPU's memory: every tile is pushed to its owner's receive
+  slot and flagged as on the real ranks, without the link. Its shape is the shard GEMM's
+  (M x N x K/world on the workload's ranks).
+
+bf16 in and out, fp32 accumulate.
 
 Shapes: M in ``--ms`` with N=K=``--n``/``--k`` (8192), plus the tensor-parallel shapes the
 workloads profile on ``--world`` ranks: AG+GEMM's B is [K, N/world], GEMM+RS's is [K/world, N].
 
 Method, per shape:
-- correctness first: fresh random inputs, a NaN-poisoned output, the result against an fp32
-  reference (``max |C - ref| / max |ref|`` at most ``TOLERANCE``); a failing impl is not timed;
+- correctness first: fresh random inputs, a NaN-poisoned output (every owner's receive slot for
+  ``taxmodel_rs``), the result against an fp32 reference (``max |C - ref| / max |ref|`` at most
+  ``TOLERANCE``); a failing impl is not timed;
 - timing: after warm-up, ``--samples`` samples per impl, interleaved (the impls alternate sample
   by sample, the first one alternating too), each sample one replay of a CUDA graph of
   ``--calls`` back-to-back calls between two CUDA events (``--eager``: launched from Python; at
@@ -20,14 +31,15 @@ Method, per shape:
   sample's time per call.
 
 ``--tune`` first times candidate tile configurations per shape (``CANDIDATES``, interleaved with
-each other and cuBLAS, fewer samples), writes the fastest per shape class as a table JSON
-(``--table-out``; ``gemm_table.py`` holds the committed copy) after every shape, and then runs the
-benchmark with that table (``TAXMODEL_GEMM_TABLE``).
+each other and cuBLAS, fewer samples) with the impl that ships at that shape (``taxmodel_rs`` at
+GEMM+RS's K/world shapes, ``taxmodel_wait`` elsewhere), writes the fastest per shape class as a
+table JSON (``--table-out``; ``gemm_table.py`` holds the committed copies) after every shape, and
+then runs the benchmark with that table (``TAXMODEL_GEMM_TABLE``).
 
 Output: ``<out-dir>/gemm_<device>.json`` (records ``{"M","N","K","dtype","impl","config",
 "times_ms","calls_per_sample"}``), ``gemm_<device>.md`` (medians, speed ratio cuBLAS time /
-taxmodel time: above 1 means the tile GEMM is faster), and with ``--tune``
-``gemm_tune_<device>.json`` (the same records for every candidate).
+impl time: above 1 means the engine is faster), and with ``--tune`` ``gemm_tune_<device>.json``
+(the same records for every candidate).
 
     python benchmarks/bench_gemm.py --tune --table-out /tmp/table.json      # on a GPU
     python benchmarks/bench_gemm.py --cpu --ms 33 --n 40 --k 48 --samples 2 # interpreter smoke
@@ -52,22 +64,24 @@ TOLERANCE = 1e-2
 #: Dynamic shared memory an sm_90 block may use (bytes): candidates whose pipeline needs more are skipped.
 SMEM_LIMIT = 232_448
 
-#: Tile candidates tried by ``--tune`` (fields of GemmConfig; the rest stays GPU_CONFIG's).
+#: Tile candidates tried by ``--tune`` (fields of GemmConfig; the rest stays GPU_CONFIG's). The
+#: flattened tile loop (``flatten``) against the nested one, TMA store or not, pipeline depth,
+#: grouping, and tiles for the small-N / small-M shapes.
 CANDIDATES: list[dict[str, Any]] = [
-    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8),
-    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, warp_specialize=True),
-    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, tma_store=True, epi_split=2),
-    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, tma_store=True, epi_split=2,
-         warp_specialize=True),
-    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=16),
-    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=16, tma_store=True, epi_split=2),
-    dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8),
-    dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8, tma_store=True, epi_split=2),
-    dict(block_m=256, block_n=128, block_k=64, num_stages=3, num_warps=8, group_m=8),
-    dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8),
-    dict(block_m=128, block_n=128, block_k=64, num_stages=5, num_warps=8, group_m=8),
-    dict(block_m=128, block_n=128, block_k=64, num_stages=5, num_warps=8, group_m=8, tma_store=True, epi_split=1),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, tma_store=True, epi_split=2, flatten=True),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, tma_store=True, epi_split=2, flatten=False),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8, tma_store=True, epi_split=2, flatten=True),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=16, tma_store=True, epi_split=2, flatten=True),
+    dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, tma_store=False, flatten=True),
+    dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8, tma_store=True, epi_split=1, flatten=True),
+    dict(block_m=128, block_n=128, block_k=64, num_stages=6, num_warps=4, group_m=8, tma_store=True, epi_split=1, flatten=True),
+    dict(block_m=128, block_n=128, block_k=128, num_stages=3, num_warps=4, group_m=8, tma_store=True, epi_split=1, flatten=True),
+    dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8, tma_store=False, flatten=True),
+    dict(block_m=64, block_n=256, block_k=64, num_stages=4, num_warps=4, group_m=16, tma_store=True, epi_split=2, flatten=True),
 ]
+
+#: Impls beside ``cublas`` (see the module docstring).
+ENGINE_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,7 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="launch from Python in every sample instead of replaying a CUDA graph of the calls")
     p.add_argument("--tune", action="store_true", help="time CANDIDATES per shape first and use the winners")
     p.add_argument("--tune-samples", type=int, default=16, help="samples per candidate with --tune")
-    p.add_argument("--no-ws", action="store_true", help="with --tune: leave out the warp-specialized candidates")
+    p.add_argument("--impls", default=",".join(ENGINE_IMPLS),
+                   help=f"comma-separated engine impls to time beside cuBLAS (of {', '.join(ENGINE_IMPLS)})")
     p.add_argument("--table-out", type=Path, default=None, help="with --tune: where the table JSON goes")
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--device-name", default=None, help="suffix of the output files (default: from the GPU's name)")
@@ -101,6 +116,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--samples and --calls must be positive, --warmup not negative")
     if args.tune and args.table_out is None:
         p.error("--tune needs --table-out (the table JSON it writes)")
+    args.impls = [x.strip() for x in str(args.impls).split(",") if x.strip()]
+    unknown = sorted(set(args.impls) - set(ENGINE_IMPLS))
+    if unknown or not args.impls:
+        p.error(f"--impls: unknown {unknown} (use {', '.join(ENGINE_IMPLS)})")
     return args
 
 
@@ -139,6 +158,8 @@ class Operands:
         self.a = torch.randn(m, k, generator=g).to(dtype=dtype, device=device)
         self.b = torch.randn(k, n, generator=g).to(dtype=dtype, device=device)
         self.c = torch.full((m, n), float("nan"), dtype=dtype, device=device)
+        #: Where an impl leaves its product when not in ``c`` (``rs_fn``): a callable returning it.
+        self.result: Callable[[], torch.Tensor] | None = None
 
 
 def cublas_fn(ops: Operands) -> Callable[[], None]:
@@ -146,22 +167,110 @@ def cublas_fn(ops: Operands) -> Callable[[], None]:
 
 
 def taxmodel_fn(ops: Operands, cfg: Any) -> Callable[[], None]:
-    """The tile GEMM as the variants launch it, A_LOCAL on one rank (descriptors built once)."""
+    """The engine as the AG variants launch it, A_LOCAL on one rank (descriptors built once)."""
     from taxmodel.kernels.ag_gemm import gemm_tiles
     from taxmodel.kernels.device.sync import new_error_buffer, sync_mode
 
     device = ops.c.device
     err, sync = new_error_buffer(device), sync_mode(device)
-    descs: dict[str, Any] = {}
-    if cfg.use_tma and gemm_tiles.tma_available():
-        descs = dict(a_desc=gemm_tiles.make_descriptor(ops.a, [cfg.block_m, cfg.block_k]),
-                     b_desc=gemm_tiles.make_descriptor(ops.b, [cfg.block_k, cfg.block_n]))
+    descs = _descriptors(ops, cfg)
     m = ops.a.shape[0]
 
     def run() -> None:
         gemm_tiles.launch_ag_gemm(ops.a, ops.b, ops.c, mode=gemm_tiles.A_LOCAL, rank=0, world=1, m_loc=m, cfg=cfg,
                                   err=err, sync=sync, **descs)
     return run
+
+
+def _descriptors(ops: Operands, cfg: Any) -> dict[str, Any]:
+    from taxmodel.kernels.ag_gemm import gemm_tiles
+
+    if not (cfg.use_tma and gemm_tiles.tma_available()):
+        return {}
+    if any((t.stride(0) * t.element_size()) % 16 for t in (ops.a, ops.b)):
+        return {}  # TMA needs 16-byte aligned row strides: the pointer path, as the variants take it
+    return dict(a_desc=gemm_tiles.make_descriptor(ops.a, [cfg.block_m, cfg.block_k]),
+                b_desc=gemm_tiles.make_descriptor(ops.b, [cfg.block_k, cfg.block_n]))
+
+
+def ranks_for(m: int, world: int) -> int:
+    """Ranks the simulated variants split M over: ``world`` when it divides M, else 1."""
+    return world if world > 1 and m % world == 0 else 1
+
+
+def wait_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
+    """The engine as pull, push and the copy-engine variant launch it (A_WAIT), rank 0 of ``world``
+    on one GPU: the gathered A is ``ops.a`` and every remote block's flag already holds an epoch
+    no launch reaches, so every remote tile's wait runs its acquire and passes at once."""
+    from taxmodel.kernels.ag_gemm import gemm_tiles
+    from taxmodel.kernels.device.sync import new_error_buffer, sync_mode
+
+    device = ops.c.device
+    err, sync = new_error_buffer(device), sync_mode(device)
+    m = ops.a.shape[0]
+    w = ranks_for(m, world)
+    pieces = gemm_tiles.k_pieces(cfg, ops.a.shape[1])
+    bpr, _ = gemm_tiles.tile_counts(m // w, ops.b.shape[1], w, cfg)
+    flags = torch.full((w * bpr * pieces,), 2 ** 30, dtype=torch.int32, device=device)
+    epochs = torch.zeros(2, dtype=torch.int32, device=device)
+    descs = _descriptors(ops, cfg)
+
+    def run() -> None:
+        gemm_tiles.launch_ag_gemm(ops.a, ops.b, ops.c, mode=gemm_tiles.A_WAIT, rank=0, world=w, m_loc=m // w,
+                                  cfg=cfg, err=err, sync=sync, flags=flags, epochs=epochs, budget=10 ** 10,
+                                  pieces=pieces, **descs)
+    return run
+
+
+def rs_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
+    """GEMM+RS's kernel as rank 0 of ``world`` launches it, on one GPU: the ``world`` heaps are
+    slices of one buffer (``heap_bases``), so every tile goes to its owner's receive slot and
+    flag as on the real ranks, without the link. ``ops.result`` reassembles the product from
+    the owners' slots (for the correctness check)."""
+    from taxmodel.kernels.device.sync import new_error_buffer, sync_mode
+    from taxmodel.kernels.gemm_rs import tiles
+
+    device = ops.c.device
+    err, sync = new_error_buffer(device), sync_mode(device)
+    m, n = ops.c.shape
+    w = ranks_for(m, world)
+    m_loc = m // w
+    elt = ops.c.element_size()
+    recv_bytes = -(-2 * w * m_loc * n * elt // 256) * 256
+    flag_count = tiles.flag_rows(m_loc, n, cfg) * w
+    heap_bytes = recv_bytes + -(-flag_count * 4 // 256) * 256
+    heap = torch.zeros(w, heap_bytes, dtype=torch.uint8, device=device)
+    recv = [heap[o, :recv_bytes].view(ops.c.dtype)[:2 * w * m_loc * n].view(2, w, m_loc, n) for o in range(w)]
+    flags = [heap[o, recv_bytes:recv_bytes + flag_count * 4].view(torch.int32) for o in range(w)]
+    for r in recv:
+        r.fill_(float("nan"))
+    bases = torch.tensor([heap[o].data_ptr() for o in range(w)], dtype=torch.int64, device=device)
+    epochs = torch.zeros(2, dtype=torch.int32, device=device)
+    out = torch.empty(m_loc, n, dtype=ops.c.dtype, device=device)
+
+    def run() -> None:
+        tiles.launch_gemm_rs(ops.a, ops.b, recv[0], out, flags[0], bases, err, rank=0, world=w, m_loc=m_loc,
+                             epochs=epochs, budget=10 ** 10, sync=sync, cfg=cfg, tail=False, rows=32)
+
+    def result() -> torch.Tensor:
+        half = int(epochs[0].item()) % 2  # the half the last launch wrote (its epoch's parity)
+        return torch.cat([recv[o][half, 0] for o in range(w)])
+
+    ops.result = result
+    return run
+
+
+def impl_fn(impl: str, cfg: Any, world: int) -> Callable[[Operands], Callable[[], None]]:
+    """A maker of ``impl``'s timed callable for one shape's operands."""
+    if impl == "cublas":
+        return cublas_fn
+    if impl == "taxmodel":
+        return lambda o: taxmodel_fn(o, cfg)
+    if impl == "taxmodel_wait":
+        return lambda o: wait_fn(o, cfg, world)
+    if impl == "taxmodel_rs":
+        return lambda o: rs_fn(o, cfg, world)
+    raise ValueError(f"unknown impl {impl!r}")
 
 
 def relative_error(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, make: Callable[[Operands], Callable[[], None]],
@@ -173,7 +282,7 @@ def relative_error(m: int, n: int, k: int, dtype: torch.dtype, device: torch.dev
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     ref = ops.a.float() @ ops.b.float()
-    c = ops.c.float()
+    c = (ops.result() if ops.result is not None else ops.c).float()
     if not torch.isfinite(c).all():
         return float("inf")
     scale = ref.abs().max().clamp_min(1e-30)
@@ -240,37 +349,44 @@ def smem_bytes(fields: dict[str, Any], elt: int = 2) -> int:
     return pipe + store
 
 
+def tune_impl(m: int, n: int, k: int, args: argparse.Namespace) -> str:
+    """The impl a shape is tuned with: the one that ships there (GEMM+RS's kernel at its K/world
+    shapes, the AG variants' A_WAIT elsewhere), if it is among ``--impls``."""
+    want = "taxmodel_rs" if args.world > 1 and k == args.k // args.world and k != args.k else "taxmodel_wait"
+    return want if want in args.impls else args.impls[0]
+
+
 def tune_shape(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, args: argparse.Namespace,
                log: Callable[[str], None]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Time every fitting, correct candidate against each other and cuBLAS; (winner's fields, records)."""
     from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG
 
+    impl = tune_impl(m, n, k, args)
     ops = Operands(m, n, k, dtype, device, seed=1)
     fns: dict[str, Callable[[], None]] = {"cublas": cublas_fn(ops)}
     fields_of: dict[str, dict[str, Any]] = {}
     for fields in CANDIDATES:
-        if args.no_ws and fields.get("warp_specialize"):
-            continue
         cfg = replace(GPU_CONFIG, **fields)
         if smem_bytes(fields) > SMEM_LIMIT:
             log(f"  tune {m}x{n}x{k} {cfg.tile_label()}: skipped, needs {smem_bytes(fields)} B of shared memory")
             continue
         try:
-            err = relative_error(m, n, k, dtype, device, lambda o, cfg=cfg: taxmodel_fn(o, cfg), seed=7)
+            err = relative_error(m, n, k, dtype, device, impl_fn(impl, cfg, args.world), seed=7)
+            fns[cfg.tile_label()] = impl_fn(impl, cfg, args.world)(ops)
         except Exception as e:  # a candidate that does not compile on this Triton: skipped, said why
             log(f"  tune {m}x{n}x{k} {cfg.tile_label()}: skipped, {type(e).__name__}: {str(e).splitlines()[0][:160]}")
             continue
         if not err <= TOLERANCE:
+            fns.pop(cfg.tile_label())
             log(f"  tune {m}x{n}x{k} {cfg.tile_label()}: skipped, relative error {err:.3g}")
             continue
-        fns[cfg.tile_label()] = taxmodel_fn(ops, cfg)
         fields_of[cfg.tile_label()] = fields
     times = time_interleaved(fns, args.tune_samples, args.calls, 1, device, graph=not args.eager)
-    recs = [record(m, n, k, dtype, "cublas" if name == "cublas" else "taxmodel", name if name != "cublas" else "torch.matmul",
+    recs = [record(m, n, k, dtype, "cublas" if name == "cublas" else impl, name if name != "cublas" else "torch.matmul",
                    ts, args.calls) for name, ts in times.items()]
     med = {name: statistics.median(ts) for name, ts in times.items()}
     for name in times:
-        log(f"  tune {m}x{n}x{k} {name:44s} {med[name]:8.4f} ms  x{med['cublas'] / med[name]:.3f} of cuBLAS speed")
+        log(f"  tune {m}x{n}x{k} {impl} {name:44s} {med[name]:8.4f} ms  x{med['cublas'] / med[name]:.3f} of cuBLAS speed")
     cands = [name for name in med if name != "cublas"]
     if not cands:
         return None, recs
@@ -279,29 +395,35 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
 
 
 def markdown(records: list[dict[str, Any]], device: str, args: argparse.Namespace) -> str:
-    """Medians per shape and impl, and the speed ratio (cuBLAS median time / taxmodel median time)."""
-    lines = [f"# Tile GEMM vs cuBLAS on {device}", "",
-             f"{args.dtype} in and out, fp32 accumulate; one GPU, every operand local (`A_LOCAL`). Per impl {args.samples} "
-             f"samples of {args.calls} back-to-back calls ({'perf_counter, interpreter' if args.cpu else 'CUDA events'}"
-             f"{'' if args.cpu or args.eager else ', one CUDA graph replay per sample: no host launch cost'}), interleaved, after {args.warmup} warm-up "
-             "samples; same input and output tensors for both; L2 not flushed for either. Ratio = cuBLAS median / "
-             "taxmodel median (above 1.00: the tile GEMM is faster). Config: the per-shape table entry "
-             "(`kernels/ag_gemm/gemm_table.py`) or the default.", "",
-             "| M | N | K | cuBLAS ms | taxmodel ms | ratio | taxmodel p10-p90 ms | config | rel. error |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    """Medians per shape and impl, and the speed ratio (cuBLAS median time / impl median time)."""
+    lines = [f"# GEMM engine vs cuBLAS on {device}", "",
+             f"{args.dtype} in and out, fp32 accumulate; one GPU. Impls: `taxmodel` the engine alone (`A_LOCAL`), "
+             f"`taxmodel_wait` as the AG variants run it (`A_WAIT`, rank 0 of {args.world}, every flag set), "
+             f"`taxmodel_rs` GEMM+RS's kernel (rank 0 of {args.world}, the owners' heaps on this GPU). Per impl "
+             f"{args.samples} samples of {args.calls} back-to-back calls "
+             f"({'perf_counter, interpreter' if args.cpu else 'CUDA events'}"
+             f"{'' if args.cpu or args.eager else ', one CUDA graph replay per sample: no host launch cost'}), "
+             f"interleaved, after {args.warmup} warm-up samples; the same inputs for every impl; L2 not flushed. "
+             "Ratio = cuBLAS median / impl median (above 1.00: the engine is faster). Config: the per-family table "
+             "entry (`kernels/ag_gemm/gemm_table.py`) or the default.", "",
+             "| M | N | K | impl | cuBLAS ms | impl ms | ratio | impl p10-p90 ms | config | rel. error |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     by_shape: dict[tuple[int, int, int], dict[str, dict[str, Any]]] = {}
     for r in records:
         by_shape.setdefault((r["M"], r["N"], r["K"]), {})[r["impl"]] = r
     for (m, n, k), impls in by_shape.items():
-        cb, tx = impls.get("cublas"), impls.get("taxmodel")
-        if not cb or not tx or not cb["times_ms"] or not tx["times_ms"]:
-            lines.append(f"| {m} | {n} | {k} | - | - | - | - | {tx['config'] if tx else '-'} | "
-                         f"{tx.get('rel_error', '-') if tx else '-'} |")
-            continue
-        c_med, t_med = statistics.median(cb["times_ms"]), statistics.median(tx["times_ms"])
-        q = statistics.quantiles(tx["times_ms"], n=10) if len(tx["times_ms"]) > 1 else [t_med] * 9
-        lines.append(f"| {m} | {n} | {k} | {c_med:.4f} | {t_med:.4f} | {c_med / t_med:.3f}x | {q[0]:.4f}-{q[-1]:.4f} | "
-                     f"`{tx['config']}` | {tx.get('rel_error', float('nan')):.2g} |")
+        cb = impls.get("cublas")
+        for impl, tx in impls.items():
+            if impl == "cublas":
+                continue
+            if not cb or not cb["times_ms"] or not tx["times_ms"]:
+                lines.append(f"| {m} | {n} | {k} | {impl} | - | - | - | - | `{tx['config']}` | "
+                             f"{tx.get('rel_error', '-')} |")
+                continue
+            c_med, t_med = statistics.median(cb["times_ms"]), statistics.median(tx["times_ms"])
+            q = statistics.quantiles(tx["times_ms"], n=10) if len(tx["times_ms"]) > 1 else [t_med] * 9
+            lines.append(f"| {m} | {n} | {k} | {impl} | {c_med:.4f} | {t_med:.4f} | {c_med / t_med:.3f}x | "
+                         f"{q[0]:.4f}-{q[-1]:.4f} | `{tx['config']}` | {tx.get('rel_error', float('nan')):.2g} |")
     return "\n".join(lines) + "\n"
 
 
@@ -310,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from taxmodel.kernels.ag_gemm import gemm_table
-    from taxmodel.kernels.ag_gemm.gemm_tiles import config_for_shape
+    from taxmodel.kernels.ag_gemm.gemm_tiles import config_for_shape, table_choice
 
     device = torch.device("cpu" if args.cpu else "cuda")
     dtype = getattr(torch, args.dtype)
@@ -337,9 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for (m, n, k) in shapes(args):
         cfg = config_for_shape(m, n, k, device)
-        makers: dict[str, Callable[[Operands], Callable[[], None]]] = {
-            "cublas": cublas_fn, "taxmodel": lambda o, cfg=cfg: taxmodel_fn(o, cfg)}
-        configs = {"cublas": "torch.matmul", "taxmodel": cfg.tile_label()}
+        makers = {impl: impl_fn(impl, cfg, args.world) for impl in ("cublas", *args.impls)}
+        configs = {impl: f"{cfg.tile_label()} ({table_choice(m, n, k, device)})" for impl in args.impls}
+        configs["cublas"] = "torch.matmul"
         errors = {impl: relative_error(m, n, k, dtype, device, make, seed=11) for impl, make in makers.items()}
         ok = {impl: e <= TOLERANCE for impl, e in errors.items()}
         ops = Operands(m, n, k, dtype, device, seed=3)
@@ -352,9 +474,11 @@ def main(argv: list[str] | None = None) -> int:
             if not ok[impl]:
                 failed += 1
                 log(f"{m}x{n}x{k} {impl}: WRONG (relative error {errors[impl]:.3g} > {TOLERANCE}); not timed")
-        if len(times) == 2:
-            cm, tm = statistics.median(times["cublas"]), statistics.median(times["taxmodel"])
-            log(f"{m}x{n}x{k}: cublas {cm:.4f} ms, taxmodel {tm:.4f} ms ({cfg.tile_label()}): x{cm / tm:.3f}")
+        if "cublas" in times:
+            cm = statistics.median(times["cublas"])
+            log(f"{m}x{n}x{k}: cublas {cm:.4f} ms; " + ", ".join(
+                f"{impl} {statistics.median(times[impl]):.4f} ms x{cm / statistics.median(times[impl]):.3f}"
+                for impl in args.impls if impl in times) + f" ({configs[args.impls[0]]})")
         (args.out_dir / f"gemm_{label}.json").write_text(json.dumps(records, indent=1) + "\n")
     (args.out_dir / f"gemm_{label}.md").write_text(markdown(records, label, args))
     log(f"wrote {args.out_dir / f'gemm_{label}.json'} and .md")

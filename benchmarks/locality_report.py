@@ -36,7 +36,7 @@ def ledger_rows() -> list[dict]:
     rows = []
     for path in sorted(BUNDLES.iterdir()):
         b = load_bundle(path)
-        hw = hw or resolve_hardware(b.meta, "h200")
+        hw = hw or resolve_hardware(b.meta, "h200-calibrated")
         led = compute_ledger(b, hardware=hw)
         cat = _by_category(led)
         ev = b.events.copy()

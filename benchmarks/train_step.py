@@ -75,6 +75,16 @@ class LM(nn.Module):
         return self.head(self.ln(x))
 
 
+def add_model_args(ap: argparse.ArgumentParser, batch: int = 1, seq: int = 1024, layers: int = 8) -> None:
+    """The model's and batch's sizes (train_loop.py's job uses the same decoder, smaller)."""
+    ap.add_argument("--batch", type=int, default=batch)
+    ap.add_argument("--seq", type=int, default=seq)
+    ap.add_argument("--d", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=32000)
+
+
 def build(args: argparse.Namespace, device: torch.device, capturable: bool):
     torch.manual_seed(0)
     model = LM(args.vocab, args.d, args.layers, args.heads, args.seq).to(device=device, dtype=args.dtype)
@@ -173,12 +183,7 @@ def time_steps(steps: dict, args: argparse.Namespace, device: torch.device) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--d", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--vocab", type=int, default=32000)
+    add_model_args(ap)
     ap.add_argument("--modes", default="eager,graph")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--traced", type=int, default=4, help="profiled steps per trace")

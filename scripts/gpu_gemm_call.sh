@@ -1,43 +1,42 @@
 #!/usr/bin/env bash
-# One GPU call for issue 25: tune the tile GEMM's per-shape table (bench_gemm.py --tune), benchmark
-# it against cuBLAS with that table, then a few shapes outside the table (the default config, M=1,
-# M not a multiple of the tile). With TUNE=0 it benchmarks the committed table only.
+# GPU calls for the GEMM engine (issues 25, 34), one GPU, from the repo root; results under $OUT.
 #
-#   OUT=/tmp/o bash scripts/gpu_gemm_call.sh            # from the repo root, one GPU
+#   PHASE=tune  OUT=/tmp/o bash scripts/gpu_gemm_call.sh   # tune the per-shape table (bench_gemm.py --tune)
+#   PHASE=all   OUT=/tmp/o bash scripts/gpu_gemm_call.sh   # tune, then the benchmark with the new table
+#   PHASE=bench OUT=/tmp/o TABLE=path bash scripts/gpu_gemm_call.sh
+#       # the benchmark (every engine impl beside cuBLAS, SAMPLES per impl) with TABLE (default: the
+#       # committed table of this GPU's family), then shapes outside the table (M=1, M=1000, K not a
+#       # multiple of BLOCK_K)
+#
+# Carried wheels (.whl: tokenspeed-iris and its tritonblas) are installed into /tmp/site first.
 set -uo pipefail
 OUT=${OUT:-out/gemm}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # Iris for gemm_tiles' import (carried wheels, see the device README)
+if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
   export PYTHONPATH=/tmp/site
 fi
-python -c "import taxmodel.kernels" 2>/dev/null || ln -sfn ../kernels taxmodel/kernels   # see gpu_counters_call2.sh
+python -c "import taxmodel.kernels" 2>/dev/null || ln -sfn ../kernels taxmodel/kernels   # the package mapping of pyproject.toml
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # benchmarks/*.py run as scripts import taxmodel from the repo root
-L="$OUT/log.txt"
+L="$OUT/log_${PHASE:-bench}.txt"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } >"$L" 2>&1
 D=$(python -c "import sys; sys.path.insert(0, 'benchmarks'); import bench_gemm, torch; print(bench_gemm.device_label(torch.device('cuda')))")
 t0=$(date +%s)
-R=$(mktemp -d)
-B=(python benchmarks/bench_gemm.py --samples "${SAMPLES:-40}" --out-dir "$R")
-if [ "${TUNE:-1}" = 1 ]; then
-  timeout -k 5 "${TUNE_LIMIT:-300}" "${B[@]}" --tune --table-out "$OUT/table.json" >>"$L" 2>&1
-  echo "== tune+bench: exit $? in $(( $(date +%s) - t0 )) s" >>"$L"
-  if [ ! -s "$OUT/table.json" ] || [ "$(cat "$OUT/table.json")" = "{}" ]; then  # e.g. a compiler crash on a candidate
-    timeout -k 5 200 "${B[@]}" --tune --no-ws --table-out "$OUT/table.json" >>"$L" 2>&1
-    echo "== tune+bench without warp specialization: exit $? at $(( $(date +%s) - t0 )) s" >>"$L"
-  elif [ ! -f "$R/gemm_$D.json" ]; then  # stopped before its benchmark: benchmark the table written so far
-    TAXMODEL_GEMM_TABLE="$OUT/table.json" timeout -k 5 120 "${B[@]}" >>"$L" 2>&1
-    echo "== bench (partial table): exit $? at $(( $(date +%s) - t0 )) s" >>"$L"
-  fi
-  [ -s "$OUT/table.json" ] && export TAXMODEL_GEMM_TABLE="$OUT/table.json"
-else
-  timeout -k 5 200 "${B[@]}" >>"$L" 2>&1
-  echo "== bench: exit $? in $(( $(date +%s) - t0 )) s" >>"$L"
+if [ "${PHASE:-bench}" = tune ] || [ "${PHASE:-bench}" = all ]; then
+  timeout -k 5 "${TUNE_LIMIT:-540}" python benchmarks/bench_gemm.py --tune --table-out "$OUT/table_$D.json" \
+    --tune-samples "${TUNE_SAMPLES:-16}" --samples 1 --warmup 0 --out-dir "$OUT" --impls taxmodel_wait,taxmodel_rs >>"$L" 2>&1
+  echo "== tune: exit $? in $(( $(date +%s) - t0 )) s" >>"$L"
+  rm -f "$OUT/gemm_$D.json" "$OUT/gemm_$D.md"   # the one-sample benchmark after the tuning is not a result
+  [ "$PHASE" = all ] && [ -s "$OUT/table_$D.json" ] && TABLE="$OUT/table_$D.json"
 fi
-timeout -k 5 90 python benchmarks/bench_gemm.py --ms 1,1000,2048 --n 4096 --k 4096 --world 1 --samples 30 \
-  --device-name "$D-outside" --out-dir "$R" >>"$L" 2>&1
-echo "== outside-table shapes: exit $? at $(( $(date +%s) - t0 )) s" >>"$L"
-cp "$R"/* "$OUT"/ 2>/dev/null
-cat "$L"; ls -la "$OUT"
+if [ "${PHASE:-bench}" != tune ]; then
+  [ -n "${TABLE:-}" ] && export TAXMODEL_GEMM_TABLE="$TABLE"
+  timeout -k 5 "${BENCH_LIMIT:-420}" python benchmarks/bench_gemm.py --samples "${SAMPLES:-40}" --out-dir "$OUT" >>"$L" 2>&1
+  echo "== bench: exit $? in $(( $(date +%s) - t0 )) s" >>"$L"
+  timeout -k 5 120 python benchmarks/bench_gemm.py --ms 1,1000 --n 4096 --k 4136 --world 4 --samples 30 \
+    --device-name "$D-outside" --out-dir "$OUT" >>"$L" 2>&1
+  echo "== outside-table shapes: exit $? at $(( $(date +%s) - t0 )) s" >>"$L"
+fi
+grep -v "^  tune" "$L" | tail -40; ls -la "$OUT"

@@ -12,7 +12,7 @@ def load(path, **kwargs):
     return _load(path, **kwargs)
 
 
-def predict(workload, variant, shape, world_size=4, hardware="h200", **params):
+def predict(workload, variant, shape, world_size=4, hardware="h200-calibrated", **params):
     """The analytic model's predicted ledger; see ``taxmodel.api.predict``."""
     from taxmodel.api import predict as _predict
 

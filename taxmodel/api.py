@@ -83,14 +83,22 @@ class Profile:
     @classmethod
     def from_traces(cls, paths: PathLike | Sequence[PathLike], *, fmt: str = "auto", iteration_pattern: str | None = None,
                     meta: Mapping[str, Any] | None = None, allow_missing_ranks: bool = False,
-                    counters: PathLike | None = None, **kw: Any) -> "Profile":
+                    counters: PathLike | None = None, shapes_from: PathLike | Sequence[PathLike] = (),
+                    **kw: Any) -> "Profile":
         """Import traces (one file per rank: torch.profiler/Kineto, nsys, rocprof) into an in-memory
         profile. ``meta`` adds what the traces cannot say (workload, variant, shape, cost...);
-        ``counters``, an ncu export of the same run, adds measured DRAM bytes (docs/counters.md)."""
+        ``counters``, an ncu export of the same run, adds measured DRAM bytes (docs/counters.md);
+        ``shapes_from``, an eager capture of the same program, gives CUDA-graph replays their
+        kernels' shapes (docs/ledger.md 5a)."""
         from taxmodel.trace.importers import import_traces
 
         paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
         events, found, _ = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks)
+        if shapes_from:
+            from taxmodel.trace.importers import attach_shapes_from
+
+            events, found = attach_shapes_from(events, found, [shapes_from] if isinstance(shapes_from, (str, os.PathLike))
+                                               else shapes_from)
         if counters is not None:
             from taxmodel.trace.counter_match import attach_counters_file
 
@@ -648,7 +656,7 @@ def open_profiles(root: PathLike, *, workload: str | None = None, fallback: Path
     return ps
 
 
-def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int = 4, hardware: Any = "h200",
+def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int = 4, hardware: Any = "h200-calibrated",
             fitted: Mapping[str, float] | None = None, graph_launch: bool | None = None, transport: str | None = None,
             align: str = "host", **params: Any):
     """The analytic model's predicted ledger (``taxmodel.model.analytic.predict``), with the same

@@ -9,10 +9,35 @@ import sys
 
 import click
 
+from taxmodel import safetext
 from taxmodel.version import __version__
 from taxmodel.errors import TaxmodelError
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 
+
+def _echo(message: object = "", **kwargs) -> None:
+    """``click.echo`` of text that may hold names from traces: control characters and escape
+    sequences are shown, never obeyed by the terminal (``safetext.terminal``)."""
+    click.echo(safetext.terminal("" if message is None else message), **kwargs)
+
+
+class _BundlePath(click.Path):
+    """An existing bundle, archive or directory of bundles. A bundle that a killed replacement
+    left aside between its two renames is put back first (``fsutil.recover_dir``), so the path
+    the user named exists again before it is checked."""
+
+    def convert(self, value, param, ctx):
+        from taxmodel.fsutil import recover_dir
+
+        try:
+            recover_dir(value)
+        except (OSError, ValueError):  # a name no file can have: the check below says so
+            pass
+        return super().convert(value, param, ctx)
+
+
+_BUNDLES = _BundlePath(exists=True)
+_BUNDLES_DIR = _BundlePath(exists=True, file_okay=False)
 
 INTERNAL_ERROR_EXIT = 70
 """Exit code of an error taxmodel did not foresee (a bug): neither 1 (regression) nor 2 (bad input)."""
@@ -38,10 +63,10 @@ class _Group(click.Group):
         except click.UsageError as exc:  # a command's arguments: one line, like every other error
             _usage_error(exc)
         except TaxmodelError as exc:
-            click.echo("taxmodel: error: " + " ".join(str(exc).split()), err=True)  # one line, always
+            _echo("taxmodel: error: " + " ".join(str(exc).split()), err=True)  # one line, always
             sys.exit(exc.exit_code)
         except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM/SIGHUP (errors.Interrupted): 128 + signal, not 1
-            click.echo(f"taxmodel: {exc or 'interrupted'}", err=True)
+            _echo(f"taxmodel: {exc or 'interrupted'}", err=True)
             sys.exit(getattr(exc, "exit_code", 130))
         except (click.exceptions.ClickException, click.exceptions.Abort, click.exceptions.Exit):
             raise
@@ -56,9 +81,9 @@ class _Group(click.Group):
                 sys.exit(141)
             if isinstance(exc, OSError):
                 where = f"{exc.filename}: " if exc.filename else ""
-                click.echo(f"taxmodel: error: {where}{exc.strerror or detail}", err=True)
+                _echo(f"taxmodel: error: {where}{exc.strerror or detail}", err=True)
                 sys.exit(2)
-            click.echo(f"taxmodel: internal error: {type(exc).__name__}: {detail} (a bug in taxmodel; "
+            _echo(f"taxmodel: internal error: {type(exc).__name__}: {detail} (a bug in taxmodel; "
                        "run again with TAXMODEL_TRACEBACK=1 and report the traceback)", err=True)
             sys.exit(INTERNAL_ERROR_EXIT)
 
@@ -69,7 +94,7 @@ def _usage_error(exc: click.UsageError) -> None:
     if type(exc).__name__ == "NoArgsIsHelpError":
         raise exc
     where = exc.ctx.command_path if exc.ctx is not None else "taxmodel"
-    click.echo(f"taxmodel: error: {' '.join(exc.format_message().split())} (see '{where} --help')", err=True)
+    _echo(f"taxmodel: error: {' '.join(exc.format_message().split())} (see '{where} --help')", err=True)
     sys.exit(exc.exit_code)
 
 
@@ -110,20 +135,25 @@ def cli() -> None:
                    "dram__bytes_read.sum,dram__bytes_write.sum,lts__t_sector_hit_rate.pct,gpu__time_duration.sum` "
                    "(or a .ncu-rep where Nsight Compute's Python module is importable): DRAM bytes per kernel, "
                    "matched by order and name; a file from another run is refused.")
+@click.option("--shapes-from", "shapes_from", multiple=True, type=click.Path(exists=True), metavar="EAGER_TRACE",
+              help="An eager capture of the same program (trace files, one per rank, repeat the option; or a bundle): "
+                   "kernels of CUDA-graph replays take their shapes from its steps, matched by name, launch dims and "
+                   "place in the step (docs/ledger.md 5a). The trace's own eager steps are used without it.")
 @click.option("--scheduler", default=None, metavar="ADDRESS|local[:N]",
               help="Read the traces on Dask (pip install 'taxmodel[distributed]'): a scheduler's address, or local[:N] "
                    "worker processes on this machine. The bundle is the same. A file no worker can read is a missing "
                    "rank; today's importers read all files in one task, on a worker that sees them all (README, "
                    "'On a cluster'). --keep-raw needs the traces here too.")
 def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw, allow_missing_ranks, world_size,
-               scheduler) -> None:
+               shapes_from, scheduler) -> None:
     """Import torch.profiler (and other) traces, one file per rank, into a profile bundle."""
-    from taxmodel.trace import importers, summary
+    from taxmodel.trace import importers, replay_shapes, summary
     from taxmodel.trace.bundle import prepare_output
 
-    replaces = prepare_output(output, force=force, inputs=traces)  # before the work: refuse early
+    replaces = prepare_output(output, force=force,
+                              inputs=[*traces, *shapes_from, *([counters] if counters else [])])  # refuse early
     options = dict(keep_raw=keep_raw, counters=counters, allow_missing_ranks=allow_missing_ranks, force=force,
-                   world_size=world_size)
+                   world_size=world_size, shapes_from=shapes_from)
     if scheduler:  # the files may be on the workers' nodes only: the format is detected there
         from taxmodel.trace.dask_run import close, connect
         from taxmodel.trace.import_dask import import_bundle_dask
@@ -133,22 +163,25 @@ def import_cmd(traces, counters, output, force, fmt, iteration_pattern, keep_raw
             bundle, found = import_bundle_dask(traces, output, client, fmt, iteration_pattern, **options)
         finally:
             close(client)
-        click.echo(f"format: {found} ({'detected on the Dask workers' if fmt == 'auto' else 'as given'})")
+        _echo(f"format: {found} ({'detected on the Dask workers' if fmt == 'auto' else 'as given'})")
         fmt = found
     else:
         if fmt == "auto":  # every file is checked again inside the import; this is for the message
-            click.echo(f"format: {importers.detect_format(traces[0])} (detected from the content of {traces[0]})")
+            _echo(f"format: {importers.detect_format(traces[0])} (detected from the content of {traces[0]})")
         else:
-            click.echo(f"format: {fmt} (as given)")
+            _echo(f"format: {fmt} (as given)")
         bundle, fmt = importers.import_bundle(traces, output, fmt, iteration_pattern, **options)
-    click.echo(f"wrote {output}" + (" (replaced the bundle that was there: --force)" if replaces else ""))
-    click.echo(summary.describe(bundle, fmt))
+    _echo(f"wrote {output}" + (" (replaced the bundle that was there: --force)" if replaces else ""))
+    _echo(summary.describe(bundle, fmt))
+    if (line := replay_shapes.describe(bundle.meta)) is not None:
+        _echo(line)
 
 
 @cli.command("show")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("bundles", nargs=-1, required=True, type=_BUNDLES)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--top", default=10, show_default=True, help="How many of the longest-running kernels to list.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=1),
+              help="How many of the longest-running kernels to list.")
 def show_cmd(bundles, as_json, top) -> None:
     """Summarize BUNDLES (directories of bundles are searched, as analyze takes them): ranks,
     iterations, kernels by role and rank, top kernels, metadata."""
@@ -161,11 +194,11 @@ def show_cmd(bundles, as_json, top) -> None:
         from taxmodel.trace import summary
         from taxmodel.trace.importers import open_bundle
 
-        click.echo(json.dumps([summary.to_json(open_bundle(p), top) for p in found], indent=2, default=str))
+        _echo(json.dumps([summary.to_json(open_bundle(p), top) for p in found], indent=2, default=str))
         return
     for i, path in enumerate(found):
         if i:
-            click.echo("")
+            _echo("")
         _show_one(path, as_json, top)
 
 
@@ -177,25 +210,25 @@ def _show_one(bundle, as_json: bool, top: int) -> None:
 
     b = open_bundle(bundle)
     if as_json:
-        click.echo(json.dumps(summary.to_json(b, top), indent=2, default=str))
+        _echo(json.dumps(summary.to_json(b, top), indent=2, default=str))
         return
     o = summary.overview(b)
     iters = o["iterations"]
-    click.echo(f"{b.label}: {len(o['ranks'])} of {o['world_size']} ranks, {o['repetitions']} repetition(s), "
+    _echo(f"{b.label}: {len(o['ranks'])} of {o['world_size']} ranks, {o['repetitions']} repetition(s), "
                f"{len(iters)} iteration(s){f' ({iters[0]}..{iters[-1]})' if iters else ''}, "
                f"{o['kernels']} kernels, {o['collectives']} collectives\n")
-    click.echo(summary.meta_table(b).to_string(index=False, header=False) + "\n")
+    _echo(summary.meta_table(b).to_string(index=False, header=False) + "\n")
     roles = summary.role_table(b)
-    click.echo("GPU time by rank and role (us):")
-    click.echo(_us_columns(roles, ["total_ns", "mean_ns"]).to_string(index=False) + "\n")
-    click.echo(f"Top {top} GPU activities by total time over all ranks (us):")
-    click.echo(_us_columns(summary.top_kernels(b, top), ["total_ns", "mean_ns"])
+    _echo("GPU time by rank and role (us):")
+    _echo(_us_columns(roles, ["total_ns", "mean_ns"]).to_string(index=False) + "\n")
+    _echo(f"Top {top} GPU activities by total time over all ranks (us):")
+    _echo(_us_columns(summary.top_kernels(b, top), ["total_ns", "mean_ns"])
                .to_string(index=False, formatters={"pct": "{:.1f}".format, "name": lambda s: s[:70]}))
 
 
 def _note(line: str) -> None:
     """One line on stderr (what --lenient skipped), so stdout stays the command's output."""
-    click.echo(f"taxmodel: {line}", err=True)
+    _echo(f"taxmodel: {line}", err=True)
 
 
 def _us_columns(df, columns):
@@ -207,8 +240,27 @@ def _us_columns(df, columns):
 
 # --- runtime: profile, workloads -----------------------------------------------------------
 
-@cli.command("profile")
-@click.argument("workload")
+class _CommandAfterDashes(click.Command):
+    """``profile``: what follows ``--`` is the command to profile, kept whole (its own options
+    included) in ``ctx.meta["command"]``; before it, profile's own options."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["command"] = args[i + 1:]
+            args = args[:i]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["[OPTIONS] WORKLOAD  |  taxmodel profile [OPTIONS] -- COMMAND [ARGS]..."]
+
+
+_COMMAND_ONLY = ("steps", "skip", "step_fn", "run_to_end")
+_SHARED = ("out", "force", "counters", "timeout_s")
+
+
+@cli.command("profile", cls=_CommandAfterDashes)
+@click.argument("workload", required=False)
 @click.option("--variants", default=None, help="Comma-separated variants (default: every one available here; others are skipped with the reason).")
 @click.option("--preset", default=None, help="Shape preset, or several comma-separated (run in one start-up) (default: the workload's CPU preset on CPU, its default on GPUs).")
 @click.option("--shape", "shape", multiple=True, metavar="K=V", help="Override one shape value, e.g. --shape M=4096 (repeatable).")
@@ -222,7 +274,9 @@ def _us_columns(df, columns):
 @click.option("--tracer", default="torch", show_default=True, help="Tracer to record with.")
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True,
               help="cpu runs kernels in Triton's interpreter with gloo (emulated GPUs).")
-@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds for the whole run; a hung rank is then named and the run ended.")
+@click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True,
+              help="Seconds for the whole run; a hung rank is then named and the run ended. With -- COMMAND: none "
+                   "unless given.")
 @click.option("--spin-timeout", "spin_timeout_s", type=float, default=60.0, show_default=True,
               help="Seconds an in-kernel wait on a peer's flag may last before the kernel gives up and the run "
                    "names the rank, peer and flag (raise it if a peer is still compiling its kernels).")
@@ -230,7 +284,8 @@ def _us_columns(df, columns):
               help="Import a module (name or .py file) that registers your own workload (repeatable).")
 @click.option("--heap-size", "heap_bytes", type=int, default=None, help="Bytes of symmetric heap per rank (default 4 GiB on GPUs, 256 MiB on CPU).")
 @click.option("-o", "--out", default="runs", show_default=True, type=click.Path(file_okay=False),
-              help="Bundles go to OUT/WORKLOAD/VARIANT-SHAPE/.")
+              help="Bundles go to OUT/WORKLOAD/VARIANT-SHAPE/. With -- COMMAND, OUT is the bundle (default: "
+                   "runs/<the script's name>).")
 @click.option("--force", is_flag=True, default=False,
               help="Replace the bundles of an earlier run at the same paths (without it such a run is refused before "
                    "any rank starts). A path holding anything but a bundle is refused even with --force.")
@@ -261,18 +316,52 @@ def _us_columns(df, columns):
 @click.option("--counters", is_flag=True, default=False,
               help="After the timed pass, run every variant once more under Nsight Compute (ncu) and attach each "
                    "kernel's DRAM bytes read/written and L2 hit rate to the bundles (one GPU: -n 1). The timed "
-                   "pass never runs under ncu; the counters pass takes about a minute per bundle.")
-def profile_cmd(workload, counters, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer, device,
-                timeout_s, spin_timeout_s, workload_modules, heap_bytes, out, force, instrument, graph, graph_strict, align,
-                gate_hold_us, allow_gpu_sizes) -> None:
-    """Run WORKLOAD on N local ranks and capture one bundle per variant.
+                   "pass never runs under ncu; the counters pass takes about a minute per bundle. With -- COMMAND: "
+                   "the command runs once more under ncu, counting the first traced step's kernels (a one-GPU job).")
+@click.option("--steps", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With -- COMMAND: steps to trace in every rank.")
+@click.option("--skip", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With -- COMMAND: steps to run untraced first (the last of them traced and discarded, as the "
+                   "tracer's own warm-up).")
+@click.option("--step-fn", default=None, metavar="MODULE:QUALNAME",
+              help="With -- COMMAND: a step ends with each call of this function instead of the optimizer's step() "
+                   "(inference loops, custom trainers), e.g. my_trainer:Trainer.train_step, or __main__:decode_step "
+                   "for a function of the script itself.")
+@click.option("--run-to-end", is_flag=True, default=False,
+              help="With -- COMMAND: let it finish after the traced steps (default: it is stopped once every rank's "
+                   "trace is written, as nsys ends a capture range).")
+@click.pass_context
+def profile_cmd(ctx, workload, counters, variants, preset, shape, world_size, iterations, warmup, repeat, inject, tracer,
+                device, timeout_s, spin_timeout_s, workload_modules, heap_bytes, out, force, instrument, graph,
+                graph_strict, align, gate_hold_us, allow_gpu_sizes, steps, skip, step_fn, run_to_end) -> None:
+    """Run WORKLOAD on N local ranks and capture one bundle per variant; or run your own job
+    (-- COMMAND) unchanged and capture its steps in every rank.
 
     \b
+    Your own job (torchrun, or any launcher whose ranks are Python processes):
+      taxmodel profile -o my_job -- torchrun --nproc-per-node 8 train.py --lr 3e-4
+      taxmodel analyze my_job
     Across nodes, start the same worker with torchrun on every node:
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
           -m taxmodel.runtime.worker --workload ag_gemm --preset small -o runs/
     """
     import time
+
+    given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name).name in ("COMMANDLINE", "ENVIRONMENT")}
+    if "command" in ctx.meta:
+        wrong = sorted(given - set(_COMMAND_ONLY) - set(_SHARED) - {"workload"})
+        if workload is not None or wrong:
+            what = f"WORKLOAD ({workload})" if workload is not None else "--" + wrong[0].replace("_", "-")
+            raise click.UsageError(f"{what} applies to a built-in workload, not to a command after --")
+        _profile_command(ctx.meta["command"], out if "out" in given else None, steps, skip, step_fn, force, counters,
+                         timeout_s if "timeout_s" in given else None, run_to_end)
+        return
+    if workload is None:
+        raise click.UsageError("Missing argument 'WORKLOAD' (or -- COMMAND to profile your own job)")
+    wrong = sorted(given & set(_COMMAND_ONLY))
+    if wrong:
+        raise click.UsageError(f"--{wrong[0].replace('_', '-')} applies to a command after -- (a workload's steps are "
+                               "--iterations and --warmup)")
 
     started = time.time()  # --timeout counts from here: importing torch and the workloads takes seconds
     from taxmodel.runtime.profile import ProfileRequest, profile
@@ -290,19 +379,48 @@ def profile_cmd(workload, counters, variants, preset, shape, world_size, iterati
         check_profile_request(req)
     outcome = profile(req, started_unix=started, say=_note)
     for v, why in outcome.skipped.items():
-        click.echo(f"skipped {workload}/{v}: {why}")
+        _echo(f"skipped {workload}/{v}: {why}")
     for line in outcome.graph_fallbacks:
-        click.echo(f"--graph: {line}")
+        _echo(f"--graph: {line}")
     for path in outcome.bundles:
-        click.echo(f"wrote {path}" + (" (replaced the earlier bundle there: --force)" if path in outcome.replaced else ""))
-    click.echo(f"{len(outcome.bundles)} bundle(s), {outcome.world_size} rank(s) on {outcome.device}, {outcome.wall_s:.1f} s"
-               + (f"; {outcome.ranks_output}" if outcome.ranks_output else ""), err=True)
+        _echo(f"wrote {path}" + (" (replaced the earlier bundle there: --force)" if path in outcome.replaced else ""))
+    _echo(f"{len(outcome.bundles)} bundle(s), {outcome.world_size} rank(s) on {outcome.device}, {outcome.wall_s:.1f} s"
+          + (f"; {outcome.ranks_output}" if outcome.ranks_output else ""), err=True)
     if counters and outcome.bundles:
         from taxmodel.runtime.counters import counters_pass
 
         done = counters_pass(req, outcome.bundles, timeout_s=timeout_s)
-        click.echo(f"--counters: DRAM counters of {done.kernels} kernel(s) attached to {len(done.bundles)} bundle(s) "
+        _echo(f"--counters: DRAM counters of {done.kernels} kernel(s) attached to {len(done.bundles)} bundle(s) "
                    f"in {done.wall_s:.1f} s (ncu, one step per variant)", err=True)
+
+
+def _profile_command(command, out, steps, skip, step_fn, force, counters, timeout_s, run_to_end) -> None:
+    """``profile -- COMMAND``: run it under the step hook, then the bundle's summary and ledger."""
+    from taxmodel.report.build import load_cases
+    from taxmodel.report.terminal import render_analysis
+    from taxmodel.runtime.command import CommandRequest, profile_command
+    from taxmodel.trace import summary
+
+    req = CommandRequest(command=list(command), out=out, skip=skip, steps=steps, step_fn=step_fn, force=force,
+                         counters=counters, timeout_s=timeout_s, run_to_end=run_to_end)
+    outcome = profile_command(req, say=_note)
+    for line in outcome.lines:
+        _note(line)
+    if outcome.stopped:
+        _note("stopped the command once every rank's trace was written (--run-to-end lets it finish)")
+    if outcome.bundle is not None:
+        click.echo(f"wrote {outcome.out}" + (" (replaced the bundle that was there: --force)" if outcome.replaced else ""))
+        if outcome.counters:
+            click.echo(f"--counters: {outcome.counters}")
+        click.echo(summary.describe(outcome.bundle, outcome.fmt) + "\n")
+        try:
+            click.echo(render_analysis([led for _, led in load_cases([str(outcome.out)])]), nl=False)
+        except TaxmodelError as exc:
+            _note(f"the ledger of {outcome.out} cannot be computed: {' '.join(str(exc).split())}")
+            outcome.exit_code = outcome.exit_code or exc.exit_code
+    if outcome.counters_error is not None:
+        raise outcome.counters_error
+    sys.exit(outcome.exit_code)
 
 
 @cli.command("workloads")
@@ -311,13 +429,22 @@ def workloads_cmd(workload_modules) -> None:
     """List the workloads, their shape presets and variants."""
     from taxmodel.runtime.profile import describe_workloads
 
-    click.echo(describe_workloads(list(workload_modules)))
+    _echo(describe_workloads(list(workload_modules)))
 
 
 # --- model: analyze, calibrate, predict, validate ------------------------------------------
 
+@cli.command("hardware")
+@click.argument("key", required=False)
+def hardware_cmd(key: str | None) -> None:
+    """List the hardware specs --hardware takes (one key per part and source), or show one in full."""
+    from taxmodel.model.hardware import describe
+
+    _echo(describe(key))
+
+
 @cli.command("analyze")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("bundles", nargs=-1, required=True, type=_BUNDLES)
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON document instead of tables.")
 @click.option("--lenient", is_flag=True, help="Skip (and list) iterations that cannot be analyzed instead of failing.")
 @click.option("--hardware", default=None, metavar="NAME|FILE",
@@ -337,14 +464,14 @@ def analyze_cmd(bundles: tuple[str, ...], as_json: bool, lenient: bool, hardware
 
     ledgers = [led for _, led in load_cases(bundles, hardware=hardware, lenient=lenient, on_skip=_note, scheduler=scheduler)]
     if as_json:
-        click.echo(json.dumps(analysis_document(ledgers), indent=2, default=float))
+        _echo(json.dumps(analysis_document(ledgers), indent=2, default=float))
     else:
-        click.echo(render_analysis(ledgers, per_rank=per_rank, wide=wide), nl=False)
+        _echo(render_analysis(ledgers, per_rank=per_rank, wide=wide), nl=False)
 
 
 @cli.command("advise")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--top", type=int, default=10, show_default=True, help="How many candidates to list (largest bound first).")
+@click.argument("bundles", nargs=-1, required=True, type=_BUNDLES)
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="How many candidates to list (largest bound first).")
 @click.option("--json", "as_json", is_flag=True, help="Print the candidates as JSON.")
 @click.option("--wide", is_flag=True, help="Every column (what to do, the ops, each tax, the model, what it could not use), "
                                            "however wide; else the table fits 120 characters.")
@@ -368,9 +495,9 @@ def advise_cmd(bundles, top, as_json, wide, hardware, lenient) -> None:
         docs.append(advice_document(table, p.label, window_us))
         texts.append(render_advice(table, p.label, window_us, wide=wide))
     if as_json:
-        click.echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, default=float))
+        _echo(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2, default=float))
     else:
-        click.echo("\n".join(texts), nl=False)
+        _echo("\n".join(texts), nl=False)
 
 
 @cli.command("calibrate")
@@ -397,7 +524,7 @@ def calibrate_cmd(output, world_size, timeout_s, only, update, device, sizes) ->
 
     spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update, device=device,
                            sizes=sizes)
-    click.echo(f"wrote {output}: {spec.label}; use it with --hardware {output}")
+    _echo(f"wrote {output}: {spec.label}; use it with --hardware {output}")
 
 
 def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
@@ -410,7 +537,7 @@ def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
 @click.argument("workload")
 @click.option("--variant", "variants_", default=None, help="Comma-separated variants (default: every modeled one).")
 @click.option("-n", "--world-size", type=int, default=4, show_default=True, help="GPUs (what-if sizes welcome: 8, 16, 72...).")
-@click.option("--hardware", default="h200", show_default=True, metavar="NAME|FILE",
+@click.option("--hardware", default="h200-calibrated", show_default=True, metavar="NAME|FILE",
               help="Preset (h100, h200, mi300x, b200; a calibrated file for it wins when one ships) or a calibrate JSON.")
 @click.option("--shape", "shape", multiple=True, metavar="K=V[,K=V]", help="Shape values, e.g. --shape M=8192,N=8192,K=8192.")
 @click.option("--preset", default=None, help="The workload's shape preset (default: its default preset).")
@@ -447,24 +574,24 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
         key, values = analytic.parse_range(sweep_)
         tables = {v: analytic.sweep(workload, v, shp, world_size, hw, key, values, params) for v in names}
         if as_json:
-            click.echo(json.dumps({"hardware": note, "fitted": fitted_note,
+            _echo(json.dumps({"hardware": note, "fitted": fitted_note,
                                    "sweep": {v: t.to_dict(orient="records") for v, t in tables.items()}}, indent=2))
         else:
-            click.echo(note)
+            _echo(note)
             if fitted_note:
-                click.echo(fitted_note)
-            click.echo(render_sweep(tables, key), nl=False)
+                _echo(fitted_note)
+            _echo(render_sweep(tables, key), nl=False)
         if plot:
-            click.echo(f"wrote {plot_sweep(tables, key, plot, title=f'{workload}, {world_size} x {hw.name}')}")
+            _echo(f"wrote {plot_sweep(tables, key, plot, title=f'{workload}, {world_size} x {hw.name}')}")
         return
     preds = [analytic.predict(workload, v, shp, world_size, hw, params) for v in names]
     preds[0].assumptions[:] = analytic.with_hardware_note(preds[0].assumptions, note)
     if fitted_note:
         preds[0].assumptions.insert(1, fitted_note)
     if as_json:
-        click.echo(json.dumps([p.to_dict() for p in preds], indent=2, default=float))
+        _echo(json.dumps([p.to_dict() for p in preds], indent=2, default=float))
     else:
-        click.echo(render_prediction(preds), nl=False)
+        _echo(render_prediction(preds), nl=False)
 
 
 @cli.command("validate")
@@ -490,30 +617,33 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
     A locality row counts only where DRAM counters measured it (without them the bundle's locality is the
     model's own estimate: listed, not validated).
     """
-    from taxmodel.fsutil import atomic_write
+    from taxmodel.fsutil import atomic_write, check_output_file
     from taxmodel.model import validate as val
     from taxmodel.model.analytic.fitted import FITTED_FILE
     from taxmodel.model.validation_markdown import markdown_table, update_docs as update_table
+    from taxmodel.trace.bundle import bundle_inputs
 
     if fitted_from and (no_fit or update_docs):
         raise click.UsageError("--fitted-from fits nothing: it goes with neither --no-fit nor --update-docs")
+    if markdown:  # before the work
+        check_output_file(markdown, "Markdown table", bundle_inputs([profiles_dir]) + [docs_file])
     v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from, jobs=jobs or None, cache=cache, progress=True)
     text = markdown_table(v)
-    click.echo(text, nl=False)
+    _echo(text, nl=False)
     for s in v.skipped:
-        click.echo(f"skipped {s}", err=True)
+        _echo(f"skipped {s}", err=True)
     if markdown:
         atomic_write(markdown, text, what="Markdown table")
-        click.echo(f"wrote {markdown}")
+        _echo(f"wrote {markdown}")
     if update_docs:
-        click.echo(f"updated {update_table(docs_file, v)}")
+        _echo(f"updated {update_table(docs_file, v)}")
         if not no_fit:
-            click.echo(f"updated {val.write_fitted(FITTED_FILE, v)} (the fitted parameters taxmodel predict uses)")
+            _echo(f"updated {val.write_fitted(FITTED_FILE, v)} (the fitted parameters taxmodel predict uses)")
     sys.exit(0 if v.passed or v.table.empty else 1)
 
 
 @cli.command("scaling")
-@click.argument("profile_dirs", nargs=-1, required=True, type=click.Path(exists=True, file_okay=False))
+@click.argument("profile_dirs", nargs=-1, required=True, type=_BUNDLES_DIR)
 @click.option("--markdown", type=click.Path(dir_okay=False, writable=True), default=None, help="Also write the table as Markdown.")
 def scaling_cmd(profile_dirs, markdown) -> None:
     """How the taxes and the fine-grained speedup change with the world size.
@@ -529,22 +659,27 @@ def scaling_cmd(profile_dirs, markdown) -> None:
     from taxmodel.fsutil import atomic_write
     from taxmodel.model.scaling import markdown as scaling_markdown, scaling_rows
 
+    from taxmodel.fsutil import check_output_file
+    from taxmodel.trace.bundle import bundle_inputs
+
+    if markdown:  # before the work
+        check_output_file(markdown, "Markdown table", bundle_inputs(profile_dirs))
     rows = scaling_rows(list(profile_dirs))
     if not rows:
-        click.echo("no (workload, shape, launch mode) with bsp and a fine-grained variant at two or more world sizes "
+        _echo("no (workload, shape, launch mode) with bsp and a fine-grained variant at two or more world sizes "
                    f"under {', '.join(profile_dirs)}", err=True)
         sys.exit(1)
     text = scaling_markdown(rows)
-    click.echo(text, nl=False)
+    _echo(text, nl=False)
     if markdown:
         atomic_write(markdown, text, what="Markdown table")
-        click.echo(f"wrote {markdown}")
+        _echo(f"wrote {markdown}")
 
 
 # --- report: report, export-trace ----------------------------------------------------------
 
 @cli.command("report")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("bundles", nargs=-1, required=True, type=_BUNDLES)
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
               help="Report file: .html (self-contained) or .md (its PNGs in a folder beside it, REPORT-figures/).")
 @click.option("--format", "fmt", type=click.Choice(["html", "md"]), default=None,
@@ -560,18 +695,22 @@ def report_cmd(bundles, output, fmt, hardware, lenient) -> None:
     from taxmodel.report.build import load_cases, write_report_files
     from taxmodel.report.headline import headlines
 
+    from taxmodel.fsutil import check_output_file
+    from taxmodel.trace.bundle import bundle_inputs
+
+    check_output_file(output, "report", bundle_inputs(bundles))  # before the work
     cases = load_cases(bundles, hardware=hardware, lenient=lenient, on_skip=_note)
     path, *figures = write_report_files(cases, output, fmt)
     for line in headlines([led for _, led in cases]):
-        click.echo(line)
-    click.echo(f"wrote {path}")
+        _echo(line)
+    _echo(f"wrote {path}")
     if figures:
         folders = sorted({str(f.parent) for f in figures})
-        click.echo(f"wrote {len(figures)} figure(s) it links to, in {', '.join(f + '/' for f in folders)}")
+        _echo(f"wrote {len(figures)} figure(s) it links to, in {', '.join(f + '/' for f in folders)}")
 
 
 @cli.command("export-trace")
-@click.argument("bundles", nargs=-1, required=True, type=click.Path(exists=True))
+@click.argument("bundles", nargs=-1, required=True, type=_BUNDLES)
 @click.option("-o", "--output", required=True, type=click.Path(writable=True),
               help="Trace file (.json, or .json.gz) for one bundle; for several, a directory that gets one trace per "
                    "bundle, named after its folder. Open them in Perfetto's UI or chrome://tracing.")
@@ -583,7 +722,7 @@ def export_trace_cmd(bundles, output, hardware, lenient) -> None:
     from taxmodel.report.build import export_traces
 
     for path in export_traces(bundles, output, hardware=hardware, lenient=lenient):
-        click.echo(f"wrote {path}")
+        _echo(f"wrote {path}")
 
 
 # --- regress: compare, baseline ------------------------------------------------------------
@@ -592,16 +731,19 @@ _OUT_FILE = click.Path(dir_okay=False, writable=True)
 
 
 @cli.command("compare")
-@click.argument("baseline", type=click.Path(exists=True))
-@click.argument("candidate", type=click.Path(exists=True))
+@click.argument("baseline", type=_BUNDLES)
+@click.argument("candidate", type=_BUNDLES)
 @click.option("--config", type=click.Path(exists=True, dir_okay=False),
               help="Thresholds file (default: regress.toml beside BASELINE or in a parent, else built-in defaults).")
 @click.option("--markdown", type=_OUT_FILE, help="Write a Markdown summary (PR comment / CI job summary).")
 @click.option("--junit", type=_OUT_FILE, help="Write JUnit XML: one testcase per row and metric.")
 @click.option("--json", "json_file", type=_OUT_FILE, help="Write every number as JSON.")
 @click.option("--allow-missing", is_flag=True, help="Rows on one side only are reported but do not make the exit code 2.")
+@click.option("--pool", is_flag=True,
+              help="Pool several candidate bundles of one row as independent repetitions (without it they are refused: "
+                   "one may be a stale copy of an earlier run).")
 @click.option("-v", "--verbose", is_flag=True, help="List every metric, not only those beyond their thresholds.")
-def compare_cmd(baseline, candidate, config, markdown, junit, json_file, allow_missing, verbose) -> None:
+def compare_cmd(baseline, candidate, config, markdown, junit, json_file, allow_missing, pool, verbose) -> None:
     """Compare CANDIDATE bundles against BASELINE bundles (each a bundle or a directory of them).
 
     Rows are matched by (workload, variant, shape); each row's latency and every tax
@@ -615,16 +757,20 @@ def compare_cmd(baseline, candidate, config, markdown, junit, json_file, allow_m
       taxmodel compare profiles/h200 runs/ --markdown summary.md --junit junit.xml
     """
     from taxmodel.regress import compare_paths
-    from taxmodel.regress.outputs import error_outputs, terminal_text, write_outputs
+    from taxmodel.regress.outputs import check_outputs, error_outputs, terminal_text, write_outputs
 
+    outputs = dict(markdown=markdown, junit=junit, json_path=json_file)
+    from taxmodel.trace.bundle import bundle_inputs
+
+    check_outputs(outputs, inputs=bundle_inputs([baseline, candidate]) + ([config] if config else []))  # before any work
     try:
-        result = compare_paths(baseline, candidate, config=config, allow_missing=allow_missing)
+        result = compare_paths(baseline, candidate, config=config, allow_missing=allow_missing, pool=pool)
     except TaxmodelError as exc:  # still leave the reason in the requested reports (CI summaries)
-        write_outputs(error_outputs(str(exc), baseline, candidate), markdown=markdown, junit=junit, json_path=json_file)
+        write_outputs(error_outputs(str(exc), baseline, candidate), **outputs)
         raise
-    click.echo(terminal_text(result, verbose=verbose))
-    for path in write_outputs(result, markdown=markdown, junit=junit, json_path=json_file):
-        click.echo(f"wrote {path}")
+    _echo(terminal_text(result, verbose=verbose))
+    for path in write_outputs(result, **outputs):
+        _echo(f"wrote {path}")
     sys.exit(result.exit_code)
 
 
@@ -638,27 +784,29 @@ def baseline_group() -> None:
 
 
 @baseline_group.command("update")
-@click.argument("candidate", type=click.Path(exists=True))
+@click.argument("candidate", type=_BUNDLES)
 @click.option("--baseline", "baseline_dir", required=True, type=click.Path(file_okay=False),
               help="Directory of baseline bundles to update, e.g. profiles/h200.")
 @click.option("--yes", is_flag=True, help="Write without asking (needed when not run from a terminal).")
 @click.option("-m", "--message", default="", help="Why the baseline changes; goes into the log.")
-def baseline_update_cmd(candidate, baseline_dir, yes, message) -> None:
+@click.option("--pool", is_flag=True, help="Pool several candidate bundles of one row (else refused: a stale copy?).")
+def baseline_update_cmd(candidate, baseline_dir, yes, message, pool) -> None:
     """Replace the baselines of CANDIDATE's rows with CANDIDATE (atomically, logged).
 
     Prints old vs new latency and taxes per row first, then asks (or needs --yes).
     """
     from taxmodel.errors import InputError
-    from taxmodel.regress.baseline import LOG_NAME, apply_update, plan_text, plan_update
+    from taxmodel.regress.baseline import LOG_NAME, apply_update, plan_text, plan_update, update_lock
 
-    plan = plan_update(candidate, baseline_dir)
-    click.echo(plan_text(plan))
-    if not yes:
-        if not _stdin_is_terminal():
-            raise InputError("not writing the baseline without confirmation: re-run with --yes")
-        click.confirm("Write these baselines?", abort=True)
-    target = apply_update(plan, message=message)
-    click.echo(f"updated {target} (logged in {target / LOG_NAME})")
+    with update_lock(baseline_dir):  # from the plan to the swap: one update at a time
+        plan = plan_update(candidate, baseline_dir, pool=pool)
+        _echo(plan_text(plan))
+        if not yes:
+            if not _stdin_is_terminal():
+                raise InputError("not writing the baseline without confirmation: re-run with --yes")
+            click.confirm("Write these baselines?", abort=True)
+        target = apply_update(plan, message=message)
+    _echo(f"updated {target} (logged in {target / LOG_NAME})")
 
 
 

@@ -21,6 +21,7 @@ model and runtime can all use it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import secrets
@@ -28,7 +29,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from taxmodel.errors import InputError
 
@@ -96,11 +97,36 @@ def check_parent(path: str | os.PathLike, what: str = "output") -> None:
                              "choose another path")
 
 
-def check_output_file(path: str | os.PathLike, what: str = "output") -> Path:
+def check_not_input(output: str | os.PathLike, inputs: Iterable[str | os.PathLike], what: str = "output") -> None:
+    """InputError when ``output`` is one of ``inputs`` (the same path, or the same file through
+    another name: a hard link, a link above it) or lies inside one (an input directory, e.g.
+    a bundle: ``--json BASE/b/meta.json`` would replace the baseline it compares against)."""
+    out = Path(output).absolute()
+    out_real = Path(os.path.realpath(out))
+    try:
+        out_id = os.stat(out)[1:3] if os.path.lexists(out) else None  # (ino, dev)
+    except OSError:
+        out_id = None
+    for p in map(Path, inputs):
+        real = Path(os.path.realpath(p.absolute()))
+        try:
+            same = out_id is not None and os.stat(p)[1:3] == out_id
+        except OSError:
+            same = False
+        if same or out_real == real or real in out_real.parents:
+            where = "is" if same or out_real == real else "is inside"
+            raise InputError(f"{output}: {where} the input {p}; write the {what} outside what the command reads")
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output",
+                      inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Refuse an output file path at which anything but a regular file (or nothing) stands,
-    or whose parent is not a directory. Returns the path."""
+    whose parent is not a directory, or that is (or lies inside) one of the command's
+    ``inputs`` (``check_not_input``). Every command that writes a file checks its outputs
+    here, before its work. Returns the path."""
     path = Path(path)
     check_parent(path, what)
+    check_not_input(path, inputs, what)
     kind = describe(path)
     if kind not in (None, "a regular file"):
         hint = ("remove the link or name the file it points to" if kind == "a symbolic link"
@@ -131,9 +157,26 @@ the previous version of the target, not a half-written new one. ``mkstemp``/``mk
 are lower case and digits, so theirs never start with it."""
 
 
+TEMP_STEM_MAX = 120
+"""The longest target name a temporary carries whole: ``.<name>.<pid>-<tag>.tmp`` must stay within
+the file system's NAME_MAX (255 bytes) for any legal target name, so longer names are shortened
+(``temp_stem``)."""
+
+
+def temp_stem(name: str) -> str:
+    """The target's name as its temporaries carry it: whole when short, else its first bytes, '~'
+    and a hash of the whole name (so two long names that share a beginning never share temporaries)."""
+    if len(name.encode("utf-8", "surrogateescape")) <= TEMP_STEM_MAX:
+        return name
+    digest = hashlib.sha1(name.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    head = name.encode("utf-8", "surrogateescape")[:TEMP_STEM_MAX - 13].decode("utf-8", "ignore")
+    return f"{head}~{digest}"
+
+
 def temp_prefix(target: Path) -> str:
-    """The prefix of this process's temporaries for ``target``: ``.<name>.<pid>-``."""
-    return f".{target.name}.{os.getpid()}-"
+    """The prefix of this process's temporaries for ``target``: ``.<name>.<pid>-`` (the name as
+    ``temp_stem`` gives it)."""
+    return f".{temp_stem(target.name)}.{os.getpid()}-"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -163,7 +206,7 @@ def clean_stale_temps(target: str | os.PathLike) -> list[Path]:
     olds = []
     for entry in entries:
         m = _STALE.match(entry.name)
-        if not m or m.group("name") != target.name or _pid_alive(int(m.group("pid"))):
+        if not m or m.group("name") != temp_stem(target.name) or _pid_alive(int(m.group("pid"))):
             continue
         if m.group("tag").startswith(OLD_TAG) and entry.is_dir(follow_symlinks=False):
             olds.append(Path(entry.path))
@@ -229,13 +272,14 @@ def make_temp_dir(target: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, what: str = "output") -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike, what: str = "output",
+                inputs: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
     """Yield a unique temporary path beside ``path``; on success it is renamed onto ``path``,
     on any error it is removed and ``path`` is untouched.
 
     For writers that want a file name (``savefig``, ``tarfile.open``, ``to_parquet``). The
     target is checked first (``check_output_file``) and again right before the rename."""
-    path = check_output_file(path, what)
+    path = check_output_file(path, what, inputs)
     make_dirs(path.parent, what)
     clean_stale_temps(path)
     fd, tmp_name = tempfile.mkstemp(prefix=temp_prefix(path), suffix=TMP_SUFFIX, dir=path.parent)
@@ -252,14 +296,14 @@ def atomic_path(path: str | os.PathLike, what: str = "output") -> Iterator[Path]
 
 
 def atomic_write(path: str | os.PathLike, data: str | bytes, *, encoding: str = "utf-8",
-                 what: str = "output") -> Path:
+                 what: str = "output", inputs: Iterable[str | os.PathLike] = ()) -> Path:
     """Write ``data`` (text or bytes) to ``path`` atomically; return the path.
 
     InputError when ``path`` is not a regular file (see the module docstring) or cannot be
     written (no space, no permission): one line naming the path."""
     path = Path(path)
     try:
-        with atomic_path(path, what) as tmp:
+        with atomic_path(path, what, inputs) as tmp:
             if isinstance(data, bytes):
                 tmp.write_bytes(data)
             else:
@@ -269,3 +313,42 @@ def atomic_write(path: str | os.PathLike, data: str | bytes, *, encoding: str = 
     except OSError as exc:
         raise InputError(f"{path}: cannot write the {what} ({exc.strerror or exc})") from exc
     return path
+
+
+LOCK_WAIT_S = 600.0
+"""How long a writer waits for another one holding the lock (``directory_lock``) before it gives up."""
+
+
+@contextlib.contextmanager
+def directory_lock(target: str | os.PathLike, what: str = "update", wait_s: float | None = None) -> Iterator[None]:
+    """Hold an exclusive lock for writing ``target`` (read, decide, write: one writer at a time).
+
+    The lock is an ``flock`` on the directory that holds ``target``: it survives ``target``
+    being replaced by a rename (a lock on ``target`` itself would lock the old inode), leaves no
+    file behind, and is released by the kernel when its holder dies (a killed writer never
+    blocks the next one). A second writer waits up to ``wait_s`` (``LOCK_WAIT_S``) and then
+    stops with one line. Where ``flock`` does not exist the lock is a no-op."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    import time
+
+    target = Path(target)
+    parent = make_dirs(target.absolute().parent, what)
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + (LOCK_WAIT_S if wait_s is None else wait_s)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise InputError(f"{target}: another {what} of it (or of a sibling in {parent}) is still running; "
+                                     "try again when it has finished") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -4,7 +4,8 @@ stays inside its own package), and no two modules import each other, directly or
 Layers, bottom to top (a module may import its own package and any package in a lower layer):
 
 0. ``errors``: the typed errors everything raises.
-1. ``version``, ``fsutil``, ``workload``: the package version, file-system helpers, and the workload
+1. ``version``, ``fsutil``, ``safetext``, ``limits``, ``workload``: the package version, file-system
+   helpers, how names from traces are shown safely, the one size budget of inputs, and the workload
    protocol (``Cost``, ``Variant``, ``Workload``, the registry) that the built-in kernels implement
    and the capture and the model read.
 2. ``kernels``: the built-in workloads and their Triton device library. They get everything from
@@ -33,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("version", "fsutil", "workload"),
+    ("version", "fsutil", "safetext", "limits", "workload"),
     ("kernels",),
     ("trace",),
     ("model",),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from taxmodel import safetext
 from taxmodel.cli import cli
 from taxmodel.regress import compare_paths
 from taxmodel.regress.samples import METRICS
@@ -122,7 +123,7 @@ def test_mismatched_workloads_cannot_be_compared(sides, tmp_path):
     reason = "mismatched workloads: baseline has synthetic, candidate has flash_decode"
     assert reason in out
     # the reports still say why, for the CI job summary and test tab
-    assert "cannot compare" in md.read_text() and reason in md.read_text()
+    assert "cannot compare" in md.read_text() and safetext.markdown(reason) in md.read_text()  # escaped, literal
     assert ET.parse(junit).getroot().get("errors") == "1"
     assert json.loads(js.read_text())["exit_code"] == 2
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxmodel.regress.config import StatisticsSettings, Threshold
-from taxmodel.regress.stats import (IMPROVED, REGRESSED, UNCHANGED, Side, bootstrap_statistic, compare_sides,
+from taxmodel.regress.stats import (TooFewSamples, shortfall, IMPROVED, REGRESSED, UNCHANGED, Side, bootstrap_statistic, compare_sides,
                                     relative, row_verdict, verdict_for)
 
 SELF = Threshold(relative=0.03, absolute_us=2.0, relative_to="self")
@@ -136,14 +136,15 @@ def test_false_alarm_rate_under_the_null_is_at_most_the_nominal_rate():
     assert flagged <= 6  # 5% of 120: generous for a 2.5% one-sided rate
 
 
-def test_too_few_samples_are_reported_not_judged():
+def test_too_few_samples_cannot_be_judged_never_pass():
+    """Issue 38: 2 iterations per side of a 2x slower candidate used to be UNCHANGED (exit 0)."""
     stats = StatisticsSettings(min_samples=3)
-    res = compare_sides(_side([1e6, 1e6]), _side([2e6, 2e6]), [SELF], 0, stats, np.random.default_rng(0))
-    assert res[0].verdict == UNCHANGED
-    assert "too few samples" in res[0].note
+    with pytest.raises(TooFewSamples, match="the baseline has 2 iteration"):
+        compare_sides(_side([1e6, 1e6]), _side([2e6, 2e6]), [SELF], 0, stats, np.random.default_rng(0))
     empty = Side(np.empty((0, 1)), np.empty(0, dtype=int))
-    res = compare_sides(empty, _side([2e6] * 5), [SELF], 0, stats, np.random.default_rng(0))
-    assert res[0].verdict == UNCHANGED and "no iterations" in res[0].note
+    with pytest.raises(TooFewSamples, match="the baseline has 0 iteration"):
+        compare_sides(empty, _side([2e6] * 5), [SELF], 0, stats, np.random.default_rng(0))
+    assert shortfall(3, stats) is None and shortfall(2, stats) == "2 iteration(s), at least 3 needed"
 
 
 @settings(max_examples=25, deadline=None)

@@ -1,14 +1,8 @@
-"""The persistent tile GEMM shared by the fine-grained All-Gather+GEMM variants.
+"""All-Gather + GEMM's persistent GEMM: the engine (``kernels/device/tile_gemm.py``) in its AG role.
 
 Math: C[M, N] = A_gathered[M, K] @ B[K, N], where A_gathered's rows come in ``WORLD`` slabs of
-``M_loc`` rows, slab ``r`` being rank ``r``'s shard. Output tiles are ``BLOCK_M x BLOCK_N``; an
-M-block never straddles two slabs (the last block of each slab is partial when ``M_loc`` is not a
-multiple of ``BLOCK_M``), so every tile reads A from exactly one source rank.
-
-Tile order (why): this rank's own slab first (no communication needed), then the remote slabs
-interleaved block by block (block 0 of every peer, then block 1, ...), which is the order in which
-the push kernels deliver them; consecutive tiles are grouped ``GROUP_M`` M-blocks at a time so that
-concurrently running programs share A and B tiles in L2.
+``M_loc`` rows, slab ``r`` being rank ``r``'s shard. The tile order (own slab first, then the
+peers' blocks interleaved), the schedule and the flag waits are the engine's (its docstring).
 
 How A reaches the tile (``A_MODE``, a constexpr):
 - ``A_LOCAL`` (0): every row is already in ``a_ptr`` (the gathered buffer): the GEMM alone (floor).
@@ -31,24 +25,9 @@ epoch argument would be frozen into the graph). The push variant double-buffers 
 and flags by epoch parity: ``parity_rows`` and ``flag_parity_stride`` are the offsets of the odd
 parity (0 when there is a single buffer); own rows are always read from parity 0.
 
-In-kernel records (``INSTRUMENT``, kernels/device/trace.py), only at phase changes because a record
-costs a CTA barrier and a clock read (and a GEMM waits on up to ``K_PIECES`` flags per remote tile,
-most already set): before each wait on a K piece the flag is read once; if it is not
-there yet, the CTA records ``compute`` (everything since its previous record: MMA loops,
-epilogues, waits that did not spin) and, once the flag arrived, ``flag_wait``. The CTA's last
-record is ``compute`` up to its last tile's end. So a CTA writes ``1 + 2 x (waits that spun)``
-records, alternating compute / flag_wait (``gemm_record_layout``). With ``INSTRUMENT=False`` no
-record code is compiled.
-
-The persistent grid is ``NUM_PROGS`` programs (at most the SM count), each looping over tiles with
-stride ``NUM_PROGS``, so a launch never needs more programs than fit at once (no program waits on
-a program that is not running). ``USE_TMA`` loads A and B through tensor descriptors (Hopper TMA);
-otherwise through pointers (required under the interpreter and for ``A_PULL``).
-``WARP_SPECIALIZE`` asks Triton to warp-specialize the TMA K loop (producer/consumer warps); the
-tile configuration per shape comes from ``gemm_table.py`` (``config_for_shape``).
-
-``COUNT`` (debug) counts, per output tile, how often it was computed and which flag epoch it saw,
-so tests can check the flag protocol (each tile exactly once, never before its flag).
+In-kernel records (``INSTRUMENT``): a CTA writes ``1 + 2 x (waits that spun)`` records,
+alternating compute / flag_wait (``gemm_record_layout``); with ``INSTRUMENT=False`` no record code
+is compiled. The tile configuration per shape comes from ``gemm_table.py`` (``config_for_shape``).
 """
 from __future__ import annotations
 
@@ -59,47 +38,11 @@ import torch
 import triton
 import triton.language as tl
 
-import iris
-
 from taxmodel.kernels.ag_gemm import gemm_table
 from taxmodel.kernels.device import trace
-from taxmodel.kernels.device.sync import fence_tma_after_acquire, interpreting, wait_geq
+from taxmodel.kernels.device.sync import interpreting
+from taxmodel.kernels.device.tile_gemm import A_LOCAL, A_PULL, A_WAIT, ROLE_AG, flatten_ok, persistent_gemm  # noqa: F401  (the modes are this module's API too)
 
-A_LOCAL = 0
-A_PULL = 1
-A_WAIT = 2
-
-
-@triton.jit
-def _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile number ``t`` -> (source rank, block within the source slab, N-tile index).
-
-    The M-block sequence is this rank's slab, then the peers' blocks interleaved (block 0 of every
-    peer, then block 1, ...). Tiles are grouped ``GROUP_M`` M-blocks at a time (M fastest within a
-    group, for L2 reuse of B), and groups never straddle the end of the own slab: every own tile
-    comes before every remote tile, so when the own slab holds about a wave of tiles (e.g. M=1024 on
-    4 ranks with 128x128 tiles) the first wave needs no communication at all.
-    """
-    own_tiles = blocks_per_rank * n_tiles
-    in_own = t < own_tiles
-    seg_t = tl.where(in_own, t, t - own_tiles)
-    seg_first = tl.where(in_own, 0, blocks_per_rank)
-    seg_blocks = tl.where(in_own, blocks_per_rank, num_mblocks - blocks_per_rank)
-    tiles_per_group = GROUP_M * n_tiles
-    group = seg_t // tiles_per_group
-    first = group * GROUP_M
-    group_size = tl.minimum(seg_blocks - first, GROUP_M)
-    within = seg_t % tiles_per_group
-    s = seg_first + first + within % group_size  # position in the M-block sequence
-    pid_n = within // group_size
-    # Sequence position -> (src, j): own slab first, then peers interleaved block by block.
-    is_own = s < blocks_per_rank
-    r = s - blocks_per_rank
-    j_remote = r // (WORLD - 1) if WORLD > 1 else r
-    step = r % (WORLD - 1) + 1 if WORLD > 1 else 0
-    src = tl.where(is_own, rank, (rank + step) % WORLD)
-    j = tl.where(is_own, s, j_remote)
-    return src, j, pid_n
 
 
 @triton.jit
@@ -129,112 +72,25 @@ def ag_gemm_kernel(
     NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
     K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
-    WARP_SPECIALIZE: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
-    blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
-    num_mblocks = WORLD * blocks_per_rank
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_mblocks * n_tiles
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    out_dtype = c_ptr.dtype.element_ty
     if A_MODE == 2:
         epoch = tl.load(epoch_ptr) + 1  # this launch's epoch (device memory: graph-safe)
         parity = epoch % 2
         flags_base = flags_ptr + parity * flag_parity_stride
+        remote_shift = parity * parity_rows  # remote rows of the odd parity live further down
     else:
         epoch = 0
-        parity = 0
         flags_base = flags_ptr
-
-    for t in range(pid, num_tiles, NUM_PROGS):
-        src, j, pid_n = _tile_coords(t, rank, blocks_per_rank, num_mblocks, n_tiles, WORLD, GROUP_M)
-        offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the source slab
-        row_ok = offs_r < M_loc
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < N
-        flag_idx = src * blocks_per_rank + j
-        # Remote rows of the odd parity live parity_rows further down; own rows only in parity 0.
-        a_row_shift = tl.where(src != rank, parity * parity_rows, 0)
-
-        # Remote tiles of A_WAIT wait piece by piece along K (flag per K_PIECES column piece of the
-        # block): a tile starts as soon as the first piece of its block has landed and the rest
-        # streams in while it computes. Own tiles (and the other modes) run one piece: all of K.
-        waits = (A_MODE == 2) & (src != rank)
-        n_pieces = tl.where(waits, K_PIECES, 1)
-        kt_piece = tl.where(waits, KT_PER_PIECE, k_tiles)
-        seen_min = tl.cast(epoch, tl.int32)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kp in range(0, n_pieces):
-            if waits:
-                piece_flag = flag_idx * K_PIECES + kp
-                if INSTRUMENT:
-                    # Records only at phase changes (a record costs a CTA barrier): a wait that
-                    # will spin closes the compute run so far and gets its own record. ``late`` must
-                    # be the same in every thread (the records hold barriers): a scalar atomic reads
-                    # the flag once and broadcasts it, where a plain load in every thread could
-                    # straddle the flag's arrival and split the CTA (misaligned barriers, a hang).
-                    late = tl.atomic_add(flags_base + piece_flag, 0, sem="relaxed", scope="sys") < epoch
-                    if late:
-                        t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
-                wait_geq(flags_base + piece_flag, epoch, budget, err_ptr, rank, src, piece_flag, kernel_id, SYNC_MODE)
-                if INSTRUMENT:
-                    if late:
-                        t_rec = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
-                if USE_TMA:
-                    fence_tma_after_acquire(SYNC_MODE)
-                if COUNT:
-                    # The flag as this tile saw it just before reading the piece (own slab: the epoch).
-                    seen_min = tl.minimum(seen_min, tl.load(flags_base + piece_flag, volatile=True).to(tl.int32))
-            kt0 = kp * kt_piece
-            kt1 = tl.minimum(kt0 + kt_piece, k_tiles)
-            if USE_TMA:
-                row0 = a_row_shift + src * M_loc + j * BLOCK_M
-                for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
-                    a = a_desc.load([row0, kt * BLOCK_K])
-                    b = b_desc.load([kt * BLOCK_K, pid_n * BLOCK_N])
-                    acc = tl.dot(a, b, acc)
-            else:
-                offs_k = tl.arange(0, BLOCK_K)
-                a_rows = a_ptr + (a_row_shift + src * M_loc + offs_r)[:, None] * stride_am
-                b_cols = b_ptr + offs_n[None, :] * stride_bn
-                for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES):
-                    ks = kt * BLOCK_K + offs_k
-                    k_ok = ks < K
-                    a_mask = row_ok[:, None] & k_ok[None, :]
-                    a_ptrs = a_rows + ks[None, :] * stride_ak
-                    if A_MODE == 1:
-                        a = iris.load(a_ptrs, rank, src, heap_bases, mask=a_mask, other=0.0)
-                    else:
-                        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-                    b = tl.load(b_cols + ks[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                    acc = tl.dot(a, b, acc)
-        if COUNT:
-            if A_MODE == 2:
-                tl.store(seen_ptr + (src * blocks_per_rank + j) * n_tiles + pid_n, seen_min)
-
-        if TMA_STORE:
-            # Asynchronous TMA store (bounds clipped by the descriptor: only whole-slab row blocks
-            # may use it, see launch_ag_gemm), split in EPI_SPLIT column halves to halve the
-            # shared memory it needs beside the load pipeline.
-            row0_c = src * M_loc + j * BLOCK_M
-            if EPI_SPLIT == 2:
-                acc3 = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-                acc_lo, acc_hi = tl.split(acc3)
-                c_desc.store([row0_c, pid_n * BLOCK_N], acc_lo.to(out_dtype))
-                c_desc.store([row0_c, pid_n * BLOCK_N + BLOCK_N // 2], acc_hi.to(out_dtype))
-            else:
-                c_desc.store([row0_c, pid_n * BLOCK_N], acc.to(out_dtype))
-        else:
-            c_rows = src * M_loc + offs_r
-            c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-            tl.store(c_ptrs, acc.to(out_dtype), mask=row_ok[:, None] & col_ok[None, :])
-
-        if COUNT:
-            # Tiles are numbered in C order (global M-block, N-tile) so tests can index them.
-            c_tile = (src * blocks_per_rank + j) * n_tiles + pid_n
-            tl.atomic_add(count_ptr + c_tile, 1)
+        remote_shift = 0
+    t_rec = persistent_gemm(
+        pid, a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, flags_base, heap_bases, err_ptr, count_ptr, seen_ptr,
+        rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+        remote_shift, rank, epoch, budget, kernel_id,
+        ROLE_AG, WORLD, A_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
+        COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE, INSTRUMENT, FLATTEN, False)
     t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:
@@ -261,7 +117,9 @@ class GemmConfig:
       (every remote tile crosses the link once per N-tile: the slow reference design).
 
     ``ce_signal`` picks the flag write after a copy-engine block: "mem" (stream memory operation)
-    or "kernel" (one-program Triton kernel).
+    or "kernel" (one-program Triton kernel). ``flatten`` asks for the engine's flattened tile loop
+    (the next tile's loads overlap this tile's epilogue; ``tile_gemm.flatten_ok`` says when a launch
+    can have it).
     """
 
     block_m: int = 128
@@ -282,7 +140,7 @@ class GemmConfig:
     push_chunk_k: int = 2048
     push_warps: int = 4
     reserve_sms: bool = False
-    warp_specialize: bool = False
+    flatten: bool = True
 
     def tile_label(self) -> str:
         """The GEMM's part of ``label``: tile, pipeline, warps, grouping, loads/stores."""
@@ -290,8 +148,8 @@ class GemmConfig:
         if self.use_tma and self.tma_store:
             tma += f"-st{self.epi_split}"
         gemm = f"{self.block_m}x{self.block_n}x{self.block_k}-s{self.num_stages}-w{self.num_warps}-g{self.group_m}-{tma}"
-        if self.warp_specialize:
-            gemm += "-ws"
+        if self.flatten:
+            gemm += "-fl"
         return gemm
 
     def label(self) -> str:
@@ -310,7 +168,7 @@ class GemmConfig:
 #: Small tiles for Triton's interpreter (CPU): partial tiles appear at the tiny preset's shapes.
 CPU_CONFIG = GemmConfig(block_m=16, block_n=16, block_k=16, group_m=2, num_stages=1, num_warps=4,
                         num_progs=3, use_tma=False, push_progs=2, push_rows=8, push_block_k=16, push_chunk_k=32,
-                        push_warps=4)
+                        push_warps=4, flatten=False)
 
 #: Defaults on a Hopper GPU (the benchmark tries a few others per size).
 GPU_CONFIG = GemmConfig()
@@ -322,13 +180,25 @@ def default_config(device: torch.device) -> GemmConfig:
 
 def config_for_shape(m: int, n: int, k: int, device: torch.device, base: GemmConfig | None = None) -> GemmConfig:
     """``base`` (default: the device's default) with the tile fields of the committed per-shape table
-    (``gemm_table.py``) for a GEMM of ``m`` x ``n`` x ``k`` on a GPU; unchanged on the CPU (the
-    interpreter's small tiles) and for a shape class the table does not hold."""
+    of the device's GPU family (``gemm_table.py``) for a GEMM of ``m`` x ``n`` x ``k`` on a GPU;
+    unchanged on the CPU (the interpreter's small tiles) and for a shape class or GPU the tables do
+    not hold."""
     cfg = base if base is not None else default_config(device)
     if torch.device(device).type != "cuda" or interpreting():
         return cfg
-    fields = gemm_table.tile_fields(m, n, k)
+    fields = gemm_table.tile_fields(m, n, k, gemm_table.device_family(torch.cuda.get_device_name(device)))
     return replace(cfg, **fields) if fields else cfg
+
+
+def table_choice(m: int, n: int, k: int, device: torch.device) -> str:
+    """Where ``config_for_shape``'s tiles come from on ``device``, in words (benchmarks and bundles
+    record it): the family table's entry, or the default and how far it was from cuBLAS."""
+    if torch.device(device).type != "cuda" or interpreting():
+        return "interpreter tiles (CPU_CONFIG)"
+    family = gemm_table.device_family(torch.cuda.get_device_name(device))
+    if gemm_table.tile_fields(m, n, k, family) is not None:
+        return f"{family} table, class {gemm_table.shape_class(m, n, k)}"
+    return gemm_table.DEFAULT_NOTE
 
 
 def tma_available() -> bool:
@@ -444,6 +314,7 @@ def launch_ag_gemm(
         GROUP_M=cfg.group_m, NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=use_tma,
         SYNC_MODE=sync, COUNT=count is not None, TMA_STORE=tma_store, EPI_SPLIT=cfg.epi_split if tma_store else 1,
         K_PIECES=pieces, KT_PER_PIECE=piece_cols(cfg, k) // cfg.block_k if pieces > 1 else triton.cdiv(k, cfg.block_k),
-        INSTRUMENT=trace.instrument_code(records), WARP_SPECIALIZE=cfg.warp_specialize and use_tma,
+        INSTRUMENT=trace.instrument_code(records),
+        FLATTEN=cfg.flatten and flatten_ok(pieces, bool(trace.instrument_code(records)), use_tma),
         num_warps=cfg.num_warps,
     )

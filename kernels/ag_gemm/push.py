@@ -20,7 +20,7 @@ Design decisions (why):
   ``st.epoch``, counts the same iterations as the GEMM's device epoch as long as nothing is
   captured).
 - Each rank sends to ``rank - 1`` first, the peer whose GEMM consumes this rank's blocks first
-  (``_tile_coords``). The GEMM's in-kernel records are described in ``gemm_tiles``.
+  (``tile_gemm.tile_coords``). The GEMM's in-kernel records are described in ``gemm_tiles``.
 - Under Triton's interpreter, launches run to completion one after another: the pushes (which never
   wait) finish before this rank's GEMM starts, and the peers' pushes run in the peers' threads or
   processes, so no program ever waits on a later program of its own launch.

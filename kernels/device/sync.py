@@ -23,7 +23,8 @@ at least that epoch, so flags never need a reset between iterations (no host bar
 Device functions (call them from your own ``@triton.jit`` kernels):
     now(MODE) -> int64 timestamp: ns (NVIDIA), 10-ns ticks (AMD), host ns (interpreter)
     wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE) -> ok (int1)
-    signal(flag_ptr, value, from_rank, to_rank, heap_bases)     # release-set on a peer's heap (sys scope)
+    signal(flag_ptr, value, from_rank, to_rank, heap_bases, MODE)  # release-set on a peer's heap (sys scope)
+    cta_barrier(MODE)                                           # __syncthreads that keeps loops pipelined
     signal_add(flag_ptr, value, from_rank, to_rank, heap_bases) # release-add (arrival counters)
     signal_local(flag_ptr, value)                               # release-set on this rank's memory
     fence_tma_after_acquire(MODE)                               # before TMA reads of data a flag guarded
@@ -142,6 +143,23 @@ def now(MODE: tl.constexpr):
 
 
 @triton.jit
+def cta_barrier(MODE: tl.constexpr):
+    """Every thread of the program reaches this point before any goes on, and their memory
+    operations before it are ordered before everything after it (``__syncthreads``).
+
+    On NVIDIA (``MODE`` 1) an explicit ``bar.sync 0``, elsewhere ``tl.debug_barrier``. Why: Triton's
+    software pipeliner (3.6, sm_90) leaves a loop unpipelined when its body holds
+    ``tl.debug_barrier`` (one stage of loads in flight instead of ``num_stages``), and the GEMM
+    engine's flattened tile loop holds the flag waits and releases (kernels/device/tile_gemm.py).
+    The inline assembly has side effects, so neither LLVM nor ptxas moves memory operations across it.
+    """
+    if MODE == 1:
+        tl.inline_asm_elementwise("bar.sync 0;\n mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        tl.debug_barrier()
+
+
+@triton.jit
 def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE: tl.constexpr,
              GPU_SCOPE: tl.constexpr = False):
     """Spin until ``*flag_ptr >= target`` with acquire semantics (system scope, or GPU scope with
@@ -167,7 +185,7 @@ def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_i
     # read again by a scalar atomic (one thread, broadcast to all), which is also the acquire and,
     # its result being used, one that no compiler drops (Triton 3.6 dropped the unused one). Flags
     # only grow, so a flag any thread saw is seen again.
-    tl.debug_barrier()
+    cta_barrier(MODE)
     if GPU_SCOPE:
         seen = tl.atomic_add(flag_ptr, tl.cast(0, flag_ptr.dtype.element_ty), sem="acquire", scope="gpu")
     else:
@@ -187,18 +205,19 @@ def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_i
             tl.store(err_ptr + 6, seen)
             tl.store(err_ptr + 7, waited)
     # Every thread's later reads follow the acquire (issued by one thread).
-    tl.debug_barrier()
+    cta_barrier(MODE)
     return ok
 
 
 @triton.jit
-def signal(flag_ptr, value, from_rank, to_rank, heap_bases):
+def signal(flag_ptr, value, from_rank, to_rank, heap_bases, MODE: tl.constexpr = 0):
     """Release-set ``*flag_ptr`` (a pointer into this rank's heap) on ``to_rank``'s heap to ``value``.
 
     Everything this program stored before (to any rank) is visible to whoever acquires the flag.
+    ``MODE`` (``sync_mode``) picks the CTA barrier (``cta_barrier``).
     """
     # Every thread's stores first (the release below is issued once per program), then release.
-    tl.debug_barrier()
+    cta_barrier(MODE)
     v = tl.cast(value, flag_ptr.dtype.element_ty)
     iris.atomic_xchg(flag_ptr, v, from_rank, to_rank, heap_bases, sem="release", scope="sys")
 

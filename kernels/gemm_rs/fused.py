@@ -34,8 +34,7 @@ import torch
 
 from taxmodel.kernels.device.sync import check_errors
 
-from .tiles import (KERNEL_NAMES, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, own_tiles,
-                    reduce_record_layout)
+from .tiles import (KERNEL_NAMES, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, reduce_record_layout)
 from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
@@ -46,7 +45,7 @@ def prepare(st: GemmRsState) -> None:
         raise ValueError(f"gemm_rs fused: unknown reduce placement {st.cfg.reduce!r} (use 'kernel' or 'tail')")
     heap = symmetric_heap(st, heap_bytes(st.shape, st.world, "fused", st.dtype, st.cfg))
     st.recv = heap.empty((2, st.world, st.m_loc, st.n), st.dtype)
-    st.flags = heap.zeros((own_tiles(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
+    st.flags = heap.zeros((flag_rows(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
     st.epochs = torch.zeros(2, dtype=torch.int32, device=st.out.device)  # [last finished epoch, done counter]
     st.cache["heap_bases"] = heap.heap_bases.to(st.out.device)
     _record_buffers(st)

@@ -48,10 +48,7 @@ class RsConfig:
     reduce_warps: int = 4
 
     def label(self) -> str:
-        g = self.gemm
-        tma = "tma" if g.use_tma else "ptr"
-        return (f"{g.block_m}x{g.block_n}x{g.block_k}-s{g.num_stages}-w{g.num_warps}-g{g.group_m}-{tma}"
-                f"-{self.reduce}-r{self.reduce_rows}")
+        return f"{self.gemm.tile_label()}-{self.reduce}-r{self.reduce_rows}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

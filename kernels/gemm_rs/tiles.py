@@ -65,7 +65,6 @@ reduces with ``TAIL_REDUCE``), a reduce program 2 for its own output tile (``gem
 """
 from __future__ import annotations
 
-import iris
 from typing import Any
 
 import torch
@@ -73,7 +72,8 @@ import triton
 import triton.language as tl
 
 from taxmodel.kernels.device import trace
-from taxmodel.kernels.device.sync import interpreting, signal, wait_geq
+from taxmodel.kernels.device.sync import interpreting, wait_geq
+from taxmodel.kernels.device.tile_gemm import ROLE_RS, flatten_ok, persistent_gemm
 from taxmodel.kernels.ag_gemm.gemm_tiles import (GemmConfig, advance_epoch, cached_descriptor, num_programs, tile_counts,
                                                  tma_available)
 from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
@@ -82,61 +82,6 @@ from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 GEMM_KERNEL_ID = 1
 REDUCE_KERNEL_ID = 2
 KERNEL_NAMES = {GEMM_KERNEL_ID: GEMM_RS_KERNEL, REDUCE_KERNEL_ID: RS_REDUCE_KERNEL}
-
-
-@triton.jit
-def _rs_tile_coords(t, rank, blocks_per_rank, n_tiles, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile number ``t`` -> (owner rank, block within the owner's slab, N-tile index)."""
-    # Two segments, each grouped on its own so that no group mixes peers' and own tiles.
-    peer_blocks = (WORLD - 1) * blocks_per_rank
-    in_peer = t < peer_blocks * n_tiles
-    base = tl.where(in_peer, 0, peer_blocks)
-    seg_blocks = tl.where(in_peer, peer_blocks, blocks_per_rank)
-    tt = t - base * n_tiles
-    tiles_per_group = GROUP_M * n_tiles
-    first = (tt // tiles_per_group) * GROUP_M
-    group_size = tl.minimum(seg_blocks - first, GROUP_M)
-    within = tt % tiles_per_group
-    s = base + first + within % group_size  # position in the M-block sequence
-    pid_n = within // group_size
-    if WORLD > 1:
-        # Positions -> (owner, j): peers interleaved block by block (rank+1 first), own slab last.
-        owner = tl.where(in_peer, (rank + s % (WORLD - 1) + 1) % WORLD, rank)
-        j = tl.where(in_peer, s // (WORLD - 1), s - peer_blocks)
-    else:
-        owner = rank + 0 * s
-        j = s
-    return owner, j, pid_n
-
-
-@triton.jit
-def tile_product(a_ptr, b_ptr, a_desc, b_desc, rows, row_ok, offs_n, col_ok, row0, col0, K,
-                 stride_am, stride_ak, stride_bk, stride_bn,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr):
-    """fp32 accumulator of A[rows, :K] @ B[:K, offs_n] (TMA descriptors or masked pointer loads).
-
-    With TMA, rows ``row0 .. row0 + BLOCK_M`` are loaded whole (rows past a slab's end are computed
-    and then masked by the caller's store); pointer loads mask rows, columns and K.
-    """
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    if USE_TMA:
-        for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-            a = a_desc.load([row0, kt * BLOCK_K])
-            b = b_desc.load([kt * BLOCK_K, col0])
-            acc = tl.dot(a, b, acc)
-    else:
-        offs_k = tl.arange(0, BLOCK_K)
-        a_rows = a_ptr + rows[:, None] * stride_am
-        b_cols = b_ptr + offs_n[None, :] * stride_bn
-        for kt in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-            ks = kt * BLOCK_K + offs_k
-            k_ok = ks < K
-            a = tl.load(a_rows + ks[None, :] * stride_ak, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_cols + ks[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
-    return acc
 
 
 @triton.jit
@@ -199,43 +144,22 @@ def gemm_rs_kernel(
     WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     VEC_HINT: tl.constexpr, TAIL_REDUCE: tl.constexpr, ROWS: tl.constexpr, SYNC_MODE: tl.constexpr,
-    COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False,
+    COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records (kernels/device/trace.py); nothing when off
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    num_tiles = WORLD * blocks_per_rank * n_tiles
-    out_dtype = recv_ptr.dtype.element_ty
     epoch = tl.load(epoch_ptr) + 1  # published by the previous iteration's GEMM (advance_epoch below)
     recv = _epoch_half(recv_ptr, epoch, M_loc, N, WORLD)
     mine = recv + rank * M_loc * N  # this source's slot (same offset in every owner's heap)
 
-    for t in range(pid, num_tiles, NUM_PROGS):
-        owner, j, pid_n = _rs_tile_coords(t, rank, blocks_per_rank, n_tiles, WORLD, GROUP_M)
-        offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the owner's slab
-        row_ok = offs_r < M_loc
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < N
-        acc = tile_product(a_ptr, b_ptr, a_desc, b_desc, owner * M_loc + offs_r, row_ok, offs_n, col_ok,
-                           owner * M_loc + j * BLOCK_M, pid_n * BLOCK_N, K, stride_am, stride_ak, stride_bk,
-                           stride_bn, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, USE_TMA)
-        t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
-        dst = mine + offs_r[:, None] * N + offs_n[None, :]
-        mask = row_ok[:, None] & col_ok[None, :]
-        val = acc.to(out_dtype)
-        if owner == rank:
-            tl.store(dst, val, mask=mask)
-        elif VEC_HINT:
-            # Contiguity hint on the translated pointer: 16-byte vector stores over the link.
-            iris.store(dst, val, rank, owner, heap_bases, mask=mask, hint=(1, 16))
-        else:
-            iris.store(dst, val, rank, owner, heap_bases, mask=mask)
-        tile = j * n_tiles + pid_n
-        signal(flags_ptr + tile * WORLD + rank, epoch, rank, owner, heap_bases)
-        # A peer's tile: moving it out is communication only; an own tile's store is the epilogue.
-        t_rec = trace.mark(rec_ptr, pid, tl.where(owner == rank, trace.COMPUTE, trace.STORE_PUSH), t_rec,
-                            INSTRUMENT, SYNC_MODE)
+    t_rec = persistent_gemm(
+        pid, a_ptr, b_ptr, mine, a_desc, b_desc, err_ptr, flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
+        rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, N, 1,
+        0, rank, epoch, budget, 1,
+        ROLE_RS, WORLD, 0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
+        False, False, 1, 1, 1, INSTRUMENT, FLATTEN, VEC_HINT)
 
     if TAIL_REDUCE:
         for tile in range(pid, blocks_per_rank * n_tiles, NUM_PROGS):
@@ -269,9 +193,15 @@ def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr,
 
 
 def own_tiles(m_loc: int, n: int, cfg: GemmConfig) -> int:
-    """Output tiles of one rank's rows of C (the flags and the reduce grid count these)."""
+    """Output tiles of one rank's rows of C (the reduce grid counts these)."""
     bpr, n_tiles = tile_counts(m_loc, n, 1, cfg)
     return bpr * n_tiles
+
+
+def flag_rows(m_loc: int, n: int, cfg: GemmConfig) -> int:
+    """Rows of the flags array ([rows, world] int32 on the heap): one per own output tile, plus the
+    scratch row that takes the release of each program's flags (kernels/device/tile_gemm.py)."""
+    return own_tiles(m_loc, n, cfg) + 1
 
 
 def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, tail: bool,
@@ -346,7 +276,8 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
               NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
-              INSTRUMENT=trace.instrument_code(records), num_warps=cfg.num_warps)
+              INSTRUMENT=trace.instrument_code(records),
+              FLATTEN=cfg.flatten and flatten_ok(1, bool(trace.instrument_code(records)), tma), num_warps=cfg.num_warps)
     if warmup_only:
         gemm_rs_kernel.warmup(*args, grid=(progs,), **kw)
     else:

@@ -53,6 +53,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         raise ValueError("no link measurement (collectives, peer copies or peer loads): calibrate with --world-size 2 or more")
     spec = {
         "name": name,
+        "key": f"{preset.key}-calibrated" if preset is not None and preset.key else "",
         "vendor": vendor or (preset.vendor if preset is not None else "nvidia"),
         "source": "calibrated",
         "aliases": aliases,

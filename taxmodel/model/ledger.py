@@ -514,6 +514,7 @@ def rank_ledger(rank_events: RankEvents, plan: LedgerPlan) -> RankLedger:
         "pos": gpu_pos[in_win], "name": gpu["name"].to_numpy(object)[in_win],
         "op": gpu["op"].to_numpy(object)[in_win] if "op" in gpu.columns else np.full(int(in_win.sum()), "", dtype=object),
         "role": gpu["role"].to_numpy(object)[in_win], "kind": gpu["kind"].to_numpy(object)[in_win], "d": d[in_win],
+        "replayed": gpu["graph_id"].to_numpy(np.int64)[in_win] >= 0,
         "useful": shares["useful"][in_win], "locality": shares["locality_tax"][in_win],
         "wait_before": _launch_tax_before(pieces, gpu, g_start, ranks, nr)[in_win],
         "floor_ns": kc.floor_ns[in_win] if kc is not None else np.full(int(in_win.sum()), np.nan),
@@ -999,6 +1000,11 @@ def _add_caveats(caveats, hw, cost, parts, clock, ranks, unknown_gaps, kc=None, 
     elif hw is not None and hw.source == "datasheet":
         caveats.append(f"hardware: {hw.name} datasheet peaks; 'useful' is measured against numbers real kernels rarely "
                        "reach (run `taxmodel calibrate` and pass --hardware FILE for measured ones)")
+        if hw.estimated:
+            caveats.append(f"hardware: {hw.name}'s {', '.join(hw.estimated)} are estimates, not data-sheet numbers "
+                           f"(their basis: `taxmodel hardware {hw.key or hw.name}`)")
+    elif hw is not None and hw.source == "estimated":
+        caveats.append(f"hardware: {hw.label}: {hw.notes}")
     elif hw is not None and hw.source != "calibrated":
         caveats.append(f"hardware: {hw.name} numbers are {hw.source}, not measured on this machine")
     if not cost and kc is not None and kc.use_floors:

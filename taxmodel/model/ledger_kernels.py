@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.model.hardware import HardwareSpec
-from taxmodel.model.kernel_costs import BASIS_LAUNCH_GRID, NO_COST, copy_bytes, kernel_floors
+from taxmodel.model.kernel_costs import BASIS_EAGER_STEP, BASIS_LAUNCH_GRID, NO_COST, copy_bytes, kernel_floors
 
 #: how a bundle's locality tax was obtained
 LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated", "not measured"
@@ -24,6 +24,8 @@ LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated"
 HEAVY_PROFILER_OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_flops")
 #: a kernel counts as faster than its floor below this fraction of it (timer granularity aside)
 FASTER_THAN_FLOOR = 0.98
+#: a copy from or to pageable host memory, as Kineto and Nsight Systems name it ("Memcpy HtoD (Pageable -> Device)")
+PAGEABLE = r"^Mem(?:cpy|set)\b.*\bPageable\b"
 
 
 @dataclass
@@ -170,6 +172,15 @@ def kernel_caveats(table: pd.DataFrame, kc: KernelCosts | None, gpu: pd.DataFram
                    f"{int(grid['launches'].sum())} tensor-list kernel launch(es) (foreach / fused optimizer) whose op recorded "
                    "no shapes or that replayed from a CUDA graph; each CTA of PyTorch's multi_tensor_apply does one "
                    "65,536-element chunk, so the floor is a lower bound (docs/ledger.md 5a)")
+    replay = replay_caveat(gpu, kc, d, in_window, meta)
+    if replay:
+        out.append(replay)
+    pageable = table[table["name"].str.contains(PAGEABLE, regex=True) & table["costed"]]
+    if len(pageable) and total > 0:
+        out.append(f"pageable host copies: {pageable['time_ns'].sum() / total * 100:.1f}% of GPU time in "
+                   f"{int(pageable['launches'].sum())} copies from or to pageable memory, floored at the host link's rate; "
+                   "pageable memory stages through a driver buffer and cannot reach it: pin the host buffers "
+                   "(pin_memory=True, cudaHostAlloc) to approach the floor and overlap the copies with compute")
     prof = ((meta.get("capture") or {}).get("profiler") or {})
     if prof and not prof.get("record_shapes") and not table["costed"][table["role"] != "comm"].any():
         out.append("the trace has no input shapes: no kernel could be costed (useful is 0). Capture again with "
@@ -187,6 +198,33 @@ def kernel_caveats(table: pd.DataFrame, kc: KernelCosts | None, gpu: pd.DataFram
                    f"their time; the peaks used are beaten, inputs were already in L2, or the op's cost is over-counted): "
                    f"{text}")
     return out
+
+
+def replay_caveat(rows: pd.DataFrame, kc: KernelCosts, d: np.ndarray, in_window: np.ndarray,
+                  meta: Mapping[str, Any]) -> str | None:
+    """How much of the CUDA-graph replays' kernel time has a floor, by where its work came from
+    (the eager step's shapes, the launch grid), and how much has none, with the match rate of the
+    replayed kernels against an eager step (``meta["graph_shapes"]``, trace/replay_shapes.py)."""
+    if "replayed" not in rows.columns:
+        return None
+    sel = in_window & rows["replayed"].to_numpy(bool) & (rows["kind"].to_numpy(object) == "kernel") \
+        & (rows["role"].to_numpy(object) != "comm")
+    total, all_gpu = float(d[sel].sum()), float(d[in_window].sum())
+    if total <= 0:
+        return None
+    basis = kc.floors["basis"].to_numpy(object)[sel]
+    costed = np.isfinite(kc.floor_ns[sel])
+    t = d[sel]
+    share = {b: float(t[costed & (basis == b)].sum()) / total * 100 for b in (BASIS_EAGER_STEP, BASIS_LAUNCH_GRID)}
+    none = float(t[~costed].sum()) / total * 100
+    reasons = pd.Series(t[~costed]).groupby(kc.floors["reason"].to_numpy(object)[sel][~costed]).sum().sort_values(ascending=False)
+    top = "; ".join(f"{r} ({v / total * 100:.1f}%)" for r, v in reasons.head(2).items())
+    g = meta.get("graph_shapes") if isinstance(meta.get("graph_shapes"), Mapping) else {}
+    rate = (f"; {g.get('matched', 0)} of {g.get('replayed_kernels', 0)} replayed kernels were matched to an eager step "
+            f"({g.get('eager_steps')})" if g.get("replayed_kernels") else "")
+    return (f"CUDA-graph replays: {total / all_gpu * 100:.1f}% of GPU time is replayed kernels; of it "
+            f"{share[BASIS_EAGER_STEP]:.1f}% is floored from the shapes of the eager step, {share[BASIS_LAUNCH_GRID]:.1f}% "
+            f"from launch grids, {none:.1f}% has no floor{': ' + top if top else ''}{rate} (docs/ledger.md 5a)")
 
 
 def timer_resolution_ns(d: np.ndarray) -> float:

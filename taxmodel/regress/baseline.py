@@ -1,7 +1,11 @@
 """Updating a baseline directory: never silently, always whole, always logged.
 
 ``plan_update`` says, per row, what would change (old vs new latency and taxes); the CLI prints
-it and asks for confirmation. ``apply_update`` then builds the new directory as a temporary
+it and asks for confirmation, all of it inside ``update_lock`` (one update of a baseline
+directory at a time: two at once would each start from the same old directory, and the second
+rename would drop the first one's row and log line). A baseline directory that a killed update
+left aside between its two renames is put back before anything is read, so the next update
+replaces (and logs) the old rows instead of "adding" them. ``apply_update`` then builds the new directory as a temporary
 sibling (the old baselines that stay, the candidate bundles under canonical names, the log
 with one more line) and swaps it into place with one rename, so a reader sees either the old
 baselines or the new ones, never a mixture. The log (``baseline-log.jsonl`` inside the
@@ -26,10 +30,11 @@ import pandas as pd
 
 from taxmodel.version import __version__
 from taxmodel.errors import InputError
-from taxmodel.fsutil import describe, make_temp_dir
+from taxmodel.fsutil import describe, directory_lock, make_temp_dir, recover_dir
 from taxmodel.model.categories import TAXES
-from taxmodel.regress.config import LATENCY
+from taxmodel.regress.config import LATENCY, resolve_config
 from taxmodel.regress.samples import RowKey, RowSamples, describe_meta, load_side
+from taxmodel.regress.stats import shortfall
 from taxmodel.trace.bundle import load_bundle, replace_dir, write_bundle  # one atomic swap, shared with bundles
 
 LOG_NAME = "baseline-log.jsonl"
@@ -50,21 +55,40 @@ class UpdatePlan:
         return bool((self.changes["action"] != "keep").any())
 
 
+def update_lock(baseline_dir: str | Path, wait_s: float | None = None):
+    """The lock to hold from ``plan_update`` to ``apply_update`` (``fsutil.directory_lock``)."""
+    return directory_lock(baseline_dir, "baseline update", wait_s)
+
+
 def plan_update(candidate: str | Path, baseline_dir: str | Path,
-                ledger_fn: Callable[[Any], Any] | None = None) -> UpdatePlan:
-    """What ``apply_update`` would do: every candidate row added or replaced, the others kept."""
+                ledger_fn: Callable[[Any], Any] | None = None, *, pool: bool = False) -> UpdatePlan:
+    """What ``apply_update`` would do: every candidate row added or replaced, the others kept.
+
+    InputError when a candidate row is too thin to gate (``stats.shortfall`` under the config
+    that ``compare`` will read for this baseline), or has several bundles without ``pool``."""
     baseline_dir = Path(baseline_dir)
+    recover_dir(baseline_dir)  # a killed update's old directory goes back first
+    if baseline_dir.is_symlink():  # the swap would replace the link, not the directory it points to
+        raise InputError(f"{baseline_dir}: is a symbolic link; pass the directory it points to "
+                         f"({os.path.realpath(baseline_dir)}) as --baseline")
     if baseline_dir.exists() and not baseline_dir.is_dir():
         raise InputError(f"{baseline_dir}: --baseline must be a directory of bundles")
     if (baseline_dir / "meta.json").exists():
         raise InputError(f"{baseline_dir}: is a bundle itself; --baseline must be the directory that holds the "
                          "baseline bundles (e.g. profiles/h200)")
-    new = load_side(candidate, "candidate", ledger_fn)
+    new = load_side(candidate, "candidate", ledger_fn, pool=pool)
+    cfg = resolve_config(baseline_dir)
+    for row in new.values():
+        short = shortfall(len(row.table), cfg.statistics)
+        if short:
+            raise InputError(f"candidate {row.key.label}: {short} (min_samples from {cfg.source}); a baseline this thin "
+                             "could never judge a comparison: profile more iterations (--iterations) or repetitions "
+                             "(--repeat) and update with that capture")
     for row in new.values():  # before the plan is shown and confirmed
         for p in row.paths:
             check_plain_tree(Path(p))
     has_old = baseline_dir.is_dir() and any(baseline_dir.rglob("meta.json"))
-    old = load_side(baseline_dir, "baseline", ledger_fn) if has_old else {}
+    old = load_side(baseline_dir, "baseline", ledger_fn, pool=True) if has_old else {}
     lines, warnings = [], []
     for key in list(new) + [k for k in old if k not in new]:
         line: dict[str, Any] = {"row": key.label, "action": "keep" if key not in new else "replace" if key in old else "add"}

@@ -18,7 +18,8 @@ import pandas as pd
 from taxmodel.errors import InputError
 from taxmodel.regress.config import LATENCY, RegressConfig, resolve_config
 from taxmodel.regress.samples import METRICS, RowKey, RowSamples, describe_meta, load_side, metric_kind
-from taxmodel.regress.stats import IMPROVED, REGRESSED, UNCHANGED, Side, compare_sides, row_verdict
+from taxmodel.regress.stats import (IMPROVED, REGRESSED, UNCHANGED, Side, TooFewSamples, compare_sides, row_verdict,
+                                   shortfall)
 
 EXIT_OK, EXIT_REGRESSED, EXIT_CANNOT_COMPARE = 0, 1, 2
 
@@ -62,15 +63,17 @@ class CompareResult:
 
 
 def compare_paths(baseline: str | Path, candidate: str | Path, config: str | Path | RegressConfig | None = None,
-                  allow_missing: bool = False, ledger_fn: Callable[[Any], Any] | None = None) -> CompareResult:
+                  allow_missing: bool = False, ledger_fn: Callable[[Any], Any] | None = None,
+                  pool: bool = False) -> CompareResult:
     """Load both sides (bundles or directories of bundles) and compare them row by row.
 
     The config is ``config`` (a RegressConfig or a path), else ``regress.toml`` found beside
-    BASELINE, else the defaults.
+    BASELINE (``config.find_config``), else the defaults. Several candidate bundles of one row
+    are refused unless ``pool`` (``samples.load_side``).
     """
     cfg = config if isinstance(config, RegressConfig) else resolve_config(baseline, config)
-    base = load_side(baseline, "baseline", ledger_fn)
-    cand = load_side(candidate, "candidate", ledger_fn)
+    base = load_side(baseline, "baseline", ledger_fn, pool=True)  # baselines are curated: pooled ones are logged
+    cand = load_side(candidate, "candidate", ledger_fn, pool=pool)
     return compare_rows(base, cand, cfg, str(baseline), str(candidate), allow_missing)
 
 
@@ -82,6 +85,7 @@ def compare_rows(base: dict[RowKey, RowSamples], cand: dict[RowKey, RowSamples],
     if not common:
         raise MismatchError(_nothing_in_common(base, cand))
     check_setups(base, cand, common)
+    check_samples(base, cand, common, cfg)
     missing = [{"row": k.label, "only_in": "baseline", "paths": base[k].paths} for k in base if k not in cand]
     missing += [{"row": k.label, "only_in": "candidate", "paths": cand[k].paths} for k in cand if k not in base]
     thresholds = [cfg.threshold(m) for m in METRICS]
@@ -116,9 +120,6 @@ def compare_rows(base: dict[RowKey, RowSamples], cand: dict[RowKey, RowSamples],
             "unit_baseline": side_b.unit, "unit_candidate": side_c.unit,
             "repetitions_baseline": side_b.n_repetitions, "repetitions_candidate": side_c.n_repetitions,
         })
-        note = next((ch.note for ch in changes if ch.note.startswith(("too few", "no iterations"))), "")
-        if note:
-            caveats.append(f"{key.label}: {note}")
     caveats += _software_differences(base, cand, common)
     return CompareResult(pd.DataFrame(metric_lines), pd.DataFrame(row_lines), missing, _unique(caveats), cfg,
                          baseline_name, candidate_name, allow_missing,
@@ -126,13 +127,38 @@ def compare_rows(base: dict[RowKey, RowSamples], cand: dict[RowKey, RowSamples],
                                 "candidate": describe_meta(cand[common[0]].metas[0])})
 
 
+def check_samples(base: dict[RowKey, RowSamples], cand: dict[RowKey, RowSamples], common: list[RowKey],
+                  cfg: RegressConfig) -> None:
+    """TooFewSamples (exit 2, one line naming every such row) when a side of a common row is too
+    thin to judge (``stats.shortfall``): a gate that cannot judge says so instead of passing."""
+    problems = []
+    for key in common:
+        for side, rows in (("baseline", base), ("candidate", cand)):
+            short = shortfall(len(rows[key].table), cfg.statistics)
+            if short:
+                problems.append(f"{key.label}: the {side} has {short}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise TooFewSamples("cannot judge, too few samples: " + "; ".join(problems[:5]) + more +
+                            f" (min_samples from {cfg.source}). Profile more iterations (--iterations) or repetitions "
+                            "(--repeat); for the baseline, `taxmodel baseline update` with such a capture")
+
+
 def check_setups(base: dict[RowKey, RowSamples], cand: dict[RowKey, RowSamples], common: list[RowKey]) -> None:
     """Raise MismatchError naming every field that differs between the sides of a common row."""
     problems = []
     for key in common:
-        for fieldname in ("schema_version", "device", "world_size", "launches"):
+        for fieldname in ("schema_version", "device", "world_size", "launches", "ranks"):
             left = {describe_meta(m)[fieldname] for m in base[key].metas}
             right = {describe_meta(m)[fieldname] for m in cand[key].metas}
+            if fieldname == "ranks" and len(left) == 1 and len(right) == 1 and left != right:
+                lacks = sorted(set(_ranks(left)) - set(_ranks(right)))
+                extra = sorted(set(_ranks(right)) - set(_ranks(left)))
+                what = (f"the candidate lacks rank(s) {_rank_list(lacks)} that the baseline has (a capture of some "
+                        "ranks only, e.g. imported with --allow-missing-ranks)" if lacks else
+                        f"the candidate has rank(s) {_rank_list(extra)} that the baseline lacks")
+                problems.append(f"{key.label}: {what}")
+                continue
             if len(left) > 1 or len(right) > 1:
                 side = "baseline" if len(left) > 1 else "candidate"
                 problems.append(f"{key.label}: the {side} bundles disagree on {fieldname} ({_fmt(left if side == 'baseline' else right)})")
@@ -162,6 +188,14 @@ def _software_differences(base: dict[RowKey, RowSamples], cand: dict[RowKey, Row
             for name in sorted(set(sb) | set(sc)) if sb.get(name) != sc.get(name)]
 
 
+def _ranks(values: set) -> list[int]:
+    return [int(r) for r in next(iter(values)).split(",") if r]
+
+
+def _rank_list(ranks: list[int]) -> str:
+    return ", ".join(str(r) for r in ranks[:16]) + (", ..." if len(ranks) > 16 else "")
+
+
 def _fmt(values: set) -> str:
     return " / ".join(sorted(str(v) for v in values))
 
@@ -170,5 +204,5 @@ def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-__all__ = ["CompareResult", "MismatchError", "compare_paths", "compare_rows", "check_setups",
+__all__ = ["CompareResult", "MismatchError", "TooFewSamples", "compare_paths", "compare_rows", "check_setups",
            "EXIT_OK", "EXIT_REGRESSED", "EXIT_CANNOT_COMPARE", "IMPROVED", "REGRESSED", "UNCHANGED"]

@@ -2,9 +2,11 @@
 
 The file lives next to the baselines (``profiles/regress.toml`` for baselines under
 ``profiles/<dir>``) so that the people who own a baseline also own what counts as a regression
-of it. ``find_config`` looks in BASELINE and then in each parent directory, stopping at the
-project root (a directory holding ``.git`` or ``pyproject.toml``); without a file the built-in
-``DEFAULTS`` below apply. ``profiles/regress.toml`` spells the same defaults out with their
+of it. ``find_config`` looks in BASELINE and then in each parent directory up to the project
+root (a directory holding ``.git`` or ``pyproject.toml``) that holds BASELINE; outside any
+project only in BASELINE itself, so that a ``regress.toml`` someone left in ``/tmp`` or a home
+directory never decides a comparison. Without a file the built-in ``DEFAULTS`` below apply.
+Every comparison says which applied (``RegressConfig.source``). ``profiles/regress.toml`` spells the same defaults out with their
 justification, and a test keeps the two equal.
 
 TOML is read with ``tomllib`` (standard library from Python 3.11) or, on 3.10, ``tomli`` when
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError, UnavailableError
+from taxmodel.limits import read_small_text
 from taxmodel.model.categories import CATEGORIES, PARENT
 
 CONFIG_NAME = "regress.toml"
@@ -161,18 +164,24 @@ def load_config(path: str | Path) -> RegressConfig:
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: no such config file (pass --config with a regress.toml, or omit it for the defaults)")
-    text = path.read_text()
+    text = read_small_text(path, "thresholds file")
     if path.suffix == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}: not valid JSON ({exc})") from exc
+        except RecursionError as exc:
+            raise InputError(f"{path}: nested too deeply to be a thresholds file") from exc
     else:
         toml = _toml_module()
         try:
             data = toml.loads(text)
         except toml.TOMLDecodeError as exc:
             raise InputError(f"{path}: not valid TOML ({exc})") from exc
+        except RecursionError as exc:
+            raise InputError(f"{path}: nested too deeply to be a thresholds file") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a table of settings")
     return config_from_dict(data, source=str(path))
 
 
@@ -188,18 +197,21 @@ def _toml_module():
     return tomllib
 
 
-def find_config(baseline: str | Path) -> Path | None:
-    """``regress.toml`` in BASELINE's directory or the nearest parent up to the project root."""
+def config_places(baseline: str | Path) -> list[Path]:
+    """Where ``regress.toml`` may be for BASELINE, nearest first: BASELINE (an archive: its
+    directory) and each parent up to the project root holding it; outside a project, BASELINE
+    alone (see the module docstring)."""
     here = Path(baseline).resolve()
     if not here.is_dir():
         here = here.parent
-    for d in (here, *here.parents):
-        candidate = d / CONFIG_NAME
-        if candidate.is_file():
-            return candidate
-        if (d / ".git").exists() or (d / "pyproject.toml").exists():
-            return None
-    return None
+    chain = [here, *here.parents]
+    root = next((i for i, d in enumerate(chain) if (d / ".git").exists() or (d / "pyproject.toml").exists()), None)
+    return chain[:root + 1] if root is not None else chain[:1]
+
+
+def find_config(baseline: str | Path) -> Path | None:
+    """The nearest ``regress.toml`` of ``config_places``, else None."""
+    return next((d / CONFIG_NAME for d in config_places(baseline) if (d / CONFIG_NAME).is_file()), None)
 
 
 def resolve_config(baseline: str | Path, config: str | Path | None = None) -> RegressConfig:
@@ -207,4 +219,10 @@ def resolve_config(baseline: str | Path, config: str | Path | None = None) -> Re
     if config is not None:
         return load_config(config)
     found = find_config(baseline)
-    return load_config(found) if found else default_config()
+    if found:
+        return load_config(found)
+    cfg = default_config()
+    places = config_places(baseline)
+    cfg.source = (f"built-in defaults (no {CONFIG_NAME} in {places[0]}" +
+                  (f" or above it up to {places[-1]})" if len(places) > 1 else ", which is in no project)"))
+    return cfg

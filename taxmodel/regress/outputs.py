@@ -14,7 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from taxmodel.fsutil import atomic_write
+from taxmodel import safetext
+from taxmodel.fsutil import atomic_write, check_not_input, check_output_file
 from taxmodel.regress.compare import CompareResult
 from taxmodel.regress.stats import IMPROVED, REGRESSED, UNCHANGED
 
@@ -97,21 +98,22 @@ def _counts(result: CompareResult) -> str:
 
 # --- Markdown -------------------------------------------------------------------------------
 
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|")
+_md = safetext.markdown  # text from bundles and paths, literal in a PR comment
+_code = safetext.markdown_code
+_x = safetext.xml  # every string that goes into the JUnit file
 
 
 def markdown_text(result: CompareResult) -> str:
     """A summary for a pull-request comment or ``$GITHUB_STEP_SUMMARY``."""
     setup = result.setup.get("candidate", {})
-    device = f" on {setup['device']}" if setup.get("device") else ""
+    device = f" on {_md(setup['device'])}" if setup.get("device") else ""
     ranks = f", {setup['world_size']} ranks" if setup.get("world_size") else ""
     out = [f"## taxmodel compare: {_MARK.get(result.verdict, result.verdict)}", "",
-           f"Baseline `{result.baseline}` vs candidate `{result.candidate}`{device}{ranks}: {_counts(result)}.", "",
+           f"Baseline {_code(result.baseline)} vs candidate {_code(result.candidate)}{device}{ranks}: {_counts(result)}.", "",
            "| Row | Verdict | Latency baseline → candidate | Change [CI] | Regressed metrics | Improved metrics |",
            "|---|---|---|---|---|---|"]
     for _, r in result.rows.iterrows():
-        out.append(f"| `{_md(r['row'])}` | {_MARK[r['verdict']]} | {us(r['latency_baseline_us'])} → "
+        out.append(f"| {_code(r['row'])} | {_MARK[r['verdict']]} | {us(r['latency_baseline_us'])} → "
                    f"{us(r['latency_candidate_us'])} | {pct(r['latency_rel_change'])} {ci_text(r, 'latency_ci')} | "
                    f"{', '.join(r['regressed']) or '-'} | {', '.join(r['improved']) or '-'} |")
     changed = result.metrics[result.metrics["verdict"] != UNCHANGED]
@@ -119,17 +121,17 @@ def markdown_text(result: CompareResult) -> str:
         out += ["", "### Metrics beyond their thresholds", "",
                 "| Row | Metric | Baseline | Candidate | Change [CI] | Threshold | Verdict |", "|---|---|---|---|---|---|---|"]
         for _, m in changed.iterrows():
-            out.append(f"| `{_md(m['row'])}` | {m['metric']} | {us(m['baseline_us'])} | {us(m['candidate_us'])} | "
+            out.append(f"| {_code(m['row'])} | {m['metric']} | {us(m['baseline_us'])} | {us(m['candidate_us'])} | "
                        f"{_md(change_text(m))} | {threshold_text(m)} | {_MARK[m['verdict']]} |")
     out += ["", "<details><summary>All metrics</summary>", "",
             "| Row | Metric | Baseline | Candidate | Change [CI] | Verdict |", "|---|---|---|---|---|---|"]
     for _, m in result.metrics.iterrows():
-        out.append(f"| `{_md(m['row'])}` | {m['metric']} | {us(m['baseline_us'])} | {us(m['candidate_us'])} | "
-                   f"{_md(change_text(m))} | {m['verdict']}{' (' + m['note'] + ')' if m['note'] else ''} |")
+        out.append(f"| {_code(m['row'])} | {m['metric']} | {us(m['baseline_us'])} | {us(m['candidate_us'])} | "
+                   f"{_md(change_text(m))} | {m['verdict']}{' (' + _md(m['note']) + ')' if m['note'] else ''} |")
     out += ["", "</details>"]
     if result.missing:
         out += ["", "### Rows on one side only", ""]
-        out += [f"- `{_md(m['row'])}`: only in the {m['only_in']}" for m in result.missing]
+        out += [f"- {_code(m['row'])}: only in the {m['only_in']}" for m in result.missing]
         if not result.allow_missing:
             out.append("\nThis makes the comparison incomplete (exit 2); pass `--allow-missing` to accept it, "
                        "or record the new rows with `taxmodel baseline update`.")
@@ -148,13 +150,13 @@ def junit_tree(result: CompareResult) -> ET.ElementTree:
     root = ET.Element("testsuites", name="taxmodel compare")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for row, group in result.metrics.groupby("row", sort=False):
-        suite = ET.SubElement(root, "testsuite", name=f"taxmodel.compare {row}")
+        suite = ET.SubElement(root, "testsuite", name=_x(f"taxmodel.compare {row}"))
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         for _, m in group.iterrows():
-            case = ET.SubElement(suite, "testcase", classname=_classname(m), name=m["metric"], time="0")
+            case = ET.SubElement(suite, "testcase", classname=_x(_classname(m)), name=m["metric"], time="0")
             counts["tests"] += 1
-            detail = (f"{m['metric']} of {row}: {us(m['baseline_us'])} -> {us(m['candidate_us'])}, "
-                      f"{change_text(m)}; threshold {threshold_text(m)}")
+            detail = _x(f"{m['metric']} of {row}: {us(m['baseline_us'])} -> {us(m['candidate_us'])}, "
+                        f"{change_text(m)}; threshold {threshold_text(m)}")
             if m["verdict"] == REGRESSED:
                 counts["failures"] += 1
                 ET.SubElement(case, "failure", type="regression", message=detail).text = detail
@@ -165,9 +167,10 @@ def junit_tree(result: CompareResult) -> ET.ElementTree:
                 ET.SubElement(case, "system-out").text = f"{m['verdict']}: {detail}"
         _set_counts(suite, counts, totals)
     for miss in result.missing:
-        suite = ET.SubElement(root, "testsuite", name=f"taxmodel.compare {miss['row']}")
-        case = ET.SubElement(suite, "testcase", classname=miss["row"].replace("/", "."), name="present on both sides", time="0")
-        message = f"{miss['row']} is only in the {miss['only_in']}"
+        suite = ET.SubElement(root, "testsuite", name=_x(f"taxmodel.compare {miss['row']}"))
+        case = ET.SubElement(suite, "testcase", classname=_x(miss["row"].replace("/", ".")), name="present on both sides",
+                             time="0")
+        message = _x(f"{miss['row']} is only in the {miss['only_in']}")
         counts = {"tests": 1, "failures": 0, "errors": 0, "skipped": 0}
         if result.allow_missing:
             counts["skipped"] = 1
@@ -226,12 +229,12 @@ def json_text(result: CompareResult) -> str:
 def error_outputs(message: str, baseline: str, candidate: str) -> dict[str, str]:
     """Markdown, JUnit and JSON texts saying why the comparison could not run (exit 2), so that a
     CI job summary and test report show the reason instead of nothing."""
-    md = (f"## taxmodel compare: ⚠️ cannot compare\n\nBaseline `{baseline}` vs candidate `{candidate}`:\n\n"
+    md = (f"## taxmodel compare: ⚠️ cannot compare\n\nBaseline {_code(baseline)} vs candidate {_code(candidate)}:\n\n"
           f"> {_md(message)}\n")
     root = ET.Element("testsuites", name="taxmodel compare", tests="1", failures="0", errors="1", skipped="0")
     suite = ET.SubElement(root, "testsuite", name="taxmodel.compare", tests="1", failures="0", errors="1", skipped="0")
     case = ET.SubElement(suite, "testcase", classname="taxmodel.compare", name="inputs can be compared", time="0")
-    ET.SubElement(case, "error", type="cannot-compare", message=message).text = message
+    ET.SubElement(case, "error", type="cannot-compare", message=_x(message)).text = _x(message)
     ET.indent(root)
     junit = ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
     data = {"format": JSON_FORMAT, "version": JSON_VERSION, "verdict": "cannot compare", "exit_code": 2,
@@ -240,6 +243,15 @@ def error_outputs(message: str, baseline: str, candidate: str) -> dict[str, str]
 
 
 # --- files ----------------------------------------------------------------------------------
+
+def check_outputs(outputs: dict[str, str | Path | None], inputs: list[str | Path]) -> None:
+    """Refuse, before any work, outputs that would replace an input (a bundle's meta.json, the
+    config) or another output, or that stand where only a regular file may (``fsutil``)."""
+    given = [(kind, Path(p)) for kind, p in outputs.items() if p]
+    for i, (kind, path) in enumerate(given):
+        check_output_file(path, "comparison output", inputs)
+        check_not_input(path, [p for _, p in given[:i]], "comparison output")
+
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (``fsutil.atomic_write``: a unique temporary sibling

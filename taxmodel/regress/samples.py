@@ -3,7 +3,10 @@
 A *row* is one configuration, keyed by (workload, variant, shape). Its samples are, for every
 (repetition, iteration) of the ledger, the latency (the global iteration window) and every
 category and sub-category, each averaged over ranks as ``Ledger.summary`` does. Several bundles
-of the same row on one side (e.g. two captures) are pooled as independent repetitions.
+of the same row on one side (e.g. two captures) are pooled as independent repetitions only when
+the caller says so (``pool``): in a candidate directory a second bundle of a row is as likely a
+stale copy of an earlier run as a deliberate repetition, and pooling it would widen the interval
+until a regression passes.
 """
 from __future__ import annotations
 
@@ -109,11 +112,13 @@ def bundle_paths(path: str | Path) -> list[Path]:
     return found
 
 
-def load_side(path: str | Path, side: str, ledger_fn: Callable[[Bundle], Any] | None = None) -> dict[RowKey, RowSamples]:
+def load_side(path: str | Path, side: str, ledger_fn: Callable[[Bundle], Any] | None = None, *,
+              pool: bool = False) -> dict[RowKey, RowSamples]:
     """Load every bundle of one side, compute its ledger and group the samples by row.
 
     ``side`` ("baseline" or "candidate") only goes into error messages. ``ledger_fn`` defaults
-    to ``taxmodel.model.ledger.compute_ledger``.
+    to ``taxmodel.model.ledger.compute_ledger``. Without ``pool`` a second bundle of a row is an
+    InputError naming both (see the module docstring); with it they are pooled, with a caveat.
     """
     if ledger_fn is None:
         from taxmodel.model.ledger import compute_ledger as ledger_fn  # imported late: heavy
@@ -128,6 +133,10 @@ def load_side(path: str | Path, side: str, ledger_fn: Callable[[Bundle], Any] | 
         except TaxmodelError as exc:
             raise type(exc)(f"{side} bundle {p}: {exc}") from exc
         key = RowKey.of(bundle.meta)
+        if key in rows and not pool:
+            raise InputError(f"{side}: {len(rows[key].paths) + 1} bundles of {key.label} ({rows[key].paths[0]} and {p}); "
+                             "is one a stale copy of an earlier run? Remove it, or pass --pool to pool them as "
+                             "independent repetitions")
         if key in rows:
             row = rows[key]
             offset = int(row.table["repetition"].max()) + 1
@@ -144,10 +153,13 @@ def load_side(path: str | Path, side: str, ledger_fn: Callable[[Bundle], Any] | 
 def describe_meta(meta: dict[str, Any]) -> dict[str, Any]:
     """The setup fields that must agree between the two sides of a row."""
     hardware = meta.get("hardware") or {}
+    ranks = meta.get("ranks") or []
     return {
         "schema_version": meta.get("schema_version"),
         "device": hardware.get("name") or None,
         "world_size": meta.get("world_size"),
         # CUDA-graph replays and eager launches have different launch taxes by construction
         "launches": "CUDA graph" if (meta.get("capture") or {}).get("graph") else "eager",
+        # the ranks that have events: a capture of some ranks only is not the same measurement
+        "ranks": ",".join(str(int(r)) for r in sorted(ranks)) if isinstance(ranks, list) else str(ranks),
     }

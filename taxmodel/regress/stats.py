@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from taxmodel.errors import InputError
 from taxmodel.regress.config import StatisticsSettings, Threshold
 
 IMPROVED, UNCHANGED, REGRESSED = "improved", "unchanged", "regressed"
@@ -56,6 +57,20 @@ class Side:
     @property
     def unit(self) -> str:
         return "repetition" if self.n_repetitions > 1 else "iteration"
+
+
+class TooFewSamples(InputError):
+    """A side has fewer samples than ``min_samples``: nothing can be judged from it (exit 2)."""
+
+
+def shortfall(n_samples: int, settings: StatisticsSettings) -> str | None:
+    """The one rule for "too few samples", shared by ``compare`` and ``baseline update``: a side
+    with fewer than ``min_samples`` iterations can neither be judged nor gate anything (a
+    1-iteration baseline would pass every candidate; a bootstrap of 1-2 values has no spread,
+    so its interval says nothing about noise). None when there are enough."""
+    if n_samples >= settings.min_samples:
+        return None
+    return f"{n_samples} iteration(s), at least {settings.min_samples} needed"
 
 
 def point_statistic(values: np.ndarray, statistic: str) -> np.ndarray:
@@ -123,13 +138,13 @@ class MetricChange:
 
 def compare_sides(base: Side, cand: Side, thresholds: list[Threshold], window_column: int,
                   settings: StatisticsSettings, rng: np.random.Generator) -> list[MetricChange]:
-    """Compare every metric (column) of two sides; ``window_column`` holds the latency."""
+    """Compare every metric (column) of two sides; ``window_column`` holds the latency.
+    TooFewSamples when either side falls short of ``min_samples`` (``shortfall``)."""
     stat = settings.statistic
-    too_few = min(base.n_samples, cand.n_samples) < settings.min_samples
-    if min(base.n_samples, cand.n_samples) == 0:
-        nan = float("nan")
-        note = f"no iterations to compare ({base.n_samples} baseline, {cand.n_samples} candidate)"
-        return [MetricChange(nan, nan, nan, nan, nan, nan, UNCHANGED, note) for _ in thresholds]
+    for name, side in (("baseline", base), ("candidate", cand)):
+        short = shortfall(side.n_samples, settings)
+        if short:
+            raise TooFewSamples(f"cannot judge: the {name} has {short}; profile more iterations or repetitions")
     pb, pc = point_statistic(base.values, stat), point_statistic(cand.values, stat)
     bb = bootstrap_statistic(base, settings.resamples, rng, stat)
     bc = bootstrap_statistic(cand, settings.resamples, rng, stat)
@@ -143,11 +158,7 @@ def compare_sides(base: Side, cand: Side, thresholds: list[Threshold], window_co
         rel_boot = relative(bc[:, j] - bb[:, j], denom_boot)
         low, high = (float(q) for q in np.quantile(rel_boot, [alpha, 1.0 - alpha]))
         note = ""
-        if too_few:
-            verdict = UNCHANGED
-            note = (f"too few samples to judge ({base.n_samples} baseline, {cand.n_samples} candidate; "
-                    f"need {settings.min_samples}): profile more iterations or repetitions")
-        elif not th.gate:
+        if not th.gate:
             verdict = UNCHANGED
             note = "not gated"
         else:

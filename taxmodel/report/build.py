@@ -13,7 +13,7 @@ from taxmodel.report.document import build_document
 from taxmodel.report.html import render_html
 from taxmodel.report.markdown import render_markdown
 from taxmodel.report.perfetto import write_chrome_trace
-from taxmodel.trace.bundle import Bundle, find_bundles
+from taxmodel.trace.bundle import Bundle, bundle_inputs, find_bundles
 
 FORMATS = ("html", "md")
 
@@ -79,16 +79,6 @@ def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = Non
     return cases
 
 
-def check_not_inside(output: str | os.PathLike, inputs: Iterable[str | os.PathLike]) -> None:
-    """InputError when ``output`` is one of the input bundles (an archive) or inside one: a report
-    written as ``B/meta.json`` would destroy the bundle it describes."""
-    out = Path(output).resolve()
-    for p in map(Path, inputs):
-        p = p.resolve()
-        if out == p or p in out.parents:
-            raise InputError(f"{output}: is inside the input bundle {p}; write outputs outside the bundles they describe")
-
-
 def report_format(output: Path, fmt: str | None) -> str:
     """``--format`` wins; otherwise ``.md``/``.markdown`` outputs are Markdown and everything else HTML."""
     if fmt:
@@ -106,8 +96,8 @@ def write_report(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.Pa
 def write_report_files(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.PathLike,
                        fmt: str | None = None) -> list[Path]:
     """``write_report``, returning every file written: the report, then its figures (Markdown)."""
-    output = check_output_file(output, "report")  # before the work: a device, link or directory is refused
-    check_not_inside(output, [b.path for b, _ in cases if b.path is not None])
+    # before the work: a device, link or directory is refused, and so is a path inside an input bundle
+    output = check_output_file(output, "report", [b.path for b, _ in cases if b.path is not None])
     fmt = report_format(output, fmt)
     doc = build_document(cases)
     figures: list[Path] = []
@@ -118,8 +108,7 @@ def write_report_files(cases: Sequence[tuple[Bundle, LedgerLike]], output: str |
 def export_trace(path: str | os.PathLike, output: str | os.PathLike, *, hardware: str | None = None,
                  lenient: bool = False) -> Path:
     """One bundle's events plus its ledger's tax tracks as a Chrome/Perfetto JSON trace."""
-    check_output_file(output, "trace")
-    check_not_inside(output, [path])
+    check_output_file(output, "trace", bundle_inputs([path]))
     cases = load_cases([path], hardware=hardware, lenient=lenient)
     if len(cases) != 1:
         raise InputError(f"{path}: holds {len(cases)} bundles; export-trace takes exactly one (name it directly)")
@@ -146,7 +135,7 @@ def export_traces(paths: Sequence[str | os.PathLike], output: str | os.PathLike,
                          "directory (one trace per bundle, named after its folder), or name one bundle")
     targets = [out / f"{name}.json" for name in _unique_names(bundles)]
     for t in targets:
-        check_output_file(t, "trace")
+        check_output_file(t, "trace", bundle_inputs(bundles))
     return [export_trace(b, t, hardware=hardware, lenient=lenient) for b, t in zip(bundles, targets)]
 
 

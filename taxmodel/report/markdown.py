@@ -9,18 +9,15 @@ import os
 import re
 from pathlib import Path
 
-from taxmodel.fsutil import atomic_write, make_dirs
+from taxmodel import safetext
+from taxmodel.fsutil import atomic_write, make_dirs, temp_stem
 from taxmodel.report.blocks import Bullets, Document, Figure, Heading, Paragraph, Table, figure_png
 
 
-_ACTIVE = re.compile(r"([\\`*_\[\]<>!|~#&])")
-
-
-def escape_text(text: str) -> str:
-    """Text as it should read, never as Markdown: every line break becomes a space (a name with a
-    newline cannot start a heading or a list) and Markdown's active characters are escaped (a
-    bundle-supplied name cannot become a link, an image fetched from elsewhere, or HTML)."""
-    return _ACTIVE.sub(r"\\\1", " ".join(str(text).split()))
+escape_text = safetext.markdown
+"""Text as it should read, never as Markdown (the one sanitizer of names for Markdown, shared
+with ``taxmodel compare --markdown``): a bundle-supplied name cannot become a link, an image
+fetched from elsewhere, HTML, or a heading."""
 
 
 def _cell(text: str) -> str:
@@ -42,13 +39,15 @@ def _table(t: Table) -> list[str]:
 
 def figure_dir(md_path: Path) -> Path:
     """``report.md`` -> ``report-figures/`` beside it: the report's figures in a folder of its own,
-    not loose in the report's directory (no spaces or odd characters: links need no quoting)."""
-    return md_path.parent / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{md_path.stem}-figures")
+    not loose in the report's directory (no spaces or odd characters: links need no quoting; within
+    NAME_MAX whatever the report's legal name, as ``fsutil.temp_stem`` shortens it)."""
+    return md_path.parent / temp_stem(re.sub(r"[^A-Za-z0-9_.-]", "_", f"{md_path.stem}-figures"))
 
 
 def figure_file_name(md_path: Path, fig: Figure) -> str:
-    """The link to a figure from the report: ``report-figures/<figure>.png``."""
-    return f"{figure_dir(md_path).name}/" + re.sub(r"[^A-Za-z0-9_.-]", "_", f"{fig.name}.png")
+    """The link to a figure from the report: ``report-figures/<figure>.png``, the name shortened
+    like a temporary's (``fsutil.temp_stem``) so that it stays within NAME_MAX whatever the figure's."""
+    return f"{figure_dir(md_path).name}/" + temp_stem(re.sub(r"[^A-Za-z0-9_.-]", "_", fig.name)) + ".png"
 
 
 def render_markdown(doc: Document, md_path: str | os.PathLike, *, dpi: int = 130,

@@ -16,6 +16,7 @@ matplotlib.use("Agg")  # figures are rendered to files, never to a screen
 
 from matplotlib import colors as mcolors  # noqa: E402
 
+from taxmodel import safetext  # noqa: E402
 from taxmodel.model.categories import CATEGORIES, LABELS, PARENT, SUBCATEGORY_ORDER  # noqa: E402
 
 OKABE_ITO: dict[str, str] = {
@@ -130,6 +131,7 @@ def variant_style(variant: str, others: list[str]) -> dict[str, object]:
 
 
 RC_PARAMS: dict[str, object] = {
+    **safetext.MATPLOTLIB_RC,  # names from traces are literal text, never mathtext
     "font.size": 9,
     "axes.titlesize": 10,
     "axes.labelsize": 9,

@@ -80,7 +80,7 @@ def render_ledger(ledger, per_rank: bool = False, wide: bool = False) -> str:
     if kernel_lines:
         lines += [""] + kernel_lines
     hw = ledger.hardware
-    hw_text = "none" if hw is None else hw.label
+    hw_text = "none" if hw is None else hw.shown
     c = ledger.clock
     lines.append("")
     lines.append(f"hardware: {hw_text}; clock alignment: {c.method}, uncertainty {c.uncertainty_ns / 1e3:.1f} us; "

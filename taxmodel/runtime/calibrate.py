@@ -717,7 +717,9 @@ def calibration_command(output: str | os.PathLike, *, only: str | None = None,
                         update: str | os.PathLike | None = None, sizes: str | None = None,
                         device: str = "cuda") -> list[str]:
     """One calibration rank's command line (``launcher.launch_ranks`` starts one per rank)."""
-    cmd = [sys.executable, "-m", "taxmodel.runtime.calibrate", "-o", str(Path(output).resolve())]
+    from taxmodel.runtime.launcher import python_module_command
+
+    cmd = [*python_module_command("taxmodel.runtime.calibrate"), "-o", str(Path(output).resolve())]
     if only:
         cmd += ["--only", str(only)]
     if update:

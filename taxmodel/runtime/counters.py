@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -100,7 +99,7 @@ def counters_pass(req: Any, bundles: list[Path], *, timeout_s: float = 900.0, ke
                   quiet: bool = False) -> CountersOutcome:
     """Run ``req`` (a ProfileRequest) once more under ncu and attach its counters to ``bundles``
     (the timed pass's, in the order it wrote them)."""
-    from taxmodel.runtime.launcher import child_env
+    from taxmodel.runtime.launcher import child_env, worker_command
     from taxmodel.runtime.profile import build_spec
 
     t0 = time.monotonic()
@@ -112,8 +111,7 @@ def counters_pass(req: Any, bundles: list[Path], *, timeout_s: float = 900.0, ke
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         csv = Path(tmp) / "counters.csv"
-        cmd = [ncu, *NCU_OPTIONS, "--metrics", _metrics(), "--log-file", str(csv),
-               sys.executable, "-m", "taxmodel.runtime.worker", "--spec", str(spec_path)]
+        cmd = worker_command(spec_path, wrap=[ncu, *NCU_OPTIONS, "--metrics", _metrics(), "--log-file", str(csv)])
         env = child_env(device, {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"})
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)

@@ -40,6 +40,11 @@ def hardware(device: Any, world: int) -> dict[str, Any]:
         return {"name": p.name, "vendor": "amd" if getattr(torch.version, "hip", None) else "nvidia",
                 "num_sms": int(p.multi_processor_count), "memory_bytes": int(p.total_memory),
                 "gpus_per_rank": 1, "world_size": world}
+    return emulated_hardware()
+
+
+def emulated_hardware() -> dict[str, Any]:
+    """The hardware of a CPU run (kernels emulated on the host)."""
     mem = None
     try:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

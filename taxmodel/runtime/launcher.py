@@ -68,9 +68,23 @@ def rank_env(base: Mapping[str, str], rank: int, world_size: int) -> dict[str, s
             "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", "ROLE_RANK": str(rank)}
 
 
+def python_module_command(module: str) -> list[str]:
+    """``python -m MODULE`` as a rank runs it, without the current directory on ``sys.path``.
+
+    ``python -m`` puts the working directory first on ``sys.path``, so a ``numpy.py`` (any
+    module's name) lying there would run inside every rank instead of the real module. ``-P``
+    (Python 3.11+) leaves it out; on 3.10 the same is done by removing it before anything is
+    imported. A user's workload module is found as the profile command found it: by its .py
+    path or its name on ``sys.path`` (PYTHONPATH)."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", module]
+    return [sys.executable, "-c", "import sys; del sys.path[0]; import runpy; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
+
+
 def worker_command(spec_path: str | os.PathLike, wrap: Sequence[str] = ()) -> list[str]:
     """One rank's command line; ``wrap`` runs it under a tool (``["ncu", "--csv", ...]``)."""
-    return [*wrap, sys.executable, "-m", "taxmodel.runtime.worker", "--spec", str(spec_path)]
+    return [*wrap, *python_module_command("taxmodel.runtime.worker"), "--spec", str(spec_path)]
 
 
 @dataclass

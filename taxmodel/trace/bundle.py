@@ -23,7 +23,8 @@ import pandas as pd
 
 from taxmodel import fsutil
 from taxmodel.fsutil import replace_dir  # the one directory swap (regress/baseline.py imports it from here)
-from taxmodel.errors import BundleError, InputError
+from taxmodel import limits
+from taxmodel.errors import BundleError, InputError, TaxmodelError
 from taxmodel.trace import schema
 from taxmodel.trace.bundle_meta import EXACT_NS, check_meta
 
@@ -51,6 +52,9 @@ META_DEFAULTS: dict[str, Any] = {
     "created": None,  # ISO 8601 date-time of capture or import
     "notes": [],
 }
+RAW_MANIFEST = "raw_files"
+"""meta key listing the files ``write_bundle`` copied into ``raw/``: what a replacement (``--force``)
+may delete there; anything else in ``raw/`` was put there by someone else."""
 
 
 @dataclass
@@ -145,7 +149,34 @@ def prepare_output(path: str | os.PathLike, *, force: bool = False,
                          "which taxmodel did not write; move those away or choose another -o")
     if not force:
         raise InputError(f"{path}: a bundle already exists there; pass --force to replace it, or choose another -o")
+    if RAW_DIR in entries:
+        _check_raw_is_ours(path)
     return True
+
+
+def _check_raw_is_ours(path: Path) -> None:
+    """InputError when the bundle's ``raw/`` holds anything its writer did not put there: the
+    files its meta lists (``RAW_MANIFEST``, or the imported traces' names in ``inputs``); in a
+    bundle written before the manifest, any regular file. Directories, links and special files
+    are never ours."""
+    raw = path / RAW_DIR
+    if fsutil.describe(raw) != "a directory":
+        raise InputError(f"{raw}: is {fsutil.describe(raw)}, which taxmodel did not write; move it away or choose another -o")
+    try:
+        meta = json.loads((path / META_FILE).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        meta = {}
+    meta = meta if isinstance(meta, dict) else {}
+    listed = meta.get(RAW_MANIFEST)
+    inputs = meta.get("inputs") if isinstance(meta.get("inputs"), list) else []
+    names = {str(i.get("file")) for i in inputs if isinstance(i, dict)}
+    if isinstance(listed, list):
+        names |= {str(n) for n in listed}
+    foreign = sorted(e.name for e in os.scandir(raw)
+                     if fsutil.describe(e.path) != "a regular file" or ((listed is not None or names) and e.name not in names))
+    if foreign:
+        raise InputError(f"{raw}: holds {', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}, which taxmodel "
+                         "did not write; move those away or choose another -o (--force replaces only what taxmodel wrote)")
 
 
 def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, Any],
@@ -168,6 +199,10 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
         raise BundleError(f"meta: field 'schema_version' is {meta.get('schema_version')}, this taxmodel writes {schema.SCHEMA_VERSION}")
     if not meta.get("ranks"):
         meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
+    if raw_files:
+        meta[RAW_MANIFEST] = sorted(f.name for f in raw_files)
+    else:
+        meta.pop(RAW_MANIFEST, None)
     check_meta(json.loads(json.dumps(meta, default=_json_default)), "meta")
     fsutil.make_dirs(path.parent, "bundle")
     tmp = fsutil.make_temp_dir(path)
@@ -225,6 +260,11 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(obj).__name__}")
 
 
+META_MAX_BYTES = 256 * 2 ** 20
+"""A meta.json is kilobytes (a 1,024-rank job's, with one input per rank, well under a megabyte);
+one larger than this is not a bundle's (a sparse file of gigabytes would be read whole)."""
+
+
 def load_bundle_meta(path: Path) -> dict[str, Any]:
     """The checked meta.json of a bundle directory (whose events.parquet must exist too), as
     stored (``make_meta`` completes it), its shape in its folder's order (``folder_order``)."""
@@ -233,6 +273,7 @@ def load_bundle_meta(path: Path) -> dict[str, Any]:
         if not p.is_file():
             raise BundleError(f"{path}: not a bundle, {p.name} is missing")
     try:
+        limits.check_size(meta_path, meta_path.stat().st_size, "meta.json", META_MAX_BYTES)
         meta = json.loads(meta_path.read_bytes())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise BundleError(f"{meta_path}: not valid JSON ({exc})") from exc
@@ -249,6 +290,29 @@ def load_bundle_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
+def read_events_file(events_path: Path) -> pd.DataFrame:
+    """``events.parquet`` as a DataFrame, each Arrow column released as soon as it is converted
+    (``self_destruct``), so a large bundle is not held twice while it loads."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(events_path)
+    return table.to_pandas(split_blocks=True, self_destruct=True)
+
+
+def check_parquet_size(events_path: Path) -> None:
+    """InputError when ``events.parquet`` says it unpacks to more than the input budget (its row
+    groups' uncompressed sizes, from the footer): a small file of well-compressed columns can claim
+    billions of rows, which ``read_parquet`` would try to hold."""
+    import pyarrow.parquet as pq
+
+    try:
+        md = pq.ParquetFile(events_path).metadata
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise BundleError(f"{events_path}: cannot be read as parquet ({exc})") from exc
+    limits.check_size(events_path, sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)),
+                      "the events (unpacked)")
+
+
 def load_bundle(path: str | os.PathLike) -> Bundle:
     """Load a bundle directory or archive; raise BundleError naming what is wrong."""
     path = Path(path)
@@ -259,8 +323,9 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
     if not path.is_dir():
         raise InputError(f"{path}: is {fsutil.describe(path)}, not a bundle directory or archive")
     meta, events_path = load_bundle_meta(path), path / EVENTS_FILE
+    check_parquet_size(events_path)
     try:
-        events = schema.add_missing_columns(pd.read_parquet(events_path))
+        events = schema.add_missing_columns(read_events_file(events_path))
     except Exception as exc:  # pyarrow raises several types for damaged files
         raise BundleError(f"{events_path}: cannot be read as parquet ({exc})") from exc
     try:
@@ -286,14 +351,12 @@ def folder_order(shape: Any, folder: str, variant: Any) -> Any:
     return {k: shape[k] for k in keys}
 
 
-MAX_ARCHIVE_MEMBER_BYTES = 16 * 2 ** 30
-"""The largest meta.json or events.parquet an archive may unpack to (a guard against a small
-archive that inflates without end; real bundles of a million kernels are tens of MB)."""
-
-
 def _load_archive(path: Path) -> Bundle:
     """Unpack only the archive's meta.json and events.parquet (raw traces are not needed to
-    load) into a temporary directory, refusing links, devices and paths that leave it."""
+    load) into a temporary directory, refusing links, devices, paths that leave it, and members
+    that together unpack to more than the input budget allows for an archive of this size
+    (``limits.decompressed_cap``: a 2 MB archive does not write gigabytes to the disk). Errors
+    name the archive and the member, never the temporary directory."""
     try:
         tar = tarfile.open(path)
     except tarfile.ReadError as exc:
@@ -309,14 +372,17 @@ def _load_archive(path: Path) -> Bundle:
                     if not m.isfile():
                         raise BundleError(f"{path}: archive member {m.name!r} is not a regular file; "
                                           "pack the bundle again with `tar czf`")
-                    if m.size > MAX_ARCHIVE_MEMBER_BYTES:
-                        raise BundleError(f"{path}: archive member {m.name!r} unpacks to {m.size} bytes, more than "
-                                          f"{MAX_ARCHIVE_MEMBER_BYTES}; this is not a bundle")
+                limits.check_size(path, sum(m.size for m in members), "the bundle inside the archive",
+                                  limits.decompressed_cap(path.stat().st_size))
                 tar.extractall(tmp, members=members, filter="data")
             roots = sorted({(Path(tmp) / m.name).parent for m in members if Path(m.name).name == META_FILE})
             if len(roots) != 1:
                 raise BundleError(f"{path}: archive holds {len(roots)} bundles; expected exactly one")
-            bundle = load_bundle(roots[0])
+            try:
+                bundle = load_bundle(roots[0])
+            except TaxmodelError as exc:  # name the archive's member, not the temporary copy
+                message = str(exc).replace(str(Path(tmp)) + os.sep, f"{path}:").replace(str(Path(tmp)), str(path))
+                raise type(exc)(message) from None
             bundle.events = bundle.events.copy()
             bundle.path = path
             return bundle
@@ -338,6 +404,17 @@ def archive_bundle(bundle_dir: str | os.PathLike, archive: str | os.PathLike) ->
     return archive
 
 
+def bundle_inputs(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """What a command that reads ``paths`` (bundles, archives, directories of bundles) reads:
+    every archive and bundle directory among or below them. Outputs go through
+    ``fsutil.check_output_file(..., inputs=bundle_inputs(...))``: a file may be written beside
+    bundles, never over an archive or inside a bundle."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out += find_bundles(p) if p.is_dir() else [p]
+    return out
+
+
 def find_bundles(root: str | os.PathLike) -> list[Path]:
     """Every bundle directory below ``root`` (``root`` itself if it is one), sorted."""
     root = Path(root)
@@ -352,14 +429,15 @@ def write_events(path: Path, events: pd.DataFrame) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    table = pa.Table.from_pandas(events, preserve_index=False)
     rank = events["rank"].to_numpy()
     cuts = np.r_[0, np.flatnonzero(rank[1:] != rank[:-1]) + 1, len(rank)] if len(rank) else np.zeros(1, np.int64)
-    with pq.ParquetWriter(path, table.schema) as writer:
+    # one rank at a time into Arrow: the whole frame is never held twice
+    schema = pa.Table.from_pandas(events.iloc[:1] if len(events) else events, preserve_index=False).schema
+    with pq.ParquetWriter(path, schema) as writer:
         if len(rank) == 0:
-            writer.write_table(table)
+            writer.write_table(pa.Table.from_pandas(events, schema=schema, preserve_index=False))
         for a, b in zip(cuts[:-1], cuts[1:]):
-            writer.write_table(table.slice(int(a), int(b - a)))
+            writer.write_table(pa.Table.from_pandas(events.iloc[int(a):int(b)], schema=schema, preserve_index=False))
 
 
 def _rank_row_groups(pf: Any) -> dict[int, list[tuple[int, int]]] | None:

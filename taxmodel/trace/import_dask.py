@@ -33,7 +33,8 @@ from taxmodel.trace.dask_run import from_cluster, gather
 def import_bundle_dask(paths: Sequence[str | os.PathLike], output: str | os.PathLike, client: Any, fmt: str = "auto",
                        iteration_pattern: str | None = None, *, keep_raw: bool = True, allow_missing_ranks: bool = False,
                        force: bool = False, world_size: int | None = None,
-                       counters: str | os.PathLike | None = None) -> tuple[Bundle, str]:
+                       counters: str | os.PathLike | None = None,
+                       shapes_from: Sequence[str | os.PathLike] = ()) -> tuple[Bundle, str]:
     """``importers.import_bundle`` with the traces read on ``client``'s workers (``raw/`` holds
     the traces that were imported)."""
     paths = [Path(p) for p in paths]
@@ -50,7 +51,7 @@ def import_bundle_dask(paths: Sequence[str | os.PathLike], output: str | os.Path
 
     return importers.import_bundle([p for p in paths if p not in lost], output, fmt, iteration_pattern, keep_raw=keep_raw,
                                    force=force, allow_missing_ranks=allow_missing_ranks, world_size=world_size,
-                                   counters=counters, read=read)
+                                   counters=counters, shapes_from=shapes_from, read=read)
 
 
 def import_traces_dask(client: Any, paths: Sequence[str | os.PathLike], fmt: str = "auto",

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.trace import schema
+from taxmodel.trace import replay_shapes, schema
 from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
@@ -53,6 +53,9 @@ IMPORTER_MODULES: list[str] = [
     "taxmodel.trace.rocprof_csv",
 ]
 """Importer modules, in the order ``detect_format`` asks them; the first whose ``sniff`` says yes wins."""
+REFUSALS_MODULE = "taxmodel.trace.unsupported"
+"""The profiler outputs recognized but not read (``refusal(path, head)``), asked before the importers;
+loaded like them, by name, since it shares their helpers."""
 
 HEAD_BYTES = 64 * 1024
 
@@ -127,6 +130,7 @@ def detect_format(path: str | Path) -> str:
     if not head.strip():
         raise InputError(f"{path}: its first {len(head):,} bytes{' (unpacked)' if _is_gzip(path) else ''} are only "
                          "whitespace; this is not a trace, export it again")
+    refuse_unsupported(path, head)
     for mod in importer_modules():
         try:
             claims = mod.sniff(path, head)
@@ -176,6 +180,13 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
         if hint is None:
             raise
         raise InputError(hint) from exc
+def refuse_unsupported(path: Path, head: bytes | None = None) -> None:
+    """InputError in one line for a profiler output taxmodel recognizes but does not read
+    (``unsupported.py``: an .nsys-rep, an nvprof or RPD database, an nsys export without CUDA
+    activity), saying how to get a supported one; nothing for any other file."""
+    why = importlib.import_module(REFUSALS_MODULE).refusal(path, read_head(path) if head is None else head)
+    if why:
+        raise InputError(why)
 
 
 def _is_gzip(path: Path) -> bool:
@@ -207,6 +218,9 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
         _check_file(p)
     if fmt == "auto":
         fmt = one_format({p: detect_format(p) for p in paths})
+    else:  # a named format does not make an nvprof database an nsys export
+        for p in paths:
+            refuse_unsupported(p)
     events, meta = read_with(importer_for(fmt), paths, iteration_pattern)
     return finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks, world_size=world_size)
 
@@ -249,8 +263,25 @@ def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Pa
     check_ranks(events, meta, allow_missing=allow_missing_ranks, shown=shown, world_size=world_size)
     events = widen_instants(events, meta)
     check_events(events, meta, shown=shown)
+    note_long_spans(events, meta, shown=shown)
     meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
+    events, meta = replay_shapes.attach_replay_shapes(events, meta)  # from the trace's own eager steps, if any
     return events, meta, fmt
+
+
+def attach_shapes_from(events: pd.DataFrame, meta: dict, paths: Sequence[str | Path]) -> tuple[pd.DataFrame, dict]:
+    """The work of ``events``' CUDA-graph replays from the eager steps of another capture of the
+    same program (``import --shapes-from``): trace files (one per rank, any format) or a bundle
+    directory (``trace/replay_shapes.py``)."""
+    paths = [Path(p) for p in paths]
+    if len(paths) == 1 and paths[0].is_dir():
+        reference = load_bundle(paths[0]).events
+    else:
+        reference, _, _ = import_traces(paths, allow_missing_ranks=True)
+    if not (reference["kind"].eq("kernel") & reference["graph_id"].lt(0)).any():
+        raise InputError(f"{', '.join(str(p) for p in paths)}: no eager kernels (all are CUDA-graph replays, or none): "
+                         "--shapes-from needs a trace of the program run eagerly, captured with record_shapes=True")
+    return replay_shapes.attach_replay_shapes(events, meta, reference, ", ".join(p.name for p in paths))
 
 
 READ_FAILURES = (sqlite3.Error, ValueError, KeyError, TypeError, IndexError, AttributeError, OverflowError,
@@ -297,6 +328,7 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
                   iteration_pattern: str | None = None, *, keep_raw: bool = True,
                   allow_missing_ranks: bool = False, force: bool = False,
                   world_size: int | None = None, counters: str | Path | None = None,
+                  shapes_from: Sequence[str | Path] = (),
                   read: Callable[..., tuple[pd.DataFrame, dict, str]] | None = None) -> tuple[Bundle, str]:
     """Import traces and write them as a bundle at ``output`` (atomically); return (Bundle, format).
     ``keep_raw`` copies the original files into the bundle's ``raw/``. An existing bundle at
@@ -304,11 +336,14 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
     (``bundle.prepare_output``). ``counters``: an ncu export of the same run, attached per kernel
     (``counter_match``); one that does not match is refused and nothing is written. ``read``:
     what reads the traces, with ``import_traces``'s arguments (``import --scheduler`` reads them
-    on Dask); by default ``import_traces``."""
+    on Dask); by default ``import_traces``. ``shapes_from``: an eager capture of the same program
+    whose steps give the CUDA-graph replays' kernels their work (``attach_shapes_from``)."""
     paths = [Path(p) for p in paths]
-    prepare_output(output, force=force, inputs=paths)  # refuse before the (long) import
+    prepare_output(output, force=force, inputs=[*paths, *map(Path, shapes_from)])  # refuse before the (long) import
     events, meta, fmt = (read or import_traces)(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
                                                 world_size=world_size)
+    if shapes_from:
+        events, meta = attach_shapes_from(events, meta, shapes_from)
     if counters is not None:
         from taxmodel.trace.counter_match import attach_counters_file
 
@@ -320,7 +355,9 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
         if dup:
             raise InputError(f"two traces are named {dup!r}; rename one, or import with --no-keep-raw")
         raw = paths
-    return load_bundle(write_bundle(output, events, meta, raw_files=raw, overwrite=force)), fmt
+    written = write_bundle(output, events, meta, raw_files=raw, overwrite=force)
+    del events  # the bundle read back is the one copy kept
+    return load_bundle(written), fmt
 
 
 # --- cross-file checks -------------------------------------------------------------------------
@@ -466,6 +503,61 @@ def check_events(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] | No
         raise InputError(f"{_where(int(row['rank']), files)}: {row['kind']} {row['name']!r} at {row['start_ns']} ns has "
                          f"a negative duration ({int(row['end_ns'] - row['start_ns'])} ns); the trace is damaged")
     check_stream_order(events, files)
+    check_launch_gaps(events, files)
+
+
+MAX_LAUNCH_GAP_NS = 3600 * 10**9
+"""A GPU activity starts at most this long (an hour) after the launch call that enqueued it ended.
+Real queues delay work by milliseconds, a long synchronization by seconds; a kernel 103 days
+after its launch means the host and GPU clocks of the trace disagree or a timestamp is damaged,
+and every window and tax computed from it would be that long."""
+
+
+def check_launch_gaps(events: pd.DataFrame, files: dict[int, str] | None = None) -> None:
+    """InputError naming the first GPU activity that starts more than ``MAX_LAUNCH_GAP_NS`` after
+    its launch call (same rank and correlation) ended."""
+    corr = events["correlation"].to_numpy()
+    kind = events["kind"].to_numpy()
+    launch = (kind == "launch") & (corr >= 0)
+    gpu = np.isin(kind, list(schema.GPU_KINDS)) & (corr >= 0)
+    if not launch.any() or not gpu.any():
+        return
+    calls = pd.DataFrame({"rank": events["rank"].to_numpy()[launch], "correlation": corr[launch],
+                          "call_end": events["end_ns"].to_numpy()[launch]}).drop_duplicates(["rank", "correlation"])
+    work = pd.DataFrame({"rank": events["rank"].to_numpy()[gpu], "correlation": corr[gpu],
+                         "start": events["start_ns"].to_numpy()[gpu], "row": np.flatnonzero(gpu)})
+    linked = work.merge(calls, on=["rank", "correlation"], how="inner")
+    late = linked[linked["start"] - linked["call_end"] > MAX_LAUNCH_GAP_NS]
+    if len(late):
+        first = late.iloc[0]
+        row = events.iloc[int(first["row"])]
+        gap_s = (int(first["start"]) - int(first["call_end"])) / 1e9
+        raise InputError(f"{_where(int(row['rank']), files or {})}: {row['kind']} {str(row['name'])[:80]!r} (correlation "
+                         f"{int(row['correlation'])}) starts {gap_s:,.0f} s ({gap_s / 86400:,.1f} days) after its launch "
+                         "call ended; the trace's host and GPU clocks disagree or a timestamp is damaged: export it again")
+
+
+LONG_SPAN_NS = 24 * 3600 * 10**9
+"""GPU activity of one rank spanning more than a day is noted: a profiled trace covers seconds to
+minutes, so a day points at a damaged timestamp that no launch links (a kernel without a
+correlation id escapes ``check_launch_gaps``)."""
+
+
+def note_long_spans(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] | None = None) -> None:
+    """A note in meta (shown by ``show`` and kept with the bundle) for every rank whose GPU activity
+    spans more than ``LONG_SPAN_NS``, naming its longest gap between GPU activities."""
+    files = _rank_files(meta, shown)
+    gpu = events[events["kind"].isin(schema.GPU_KINDS)]
+    for rank, g in gpu.groupby("rank", sort=True):
+        lo, hi = int(g["start_ns"].min()), int(g["end_ns"].max())
+        if hi - lo <= LONG_SPAN_NS:
+            continue
+        starts = np.sort(g["start_ns"].to_numpy())
+        gap = int(np.diff(starts).max()) if len(starts) > 1 else 0
+        meta.setdefault("notes", []).append(
+            f"import: {_where(int(rank), files)}: GPU activity spans {(hi - lo) / 86400e9:,.1f} days, with a gap of "
+            f"{gap / 86400e9:,.1f} days between two activities; a timestamp may be damaged (every window that "
+            "contains the gap is that long)")
 
 
 def widen_instants(events: pd.DataFrame, meta: dict) -> pd.DataFrame:
@@ -498,7 +590,8 @@ def check_stream_order(events: pd.DataFrame, files: dict[int, str] | None = None
     launch lets kernels of one stream overlap legitimately. Rows without a correlation id are
     not checked.
     """
-    gpu = events[events["kind"].isin(schema.GPU_KINDS) & (events["correlation"] >= 0)]
+    cols = ["start_ns", "correlation", "stream", "device", "rank"]
+    gpu = events.loc[events["kind"].isin(schema.GPU_KINDS) & (events["correlation"] >= 0), cols]
     if len(gpu) < 2:
         return
     keys = [gpu[c].to_numpy() for c in ("start_ns", "correlation", "stream", "device", "rank")]

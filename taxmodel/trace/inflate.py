@@ -2,9 +2,8 @@
 file (1 MB of gzip that inflates to 1 GiB) costs at most the cap before a clear error, not
 memory or disk in proportion to what it claims to hold.
 
-The cap is relative to the compressed size (real traces compress 5-30x; ``MAX_RATIO`` leaves
-room above that) with a floor for small files; a legitimate file beyond it can always be
-unpacked first (``gunzip``), since plain files are not capped.
+The cap is the one input budget's (``taxmodel.limits.decompressed_cap``): relative to the
+compressed size (real traces compress 5-30x) with a floor for small files, never above the budget.
 """
 from __future__ import annotations
 
@@ -14,16 +13,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from taxmodel.errors import InputError
+from taxmodel.limits import check_size, decompressed_cap as cap_for
 
 GZIP_MAGIC = b"\x1f\x8b"
-MAX_RATIO = 100
-MIN_CAP_BYTES = 256 * 2 ** 20
 CHUNK = 1 << 20
-
-
-def cap_for(compressed_bytes: int) -> int:
-    """The most a gzip file of ``compressed_bytes`` may inflate to."""
-    return max(MIN_CAP_BYTES, MAX_RATIO * compressed_bytes)
 
 
 def _chunks(src: BinaryIO | bytes, path: Path, cap: int):
@@ -44,10 +37,7 @@ def _chunks(src: BinaryIO | bytes, path: Path, cap: int):
                 in_member = True
                 out = d.decompress(chunk, CHUNK)
                 total += len(out)
-                if total > cap:
-                    raise InputError(f"{path}: inflates to more than {cap:,} bytes ({MAX_RATIO}x its compressed size); "
-                                     "it is damaged or not a trace. If it is a real trace, unpack it first (gunzip) "
-                                     "and import the plain file")
+                check_size(path, total, "its gzip content", cap)
                 if out:
                     yield out
                 chunk = d.unconsumed_tail
@@ -77,3 +67,10 @@ def gunzip_file(path: str | os.PathLike, dst: BinaryIO) -> int:
             dst.write(out)
             n += len(out)
     return n
+
+
+def iter_gunzip(path: str | os.PathLike):
+    """The inflated chunks of the gzip file ``path``, capped (for readers that stream)."""
+    path = Path(path)
+    with open(path, "rb") as src:
+        yield from _chunks(src, path, cap_for(path.stat().st_size))

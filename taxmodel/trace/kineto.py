@@ -28,8 +28,7 @@ collectives) and ``bytes`` (the larger of the input and output message, in bytes
 """
 from __future__ import annotations
 
-import gc
-import json
+import copy
 import re
 from collections import Counter
 from decimal import Decimal, InvalidOperation
@@ -40,7 +39,8 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, inflate, kineto_ops
+from taxmodel.trace import importers, json_stream, kineto_merged, kineto_ops, schema, vendor_common
+from taxmodel.trace.op_costs import COLLECTIVE_CALL_ARGS, COMM_DTYPE_BYTES, recorded_group_size
 from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
 FORMAT = "kineto"
@@ -70,14 +70,6 @@ _SNIFF_MARKERS = (
     b'"PyTorch Profiler', b'"gpu_user_annotation"',
 )
 
-# Bytes per element for the dtype names PyTorch writes into NCCL metadata (c10 ScalarType names).
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
-    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
-    "byte": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    "uint16": 2, "uint32": 4, "uint64": 8,
-}
 
 
 
@@ -85,36 +77,14 @@ _DTYPE_BYTES = {
 
 
 def load_json(path: Path) -> Any:
-    """Parse a plain or gzipped JSON file; InputError names the file and the problem.
-
-    Numbers with a fraction are kept as their decimal text (``parse_float=str``) so that times
-    can be converted exactly (``_to_ns``); the cyclic garbage collector is paused while the
-    parser builds millions of small objects (it would otherwise rescan them over and over,
-    doubling the parse time of large traces).
-    """
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
-    if data[:2] == inflate.GZIP_MAGIC:
-        data = inflate.gunzip_bytes(data, path)  # in chunks, capped: a small hostile gzip cannot take the memory
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not a text JSON file (byte {exc.start} is not UTF-8); is it a trace?") from exc
-    del data
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return json.loads(text, parse_float=str, parse_constant=lambda _: None)
-    except json.JSONDecodeError as exc:
-        hint = "the file looks truncated" if exc.pos >= len(text.rstrip()) else "the file is not valid JSON"
-        raise InputError(f"{path}: {hint} ({exc.msg} at line {exc.lineno} column {exc.colno}); export the trace again") from exc
-    except (RecursionError, ValueError) as exc:
-        raise InputError(f"{path}: cannot be parsed as JSON ({type(exc).__name__}: {exc})") from exc
-    finally:
-        if enabled:
-            gc.enable()
+    """Parse a plain or gzipped JSON trace whole (small documents; the importer streams instead,
+    ``json_stream.TraceStream``); InputError names the file and the problem. Numbers with a
+    fraction are kept as their decimal text (``_to_ns`` converts them exactly)."""
+    stream = json_stream.TraceStream(path)
+    events = [e for batch in stream.batches() for e in batch]
+    if stream.array_at_top:
+        return events
+    return {**stream.top, "traceEvents": events} if stream.found_events else stream.top
 
 
 def _to_ns(value: Any) -> int | None:
@@ -187,32 +157,63 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
                    iteration_pattern=iteration_pattern)
 
 
-def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> tuple[Path, pd.DataFrame, dict]:
-    """One file of ``read`` (``importers``' per-file step): its rows (rank: distributedInfo's,
-    else ``index``), and what ``combine`` needs of it."""
+def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> list[tuple[Path, pd.DataFrame, dict]]:
+    """One file of ``read`` (``importers``' per-file step): its ranks' rows (rank:
+    distributedInfo's, else ``index``) and what ``combine`` needs of each. One rank per file,
+    except a file several ranks were merged into (``kineto_merged``): one part per rank. The file
+    streams by (``_scan``): only the columns of the events that become rows are kept, never the
+    document; a merged file's ranks are split from those columns."""
     pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
     path = Path(path)
-    doc = _trace_document(path)
-    dist = _dist_info(doc)
+    scan = _scan(path, pattern)
+    dist = _dist_info(scan.top)
     rank, world = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
+    for key, value in (("rank", rank), ("world_size", world)):  # recorded but unreadable: never guessed
+        if value is None and dist.get(key) is not None:
+            raise InputError(f"{path}: distributedInfo.{key} is {str(dist.get(key))[:40]!r}, not a whole number; the "
+                             "trace is damaged")
     if rank is not None and not 0 <= rank < MAX_RANKS:
         raise InputError(f"{path}: distributedInfo.rank is {rank}, not a valid rank; the trace is damaged")
     if world is not None and not 0 < world <= MAX_RANKS:
         raise InputError(f"{path}: distributedInfo.world_size is {world}, not a valid world size; the trace is damaged")
-    frame, ranges_host, ranges_gpu, info = _read_one(path, doc, index if rank is None else rank, pattern)
-    del doc
+    ranks = kineto_merged.split_ranks(path, _scanned(scan))
+    if ranks is None:
+        return [_parse_rank(path, scan, rank, index if rank is None else rank, world, pattern)]
+    world = world if world is not None and world > max(r.rank for r in ranks) else None
+    # one rank's columns at a time: each is taken from the file's and read before the next is
+    return [_parse_rank(path, _rank_scan(scan, r, first=i == 0), r.rank, r.rank, world, pattern, merged=r.how)
+            for i, r in enumerate(ranks)]
+
+
+def _parse_rank(path: Path, scan: _Scan, rank: int | None, row_rank: int, world: int | None, pattern: re.Pattern,
+                merged: str = "") -> tuple[Path, pd.DataFrame, dict]:
+    """(path, rows, info) of one rank's scanned trace (its columns are taken over and released);
+    ``merged``: how it was told apart from the other ranks of a merged file ("" for a file of its own)."""
+    frame, ranges_host, ranges_gpu, info = _read_one(path, scan, row_rank, pattern)
     frame["iteration"] = importers.assign_iterations(frame, ranges_host, ranges_gpu)
     own = frame["_own_iteration"].to_numpy()
     frame.loc[own >= 0, "iteration"] = own[own >= 0]
     info.update(rank=rank, world=world, iterations=int(ranges_host["iteration"].nunique()),
-                markers=len(ranges_host) + len(ranges_gpu))
-    return path, frame.drop(columns="_own_iteration"), info
+                markers=len(ranges_host) + len(ranges_gpu), merged=merged)
+    # normalized here, one rank at a time: the run's frame is then normalized already (no copy)
+    # when its ranks come in order
+    return path, schema.normalize_events(frame.drop(columns="_own_iteration")), info
 
 
-def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
-    """``read``'s events and meta from every file's ``parse``, in the order given."""
+def combine(parts: list, *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
+    """``read``'s events and meta from every file's ``parse``, in the order given. ``parts`` is
+    taken over: it is flattened in place to one entry per rank, whose frames are released once
+    concatenated (the concatenation is the one copy kept)."""
     pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
+    parts[:] = [p for part in parts for p in (part if isinstance(part, list) else [part])]
+    per_file = parts
     notes: list[str] = []
+    merged = {p.name: (info["merged"], sum(1 for q, _, i in per_file if q == p and i.get("merged")))
+              for p, _, info in per_file if info.get("merged")}
+    for name, (how, n) in merged.items():
+        notes.append(f"kineto: {name} holds {n} ranks merged into one file, told apart by {how}; each rank keeps its "
+                     "own timestamps, and the clock offsets between them are estimated (the merge does not say which "
+                     "host each rank ran on)")
     known = [info["rank"] is not None for _, _, info in per_file]
     if all(known):
         rank_source = "distributedInfo"
@@ -229,7 +230,8 @@ def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd
     inputs, hardware, software = [], [], {}
     for index, (path, frame, info) in enumerate(per_file):
         rank = index if info["rank"] is None else info["rank"]
-        inputs.append({"file": path.name, "ranks": [rank], "world_size": info["world"], "rank_source": rank_source,
+        source = "merged file" if info.get("merged") else rank_source
+        inputs.append({"file": path.name, "ranks": [rank], "world_size": info["world"], "rank_source": source,
                        "iterations": info["iterations"], "gpu": (info["hardware"] or {}).get("name"),
                        "nccl": info["software"].get("nccl"),
                        "start_ns": int(frame["start_ns"].min()) if len(frame) else None})
@@ -241,11 +243,16 @@ def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd
             notes.append(f"kineto: {path.name}: {info['no_args']} of {info['gpu_rows']} GPU activities have no 'args' "
                          "object (null or missing): their launch call (correlation) is unknown, so their iteration comes "
                          "from GPU-side annotations only (-1 without them) and they carry no grid, bytes or collective")
+        if info.get("without_group"):
+            notes.append(f"kineto: {path.name}: {info['without_group']} collective kernel(s) record a message size but no "
+                         "group size; their link floor is the fewest bytes any group of 2 or more ranks carries (a lower bound)")
         if info["markers"] == 0:
             notes.append(f"kineto: {path.name}: no iteration markers match {pattern.pattern!r}; its rows have iteration -1 "
                          "(pass --iteration-pattern to use your own record_function ranges)")
 
     events = pd.concat([f for _, f, _ in per_file], ignore_index=True) if per_file else pd.DataFrame()
+    for i, (path, _, info) in enumerate(per_file):  # the concatenation is the one copy kept
+        per_file[i] = (path, None, info)
     worlds = {i["world_size"] for i in inputs if i["world_size"] is not None}
     meta = {
         "source": FORMAT,
@@ -262,17 +269,8 @@ def combine(per_file: list, *, iteration_pattern: str | None = None) -> tuple[pd
     return events, meta
 
 
-def _trace_document(path: Path) -> dict:
-    doc = load_json(path)
-    if isinstance(doc, list):  # Chrome's "JSON array format": just the events
-        doc = {"traceEvents": doc}
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise InputError(f"{path}: no 'traceEvents' list; is this a torch.profiler (Chrome trace) JSON file?")
-    return doc
-
-
-def _dist_info(doc: dict) -> dict:
-    info = doc.get("distributedInfo")
+def _dist_info(top: dict) -> dict:
+    info = top.get("distributedInfo")
     return info if isinstance(info, dict) else {}
 
 
@@ -280,8 +278,7 @@ def _dist_info(doc: dict) -> dict:
 _LEGACY_CATS = {"operator": "cpu_op", "runtime": "cuda_runtime", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 
 
-def _category(e: dict) -> str:
-    cat = e.get("cat")
+def _category(cat: Any) -> str:
     if type(cat) is not str:
         return ""
     cat = cat.lower()
@@ -289,46 +286,254 @@ def _category(e: dict) -> str:
 
 
 _WANTED_CATS = frozenset(_GPU_KIND) | _RUNTIME_CATS | _HOST_RANGE_CATS | _GPU_RANGE_CATS | _WAIT_CATS
+_OP_ARGS = tuple(dict.fromkeys(("Input Dims", "Input type", "Concrete Inputs", "flops", "Input Strides", *COLLECTIVE_CALL_ARGS)))
+"""The args of a cpu_op that its cost needs (``kineto_ops``), a collective's size included; the
+rest of each op is dropped."""
+_FLAG_CATS = frozenset({"python_function", "overhead"})  # what ``kineto_ops.EventFlags`` looks at
+_GPU_INTS = ("device", "stream", "bytes", "graph id", "Seq", "In msg nelems", "Out msg nelems")
 
 
-def _select_events(path: Path, doc: dict, pattern: re.Pattern) -> tuple[list[dict], pd.Series, pd.Series, np.ndarray, np.ndarray]:
-    """The complete ("X") events that can become rows or iteration ranges, with their category,
-    name and exact start/end in ns. A selected event without a usable ts/dur is an error."""
-    rel = []
-    for e in doc["traceEvents"]:
-        if type(e) is dict and e.get("ph") == "X":
-            cat = _category(e)
-            if cat in _WANTED_CATS or (cat == "cpu_op" and type(e.get("name")) is str and pattern.search(e["name"])):
-                rel.append(e)
-    cats = pd.Series([_category(e) for e in rel], dtype=object)
-    names = _clean_names([e.get("name") if type(e.get("name")) is str else "" for e in rel])
-    start = [_to_ns(e.get("ts")) for e in rel]
-    dur = [_to_ns(e.get("dur")) for e in rel]
-    bad = next((i for i, (s, d) in enumerate(zip(start, dur)) if s is None or d is None), None)
-    if bad is not None:
-        field = "ts" if start[bad] is None else "dur"
-        raise InputError(f"{path}: {cats[bad] or 'event'} {names[bad]!r} has no usable '{field}' "
-                         f"({rel[bad].get(field)!r}); the trace is damaged, export it again")
-    start_ns = np.asarray(start, dtype=np.int64)
-    return rel, cats, names, start_ns, start_ns + np.asarray(dur, dtype=np.int64)
+class _Scan:
+    """What one trace file holds for the importer, gathered while it streams by (``_scan``):
+    per selected event (the rows and iteration ranges to be) its columns; the cpu_ops (slim:
+    name, tid and the args their cost needs) with exact times; the top-level keys; flags. What
+    a merged file's split needs (``kineto_merged``): each event's and op's process (``proc``,
+    ``ops_proc``: an index into ``procs``, the distinct (pid, args.rank) pairs) and the
+    ``process_name`` metadata by pid."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {k: [] for k in (
+            "cat", "name", "start", "end", "has_args", "tid", "proc", "correlation", *_GPU_INTS,
+            "grid", "block", "graph_node", "coll_name", "pg", "dtype_bytes", "group_size")}
+        self.ops: list[dict] = []
+        self.ops_start: list[int] = []
+        self.ops_end: list[int] = []
+        self.ops_proc: list[int] = []
+        self.procs: list[tuple[Any, int | None]] = []
+        self._proc_codes: dict[tuple, int] = {}
+        self.process_names: dict[Any, str] = {}
+        self.flags = kineto_ops.EventFlags()
+        self.pids: set[int] = set()
+        self.top: dict = {}
+
+    def proc(self, pid: Any, rank: Any) -> int:
+        """The index in ``procs`` of an event's process: its pid (an int or a string; else None)
+        and ``args.rank`` (``kineto_merged.rank_value``)."""
+        key = (pid if type(pid) is int or type(pid) is str else None, rank if type(rank) is int or type(rank) is str else None)
+        code = self._proc_codes.get(key)
+        if code is None:
+            code = self._proc_codes[key] = len(self.procs)
+            self.procs.append((key[0], kineto_merged.rank_value(key[1])))
+        return code
+
+    def see_process_name(self, e: dict) -> None:
+        a, pid = e.get("args"), e.get("pid")
+        if type(a) is dict and type(a.get("name")) is str and (type(pid) is int or type(pid) is str):
+            self.process_names[pid] = a["name"]
 
 
-def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
+def _scan(path: Path, pattern: re.Pattern) -> _Scan:
+    """Stream ``path`` (``json_stream``) once, keeping per batch only the columns of the events
+    that matter (``_WANTED_CATS``, iteration markers filed as cpu_op) and the cpu_ops, as arrays:
+    memory in proportion to the rows, not to the document."""
+    stream = json_stream.TraceStream(path)
+    out = _Scan()
+    cols = out.cols
+    flags = out.flags
+    cat_cache: dict = {}
+    marker_cache: dict = {}
+    dims_cache: dict = {}
+    names_seen: dict = {}
+    empty: dict = {}
+    seen = 0
+    for batch in stream.batches():
+        b: dict[str, list] = {k: [] for k in cols}
+        raw_ts, raw_dur = [], []
+        for e in batch:
+            seen += 1
+            if type(e) is not dict:
+                continue
+            raw_cat = e.get("cat")
+            cat = cat_cache.get(raw_cat) if type(raw_cat) is str else ""
+            if cat is None:
+                cat = cat_cache[raw_cat] = _category(raw_cat)
+            name = e.get("name")
+            if raw_cat in _FLAG_CATS or name == "[memory]":
+                flags.see(e)
+            if cat == "cpu_op" and seen <= 2000 and (v := _int_or_none(e.get("pid"))) is not None:
+                out.pids.add(v)
+            ph = e.get("ph")
+            if ph != "X":
+                if ph == "M" and name == "process_name":
+                    out.see_process_name(e)
+                continue
+            if cat not in _WANTED_CATS:
+                if cat != "cpu_op":
+                    continue
+                is_marker = marker_cache.get(name) if type(name) is str else False
+                if is_marker is None:
+                    is_marker = marker_cache[name] = bool(pattern.search(name))
+                if not is_marker:  # an op: its cost may be needed for the kernels it launched
+                    a = e.get("args")
+                    slim = {"name": name, "tid": e.get("tid")}
+                    if type(a) is dict:
+                        slim["args"] = {k: a[k] for k in _OP_ARGS if k in a}
+                    out.ops.append(slim)
+                    out.ops_proc.append(out.proc(e.get("pid"), a.get("rank") if type(a) is dict else None))
+                    out.ops_start.append(_to_ns(e.get("ts")) or 0)
+                    out.ops_end.append(max(_to_ns(e.get("dur")) or 0, 0))
+                    continue
+            a = e.get("args")
+            has_args = type(a) is dict
+            if not has_args:
+                a = empty
+            b["cat"].append(cat)
+            if type(name) is str:  # one object per distinct name: a trace repeats few
+                name = names_seen.setdefault(name, name)
+            else:
+                name = ""
+            b["name"].append(name)
+            raw_ts.append(e.get("ts"))
+            raw_dur.append(e.get("dur"))
+            b["has_args"].append(has_args)
+            v = _int_or_none(e.get("tid"))
+            b["tid"].append(-1 if v is None else v)
+            b["proc"].append(out.proc(e.get("pid"), a.get("rank")))
+            v = _int_or_none(a.get("correlation"))
+            b["correlation"].append(-1 if v is None else v)
+            if cat in _GPU_KIND:
+                for k in _GPU_INTS:
+                    v = _int_or_none(a.get(k))
+                    b[k].append(-1 if v is None else v)
+                b["grid"].append(_dims(a.get("grid"), dims_cache))
+                b["block"].append(_dims(a.get("block"), dims_cache))
+                b["graph_node"].append(a.get("graph node id") is not None)
+                cname = a.get("Collective name")
+                b["coll_name"].append(cname if type(cname) is str else "")
+                pg = a.get("Process Group Name")
+                b["pg"].append(str(pg) if pg is not None else None)
+                b["dtype_bytes"].append(COMM_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 0))
+                b["group_size"].append(recorded_group_size(a))
+            else:
+                stream_arg = _int_or_none(a.get("stream")) if cat in _WAIT_CATS else None
+                for k in _GPU_INTS:
+                    b[k].append(-1)
+                b["stream"][-1] = -1 if stream_arg is None else stream_arg
+                b["grid"].append("")
+                b["block"].append("")
+                b["graph_node"].append(False)
+                b["coll_name"].append("")
+                b["pg"].append(None)
+                b["dtype_bytes"].append(0)
+                b["group_size"].append(-1)
+        start = [_to_ns(t) for t in raw_ts]
+        dur = [_to_ns(d) for d in raw_dur]
+        bad = next((i for i, (t, d) in enumerate(zip(start, dur)) if t is None or d is None), None)
+        if bad is not None:
+            field = "ts" if start[bad] is None else "dur"
+            raise InputError(f"{path}: {b['cat'][bad] or 'event'} {b['name'][bad]!r} has no usable '{field}' "
+                             f"({(raw_ts if field == 'ts' else raw_dur)[bad]!r}); the trace is damaged, export it again")
+        b["start"] = start
+        b["end"] = dur
+        _append_columns(cols, b)
+        del batch
+    out.top = stream.top
+    if not stream.found_events:
+        raise InputError(f"{path}: no 'traceEvents' list; is this a torch.profiler (Chrome trace) JSON file?")
+    return out
+
+
+_OBJECT_COLUMNS = ("cat", "name", "grid", "block", "coll_name", "pg")
+_BOOL_COLUMNS = ("has_args", "graph_node")
+
+
+def _append_columns(cols: dict[str, list], batch: dict[str, list]) -> None:
+    """One batch's columns as arrays (ints as int64: 8 bytes a value, not a Python int's 36)."""
+    start = np.asarray(batch["start"], dtype=np.int64)
+    batch["end"] = start + np.asarray(batch["end"], dtype=np.int64)
+    batch["start"] = start
+    for k, values in batch.items():
+        if isinstance(values, np.ndarray):
+            cols[k].append(values)
+        elif k in _OBJECT_COLUMNS:
+            cols[k].append(np.array(values, dtype=object) if values else np.zeros(0, dtype=object))
+        elif k in _BOOL_COLUMNS:
+            cols[k].append(np.asarray(values, dtype=bool))
+        else:
+            cols[k].append(np.asarray(values, dtype=np.int64))
+
+
+def _column(scan: _Scan, key: str) -> np.ndarray:
+    parts = scan.cols[key]
+    if not parts:
+        return np.zeros(0, dtype=object if key in _OBJECT_COLUMNS else bool if key in _BOOL_COLUMNS else np.int64)
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _join_columns(scan: _Scan) -> None:
+    """Each of the scan's columns as one array (one column at a time: never a second copy of
+    them all), and the ops' times as arrays."""
+    for k in scan.cols:
+        scan.cols[k] = [_column(scan, k)]
+    scan.ops_start = np.asarray(scan.ops_start, dtype=np.int64)
+    scan.ops_end = np.asarray(scan.ops_end, dtype=np.int64)
+
+
+def _proc_pids(scan: _Scan) -> np.ndarray:
+    """The pid of each of ``scan.procs`` as a number (-1 where it is none)."""
+    return np.array([-1 if (v := _int_or_none(p)) is None else v for p, _ in scan.procs], dtype=np.int64)
+
+
+def _scanned(scan: _Scan) -> kineto_merged.Scanned:
+    """What ``kineto_merged.split_ranks`` reads of a scanned file (the columns joined, not copied)."""
+    _join_columns(scan)
+    col = {k: _column(scan, k) for k in ("cat", "name", "start", "correlation", "device", "proc")}
+    codes, cats = pd.factorize(col["cat"])
+    return kineto_merged.Scanned(
+        proc=col["proc"], gpu=np.isin(codes, [i for i, c in enumerate(cats) if c in _GPU_KIND]),
+        runtime=np.isin(codes, [i for i, c in enumerate(cats) if c in _RUNTIME_CATS]), name=col["name"],
+        start=col["start"], correlation=col["correlation"], device=col["device"],
+        ops_proc=np.asarray(scan.ops_proc, dtype=np.int64), procs=scan.procs, process_names=scan.process_names)
+
+
+def _rank_scan(scan: _Scan, part: kineto_merged.Rank, first: bool) -> _Scan:
+    """One rank of a merged file as a scan of its own: its rows' and ops' columns; the file's
+    top-level keys but those of one capture (``kineto_merged.PER_CAPTURE``); of the first pids
+    (``_Scan.pids``) those of its processes; the profiler's overhead counted once, with the first
+    rank (``kineto_ops.merge_profiler_options`` adds up the ranks')."""
+    sub = _Scan()
+    sub.cols = {k: [_column(scan, k)[part.rows]] for k in scan.cols}
+    sub.ops = [scan.ops[i] for i in part.ops]
+    sub.ops_start, sub.ops_end = scan.ops_start[part.ops], scan.ops_end[part.ops]
+    sub.procs, sub.process_names = scan.procs, scan.process_names
+    sub.flags = copy.copy(scan.flags)
+    if not first:
+        sub.flags.overhead_ns = 0
+    own = set(np.unique(_column(scan, "proc")[part.rows]).tolist()) | set(np.unique(np.asarray(scan.ops_proc)[part.ops]).tolist())
+    sub.pids = scan.pids & {v for v in _proc_pids(scan)[sorted(own)].tolist() if v >= 0}
+    sub.top = {k: v for k, v in scan.top.items() if k not in kineto_merged.PER_CAPTURE}
+    return sub
+
+
+def _read_one(path: Path, scan: _Scan, rank: int, pattern: re.Pattern) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
     """Rows of one rank's trace, its host and GPU iteration ranges, and its hardware/software."""
-    rel, cats, names, start_ns, end_ns = _select_events(path, doc, pattern)
-    args = [e.get("args") if type(e.get("args")) is dict else {} for e in rel]
-    no_args = sum(type(rel[i].get("args")) is not dict for i in np.flatnonzero(cats.isin(_GPU_KIND).to_numpy()))
+    col = {k: _column(scan, k) for k in scan.cols}
+    scan.cols.clear()
+    cats = pd.Series(col["cat"], dtype=object)
+    names = _clean_names(col["name"])
+    start_ns, end_ns = col["start"], col["end"]
+    n = len(cats)
 
     gpu_kind = cats.map(_GPU_KIND)
     is_gpu = gpu_kind.notna().to_numpy()
     gpu_idx = np.flatnonzero(is_gpu)
-    gpu_args = [args[i] for i in gpu_idx]
-    correlation = _arg_ints(args, "correlation")
+    no_args = int((~col["has_args"][gpu_idx]).sum())
+    correlation = col["correlation"]
     is_runtime = cats.isin(_RUNTIME_CATS).to_numpy()
     is_host_range = cats.isin(_HOST_RANGE_CATS | {"cpu_op"}).to_numpy()
     is_gpu_range = cats.isin(_GPU_RANGE_CATS).to_numpy()
 
-    kind = np.full(len(rel), "", dtype=object)
+    kind = np.full(n, "", dtype=object)
     kind[is_gpu] = gpu_kind.to_numpy()[is_gpu]
     gpu_corr = np.unique(correlation[is_gpu & (correlation >= 0)])
     linked = np.isin(correlation, gpu_corr) & (correlation >= 0)
@@ -341,28 +546,30 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     kind[is_wait] = "wait"
     keep = kind != ""
 
-    tid = np.array([-1 if (v := _int_or_none(e.get("tid"))) is None else v for e in rel], dtype=np.int64)
-    device = np.full(len(rel), -1, dtype=np.int64)
+    tid = col["tid"]
+    device = np.full(n, -1, dtype=np.int64)
     stream = tid.copy()
     if len(gpu_idx):
-        pid = np.array([-1 if (v := _int_or_none(rel[i].get("pid"))) is None else v for i in gpu_idx], dtype=np.int64)
-        dev_arg, stream_arg = _arg_ints(gpu_args, "device"), _arg_ints(gpu_args, "stream")
+        pid = _proc_pids(scan)[col["proc"][gpu_idx]]
+        dev_arg, stream_arg = col["device"][gpu_idx], col["stream"][gpu_idx]
         dev = np.where(dev_arg >= 0, dev_arg, pid)
         device[gpu_idx] = np.where((dev >= 0) & (dev < 2**31), dev, -1)
         stream[gpu_idx] = np.where(stream_arg >= 0, stream_arg, tid[gpu_idx])
     if is_wait.any():  # the stream whose later work waits (args.stream; wait_on_stream is the other)
-        wait_idx = np.flatnonzero(is_wait)
-        stream[wait_idx] = _arg_ints([args[i] for i in wait_idx], "stream")
+        stream[is_wait] = col["stream"][is_wait]
 
     frame = pd.DataFrame({
-        "rank": np.full(len(rel), rank, dtype=np.int64), "device": device, "stream": stream,
+        "rank": np.full(n, rank, dtype=np.int64), "device": device, "stream": stream,
         "kind": kind, "role": "other", "name": names.to_numpy(), "start_ns": start_ns, "end_ns": end_ns,
         "correlation": correlation, "collective_id": "", "collective_op": "",
         "graph_id": -1, "grid": "", "block": "", "bytes": -1,
     })
+    for k in ("cat", "name", "start", "end", "proc", "device", "has_args"):  # in the frame now
+        del col[k]
+    del cats, start_ns, end_ns
     if len(gpu_idx):
-        _fill_gpu_details(frame, gpu_idx, gpu_args)
-        _fill_graph_ids(frame, gpu_idx, is_launch, gpu_args)
+        _fill_gpu_details(frame, gpu_idx, col)
+        _fill_graph_ids(frame, gpu_idx, is_launch, col)
 
     # Iteration ranges: host markers and GPU-side annotations whose name matches the pattern.
     number = importers.iteration_numbers(names, pattern)
@@ -373,26 +580,28 @@ def _read_one(path: Path, doc: dict, rank: int, pattern: re.Pattern) -> tuple[pd
     frame["_own_iteration"] = np.where(is_host_range, number, -1)
 
     launched = np.isin(correlation[gpu_idx], correlation[is_launch]) & (correlation[gpu_idx] >= 0)
-    _fill_collectives(frame, gpu_idx, gpu_args, launched)
-    ops, ops_start, ops_end = _cpu_ops(doc, pattern)
-    linked = kineto_ops.attach_op_costs(frame, args, gpu_idx, is_launch, tid, ops, ops_start, ops_end)
-    frame = frame[keep].reset_index(drop=True)
-    info = {"hardware": _hardware(doc, frame), "software": _software(doc),
-            "profiler": kineto_ops.profiler_options(doc, ops, linked), "host": _host_identity(doc, frame),
-            "gpu_rows": len(gpu_idx), "no_args": no_args}
+    _fill_collectives(frame, gpu_idx, col, launched)
+    ops = scan.ops
+    ops_start = np.asarray(scan.ops_start, dtype=np.int64)
+    ops_end = ops_start + np.asarray(scan.ops_end, dtype=np.int64)
+    linked_ops = kineto_ops.attach_op_costs(frame, col["group_size"], gpu_idx, is_launch, tid, ops, ops_start, ops_end,
+                                            col["pg"], kineto_ops.process_group_sizes(_dist_info(scan.top)))
+    col.clear()
+    frame = frame[keep]
+    frame.index = pd.RangeIndex(len(frame))  # not reset_index: that copies every column once more
+    info = {"hardware": _hardware(scan.top, frame), "software": _software(scan.top),
+            "profiler": kineto_ops.profiler_options(scan.top, scan.flags, ops, linked_ops),
+            "host": _host_identity(scan.top, scan.pids, frame), "gpu_rows": len(gpu_idx), "no_args": no_args,
+            "without_group": linked_ops.get("collectives_without_group", 0)}
     return frame, host_ranges, gpu_ranges, info
 
 
-def _clean_names(names: list[str]) -> pd.Series:
+def _clean_names(names: np.ndarray) -> pd.Series:
     """Names as an object Series; lone UTF-16 surrogates (legal in JSON escapes, not storable in
     parquet) become U+FFFD. Checked once per distinct name."""
     codes, uniques = pd.factorize(pd.Series(names, dtype=object))
     clean = np.array([u.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for u in uniques], dtype=object)
     return pd.Series(clean[codes] if len(codes) else np.array([], dtype=object), dtype=object)
-
-
-def _arg_ints(args: list[dict], key: str) -> np.ndarray:
-    return np.array([-1 if (v := _int_or_none(a.get(key))) is None else v for a in args], dtype=np.int64)
 
 
 def _name_matches(names: pd.Series, regex: re.Pattern) -> np.ndarray:
@@ -402,11 +611,11 @@ def _name_matches(names: pd.Series, regex: re.Pattern) -> np.ndarray:
     return hits[codes] if len(codes) else np.zeros(0, dtype=bool)
 
 
-def _fill_gpu_details(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[dict]) -> None:
+def _fill_gpu_details(frame: pd.DataFrame, gpu_idx: np.ndarray, col: dict[str, np.ndarray]) -> None:
     """Role, grid, block and bytes of the GPU rows (positions ``gpu_idx``)."""
     kind = frame["kind"].to_numpy()[gpu_idx]
     names = frame["name"].iloc[gpu_idx]
-    has_collective = np.array([type(a.get("Collective name")) is str for a in gpu_args], dtype=bool)
+    has_collective = col["coll_name"][gpu_idx] != ""
     comm_name = _name_matches(names, _COMM_KERNEL)
     peer = _name_matches(names, _PEER_COPY)
     role = np.full(len(gpu_idx), "compute", dtype=object)
@@ -415,11 +624,10 @@ def _fill_gpu_details(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[d
     role[(kind == "memcpy") & peer] = "comm"
     cols = frame.columns
     frame.iloc[gpu_idx, cols.get_loc("role")] = role
-    cache: dict = {}
-    frame.iloc[gpu_idx, cols.get_loc("grid")] = [_dims(a.get("grid"), cache) for a in gpu_args]
-    frame.iloc[gpu_idx, cols.get_loc("block")] = [_dims(a.get("block"), cache) for a in gpu_args]
-    frame.iloc[gpu_idx, cols.get_loc("bytes")] = _arg_ints(gpu_args, "bytes")
-    frame.iloc[gpu_idx, cols.get_loc("graph_id")] = _arg_ints(gpu_args, "graph id")
+    frame.iloc[gpu_idx, cols.get_loc("grid")] = col["grid"][gpu_idx]
+    frame.iloc[gpu_idx, cols.get_loc("block")] = col["block"][gpu_idx]
+    frame.iloc[gpu_idx, cols.get_loc("bytes")] = col["bytes"][gpu_idx]
+    frame.iloc[gpu_idx, cols.get_loc("graph_id")] = col["graph id"][gpu_idx]
 
 
 def _dims(value: Any, cache: dict) -> str:
@@ -437,13 +645,13 @@ def _dims(value: Any, cache: dict) -> str:
     return text
 
 
-def _fill_graph_ids(frame: pd.DataFrame, gpu_idx: np.ndarray, is_launch: np.ndarray, gpu_args: list[dict]) -> None:
+def _fill_graph_ids(frame: pd.DataFrame, gpu_idx: np.ndarray, is_launch: np.ndarray, col: dict[str, np.ndarray]) -> None:
     """``graph id`` comes from the kernel's args; a graph kernel without one (only ``graph node
     id``, or launched by ``cudaGraphLaunch``) gets its graph launch's correlation id instead, which
     still groups the kernels of one graph launch together."""
     corr = frame["correlation"].to_numpy()
     graph_launch = is_launch & _name_matches(frame["name"], _GRAPH_LAUNCH)
-    has_node = np.array([a.get("graph node id") is not None for a in gpu_args], dtype=bool)
+    has_node = col["graph_node"][gpu_idx]
     gpu_corr = corr[gpu_idx]
     from_graph = has_node | np.isin(gpu_corr, corr[graph_launch])
     graph_id = frame["graph_id"].to_numpy()[gpu_idx]
@@ -451,7 +659,7 @@ def _fill_graph_ids(frame: pd.DataFrame, gpu_idx: np.ndarray, is_launch: np.ndar
     frame.iloc[gpu_idx[fill], frame.columns.get_loc("graph_id")] = gpu_corr[fill]
 
 
-def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[dict], launched: np.ndarray) -> None:
+def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, col: dict[str, np.ndarray], launched: np.ndarray) -> None:
     """collective_op, collective_id and message bytes of communication kernels.
 
     Sequence numbers: PyTorch's ``Seq`` where every kernel of the process group carries one;
@@ -464,16 +672,15 @@ def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[d
     idx = gpu_idx[sel]
     if len(idx) == 0:
         return
-    sub = [a for a, s in zip(gpu_args, sel) if s]
-    coll_name = [a.get("Collective name") if type(a.get("Collective name")) is str else "" for a in sub]
+    coll_name = col["coll_name"][idx]
     # PyTorch's metadata where recorded, else the kernel's name read as every importer reads it
     # (NCCL, RCCL, MSCCL, ``...KernelDebug_``; UNKNOWN_COLLECTIVE when the name says no collective).
     from_name = kernel_collectives(frame["name"].iloc[idx]).to_numpy()
     ops = [normalize_collective(cname) if cname else op for cname, op in zip(coll_name, from_name)]
-    pg = [str(a.get("Process Group Name")) if a.get("Process Group Name") is not None else "default" for a in sub]
-    seq = _arg_ints(sub, "Seq")
-    nelems = np.maximum(_arg_ints(sub, "In msg nelems"), _arg_ints(sub, "Out msg nelems"))
-    width = np.array([_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 0) for a in sub], dtype=np.int64)
+    pg = np.array([p if p is not None else "default" for p in col["pg"][idx]], dtype=object)
+    seq = col["Seq"][idx]
+    nelems = np.maximum(col["In msg nelems"][idx], col["Out msg nelems"][idx])
+    width = col["dtype_bytes"][idx]
 
     coll = pd.DataFrame({"pg": pg, "seq": seq, "start": frame["start_ns"].to_numpy()[idx], "pos": np.arange(len(idx)),
                          "launched": launched[sel]})
@@ -495,8 +702,9 @@ def _fill_collectives(frame: pd.DataFrame, gpu_idx: np.ndarray, gpu_args: list[d
 def _hardware(doc: dict, frame: pd.DataFrame) -> dict:
     """The rank's GPU from ``deviceProperties``: the device most of its GPU rows ran on."""
     props = [p for p in doc.get("deviceProperties") or [] if isinstance(p, dict)] if isinstance(doc.get("deviceProperties"), list) else []
-    if not props:
-        return {}
+    if not props:  # older traces, and files merged by other tools, drop the device table: the kernels may still say
+        hint = vendor_common.arch_from_kernel_names(frame.loc[frame["kind"] == "kernel", "name"])
+        return {"vendor": "nvidia", "arch_hint": hint} if hint else {}
     devices = frame.loc[frame["device"] >= 0, "device"]
     used = int(devices.mode().iloc[0]) if len(devices) else None
     prop = next((p for p in props if _int_or_none(p.get("id")) == used), props[0])
@@ -553,22 +761,11 @@ def _merge_hardware(per_rank: list[dict]) -> dict:
     return merged
 
 
-def _cpu_ops(doc: dict, pattern: re.Pattern) -> tuple[list[dict], np.ndarray, np.ndarray]:
-    """The trace's ``cpu_op`` ranges (not iteration markers) with exact start and end in ns: the
-    ops that launched kernels (``kineto_ops``)."""
-    ops = [e for e in doc["traceEvents"] if type(e) is dict and e.get("ph") == "X" and _category(e) == "cpu_op"
-           and not (type(e.get("name")) is str and pattern.search(e["name"]))]
-    start = np.array([_to_ns(e.get("ts")) or 0 for e in ops], dtype=np.int64)
-    dur = np.array([max(_to_ns(e.get("dur")) or 0, 0) for e in ops], dtype=np.int64)
-    return ops, start, start + dur
-
-
-def _host_identity(doc: dict, frame: pd.DataFrame) -> dict:
-    """What says which host and clock a rank's trace came from (``kineto_ops.clock_domain``)."""
-    pids = {v for e in doc["traceEvents"][:2000] if type(e) is dict and _category(e) == "cpu_op"
-            and (v := _int_or_none(e.get("pid"))) is not None}
+def _host_identity(top: dict, pids: set, frame: pd.DataFrame) -> dict:
+    """What says which host and clock a rank's trace came from (``kineto_ops.clock_domain``):
+    ``pids`` are those of the cpu_op events among the trace's first 2,000 events."""
     devices = sorted(int(d) for d in frame.loc[frame["device"] >= 0, "device"].unique())
-    props = doc.get("deviceProperties")
-    return {"host_name": doc.get("host_name") if isinstance(doc.get("host_name"), str) else None,
-            "base_time_ns": _int_or_none(doc.get("baseTimeNanoseconds")), "pids": sorted(pids), "devices": devices,
+    props = top.get("deviceProperties")
+    return {"host_name": top.get("host_name") if isinstance(top.get("host_name"), str) else None,
+            "base_time_ns": _int_or_none(top.get("baseTimeNanoseconds")), "pids": sorted(pids), "devices": devices,
             "devices_per_host": len(props) if isinstance(props, list) else None}

@@ -9,7 +9,8 @@ whose nesting depth equals the depth at ``t``; both depths come from counts of s
 (searchsorted), with no loop over events.
 
 Several kernels under one op instance (a split-K GEMM and its reduce, a GEMM and its cast)
-share the op's flops and bytes in proportion to their durations (copies and memsets are costed
+share the op's flops and bytes in proportion to their durations (in integers that add up to the
+op's; ``op_id`` numbers the instance) (copies and memsets are costed
 from their own byte count by ``model/kernel_costs.py``, for every trace format). NCCL kernels get the bytes their
 rank's link carries (``op_costs.collective_bus_bytes``) in ``floor_bytes``. Kernels of a CUDA
 graph replay are launched by the one graph launch, not by an op: they stay uncosted (the
@@ -18,22 +19,28 @@ capture's shapes are not in a trace of the replay).
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
 
-from taxmodel.trace.op_costs import OpCall, collective_bus_bytes, has_shapes, list_type_from_kernel, op_cost
+from taxmodel.trace.op_costs import (OpCall, collective_bus_bytes, collective_bus_bytes_at_least, collective_call, has_shapes,
+                                     list_type_from_kernel, op_cost)
 
 OP_COLUMNS = ("op", "dtype", "floor_bytes", "uncosted")
 _SHIFT = np.int64(42)
 
 
-def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, is_launch: np.ndarray, tid: np.ndarray,
-                    ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray) -> dict:
+def attach_op_costs(frame: pd.DataFrame, group_size: np.ndarray, gpu_idx: np.ndarray, is_launch: np.ndarray,
+                    tid: np.ndarray, ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray,
+                    pg: np.ndarray | None = None, group_sizes: dict | None = None) -> dict:
     """Fill ``op``, ``dtype``, ``flops``, ``floor_bytes`` and ``uncosted`` of the GPU rows of
-    ``frame`` (positions ``gpu_idx``; ``args`` are the selected trace events' args in frame
-    order, ``tid`` their thread ids; ``ops`` the trace's ``cpu_op`` events with their exact
-    start and end in ns). Returns what the meta should say about the capture (whether shapes
+    ``frame`` (positions ``gpu_idx``; ``group_size`` is each selected trace event's process group
+    size (``op_costs.recorded_group_size`` of its args, -1 unknown) in frame order, ``tid`` their thread ids; ``ops``
+    the trace's ``cpu_op`` events with their exact start and end in ns; ``pg`` each selected
+    event's process group name (None: not recorded) and ``group_sizes`` the sizes of the trace's
+    process groups (``process_group_sizes``), for collectives whose own args give no size).
+    Returns what the meta should say about the capture (whether shapes
     were recorded, how many kernels were linked to an op)."""
     n = len(frame)
     op_name = np.full(n, "", dtype=object)
@@ -41,6 +48,7 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     flops = np.full(n, -1, np.int64)
     fbytes = np.full(n, -1, np.int64)
     reason = np.full(n, "", dtype=object)
+    op_id = np.full(n, -1, np.int64)
     kind = frame["kind"].to_numpy(object)
     corr = frame["correlation"].to_numpy(np.int64)
     start = frame["start_ns"].to_numpy(np.int64)
@@ -89,11 +97,10 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
         b_op = np.array([costs[int(k)].bytes for k in op_of_gpu[has_op]], np.float64)
         dur = (end - start)[gk[has_op]].astype(np.float64)
         inst = op_of_gpu[has_op]
-        tot = pd.Series(dur).groupby(inst).transform("sum").to_numpy(np.float64)
-        share = np.where(tot > 0, dur / np.where(tot > 0, tot, 1.0), 1.0)
         rows = gk[has_op]
-        flops[rows] = np.where(ok & (f_op >= 0), np.round(f_op * share), -1).astype(np.int64)
-        fbytes[rows] = np.where(ok & (b_op >= 0), np.round(b_op * share), -1).astype(np.int64)
+        flops[rows] = np.where(ok & (f_op >= 0), split_by_duration(np.maximum(f_op, 0), dur, inst), -1)
+        fbytes[rows] = np.where(ok & (b_op >= 0), split_by_duration(np.maximum(b_op, 0), dur, inst), -1)
+        op_id[rows] = inst
         dtype[rows] = np.array([costs[int(k)].dtype for k in inst], dtype=object)
         reason[rows] = np.array([costs[int(k)].uncosted for k in inst], dtype=object)
     no_op = ~has_op & ~comm
@@ -122,21 +129,88 @@ def attach_op_costs(frame: pd.DataFrame, args: list[dict], gpu_idx: np.ndarray, 
     reason[gk[no_op & ~graph][rest]] = ("no CPU ops in the trace (capture with ProfilerActivity.CPU and record_shapes=True)"
                                         if not ops else "no op recorded its shapes (capture with record_shapes=True)"
                                         if not shaped.any() else "no enclosing op with shapes")
-    # collectives: the bytes the rank's link carries
+    # collectives: the bytes the rank's link carries, from the kernel's own metadata, else from the op
+    # that launched it (record_param_comms / c10d::... on the launch's thread); a group size that
+    # neither records is taken as 2, the fewest bytes any group carries (a lower bound)
+    without_group = 0
     if comm.any():
         rows = gk[comm]
-        msg = frame["bytes"].to_numpy(np.int64)[rows]
-        group = _group_sizes([args[i] for i in rows])
+        msg = frame["bytes"].to_numpy(np.int64)[rows].copy()
+        group = group_size[rows]
+        need = (msg < 0) | (group < 0)
+        if need.any():
+            op_msg, op_group, op_names = _launching_collective(rows[need], corr, is_launch, tid, start, ops, ops_start, ops_end)
+            msg[need] = np.where(msg[need] < 0, op_msg, msg[need])
+            group[need] = np.where(group[need] < 0, op_group, group[need])
+            op_name[rows[need]] = np.where(op_names != "", op_names, op_name[rows[need]])
+            frame.iloc[rows, frame.columns.get_loc("bytes")] = msg
+        if group_sizes and pg is not None and (group <= 0).any():  # the trace's process groups (distributedInfo.pg_config)
+            known = np.array([group_sizes.get(p, -1) for p in pg[rows]], np.int64)
+            group = np.where(group > 0, group, known)
         cop = frame["collective_op"].to_numpy(object)[rows]
-        bus = np.array([collective_bus_bytes(str(o), int(m), int(g)) for o, m, g in zip(cop, msg, group)], np.int64)
+        bus = np.array([collective_bus_bytes(str(o), int(m), int(g)) if g > 0 else collective_bus_bytes_at_least(str(o), int(m))
+                        for o, m, g in zip(cop, msg, group)], np.int64)
+        without_group = int(((group <= 0) & (bus >= 0)).sum())
         fbytes[rows] = bus
-        reason[rows] = np.where(bus >= 0, "", "collective size or group not recorded")
+        reason[rows] = np.where(bus >= 0, "", "collective size not recorded (neither the kernel nor the op that launched it "
+                                              "carries a message size; PyTorch records one from 1.13 on)")
     frame["op"] = op_name
     frame["dtype"] = dtype
     frame["flops"] = flops
     frame["floor_bytes"] = fbytes
     frame["uncosted"] = reason
-    return {"record_shapes": bool(shaped.any()), "ops_linked": int(has_op.sum())}
+    frame["op_id"] = op_id
+    return {"record_shapes": bool(shaped.any()), "ops_linked": int(has_op.sum()), "collectives_without_group": without_group}
+
+
+_COLLECTIVE_OP = re.compile(r"(?i)^(?:record_param_comms|c10d::|nccl:|gloo:|rccl:)")
+
+
+def _launching_collective(rows: np.ndarray, corr: np.ndarray, is_launch: np.ndarray, tid: np.ndarray, start: np.ndarray,
+                          ops: list[dict], ops_start: np.ndarray, ops_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(message bytes, group size, op name) that the innermost collective op (``record_param_comms``,
+    ``c10d::allreduce_``, ...) around each comm kernel's launch call recorded (``op_costs.collective_call``);
+    -1 / -1 / "" where none did."""
+    n = len(rows)
+    msg, group, names = np.full(n, -1, np.int64), np.full(n, -1, np.int64), np.full(n, "", dtype=object)
+    cand = [i for i, o in enumerate(ops) if type(o.get("name")) is str and _COLLECTIVE_OP.search(o["name"])
+            and isinstance(o.get("args"), dict)]
+    calls = [collective_call(ops[i]["args"]) for i in cand]
+    keep = [k for k, (m, g) in enumerate(calls) if m > 0 or g > 0]
+    if not keep or not n:
+        return msg, group, names
+    idx = np.asarray([cand[k] for k in keep], np.int64)
+    launches = np.flatnonzero(is_launch & (corr >= 0))
+    launch_of = pd.Series(launches, index=corr[launches])
+    launch_of = launch_of[~launch_of.index.duplicated()]
+    li = launch_of.reindex(corr[rows]).fillna(-1).to_numpy(np.int64)
+    ok = li >= 0
+    c_tid = np.array([-1 if (v := _to_int(ops[i].get("tid"))) is None else v for i in idx], np.int64)
+    inner = np.full(n, -1, np.int64)
+    inner[ok] = _innermost(ops_start[idx], ops_end[idx], c_tid, tid[li[ok]], start[li[ok]])
+    got = inner >= 0
+    picked = [calls[keep[int(j)]] for j in inner[got]]
+    msg[got] = [m for m, _ in picked]
+    group[got] = [g for _, g in picked]
+    names[got] = [str(ops[int(idx[int(j)])]["name"]) for j in inner[got]]
+    return msg, group, names
+
+
+def split_by_duration(total: np.ndarray, dur: np.ndarray, inst: np.ndarray) -> np.ndarray:
+    """Each op instance's ``total`` (the same on each of its kernels) split over its kernels in
+    proportion to their durations (equally when they all lasted 0), in integers that add up to
+    the total exactly (largest remainders): the kernels of one call of an op carry its work
+    between them, whatever their timings."""
+    if not len(total):
+        return np.zeros(0, np.int64)
+    tot = pd.Series(dur).groupby(inst).transform("sum").to_numpy(np.float64)
+    count = pd.Series(dur).groupby(inst).transform("size").to_numpy(np.float64)
+    share = np.where(tot > 0, dur / np.where(tot > 0, tot, 1.0), 1.0 / count)
+    raw = np.round(total).astype(np.float64) * share
+    base = np.floor(raw)
+    short = np.round(total) - pd.Series(base).groupby(inst).transform("sum").to_numpy(np.float64)
+    order = pd.Series(raw - base).groupby(inst).rank(method="first", ascending=False).to_numpy(np.float64) - 1
+    return (base + (order < short)).astype(np.int64)
 
 
 def _list_types(op_of_gpu: np.ndarray, names: np.ndarray) -> dict[int, str]:
@@ -176,16 +250,6 @@ def _to_int(v) -> int | None:
             return None
         return int(f) if math.isfinite(f) else None
     return None
-
-
-def _group_sizes(args: list[dict]) -> np.ndarray:
-    out = []
-    for a in args:
-        g = _to_int(a.get("Group size"))
-        if g is None and isinstance(a.get("Process Group Ranks"), str):
-            g = len([x for x in a["Process Group Ranks"].strip("[]").split(",") if x.strip()])
-        out.append(g if g is not None else -1)
-    return np.asarray(out, np.int64)
 
 
 def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -233,26 +297,44 @@ def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, 
 _OPTIONS = ("record_shapes", "with_stack", "with_flops", "profile_memory")
 
 
-def profiler_options(doc: dict, ops: list[dict], linked: dict) -> dict:
+class EventFlags:
+    """What ``profiler_options`` reads off the events, gathered one event at a time (``see``)
+    while a trace streams by: python stack events, memory events, the profiler's overhead."""
+
+    def __init__(self) -> None:
+        self.with_stack = False
+        self.profile_memory = False
+        self.overhead_ns = 0
+
+    def see(self, e: dict) -> None:
+        cat = e.get("cat")
+        if cat == "python_function":
+            self.with_stack = True
+        elif cat == "overhead" and e.get("ph") == "X":
+            self.overhead_ns += (_to_int(e.get("dur")) or 0) * 1000
+        if e.get("name") == "[memory]":
+            self.profile_memory = True
+
+
+def profiler_options(top: dict, flags: EventFlags, ops: list[dict], linked: dict) -> dict:
     """The torch.profiler options this trace was captured with: Kineto writes them at the top
-    level in recent versions; otherwise they are read off the events (shapes, python stack
-    events, flops, memory events). ``overhead_ns``: the profiler's own ``overhead`` events."""
+    level (``top``: the document's keys but its events) in recent versions; otherwise they are
+    read off the events (shapes, python stack events, flops, memory events: ``flags``).
+    ``overhead_ns``: the profiler's own ``overhead`` events."""
     opts: dict = {}
     for key in _OPTIONS:
-        v = doc.get(key)
+        v = top.get(key)
         if v is not None:
             opts[key] = bool(_to_int(v)) if not isinstance(v, bool) else v
-    events = [e for e in doc["traceEvents"] if type(e) is dict]
     if "record_shapes" not in opts:
         opts["record_shapes"] = bool(linked.get("record_shapes"))
     if "with_stack" not in opts:
-        opts["with_stack"] = any(e.get("cat") == "python_function" for e in events)
+        opts["with_stack"] = flags.with_stack
     if "with_flops" not in opts:
         opts["with_flops"] = any(isinstance(o.get("args"), dict) and "flops" in o["args"] for o in ops)
     if "profile_memory" not in opts:
-        opts["profile_memory"] = any(e.get("name") == "[memory]" for e in events)
-    over = [e for e in events if e.get("cat") == "overhead" and e.get("ph") == "X"]
-    opts["overhead_ns"] = int(sum((_to_int(e.get("dur")) or 0) * 1000 for e in over)) if over else 0
+        opts["profile_memory"] = flags.profile_memory
+    opts["overhead_ns"] = int(flags.overhead_ns)
     opts["cpu_ops"] = len(ops)
     opts["kernels_linked_to_ops"] = int(linked.get("ops_linked", 0))
     return opts
@@ -295,3 +377,19 @@ def clock_domain(hosts: list[dict], ranks: list[int] | None = None) -> dict:
         return {"shared": True, "evidence": "inferred: same Kineto base time, distinct processes and distinct GPUs "
                                             "of one machine's device table"}
     return {"shared": None, "evidence": "not known (no host names in the traces)"}
+
+
+def process_group_sizes(dist: dict) -> dict:
+    """Process group name -> size from ``distributedInfo.pg_config`` (PyTorch 2.1+), with key None
+    for the group a collective without a group name ran in when the trace has only one."""
+    out: dict = {}
+    for pg in dist.get("pg_config") or [] if isinstance(dist.get("pg_config"), list) else []:
+        if isinstance(pg, dict):
+            size = _to_int(pg.get("pg_size"))
+            if size is None and isinstance(pg.get("ranks"), list):
+                size = len(pg["ranks"])
+            if size and size > 0:
+                out[str(pg.get("pg_name"))] = size
+    if len(out) == 1:
+        out[None] = next(iter(out.values()))
+    return out

@@ -17,14 +17,15 @@ bytes and nanoseconds. A ``.ncu-rep`` is read through Nsight Compute's Python mo
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from taxmodel import limits
 from taxmodel.errors import InputError
+from taxmodel.trace import inflate
 
 METRICS = {
     "dram__bytes_read.sum": "dram_read_bytes",
@@ -56,6 +57,10 @@ _ID_COLS = {"ID": "kernel_id", "Process ID": "process_id", "Kernel Name": "name"
             "Stream": "stream", "Grid Size": "grid", "Block Size": "block"}
 
 
+MAX_COUNTER = float(2 ** 62)
+"""Counter values at or above this (bytes, ns) are refused: stored as int64 they would wrap."""
+
+
 def read_counters(path: str | Path) -> pd.DataFrame:
     """One row per kernel of an ncu export (``COLUMNS``); InputError naming the file otherwise.
 
@@ -66,10 +71,19 @@ def read_counters(path: str | Path) -> pd.DataFrame:
     if path.suffix == ".ncu-rep":  # (a .csv may also be gzipped: .csv.gz)
         return _read_report(path)
     try:
-        text = (gzip.open(path, "rt", errors="replace").read() if path.suffix == ".gz"
-                else path.read_text(errors="replace"))
+        with open(path, "rb") as f:
+            gz = f.read(2) == inflate.GZIP_MAGIC
+        if gz:  # inflated in chunks under the one input budget: a small .csv.gz cannot take the memory
+            buf = io.BytesIO()
+            inflate.gunzip_file(path, buf)
+            data = buf.getvalue()
+        else:
+            limits.check_size(path, path.stat().st_size, "the counters file")
+            data = path.read_bytes()
     except (OSError, EOFError) as exc:
-        raise InputError(f"{path}: cannot be read ({exc})") from exc
+        raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    text = data.decode("utf-8", errors="replace")
+    del data
     rows = [ln for ln in text.splitlines() if ln.startswith('"')]
     header = next((i for i, ln in enumerate(rows) if ln.startswith('"ID"')), None)
     if header is None:
@@ -150,7 +164,15 @@ def _finish(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         raise InputError(f"{path}: a kernel ID in the ncu CSV is not a number")
     out["kernel_id"] = out["kernel_id"].astype("int64")
     for col in ("dram_read_bytes", "dram_write_bytes", "duration_ns"):
-        out[col] = df[col].round().fillna(-1).astype("int64").to_numpy()
+        value = pd.to_numeric(df[col], errors="coerce").astype(float)
+        # a counter is a count: never negative, never infinite, and stored as int64 (beyond 2**62
+        # it would wrap into a negative "measurement")
+        absurd = value.notna() & ~((value >= 0) & (value < MAX_COUNTER))
+        if absurd.any():
+            i = int(np.flatnonzero(absurd.to_numpy())[0])
+            raise InputError(f"{path}: kernel {df['name'].iloc[i]!r}: {col} is {value.iloc[i]!r}, not a count a kernel "
+                             f"can have (finite, not negative, below {MAX_COUNTER:.1e}); the export is damaged")
+        out[col] = value.round().fillna(-1).astype("int64").to_numpy()
     out["l2_hit_pct"] = df["l2_hit_pct"].astype(float).to_numpy()
     return out.sort_values(["process_id", "kernel_id"], kind="stable").reset_index(drop=True)[list(COLUMNS)]
 

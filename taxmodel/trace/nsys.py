@@ -23,12 +23,15 @@ group).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.trace import vendor_common as vc
+from taxmodel.trace import vocabulary
 
 FORMAT = "nsys"
 
@@ -43,10 +46,16 @@ _HOST_COLUMNS = ("start", "end", "globalTid", "correlationId", "nameId")
 _NAME_COLUMNS = ("demangledName", "shortName", "mangledName")
 _NVTX_RANGE_TYPES = (59, 60)  # NvtxPushPopRange, NvtxStartEndRange
 
-# CUPTI enums (CUpti_ActivityMemcpyKind, CUpti_ActivityMemoryKind), named as Kineto names them.
-_MEMCPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP")
-_MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static")
+# Copy and memory kinds, named as Kineto names them. The copy kinds are CUPTI's CUpti_ActivityMemcpyKind,
+# which Nsight Systems' ENUM_CUDA_MEMCPY_OPER extends by unified-memory migrations (11-13). Memory kinds:
+# Nsight Systems numbers them its own way (ENUM_CUDA_MEM_KIND: Pageable first, Unknown last); exports
+# without that table are read by which numbering makes their host<->device copies end in device memory.
+_MEMCPY_KINDS = ("Unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA", "DtoD", "HtoH", "PtoP",
+                 "UVM HtoD", "UVM DtoH", "UVM DtoD")
+_NSYS_MEMORY_KINDS = ("Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static", "Unknown")
+_CUPTI_MEMORY_KINDS = ("Unknown", "Pageable", "Pinned", "Device", "Array", "Managed", "Device Static", "Managed Static")
 _PTOP = 10
+_HTOD, _DTOH = 1, 2
 _PID_SHIFT, _ID_MASK = 24, 0xFFFFFF
 
 
@@ -100,15 +109,17 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
                      "launch rows and launch taxes are unavailable (trace with --trace=cuda)")
     ranges = _read_ranges(s, utc)
     waits = _read_stream_waits(s, utc)
+    sized = _read_collective_calls(s, utc)
     if not all("globalPid" in s.columns(t) for t in present):
         # Old exports without globalPid: the whole file is one process.
         notes.append(f"{s.path.name}: no globalPid column; the file is read as one process")
-        for df in (gpu, calls_df, ranges, waits):
+        for df in (gpu, calls_df, ranges, waits, sized):
             df["pid"] = 0
 
     processes = vc.process_table(gpu, file_index, _mpi_ranks(s))
     return {"file_index": file_index, "gpu": gpu, "calls": calls_df, "ranges": ranges, "waits": waits, "processes": processes,
-            "hardware": _hardware(s), "software": _software(s), "notes": notes, "utc": utc}
+            "collective_calls": sized,
+            "hardware": _hardware(s, gpu), "software": _software(s), "notes": notes, "utc": utc}
 
 
 def _col(s: vc.SqliteSchema, table: str, col: str, default: str, alias: str = "t") -> str:
@@ -153,11 +164,11 @@ def _read_gpu_table(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
         select.append(f"{_col(s, table, 'graphId', '0')} AS graph_id")
     elif table == MEMCPY:
         select += [f"{_col(s, table, 'bytes', '-1')} AS bytes", f"{_col(s, table, 'copyKind', '0')} AS copy_kind",
-                   f"{_col(s, table, 'srcKind', '0')} AS src_kind", f"{_col(s, table, 'dstKind', '0')} AS dst_kind",
+                   f"{_col(s, table, 'srcKind', '-1')} AS src_kind", f"{_col(s, table, 'dstKind', '-1')} AS dst_kind",
                    f"{_col(s, table, 'srcDeviceId', '-1')} AS src_device", f"{_col(s, table, 'dstDeviceId', '-1')} AS dst_device",
                    f"{_col(s, table, 'graphId', '0')} AS graph_id"]
     else:
-        select += [f"{_col(s, table, 'bytes', '-1')} AS bytes", f"{_col(s, table, 'memKind', '0')} AS mem_kind",
+        select += [f"{_col(s, table, 'bytes', '-1')} AS bytes", f"{_col(s, table, 'memKind', '-1')} AS mem_kind",
                    f"{_col(s, table, 'graphId', '0')} AS graph_id"]
     df = s.query(f'SELECT {", ".join(select)} FROM "{table}" t{joins}')
     df = df.astype({"pid": "int64", "device": "int64", "stream": "int64", "start_ns": "int64", "end_ns": "int64",
@@ -171,17 +182,36 @@ def _read_gpu_table(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
         df = df.drop(columns=[f"{a}_{x}" for a in ("grid", "block") for x in "xyz"])
     elif table == MEMCPY:
         df["kind"] = "memcpy"
-        df["name"] = ("Memcpy " + _label(df["copy_kind"], _MEMCPY_KINDS) + " (" + _label(df["src_kind"], _MEMORY_KINDS)
-                      + " -> " + _label(df["dst_kind"], _MEMORY_KINDS) + ")")
+        kinds = _memory_kinds(s, df)
+        df["name"] = ("Memcpy " + _label(df["copy_kind"], _MEMCPY_KINDS) + " (" + _label(df["src_kind"], kinds)
+                      + " -> " + _label(df["dst_kind"], kinds) + ")")
         df["role"] = vc.gpu_memcpy_role(df["src_device"].astype("int64"), df["dst_device"].astype("int64"),
                                         df["copy_kind"].astype("int64") == _PTOP)
         df = df.drop(columns=["copy_kind", "src_kind", "dst_kind", "src_device", "dst_device"])
     else:
         df["kind"] = "memset"
-        df["name"] = "Memset (" + _label(df["mem_kind"], _MEMORY_KINDS) + ")"
+        df["name"] = "Memset (" + _label(df["mem_kind"], _memory_kinds(s, None)) + ")"
         df["role"] = "copy"
         df = df.drop(columns=["mem_kind"])
     return df
+
+
+def _memory_kinds(s: vc.SqliteSchema, copies: pd.DataFrame | None) -> tuple[str, ...]:
+    """Labels of the export's memory-kind codes: its ENUM_CUDA_MEM_KIND table; else Nsight Systems'
+    numbering (Device = 2), unless a host<->device copy then would not touch device memory while
+    CUPTI's numbering (Device = 3) makes it do so (exports older than the enum tables)."""
+    t = "ENUM_CUDA_MEM_KIND"
+    if s.has(t) and {"id", "label"} <= s.columns(t):
+        rows = dict(s.conn.execute(f'SELECT "id", "label" FROM "{t}"').fetchall())
+        if rows and all(isinstance(k, int) for k in rows):
+            return tuple(str(rows.get(i, "Unknown")) for i in range(max(rows) + 1))
+    if copies is not None and len(copies):
+        kind = copies["copy_kind"].astype("int64")
+        device_end = np.where(kind == _HTOD, copies["dst_kind"], np.where(kind == _DTOH, copies["src_kind"], -1)).astype("int64")
+        device_end = device_end[device_end >= 0]
+        if len(device_end) and (device_end == 3).all() and not (device_end == 2).any():
+            return _CUPTI_MEMORY_KINDS
+    return _NSYS_MEMORY_KINDS
 
 
 def _label(codes: pd.Series, labels: tuple[str, ...]) -> pd.Series:
@@ -238,26 +268,123 @@ def _read_ranges(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
     return df.astype({"pid": "int64", "stream": "int64", "start_ns": "int64", "end_ns": "int64"})
 
 
+def _read_collective_calls(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
+    """NCCL's own NVTX ranges (``ncclAllReduce``, ...; NCCL 2.19+ in the "NCCL" domain) with the
+    sizes their payloads carry: "Message size [bytes]", and the communicator whose "No. of ranks"
+    its ``ncclCommInitRank`` range gave. Nsight Systems exports a range's payload as JSON
+    (``jsonText``, or ``jsonTextId`` into StringIds); older NCCL records none (sizes stay -1)."""
+    if not s.has(NVTX):
+        return vc.empty_collective_calls()
+    cols = s.columns(NVTX)
+    text, payload, joins = [], [], ""
+    if "text" in cols:
+        text.append('t."text"')
+    if "textId" in cols and s.has("StringIds"):
+        text.append("n.\"value\"")
+        joins += ' LEFT JOIN "StringIds" n ON n."id" = t."textId"'
+    if "jsonText" in cols:
+        payload.append('t."jsonText"')
+    if "jsonTextId" in cols and s.has("StringIds"):
+        payload.append("j.\"value\"")
+        joins += ' LEFT JOIN "StringIds" j ON j."id" = t."jsonTextId"'
+    if not text or not {"start", "end", "globalTid"} <= cols:
+        return vc.empty_collective_calls()
+    label = f"COALESCE({', '.join(text)}, '')"
+    df = s.query(
+        f'SELECT ((t."globalTid" >> {_PID_SHIFT}) & {_ID_MASK}) AS pid, (t."globalTid" & {_ID_MASK}) AS stream, '
+        f'{label} AS name, t."start" + {utc} AS start_ns, t."end" + {utc} AS end_ns, '
+        f'{("COALESCE(" + ", ".join(payload) + ", NULL)") if payload else "NULL"} AS payload '
+        f'FROM "{NVTX}" t{joins} WHERE t."end" IS NOT NULL AND {label} LIKE \'nccl%\'')
+    if df.empty:
+        return vc.empty_collective_calls()
+    fields = [_payload_fields(p) for p in df["payload"]]
+    ranks_of_comm = {f["comm"]: f["nranks"] for n, f in zip(df["name"], fields)
+                     if str(n).lower().startswith(("ncclcomminit", "ncclcommsplit")) and f["comm"] is not None and f["nranks"] > 0}
+    op = [vocabulary.normalize_collective(str(n)[4:]) for n in df["name"]]
+    keep = np.array([o in vocabulary.COLLECTIVES for o in op], bool)
+    out = pd.DataFrame({"pid": df["pid"], "stream": df["stream"], "start_ns": df["start_ns"], "end_ns": df["end_ns"],
+                        "op": op, "payload_bytes": [f["bytes"] for f in fields],
+                        "group_size": [f["nranks"] if f["nranks"] > 0 else ranks_of_comm.get(f["comm"], -1) for f in fields]})
+    return out[keep].astype({c: "int64" for c in vc.COLLECTIVE_CALL_COLUMNS if c != "op"})
+
+
+def _payload_fields(payload) -> dict:
+    """Message size, communicator and number of ranks in an NVTX payload exported as JSON (NCCL's
+    schema entry names: "Message size [bytes]", "NCCL communicator ID", "No. of ranks")."""
+    out = {"bytes": -1, "comm": None, "nranks": -1}
+    if not isinstance(payload, str) or not payload.strip():
+        return out
+    try:
+        doc = json.loads(payload)
+    except (json.JSONDecodeError, RecursionError):
+        return out
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for k, v in node.items():
+                key = str(k).lower()
+                if isinstance(v, (dict, list)):
+                    stack.append(v)
+                elif "message size" in key or key in ("bytes", "size"):
+                    out["bytes"] = _nonneg(v, out["bytes"])
+                elif "communicator" in key or key in ("comm", "commhash"):
+                    out["comm"] = v
+                elif "no. of ranks" in key or key in ("nranks", "ranks"):
+                    out["nranks"] = _nonneg(v, out["nranks"])
+        elif isinstance(node, list):
+            stack.extend(node)
+    return out
+
+
+def _nonneg(v, default: int) -> int:
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        return default
+    return n if n >= 0 else default
+
+
 def _mpi_ranks(s: vc.SqliteSchema) -> dict[int, int]:
     if not (s.has("MPI_RANKS") and {"globalTid", "rank"} <= s.columns("MPI_RANKS")):
         return {}
-    rows = s.conn.execute(f'SELECT (("globalTid" >> {_PID_SHIFT}) & {_ID_MASK}), "rank" FROM "MPI_RANKS"').fetchall()
+    rows = s.fetchall(f'SELECT (("globalTid" >> {_PID_SHIFT}) & {_ID_MASK}), "rank" FROM "MPI_RANKS"')
     return {int(p): int(r) for p, r in rows}
 
 
-def _hardware(s: vc.SqliteSchema) -> dict:
+#: TARGET_INFO_GPU columns -> meta["hardware"] keys (clockRate in Hz, memoryBandwidth in bytes/s)
+_GPU_INFO = {"name": "name", "smCount": "num_sms", "totalMemory": "memory_bytes", "memoryBandwidth": "memory_bandwidth_bytes_per_s",
+             "clockRate": "clock_hz", "l2CacheSize": "l2_bytes"}
+
+
+def _hardware(s: vc.SqliteSchema, gpu: pd.DataFrame) -> dict:
+    """The GPU most of the file's GPU rows ran on, from TARGET_INFO_GPU (its ``id`` is the
+    ``deviceId`` of the activity tables): name, SMs, memory size and bandwidth, clock, L2, compute
+    capability, and whether it is integrated (host memory is device memory). Without the table, the
+    kernels' names may still say the architecture (``vendor_common.arch_from_kernel_names``)."""
+    hw: dict = {"vendor": "nvidia"}
     t = "TARGET_INFO_GPU"
-    if not s.has(t):
-        return {"vendor": "nvidia"}
-    cols = s.columns(t)
-    wanted = {"name": "name", "smCount": "num_sms", "totalMemory": "memory_bytes"}
-    present = {c: k for c, k in wanted.items() if c in cols}
-    if not present:
-        return {"vendor": "nvidia"}
-    row = s.conn.execute(f'SELECT {", ".join(chr(34) + c + chr(34) for c in present)} FROM "{t}" LIMIT 1').fetchone()
-    hw = {"vendor": "nvidia"}
-    if row:
-        hw.update({k: v for k, v in zip(present.values(), row) if v is not None})
+    cols = s.columns(t) if s.has(t) else set()
+    present = {c: k for c, k in _GPU_INFO.items() if c in cols}
+    extra = [c for c in ("computeMajor", "computeMinor", "isDiscrete") if c in cols]
+    if present or extra:
+        sel = ", ".join(f'"{c}"' for c in [*present, *extra])
+        by_id = "id" in cols
+        rows = s.conn.execute(f'SELECT {sel}{", " + chr(34) + "id" + chr(34) if by_id else ""} FROM "{t}"').fetchall()
+        used = gpu["device"].mode() if len(gpu) else pd.Series([], dtype="int64")
+        want = int(used.iloc[0]) if len(used) else None
+        row = next((r for r in rows if by_id and r[-1] == want), rows[0] if rows else None)
+        if row is not None:
+            values = dict(zip([*present, *extra], row))
+            hw.update({k: values[c] for c, k in present.items() if values.get(c) not in (None, "", 0)})
+            if values.get("computeMajor") is not None:
+                hw["compute_capability"] = f"{int(values['computeMajor'])}.{int(values.get('computeMinor') or 0)}"
+            if values.get("isDiscrete") == 0:
+                hw["integrated"] = True
+    if "compute_capability" not in hw and len(gpu):
+        hint = vc.arch_from_kernel_names(gpu.loc[gpu["kind"] == "kernel", "name"])
+        if hint:
+            hw["arch_hint"] = hint
     return hw
 
 
@@ -265,7 +392,7 @@ def _software(s: vc.SqliteSchema) -> dict:
     sw = {}
     for t in ("META_DATA_EXPORT", "META_DATA_CAPTURE"):
         if s.has(t) and {"name", "value"} <= s.columns(t):
-            for name, value in s.conn.execute(f'SELECT "name", "value" FROM "{t}"'):
+            for name, value in s.fetchall(f'SELECT "name", "value" FROM "{t}"'):
                 if name in ("EXPORT_SCHEMA_VERSION", "EXPORT_PROGRAM_VERSION", "CAPTURE_PROGRAM_VERSION", "NSYS_VERSION"):
                     sw[f"nsys_{str(name).lower()}"] = value
     return sw

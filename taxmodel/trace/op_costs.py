@@ -30,7 +30,7 @@ import ast
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 # Kineto's "Input type" strings (C++ type names) -> (element bytes, dtype class)
 _TYPES: dict[str, tuple[int, str]] = {
@@ -703,6 +703,91 @@ _BUS_FACTOR: dict[str, Callable[[int], float]] = {
     "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "send": lambda n: 1.0, "recv": lambda n: 1.0,
     "sendrecv": lambda n: 1.0, "gather": lambda n: (n - 1) / n, "scatter": lambda n: (n - 1) / n,
 }
+
+
+#: Bytes per element for the dtype names PyTorch writes into collective metadata (c10 ScalarType
+#: names: ``"dtype": "BFloat16"`` beside ``In msg nelems``).
+COMM_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2, "bfloat16": 2,
+    "int": 4, "int32": 4, "long": 8, "int64": 8, "short": 2, "int16": 2, "char": 1, "int8": 1,
+    "byte": 1, "uint8": 1, "bool": 1, "complexfloat": 8, "complexdouble": 16, "complexhalf": 4,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+}
+#: collectives whose per-rank payload is 1/n of their larger side (input of an all-gather, output
+#: of a reduce-scatter, one peer's share of an all-to-all)
+_PER_RANK_SIDE = frozenset(("allgather", "reduce_scatter", "alltoall", "gather", "scatter"))
+
+
+def collective_call(args: Mapping[str, Any]) -> tuple[int, int]:
+    """(message bytes: the larger of the collective's input and output, group size) that the op
+    launching a collective recorded: PyTorch's ``In``/``Out msg nelems`` and ``dtype``
+    (``record_param_comms``, every c10d collective since PyTorch 1.13), else its tensors' recorded
+    shapes and types (``Input Dims``, ``Input type`` of ``c10d::allreduce_``, ``nccl:all_reduce``);
+    the group from ``Group size`` or ``Process Group Ranks``. -1 where not recorded."""
+    nelems = max(_nonneg(args.get("In msg nelems")), _nonneg(args.get("Out msg nelems")))
+    width = COMM_DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
+    msg = nelems * width if nelems > 0 and width else -1
+    if msg < 0:
+        sizes = [_tensor_bytes(d, t) for d, t in zip(_seq(args.get("Input Dims")), _seq(args.get("Input type")))]
+        msg = max(sizes, default=-1)
+        msg = msg if msg > 0 else -1
+    return msg, recorded_group_size(args)
+
+
+#: The args of an op that ``collective_call`` reads (an importer that keeps only some of each op's
+#: args keeps these).
+COLLECTIVE_CALL_ARGS = ("In msg nelems", "Out msg nelems", "dtype", "Input Dims", "Input type", "Group size",
+                        "Process Group Ranks")
+
+
+def recorded_group_size(args: Mapping[str, Any]) -> int:
+    """A collective's process group size as its args (a kernel's or the op's that launched it)
+    record it: ``Group size``, else the length of ``Process Group Ranks``; -1 where neither does."""
+    group = args.get("Group size")
+    if type(group) is str and group.strip().isdigit() and len(group.strip()) < 19:
+        group = int(group)
+    group = _nonneg(group)
+    ranks = args.get("Process Group Ranks")
+    if group <= 0 and isinstance(ranks, str):
+        group = len([x for x in ranks.strip("[]").split(",") if x.strip()])
+    return group if group > 0 else -1
+
+
+def payload_message_bytes(op: str, payload_bytes: int, group_size: int) -> int:
+    """A collective library's per-call payload (NCCL's NVTX "Message size [bytes]": an all-gather's
+    send buffer, a reduce-scatter's receive buffer, an all-reduce's buffer) as the message
+    ``collective_bus_bytes`` takes (the larger side); with the group unknown, as if 2 ranks."""
+    if payload_bytes is None or payload_bytes < 0:
+        return -1
+    return payload_bytes * max(group_size, 2) if op in _PER_RANK_SIDE else payload_bytes
+
+
+def _nonneg(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else -1
+
+
+def _seq(v: Any) -> list:
+    return v if isinstance(v, list) else []
+
+
+def _tensor_bytes(dims: Any, type_name: Any) -> int:
+    """Bytes of one recorded input: a tensor's dims (a list of ints) or a tensor list's (a list of
+    such lists), of element type ``type_name``; -1 for a scalar, an unknown type or no dims."""
+    es = _TYPES.get(str(type_name).lower(), (0, ""))[0] or COMM_DTYPE_BYTES.get(
+        str(type_name).lower().replace("c10::", ""), 0)
+    if not isinstance(dims, list) or not dims or not es:
+        return -1
+    shapes = dims if all(isinstance(d, list) for d in dims) else [dims]
+    if not all(isinstance(x, int) for sh in shapes for x in sh):
+        return -1
+    return sum(math.prod(sh) for sh in shapes) * es
+
+
+def collective_bus_bytes_at_least(op: str, message_bytes: int) -> int:
+    """``collective_bus_bytes`` with the group unknown: the fewest bytes any group of 2 or more
+    ranks carries (every factor is smallest at 2), a lower bound; -1 when the op or size is unknown."""
+    return collective_bus_bytes(op, message_bytes, 2)
 
 
 def collective_bus_bytes(op: str, message_bytes: int, group_size: int) -> int:

@@ -23,6 +23,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
@@ -32,7 +33,7 @@ from taxmodel.trace import vendor_common as vc
 FORMAT = "rocpd"
 
 _BASES = ("rocpd_string", "rocpd_info_process", "rocpd_info_agent", "rocpd_info_kernel_symbol", "rocpd_event",
-          "rocpd_kernel_dispatch", "rocpd_memory_copy", "rocpd_region", "rocpd_metadata")
+          "rocpd_kernel_dispatch", "rocpd_memory_copy", "rocpd_region", "rocpd_metadata", "rocpd_arg")
 _NEEDED = {
     "rocpd_kernel_dispatch": ("guid", "pid", "tid", "agent_id", "kernel_id", "stream_id", "start", "end",
                               "workgroup_size_x", "workgroup_size_y", "workgroup_size_z",
@@ -141,11 +142,13 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
             LEFT JOIN {STR} C ON C.id = E.category_id AND C.guid = E.guid
             {thread_join}""")
 
+    sized = _collective_calls(s, t)
     # A merged database may hold the same pid from two runs: key processes by (guid, pid).
     keys = pd.concat([kernels[["guid", "pid"]], copies[["guid", "pid"]], regions[["guid", "pid"]]]).drop_duplicates()
     key_of = {(g, int(p)): int(p) if not keys["pid"].duplicated().any() else int(p) + 10_000_000 * i
               for i, (g, p) in enumerate(zip(keys["guid"], keys["pid"]))}
-    for df in (kernels, copies, regions):
+    sized = sized[np.array([(g, int(p)) in key_of for g, p in zip(sized["guid"], sized["pid"])], dtype=bool)].copy()
+    for df in (kernels, copies, regions, sized):
         df["pid"] = [key_of[(g, int(p))] for g, p in zip(df["guid"], df["pid"])]
         df.drop(columns=["guid"], inplace=True)
 
@@ -163,7 +166,39 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
             "ranges": ranges.drop(columns=["category", "extdata", "correlation"]).astype(
                 {"stream": "int64", "start_ns": "int64", "end_ns": "int64"}),
             "processes": vc.process_table(gpu, file_index, declared),
+            "collective_calls": sized.astype({c: "int64" for c in vc.COLLECTIVE_CALL_COLUMNS if c != "op"}),
             "hardware": _hardware(s, t), "software": _software(s, t)}
+
+
+def _collective_calls(s: vc.SqliteSchema, t: _Tables) -> pd.DataFrame:
+    """RCCL API calls (``ncclAllReduce`` regions) with the sizes their recorded arguments give
+    (``rocpd_arg``: ``count``/``sendcount``/``recvcount`` and ``datatype``, in rocprofv3's
+    callback tracing), as ``vendor_common.COLLECTIVE_CALL_COLUMNS`` plus ``guid``."""
+    empty = vc.empty_collective_calls().assign(guid=pd.Series([], dtype=object))
+    if not (t.has("rocpd_region") and t.has("rocpd_arg")) or not {"event_id", "name", "value"} <= t.columns["rocpd_arg"]:
+        return empty
+    R, P, E, STR, ARG = (t.require(b) for b in ("rocpd_region", "rocpd_info_process", "rocpd_event", "rocpd_string", "rocpd_arg"))
+    tid = "T.tid" if s.has("rocpd_info_thread") else "R.tid"
+    thread_join = 'LEFT JOIN "rocpd_info_thread" T ON T.id = R.tid AND T.guid = R.guid' if s.has("rocpd_info_thread") else ""
+    rows = s.query(f"""
+        SELECT R.guid AS guid, R.id AS region, P.pid AS pid, COALESCE({tid}, -1) AS stream, N.string AS name,
+               R.start AS start_ns, R."end" AS end_ns, A.name AS arg, A.value AS value
+        FROM {R} R
+        JOIN {P} P ON P.id = R.pid AND P.guid = R.guid
+        JOIN {STR} N ON N.id = R.name_id AND N.guid = R.guid
+        JOIN {ARG} A ON A.event_id = R.event_id AND A.guid = R.guid
+        {thread_join}
+        WHERE N.string LIKE 'nccl%' OR N.string LIKE 'rccl%'""")
+    if rows.empty:
+        return empty
+    out = []
+    for (guid, _), g in rows.groupby(["guid", "region"], sort=False):
+        first = g.iloc[0]
+        op, payload = vc.call_from_args(str(first["name"]), dict(zip(g["arg"].astype(str), g["value"])))
+        if op:
+            out.append({"guid": guid, "pid": int(first["pid"]), "stream": int(first["stream"]), "start_ns": int(first["start_ns"]),
+                        "end_ns": int(first["end_ns"]), "op": op, "payload_bytes": payload, "group_size": -1})
+    return pd.DataFrame(out) if out else empty
 
 
 def _marker_text(name, extdata) -> str:
@@ -181,7 +216,7 @@ def _marker_text(name, extdata) -> str:
 def _declared_ranks(s: vc.SqliteSchema, t: _Tables, key_of: dict) -> dict[int, int]:
     if "environment" not in t.columns.get("rocpd_info_process", set()):
         return {}
-    rows = s.conn.execute(f'SELECT guid, pid, environment FROM {t.src["rocpd_info_process"]}').fetchall()
+    rows = s.fetchall(f'SELECT guid, pid, environment FROM {t.src["rocpd_info_process"]}')
     out = {}
     for guid, pid, env in rows:
         try:
@@ -205,5 +240,5 @@ def _hardware(s: vc.SqliteSchema, t: _Tables) -> dict:
 def _software(s: vc.SqliteSchema, t: _Tables) -> dict:
     if not t.has("rocpd_metadata") or not {"tag", "value"} <= t.columns["rocpd_metadata"]:
         return {}
-    rows = s.conn.execute(f"SELECT tag, value FROM {t.src['rocpd_metadata']}").fetchall()
+    rows = s.fetchall(f"SELECT tag, value FROM {t.src['rocpd_metadata']}")
     return {f"rocpd_{re.sub(r'[^a-z0-9]+', '_', str(k).lower())}": v for k, v in rows if str(k).lower() == "schema_version"}

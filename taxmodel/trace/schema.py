@@ -67,6 +67,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("floor_bytes", "int64", -1, "compulsory HBM bytes of a GPU row (inputs read once, outputs written once); "
                                        "for a collective the bytes its rank's link carries"),
     Column("uncosted", "string", "", "why a GPU row has no per-kernel cost (empty when costed or not tried)"),
+    Column("op_id", "int64", -1, "the op call that launched a GPU row (kernels of one call share it and its flops and "
+                                 "floor_bytes), numbered per rank; -1 when no op is linked"),
+    Column("shapes_from", "string", "", "where a GPU row's work came from when not from its own op: 'eager step' for a "
+                                        "CUDA-graph replay's kernel matched to the same kernel of an eager step"),
     Column("dram_read_bytes", "int64", -1, "DRAM bytes a kernel read, measured by hardware counters; -1 not measured"),
     Column("dram_write_bytes", "int64", -1, "DRAM bytes a kernel wrote, measured by hardware counters; -1 not measured"),
     Column("l2_hit_pct_x100", "int32", -1, "L2 sector hit rate of a kernel in hundredths of a percent (8406 = 84.06%), "
@@ -96,6 +100,8 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
     Raises BundleError naming the column when a required one is missing or a value cannot be
     converted.
     """
+    if _is_normalized(df):
+        return df  # already in schema order, at the schema's dtypes, sorted: no copy
     out = {}
     n = len(df)
     for col in COLUMNS:
@@ -104,7 +110,7 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
         elif col.missing is None:
             raise BundleError(f"events: required column '{col.name}' is missing")
         else:
-            s = pd.Series([col.missing] * n, index=df.index)
+            s = pd.Series(np.full(n, col.missing, dtype=object if col.dtype == "string" else col.dtype), index=df.index)
         try:
             if col.dtype == "string":
                 s = s.fillna(col.missing if col.missing is not None else "").astype(str)
@@ -118,8 +124,28 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
         except (ValueError, TypeError, OverflowError) as exc:
             raise BundleError(f"events: column '{col.name}' cannot be read as {col.dtype}: {exc}") from exc
         out[col.name] = s.to_numpy()
-    result = pd.DataFrame(out)
-    return result.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    order = np.lexsort((out["end_ns"], out["start_ns"], out["rank"]))  # stable: equal keys keep their order
+    for name in list(out):
+        out[name] = out[name][order]
+    return pd.DataFrame(out)
+
+
+def _is_normalized(df: pd.DataFrame) -> bool:
+    """Whether ``df`` is what ``normalize_events`` returns: the schema's columns in order at their
+    dtypes (strings as str objects), a default index, sorted by (rank, start_ns, end_ns)."""
+    if tuple(df.columns) != COLUMN_NAMES or not isinstance(df.index, pd.RangeIndex) or df.index.start != 0 \
+            or df.index.step != 1:
+        return False
+    for col in COLUMNS:
+        if str(df[col.name].dtype) != _pandas_dtype(col):
+            return False
+        if col.dtype == "string" and len(df) and not pd.api.types.infer_dtype(df[col.name], skipna=False) in ("string", "empty"):
+            return False
+    rank, start, end = (df[c].to_numpy() for c in ("rank", "start_ns", "end_ns"))
+    if len(df) < 2:
+        return True
+    dr, ds, de = np.diff(rank), np.diff(start), np.diff(end)
+    return bool(((dr > 0) | ((dr == 0) & ((ds > 0) | ((ds == 0) & (de >= 0))))).all())
 
 
 def add_missing_columns(df: pd.DataFrame) -> pd.DataFrame:

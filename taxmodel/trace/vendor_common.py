@@ -29,6 +29,7 @@ from typing import Iterator
 import numpy as np
 import pandas as pd
 
+from taxmodel import limits
 from taxmodel.errors import InputError
 from taxmodel.trace import inflate, vocabulary
 
@@ -85,14 +86,77 @@ def sqlite_connection(path: Path) -> Iterator[sqlite3.Connection]:
             path = target
         if magic != SQLITE_MAGIC:
             raise InputError(f"{shown}: not a SQLite database (the file does not start with the SQLite header)")
-        conn = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        # the path as a percent-encoded file: URI ('#', '?' and '%' in a name are the name's, not the
+        # URI's fragment, query or escapes), opened read-only
+        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, factory=_GuardedConnection)
         try:
-            yield conn
+            conn.execute("PRAGMA query_only = ON")
+            conn.guard(limits.query_seconds())
+            with conn.noting_interrupts():
+                yield conn
+        except BaseException as exc:
+            if conn.stopped == "interrupted":  # Ctrl-C during a query: a Ctrl-C, not a damaged file
+                raise KeyboardInterrupt from exc
+            if conn.stopped == "deadline":
+                raise InputError(f"{shown}: a query of the database ran longer than {limits.query_seconds():g} s "
+                                 "(a view that never ends?); export the trace again, or raise "
+                                 f"{limits.QUERY_SECONDS_ENV} for a database that big") from exc
+            raise
         finally:
             conn.close()
     finally:
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+class _GuardedConnection(sqlite3.Connection):
+    """A connection whose queries stop at a deadline and on Ctrl-C.
+
+    SQLite runs a query in C: without a progress handler Python never gets to run its SIGINT
+    handler until the query ends, so a never-ending view ignored Ctrl-C. The handler below runs
+    every few thousand virtual-machine steps, which lets Python's signal handlers run; a Ctrl-C
+    (noted by ``noting_interrupts``: the exception raised inside the callback is swallowed by
+    sqlite3) or a passed deadline makes it return 1, which aborts the query, and ``stopped``
+    says why."""
+
+    stopped = ""
+
+    @contextlib.contextmanager
+    def noting_interrupts(self) -> Iterator[None]:
+        """While the connection is in use, a SIGINT is noted in ``stopped`` before the handler
+        that was there runs (and raises KeyboardInterrupt, as it would have)."""
+        import signal
+        import threading
+
+        previous = signal.getsignal(signal.SIGINT)
+        if threading.current_thread() is not threading.main_thread() or not callable(previous):
+            yield  # signals go to the main thread only; an ignored SIGINT stays ignored
+            return
+
+        def note(signum, frame):
+            self.stopped = "interrupted"
+            previous(signum, frame)
+
+        signal.signal(signal.SIGINT, note)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def guard(self, seconds: float) -> None:
+        import time
+
+        deadline = time.monotonic() + seconds
+
+        def check() -> int:
+            if self.stopped:
+                return 1
+            if time.monotonic() > deadline:
+                self.stopped = "deadline"
+                return 1
+            return 0
+
+        self.set_progress_handler(check, 20_000)
 
 
 @contextlib.contextmanager
@@ -154,9 +218,27 @@ class SqliteSchema:
         cols = self.columns(name)
         return next((c for c in candidates if c in cols), None)
 
+    def fetchall(self, sql: str, params: tuple = ()) -> list[tuple]:
+        """The rows of a query, at most ``limits.row_budget`` of the file (a table cannot hold more
+        rows than the file has bytes; a view that yields more is not data): InputError beyond."""
+        return self._fetch(sql, params)[1]
+
+    def _fetch(self, sql: str, params: tuple = ()) -> tuple[list[str], list[tuple]]:
+        cur = self.conn.execute(sql, params)
+        budget = limits.row_budget(self.path)
+        rows: list[tuple] = []
+        while batch := cur.fetchmany(100_000):
+            rows += batch
+            if len(rows) > budget:
+                raise InputError(f"{self.path}: a query of the {self.tool} database yields more than {budget:,} rows, more "
+                                 "than a database of its size can hold (a view that never ends?); export the trace again")
+        return [d[0] for d in cur.description or ()], rows
+
     def query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
+        """A query's rows as a DataFrame (``fetchall``'s budget; what ``pd.read_sql_query`` gives)."""
         try:
-            return pd.read_sql_query(sql, self.conn, params=params)
+            columns, rows = self._fetch(sql, params)
+            return pd.DataFrame.from_records(rows, columns=columns, coerce_float=True)
         except (sqlite3.Error, pd.errors.DatabaseError) as exc:
             raise InputError(f"{self.path}: cannot read the {self.tool} database ({exc})") from exc
 
@@ -330,11 +412,95 @@ def finish_events(frames: list[pd.DataFrame], *, collective_from_kernels: bool =
     return events.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
 
 
+# --- collective sizes ------------------------------------------------------------------------
+
+#: ncclDataType_t, by name (NCCL's and RCCL's headers) and by value, -> element bytes
+NCCL_DTYPE_BYTES = {"ncclint8": 1, "ncclchar": 1, "nccluint8": 1, "ncclint32": 4, "ncclint": 4, "nccluint32": 4,
+                    "ncclint64": 8, "nccluint64": 8, "ncclfloat16": 2, "ncclhalf": 2, "ncclfloat32": 4, "ncclfloat": 4,
+                    "ncclfloat64": 8, "nccldouble": 8, "ncclbfloat16": 2, "ncclfloat8e4m3": 1, "ncclfloat8e5m2": 1,
+                    "0": 1, "1": 1, "2": 4, "3": 4, "4": 8, "5": 8, "6": 2, "7": 4, "8": 8, "9": 2, "10": 1, "11": 1}
+COLLECTIVE_CALL_COLUMNS = ("pid", "stream", "start_ns", "end_ns", "op", "payload_bytes", "group_size")
+"""A collective library call with its size (``assemble``'s ``collective_calls``): the host thread
+it ran on, its time range, the collective (``vocabulary.normalize_collective``), its payload in
+bytes (NCCL's "Message size [bytes]": an all-gather's send buffer, a reduce-scatter's receive
+buffer, an all-reduce's buffer; -1 unknown) and its group size (-1 unknown)."""
+NO_COLLECTIVE_SIZE = ("collective size not recorded: no NCCL/RCCL call with a message size encloses its launch "
+                      "(Nsight Systems: NCCL's NVTX ranges with payloads, NCCL 2.19+ and --trace=nvtx; rocprofv3: "
+                      "RCCL API arguments)")
+
+
+def empty_collective_calls() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series([], dtype=object if c == "op" else "int64") for c in COLLECTIVE_CALL_COLUMNS})
+
+
+def call_from_args(name: str, args: dict) -> tuple[str, int]:
+    """(collective, payload bytes) of an NCCL/RCCL API call from its recorded arguments (``count``,
+    ``sendcount`` or ``recvcount`` and ``datatype``); ("", -1) for a call that is no collective."""
+    low = str(name).lower()
+    if not low.startswith(("nccl", "rccl")):
+        return "", -1
+    op = vocabulary.normalize_collective(low[4:])
+    if op not in vocabulary.COLLECTIVES:
+        return "", -1
+    norm = {re.sub(r"[^a-z]", "", str(k).lower()): v for k, v in args.items()}
+    count = next((_count(norm[k]) for k in ("count", "sendcount", "recvcount") if k in norm), -1)
+    width = NCCL_DTYPE_BYTES.get(re.sub(r"[^a-z0-9]", "", str(norm.get("datatype", "")).lower()), 0)
+    return op, count * width if count >= 0 and width else -1
+
+
+def _count(v) -> int:
+    try:
+        return int(str(v).strip(), 0)
+    except ValueError:
+        return -1
+
+
+def attach_collective_sizes(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
+    """``bytes`` (the message: the larger of input and output), ``floor_bytes`` (the bytes the
+    rank's link carries) and ``uncosted`` of every communication kernel, from the collective call
+    (``calls``: ``COLLECTIVE_CALL_COLUMNS`` with ``rank`` for ``pid``) whose time range on the
+    launching thread holds the kernel's launch call. A group size the trace does not give is taken
+    as 2, the fewest bytes any group carries (a lower bound, said in ``uncosted``'s absence by the
+    importer's note); a kernel without such a call is uncosted, its reason said."""
+    from taxmodel.trace.op_costs import collective_bus_bytes, payload_message_bytes
+
+    events = events.copy()
+    for col, default in (("floor_bytes", -1), ("uncosted", "")):
+        if col not in events:
+            events[col] = default
+    comm = ((events["kind"] == "kernel") & (events["role"] == "comm")).to_numpy()
+    if not comm.any():
+        return events
+    events.loc[comm, "uncosted"] = NO_COLLECTIVE_SIZE
+    sized = calls[calls["payload_bytes"] >= 0] if len(calls) else calls
+    if not len(sized):
+        return events
+    launches = events.loc[events["kind"] == "launch", ["rank", "correlation", "stream", "start_ns"]]
+    launches = launches[launches["correlation"] >= 0].drop_duplicates(["rank", "correlation"])
+    k = events.loc[comm, ["rank", "correlation", "collective_op"]].reset_index()
+    k = k.merge(launches, on=["rank", "correlation"], how="inner").sort_values("start_ns")
+    c = sized.sort_values("start_ns").rename(columns={"start_ns": "call_start", "end_ns": "call_end", "op": "call_op"})
+    m = pd.merge_asof(k, c, left_on="start_ns", right_on="call_start", by=["rank", "stream"], direction="backward")
+    m = m[m["call_end"].notna() & (m["call_end"] >= m["start_ns"])]
+    if not len(m):
+        return events
+    op = np.where(m["collective_op"].isin(vocabulary.COLLECTIVES), m["collective_op"], m["call_op"])
+    group = m["group_size"].astype("int64").to_numpy()
+    msg = np.array([payload_message_bytes(o, int(p), int(g)) for o, p, g in zip(op, m["payload_bytes"], group)], np.int64)
+    bus = np.array([collective_bus_bytes(o, int(b), int(g) if g > 0 else 2) for o, b, g in zip(op, msg, group)], np.int64)
+    idx = m["index"].to_numpy()
+    events.loc[idx, "bytes"] = msg
+    events.loc[idx, "floor_bytes"] = bus
+    events.loc[idx, "uncosted"] = np.where(bus >= 0, "", NO_COLLECTIVE_SIZE)
+    return events
+
+
 def assemble(per_file: list[dict], iteration_pattern: str | None) -> tuple[pd.DataFrame, list[int], str]:
     """Events of several files of one tool, each given as a dict with ``file_index``, ``file``
     (its path, for messages), ``gpu`` (GPU rows), ``calls`` (host API calls), ``ranges`` (user
-    ranges), optionally ``waits`` (rows of kind ``wait``: cross-stream dependencies) -- all keyed
-    by ``pid`` -- and ``processes`` (see :func:`assign_ranks`). Returns (events, ranks, how ranks
+    ranges), optionally ``waits`` (rows of kind ``wait``: cross-stream dependencies) and
+    ``collective_calls`` (``COLLECTIVE_CALL_COLUMNS``: NCCL/RCCL calls with their sizes) -- all
+    keyed by ``pid`` -- and ``processes`` (see :func:`assign_ranks`). Returns (events, ranks, how ranks
     were assigned); each dict gets ``ranks`` (its files' ranks)."""
     processes = concat([f["processes"] for f in per_file])
     rank_of, how = assign_ranks(processes)
@@ -346,6 +512,8 @@ def assemble(per_file: list[dict], iteration_pattern: str | None) -> tuple[pd.Da
     markers = iteration_markers(ranges, iteration_pattern)
     waits = [_with_rank(f["waits"], f["file_index"], rank_of) for f in per_file if len(f.get("waits", ()))]
     events = finish_events([gpu, launches, markers, *waits])
+    sized = [_with_rank(f["collective_calls"], f["file_index"], rank_of) for f in per_file if len(f.get("collective_calls", ()))]
+    events = attach_collective_sizes(events, concat(sized) if sized else empty_collective_calls().rename(columns={"pid": "rank"}))
     return events, sorted(set(rank_of.values())), how
 
 
@@ -378,6 +546,26 @@ def process_table(gpu: pd.DataFrame, file_index: int, declared: dict[int, int] |
         "first_device": first_device.to_numpy(dtype="int64"),
         "declared_rank": [declared.get(int(p), -1) for p in first_device.index],
     })
+
+
+_SM_IN_NAME = re.compile(r"(?:^|[^a-z0-9])sm_?([1-9][0-9]{1,2})[a-z]?_|arch::Sm([1-9][0-9]{1,2})\b")
+
+
+def arch_from_kernel_names(names: pd.Series) -> dict | None:
+    """The GPU architecture the kernels were built for, where their names say it (cuBLAS and
+    CUTLASS name kernels ``sm90_xmma_gemm_...``, ``cutlass::arch::Sm80``): the highest one seen, as
+    ``{"arch": "9.0", "basis": ...}``, for a trace that records no device. A kernel built for an
+    older architecture runs on a newer GPU, so the device is at least this; None when no name says."""
+    best, example = 0, ""
+    for u in pd.unique(names.astype(str)):  # once per distinct name
+        for m in _SM_IN_NAME.finditer(u):
+            v = int(m.group(1) or m.group(2))
+            if v > best:
+                best, example = v, u
+    if not best:
+        return None
+    arch = f"{best // 10}.{best % 10}"
+    return {"arch": arch, "basis": f"the kernels' names (e.g. {example[:60]!r}: built for compute capability {arch})"}
 
 
 def dims(x: pd.Series, y: pd.Series, z: pd.Series) -> pd.Series:

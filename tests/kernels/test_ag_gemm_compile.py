@@ -38,11 +38,11 @@ def gemm_args(block_m, block_n, block_k, tma_store, epi):
             ("kernel_id", "i32", 0)]
 
 def gemm(tag, block_m=128, block_n=256, block_k=64, stages=3, warps=8, tma_store=False, epi=1, pieces=4,
-         inst=False):
+         inst=False, flatten=False):
     consts = dict(WORLD=4, A_MODE=2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, NUM_PROGS=132,
                   NUM_STAGES=stages, USE_TMA=True, SYNC_MODE=1, COUNT=False, TMA_STORE=tma_store,
                   EPI_SPLIT=epi, K_PIECES=pieces, KT_PER_PIECE=K // pieces // block_k, INSTRUMENT=inst,
-                  WARP_SPECIALIZE=False)
+                  FLATTEN=flatten)
     return build(gt.ag_gemm_kernel, gemm_args(block_m, block_n, block_k, tma_store, epi), consts, warps, stages, tag)
 
 copy_args = [("gathered_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0), ("heap_bases", "*i64", 0),
@@ -58,6 +58,7 @@ report = dict(
     gemm=gemm("gemm"),
     gemm_inst=gemm("gemm_inst", inst=True),
     gemm_n128_st=gemm("gemm_n128_st", block_n=128, stages=4, tma_store=True, epi=2, pieces=1),
+    gemm_flat=gemm("gemm_flat", tma_store=True, epi=2, pieces=1, flatten=True),
     copy_push=copy("copy_push", False, False),
     copy_push_inst=copy("copy_push_inst", False, True),
     copy_pull=copy("copy_pull", True, False),
@@ -73,7 +74,7 @@ def report(tmp_path_factory):
     return compile_report(SCRIPT, tmp_path_factory)
 
 
-KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "copy_push", "copy_push_inst", "copy_pull", "copy_pull_inst"]
+KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "copy_push", "copy_push_inst", "copy_pull", "copy_pull_inst"]
 
 
 @pytest.mark.slow
@@ -93,7 +94,7 @@ def test_plain_build_holds_no_record_code(report, plain, inst):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st"])
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat"])
 def test_gemm_uses_tma_and_wgmma_and_bounded_waits(report, kernel):
     r = report[kernel]
     assert r["tma_loads"] > 0 and r["wgmma"] > 0, r
@@ -110,7 +111,7 @@ def test_copy_kernel_moves_16_byte_vectors_and_releases_flags_system_wide(report
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st"])
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat"])
 def test_flag_wait_keeps_its_acquire(report, kernel):
     """Triton 3.6 dropped an acquire atomic whose result nobody used: the GEMM then read pushed rows
     after a relaxed poll only. wait_geq now uses the acquired value (its CTA-wide outcome)."""

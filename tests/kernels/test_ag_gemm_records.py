@@ -60,7 +60,7 @@ def test_record_layouts_give_each_program_room_for_its_worst_case() -> None:
     assert gemm_tiles.gemm_record_layout(48, 40, 2, SM, 2, "cpu") == trace.RecordLayout(3, 1 + 2 * 2 * 3)
     assert transport.copy_record_layout(48, 40, 2, SM) == trace.RecordLayout(2, 3)
     # Every wait spinning: a program records once plus twice per remote tile and piece. Programs
-    # take tiles pid, pid + P, ...; the own tiles come first (gemm_tiles._tile_coords).
+    # take tiles pid, pid + P, ...; the own tiles come first (tile_gemm.tile_coords).
     for m_loc, n, world, progs, pieces in [(48, 40, 2, 3, 2), (100, 70, 4, 5, 3), (16, 16, 3, 7, 1)]:
         cfg = replace(SM, num_progs=progs)
         bpr, n_tiles = gemm_tiles.tile_counts(m_loc, n, world, cfg)

@@ -54,27 +54,30 @@ def test_the_check_rejects_a_wrong_or_unwritten_product() -> None:
 
 
 def test_interpreter_run_writes_records_and_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """M=1 and M=33 (not a multiple of the 16-row CPU tile), N/2 and K/2: the tile GEMM is right and
-    timed interleaved with torch.matmul, and the output has the issue's record format."""
+    """M=1 and M=34 (two ranks of 17 rows: partial 16-row CPU tiles), N/2 and K/2: every engine impl
+    (alone, with its flag waits, GEMM+RS's pushes to the owners' slots) is right and timed
+    interleaved with torch.matmul, and the output has the issue's record format."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    rc = bench_gemm.main(["--cpu", "--ms", "1,33", "--n", "40", "--k", "48", "--world", "2", "--samples", "2",
+    rc = bench_gemm.main(["--cpu", "--ms", "1,34", "--n", "40", "--k", "48", "--world", "2", "--samples", "2",
                           "--calls", "1", "--warmup", "0", "--out-dir", str(tmp_path)])
     assert rc == 0
     recs = json.loads((tmp_path / "gemm_cpu.json").read_text())
-    assert {(r["M"], r["N"], r["K"]) for r in recs} == {(m, n, k) for m in (1, 33) for n, k in ((40, 48), (20, 48), (40, 24))}
+    assert {(r["M"], r["N"], r["K"]) for r in recs} == {(m, n, k) for m in (1, 34) for n, k in ((40, 48), (20, 48), (40, 24))}
     for r in recs:
         assert {"M", "N", "K", "dtype", "impl", "config", "times_ms"} <= set(r)
-        assert r["impl"] in ("cublas", "taxmodel") and r["dtype"] == "float32"
+        assert r["impl"] in ("cublas", *bench_gemm.ENGINE_IMPLS) and r["dtype"] == "float32"
         assert len(r["times_ms"]) == 2 and all(t > 0 for t in r["times_ms"])
         assert r["rel_error"] <= bench_gemm.TOLERANCE
+    assert {r["impl"] for r in recs} == {"cublas", *bench_gemm.ENGINE_IMPLS}
     tax = next(r for r in recs if r["impl"] == "taxmodel")
-    assert tax["config"] == CPU_CONFIG.tile_label()
+    assert tax["config"].startswith(CPU_CONFIG.tile_label())
     md = (tmp_path / "gemm_cpu.md").read_text()
-    row = next(line for line in md.splitlines() if line.startswith("| 33 | 40 | 48 |"))
-    cb = next(r for r in recs if r["impl"] == "cublas" and (r["M"], r["N"], r["K"]) == (33, 40, 48))
-    tx = next(r for r in recs if r["impl"] == "taxmodel" and (r["M"], r["N"], r["K"]) == (33, 40, 48))
-    ratio = statistics.median(cb["times_ms"]) / statistics.median(tx["times_ms"])
-    assert f"{ratio:.3f}x" in row
+    cb = next(r for r in recs if r["impl"] == "cublas" and (r["M"], r["N"], r["K"]) == (34, 40, 48))
+    for impl in bench_gemm.ENGINE_IMPLS:
+        row = next(line for line in md.splitlines() if line.startswith(f"| 34 | 40 | 48 | {impl} |"))
+        tx = next(r for r in recs if r["impl"] == impl and (r["M"], r["N"], r["K"]) == (34, 40, 48))
+        ratio = statistics.median(cb["times_ms"]) / statistics.median(tx["times_ms"])
+        assert f"{ratio:.3f}x" in row
 
 
 def test_shape_classes_round_up_to_powers_of_two() -> None:
@@ -86,21 +89,31 @@ def test_shape_classes_round_up_to_powers_of_two() -> None:
 
 
 def test_table_entries_are_tile_fields_of_fitting_configs() -> None:
-    for key, entry in gemm_table.TABLE.items():
-        assert set(entry) <= set(gemm_table.TILE_FIELDS), key
-        fields = {**{f: getattr(GPU_CONFIG, f) for f in gemm_table.TILE_FIELDS}, **entry}
-        assert bench_gemm.smem_bytes(fields) <= bench_gemm.SMEM_LIMIT, key
+    assert gemm_table.FAMILY_TABLES  # at least one tuned family
+    for family, table in gemm_table.FAMILY_TABLES.items():
+        for key, entry in table.items():
+            assert set(entry) <= set(gemm_table.TILE_FIELDS), (family, key)
+            fields = {**{f: getattr(GPU_CONFIG, f) for f in gemm_table.TILE_FIELDS}, **entry}
+            assert bench_gemm.smem_bytes(fields) <= bench_gemm.SMEM_LIMIT, (family, key)
+
+
+@pytest.mark.parametrize("name,family", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100"),
+                                         ("NVIDIA H200", "h200"), ("NVIDIA H800", "h100"), ("NVIDIA GH200 480GB", None),
+                                         ("NVIDIA A100-SXM4-80GB", None), ("AMD Instinct MI300X", None)])
+def test_device_family_from_the_gpu_name(name: str, family: str | None) -> None:
+    assert gemm_table.device_family(name) == family
 
 
 def test_config_for_shape_uses_the_table_on_a_gpu_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    table = {"m4096-n2048-k8192": {"block_m": 128, "block_n": 128, "num_stages": 4, "warp_specialize": True}}
+    table = {"m4096-n2048-k8192": {"block_m": 128, "block_n": 128, "num_stages": 4, "flatten": False}}
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table))
     monkeypatch.setenv(gemm_table.TABLE_ENV, str(path))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     cuda = torch.device("cuda")
     cfg = config_for_shape(3000, 2048, 8192, cuda)
-    assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.warp_specialize) == (128, 128, 4, True)
+    assert (cfg.block_m, cfg.block_n, cfg.num_stages, cfg.flatten) == (128, 128, 4, False)
     assert cfg.transport == GPU_CONFIG.transport and cfg.block_k == GPU_CONFIG.block_k
     assert config_for_shape(8192, 8192, 8192, cuda) == GPU_CONFIG  # not in this table: the default
     assert config_for_shape(3000, 2048, 8192, torch.device("cpu")) == CPU_CONFIG

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxmodel.errors import InputError
+from taxmodel.kernels.device import tile_gemm
 from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
 from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, make_a_shard, make_b_shard, shape_dims
@@ -123,7 +124,7 @@ def test_reference_is_the_sum_over_ranks_of_the_shard_products() -> None:
 @triton.jit
 def _coords_kernel(out_ptr, rank, blocks_per_rank, n_tiles, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
     t = tl.program_id(0)
-    owner, j, pid_n = tiles._rs_tile_coords(t, rank, blocks_per_rank, n_tiles, WORLD, GROUP_M)
+    owner, j, pid_n = tile_gemm.tile_coords(t, rank, blocks_per_rank, n_tiles, tile_gemm.ROLE_RS, WORLD, GROUP_M)
     tl.store(out_ptr + 3 * t, owner)
     tl.store(out_ptr + 3 * t + 1, j)
     tl.store(out_ptr + 3 * t + 2, pid_n)

@@ -46,7 +46,8 @@ report = {"triton": triton.__version__}
 for inst in (False, True):
     for tail in (False, True):
         consts = dict(WORLD=W, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_PROGS=132, NUM_STAGES=3,
-                      USE_TMA=True, VEC_HINT=True, TAIL_REDUCE=tail, ROWS=32, SYNC_MODE=1, COUNT=False, INSTRUMENT=inst)
+                      USE_TMA=True, VEC_HINT=True, TAIL_REDUCE=tail, ROWS=32, SYNC_MODE=1, COUNT=False, INSTRUMENT=inst,
+                      FLATTEN=not inst)
         report[f"gemm_{'tail' if tail else 'kernel'}_{inst}"] = build(t.gemm_rs_kernel, gemm_args(True), consts, 8, 3,
                                                                       f"gemm_{tail}_{inst}")
     report[f"reduce_{inst}"] = build(t.rs_reduce_kernel, reduce_args,
@@ -56,7 +57,7 @@ for inst in (False, True):
 report["gemm_ptr"] = build(t.gemm_rs_kernel, gemm_args(False),
                            dict(WORLD=W, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_PROGS=132, NUM_STAGES=3,
                                 USE_TMA=False, VEC_HINT=True, TAIL_REDUCE=False, ROWS=32, SYNC_MODE=1, COUNT=False,
-                                INSTRUMENT=False), 8, 3, "gemm_ptr")
+                                INSTRUMENT=False, FLATTEN=False), 8, 3, "gemm_ptr")
 print(json.dumps(report))
 '''
 

@@ -31,18 +31,22 @@ def args(bm, bn, bk, tma_store, epi):
             ("kernel_id", "i32", 0)]
 
 report = {}
-for key, entry in gemm_table.TABLE.items():
+entries = [e for table in gemm_table.FAMILY_TABLES.values() for e in table.values()]
+for entry in entries:
     cfg = gt.replace(gt.GPU_CONFIG, **entry)
     tag = cfg.tile_label()
     if tag in report:
         continue
     epi = cfg.epi_split if cfg.tma_store else 1
-    for inst in (False, True):
+    # As the variants launch it: K pieces (the SM copy transport) never flattened, with and without
+    # records; one piece (the copy engines) flattened as the entry says.
+    for inst, pieces in ((False, PIECES), (True, PIECES), (False, 1)):
+        flat = cfg.flatten and gt.flatten_ok(pieces, inst, True)
         consts = dict(WORLD=4, A_MODE=gt.A_WAIT, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       GROUP_M=cfg.group_m, NUM_PROGS=132, NUM_STAGES=cfg.num_stages, USE_TMA=True, SYNC_MODE=1,
-                      COUNT=False, TMA_STORE=cfg.tma_store, EPI_SPLIT=epi, K_PIECES=PIECES,
-                      KT_PER_PIECE=K // PIECES // cfg.block_k, INSTRUMENT=inst, WARP_SPECIALIZE=cfg.warp_specialize)
-        name = tag + ("-inst" if inst else "")
+                      COUNT=False, TMA_STORE=cfg.tma_store, EPI_SPLIT=epi, K_PIECES=pieces,
+                      KT_PER_PIECE=K // pieces // cfg.block_k, INSTRUMENT=inst, FLATTEN=flat)
+        name = tag + ("-inst" if inst else "") + ("-p1" if pieces == 1 else "")
         report[name] = build(gt.ag_gemm_kernel, args(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tma_store, epi),
                              consts, cfg.num_warps, cfg.num_stages, name.replace("x", "_"))
 print(json.dumps(report))
@@ -61,8 +65,9 @@ def test_every_table_entry_compiles_fits_and_keeps_its_flag_wait(report):
     from taxmodel.kernels.ag_gemm import gemm_table
     from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG
 
-    labels = {replace(GPU_CONFIG, **e).tile_label() for e in gemm_table.TABLE.values()}
-    assert gemm_table.TABLE and set(report) == labels | {f"{t}-inst" for t in labels}
+    entries = [e for table in gemm_table.FAMILY_TABLES.values() for e in table.values()]
+    labels = {replace(GPU_CONFIG, **e).tile_label() for e in entries}
+    assert entries and set(report) == labels | {f"{t}-inst" for t in labels} | {f"{t}-p1" for t in labels}
     for name, r in report.items():
         assert_fits_an_sm(report, name)
         assert r["tma_loads"] > 0 and r["wgmma"] > 0, (name, r)

@@ -11,7 +11,7 @@ from taxmodel.model.analytic.topology import topology
 from taxmodel.model.hardware import find_preset
 from taxmodel.trace.bundle import make_meta, write_bundle
 
-H200 = find_preset("h200")
+H200 = find_preset("h200-calibrated")
 AG = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}
 
 

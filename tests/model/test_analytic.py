@@ -204,10 +204,12 @@ def test_calibrated_file_is_preferred_over_the_preset(tmp_path):
 
     spec, note = resolve_model_hardware("H200 SXM")
     assert spec.source == "datasheet" and "datasheet" in note
-    spec, note = resolve_model_hardware("h200")  # the shipped H200 calibration
+    spec, note = resolve_model_hardware("h200")  # a key names one spec exactly: the datasheet preset
+    assert spec.source == "datasheet" and spec.key == "h200" and "as named" in note
+    spec, note = resolve_model_hardware("h200-calibrated")  # the shipped H200 calibration
     assert spec.source == "calibrated" and "calibrated" in note
     (tmp_path / "h200-calibrated.json").write_text(json.dumps(fit(_fake_measurements(), "NVIDIA H200", 132, 4)))
-    spec, note = resolve_model_hardware("h200", search=(tmp_path,))
+    spec, note = resolve_model_hardware("NVIDIA H200", search=(tmp_path,))  # a device name: its calibration
     assert spec.source == "calibrated" and "in preference" in note
     spec, _ = resolve_model_hardware(None, {"hardware": {"name": "NVIDIA H200"}}, search=(tmp_path,))
     assert spec.source == "calibrated"
@@ -241,7 +243,7 @@ def test_a_graph_launch_has_one_host_launch_and_no_host_starved_gaps():
     """bsp flash decode is four launches: eagerly the host's launch costs show as launch tax; as one
     CUDA graph per iteration every kernel after the first is queued (kernel_gap only)."""
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
-    hw = find_preset("h200")
+    hw = find_preset("h200-calibrated")
     eager = predict("flash_decode", "bsp", shape, 4, hw, ModelParams.from_hardware(hw)).taxes_ns()
     graph = predict("flash_decode", "bsp", shape, 4, hw, ModelParams.from_hardware(hw, graph_launch=True)).taxes_ns()
     assert graph["host_starved"] == 0.0 and graph["launch_latency"] == 0.0
@@ -263,7 +265,7 @@ def test_a_gated_graph_iteration_starts_at_the_release_with_no_launch_cost_in_th
     one queued gap after its release, the ranks within one flag latency, so the skew the ledger
     sees is that latency, far below the host barrier's."""
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
-    hw = find_preset("h200")
+    hw = find_preset("h200-calibrated")
     host = ModelParams.from_hardware(hw, graph_launch=True, barrier_skew_s=20e-6)
     gated = ModelParams.from_hardware(hw, graph_launch=True, barrier_skew_s=20e-6, start_alignment="device",
                                         gate_hold_s=30e-6)
@@ -285,7 +287,7 @@ def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bou
     from taxmodel.kernels.flash_decode.split_kv import plan_splits
     from taxmodel.kernels.flash_decode.workload import kv_lengths, split_config
 
-    hw = find_preset("h200")
+    hw = find_preset("h200-calibrated")
     p = ModelParams.from_hardware(hw, combine_step_s=0.9e-6)
     for batch in (1, 16):
         shape = {"batch": batch, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 16384}
@@ -315,7 +317,7 @@ def test_fused_flash_decode_pushes_from_one_cta_per_unit_and_merges_one_peer_per
     one step more with dedicated combiners, one step with the flags protocol (whose push ends with
     a serial release-exchange of every rank's flag, and whose combiner first waits on every rank's
     flag in turn); slice combiners first wait for their pair's ready word."""
-    hw = find_preset("h200")
+    hw = find_preset("h200-calibrated")
     p = ModelParams.from_hardware(hw, peer_store_bytes_per_s=300e9, peer_store_bytes_per_s_per_sm=20e9,
                                     peer_load_latency_s=1e-6, combine_step_s=1e-6, ll_merge_step_s=1.3e-6)
     lat, step = 1e-6, 1.3e-6  # LL merges poll and merge one peer's words a step: ll_merge_step_s
@@ -363,18 +365,20 @@ def test_the_hardware_note_replaces_the_plain_hardware_line_once():
     assert with_hardware_note(plain, "hardware: H200 SXM (calibrated), calibrated (file.json)") == [
         "hardware: H200 SXM (calibrated), calibrated (file.json)", "topology: ..."]
     scaled = ["hardware: H200 SXM (datasheet; datasheet peaks scaled by 0.80 for vendor GEMMs)", "topology: ..."]
-    assert with_hardware_note(scaled, "hardware: H200 SXM datasheet preset") == ["hardware: H200 SXM datasheet preset"] + scaled
+    assert with_hardware_note(scaled, "hardware: H200 SXM datasheet preset") == [
+        "hardware: H200 SXM datasheet preset; datasheet peaks scaled by 0.80 for vendor GEMMs", "topology: ..."]
     assert with_hardware_note(plain, None) == plain
-    p = predict("flash_decode", "bsp", {"batch": 1, "kv_len": 16384, "q_heads": 32, "kv_heads": 4, "head_dim": 128}, 2,
-                "h200")
-    assert sum(a.startswith("hardware: ") for a in p.assumptions) == 1
+    for key in ("h200-calibrated", "h200"):  # the choice is said once, a datasheet's scaled peaks with it
+        p = predict("flash_decode", "bsp", {"batch": 1, "kv_len": 16384, "q_heads": 32, "kv_heads": 4, "head_dim": 128}, 2,
+                    key)
+        assert sum(a.startswith("hardware: ") for a in p.assumptions) == 1
 
 
 def test_an_instrumented_fused_kernel_pays_its_records_own_cost():
     """Captures with in-kernel records are slower by what the records cost (record_overhead_s per
     instrumented fused kernel, measured against plain builds on the GPUs); plain captures and the
     bsp variant's kernels are not."""
-    hw = find_preset("h200")
+    hw = find_preset("h200-calibrated")
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}
     for variant, extra in (("fused", 1), ("bsp", 0)):
         plain = predict("flash_decode", variant, shape, 2, hw, ModelParams.from_hardware(hw)).window_ns

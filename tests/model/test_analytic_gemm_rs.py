@@ -289,7 +289,7 @@ def test_fp32_shapes_move_twice_the_bytes():
 def test_cli_predict_gemm_rs():
     from taxmodel.cli import cli
 
-    res = CliRunner().invoke(cli, ["predict", "gemm_rs", "--variant", "fused", "--world-size", "8", "--hardware", "h200"])
+    res = CliRunner().invoke(cli, ["predict", "gemm_rs", "--variant", "fused", "--world-size", "8", "--hardware", "h200-calibrated"])
     assert res.exit_code == 0, res.output
     assert "gemm_rs/fused" in res.output and "M=8192,N=8192,K=8192" in res.output
 
@@ -298,7 +298,7 @@ def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):
     from taxmodel.model import validate as val
     from taxmodel.trace.bundle import make_meta, write_bundle
 
-    hw = find_preset("h200")
+    hw = find_preset("h200-calibrated")
     for variant, world in (("bsp", 4), ("fused", 2), ("torch_fused", 4)):
         shape = {"M": 4096, "N": 4096, "K": 4096}
         plans, _, _, params = _plans(variant, shape, world, hw)

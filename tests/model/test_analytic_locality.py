@@ -80,7 +80,7 @@ def test_the_chains_counters_agree_with_the_l2_term(n, kept):
 
 
 def test_a_calibrated_file_takes_the_l2_of_its_datasheet_preset():
-    cal, _ = resolve_model_hardware("h200")
+    cal, _ = resolve_model_hardware("h200-calibrated")
     assert cal.source == "calibrated" and cal.l2_bytes == 0  # calibrate does not measure it
     assert l2_bytes(cal) == 60 * MIB == find_preset("H200 SXM").l2_bytes
     assert l2_bytes(find_preset("H100 SXM")) == 50 * MIB
@@ -103,7 +103,7 @@ def _locality_us(pred) -> float:
 def test_an_intermediate_the_l2_keeps_is_predicted_to_cost_nothing():
     """Flash decode's split partials (1.4 MB at batch 1, KV 16K) fit the L2: predicted 0, where the
     same GPU without a known L2 predicts their round trip."""
-    cal, _ = resolve_model_hardware("h200")
+    cal, _ = resolve_model_hardware("h200-calibrated")
     shape = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 16384}
     with_l2 = predict("flash_decode", "fused", shape, 1, cal)
     no_l2 = predict("flash_decode", "fused", shape, 1, dataclasses.replace(cal, name="no L2", aliases=()))
@@ -123,7 +123,7 @@ def test_a_compute_bound_gemms_re_reads_hide_under_its_compute():
     200 us at HBM bandwidth), but all its traffic takes less time than its compute floor: the
     ledger's definition charges none of it (docs/ledger.md 5b), as for the committed bundle's
     counters (1.38 GB in a 1.40 ms kernel: 0 measured)."""
-    cal, _ = resolve_model_hardware("h200")
+    cal, _ = resolve_model_hardware("h200-calibrated")
     shape = {"M": 8192, "N": 8192, "K": 8192, "tp": 0}
     p = predict("ag_gemm", "bsp", shape, 1, cal)
     a, b, c = gemm_dram_bytes(8192, 8192, 8192, 2, p.params.vendor_tile, 132, 60 * MIB)

@@ -34,7 +34,7 @@ def test_an_unknown_device_without_a_known_architecture_is_still_one_clear_error
 
     meta = {"hardware": {"name": "AMD Radeon Graphics", "vendor": "amd", "arch": "gfx1100"}}
     for resolve in (lambda: resolve_hardware(meta), lambda: resolve_model_hardware(None, meta)):
-        with pytest.raises(InputError, match=r"'AMD Radeon Graphics' is not a known preset .*--hardware"):
+        with pytest.raises(InputError, match=r"'AMD Radeon Graphics' is no preset and cannot be estimated \(no preset shares its architecture gfx1100\).*--hardware"):
             resolve()
 
 

@@ -73,13 +73,13 @@ def test_the_launch_grid_bound_against_the_models_own_parameters():
     b = _bundle("trace_eager_b8.json.gz")
     ev = b.events
     gpu = ev[ev["kind"].isin(["kernel", "memcpy", "memset"])]
-    fl = kernel_floors(gpu, find_preset("h200"))
+    fl = kernel_floors(gpu, find_preset("h200-calibrated"))
     one = gpu[(gpu["iteration"] == gpu["iteration"].max()) & gpu["op"].str.startswith("aten::_foreach")]
     blocks = one["grid"].str.split(",").str[0].astype(int)
     per_op = blocks.groupby(one["op"]).sum()
     assert len(per_op) >= 6 and (per_op % chunks == 0).all() and (per_op > 0).all()
     calls = per_op // chunks
-    floor_bytes = fl.loc[one.index, "floor_ns"] * find_preset("h200").hbm_bytes_per_s / 1e9
+    floor_bytes = fl.loc[one.index, "floor_ns"] * find_preset("h200-calibrated").hbm_bytes_per_s / 1e9
     mul = one["name"].str.contains(r"BinaryOpScalarFunctor<c10::BFloat16, 1, 1, 0>, std::multiplies", regex=True)
     lb_elements = floor_bytes[mul].sum() / (2 * 2) / calls["aten::_foreach_mul_"]  # bf16, read + written
     assert 0.6 * elements <= lb_elements <= elements, (lb_elements, elements)

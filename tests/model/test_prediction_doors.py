@@ -53,7 +53,7 @@ def test_every_door_gives_the_same_prediction_for_one_bundle():
 
 
 def test_fitted_parameters_change_the_prediction_and_can_be_left_out():
-    hw, _ = analytic.resolve_model_hardware("h200")
+    hw, _ = analytic.resolve_model_hardware("h200-calibrated")
     settings = CaptureSettings(graph_launch=True, transport="sm", align="device")
     with_fits, note = analytic.model_params(hw, settings)
     without, none_note = analytic.model_params(hw, settings, {})
@@ -70,7 +70,7 @@ def test_settings_read_from_meta_and_explicit_overrides_win():
     assert (st.instrumented, st.graph_launch, st.transport, st.align) == (True, True, "ce", "device")
     assert st.gate_hold_s == pytest.approx(5e-6)
     assert CaptureSettings.from_meta({}) == CaptureSettings(graph_launch=False)
-    hw, _ = analytic.resolve_model_hardware("h200")
+    hw, _ = analytic.resolve_model_hardware("h200-calibrated")
     p, _ = analytic.model_params(hw, st, {}, triton_gemm_efficiency=0.5)
     assert p.triton_gemm_efficiency == 0.5 and p.sources["triton_gemm_efficiency"] == "given"
     assert p.graph_launch and p.ag_transport == "ce" and p.start_alignment == "device"

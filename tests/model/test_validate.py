@@ -221,8 +221,8 @@ def test_predict_uses_the_fitted_parameters_only_for_the_hardware_they_were_fitt
     shipped, _ = fitted_for("H200 SXM (calibrated)")
     assert shipped, "the committed fits name the calibrated H200"
     args = ["predict", "flash_decode", "--variant", "fused", "-n", "8", "--preset", "b1-kv16k"]
-    on = CliRunner().invoke(cli, args + ["--hardware", "h200"])
-    off = CliRunner().invoke(cli, args + ["--hardware", "h200", "--no-fitted"])
+    on = CliRunner().invoke(cli, args + ["--hardware", "h200-calibrated"])
+    off = CliRunner().invoke(cli, args + ["--hardware", "h200-calibrated", "--no-fitted"])
     other = CliRunner().invoke(cli, args + ["--hardware", "h100"])
     assert on.exit_code == off.exit_code == other.exit_code == 0, on.output + off.output + other.output
     assert "fitted on the measured bundles" in on.output
@@ -234,7 +234,7 @@ def test_predict_uses_the_fitted_parameters_only_for_the_hardware_they_were_fitt
 # --- the CLI on a CPU machine ---------------------------------------------------------------------
 
 def test_cli_predict_with_presets():
-    r = CliRunner().invoke(cli, ["predict", "ag_gemm", "--variant", "bsp,pull", "-n", "8", "--hardware", "h200",
+    r = CliRunner().invoke(cli, ["predict", "ag_gemm", "--variant", "bsp,pull", "-n", "8", "--hardware", "h200-calibrated",
                                  "--shape", "M=8192,N=8192,K=8192"])
     assert r.exit_code == 0, r.output
     assert "ag_gemm/bsp" in r.output and "ag_gemm/pull" in r.output and "Assumptions:" in r.output
@@ -256,7 +256,7 @@ def test_cli_predict_json_and_sweep(tmp_path):
 
 
 def test_cli_predict_names_the_hardware_and_its_source_once():
-    r = CliRunner().invoke(cli, ["predict", "flash_decode", "--variant", "bsp", "-n", "2", "--hardware", "h200",
+    r = CliRunner().invoke(cli, ["predict", "flash_decode", "--variant", "bsp", "-n", "2", "--hardware", "h200-calibrated",
                                  "--preset", "b1-kv1k"])
     assert r.exit_code == 0, r.output
     head = r.output.splitlines()[0]

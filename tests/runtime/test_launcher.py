@@ -90,3 +90,16 @@ def test_a_timeout_kills_every_rank_within_seconds(tmpdir_env):
         _launch("sleep", timeout_s=3)
     assert time.monotonic() - t0 < 3 + launcher.KILL_GRACE_S + 5
     assert outlived(mark) == {} and list(tmpdir.iterdir()) == []  # no log: no rank had a traceback
+
+
+@pytest.mark.parametrize("module", ["taxmodel.runtime.worker", "taxmodel.runtime.calibrate"])
+def test_a_rank_never_imports_modules_of_the_working_directory(tmp_path, module):
+    """Issue 38: ranks started with `python -m` had the working directory first on sys.path, so a
+    `numpy.py` there ran inside every rank of `taxmodel profile`."""
+    import subprocess
+
+    (tmp_path / "numpy.py").write_text("open('pwned', 'w').write('x')\nraise SystemExit(7)\n")
+    cmd = [*launcher.python_module_command(module), "--help"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not (tmp_path / "pwned").exists()

@@ -174,3 +174,63 @@ def test_iteration_pattern_option():
 def test_collective_kernels_are_classified_from_their_names(name, role, op):
     r, o = vc.classify_kernels(pd.Series([name]))
     assert (r.iloc[0], o.iloc[0]) == (role, op)
+
+
+def _nccl_ranges(path: Path, payload: str | None, init: str | None) -> None:
+    """NCCL's NVTX ranges around each NCCL kernel's launch call, as NCCL 2.19+ records them
+    ("ncclAllGather" with a JSON payload in the export's ``jsonText``), and a communicator
+    init range before them."""
+    conn = sqlite3.connect(path)
+    rows = conn.execute(
+        'SELECT r."start", r."end", r."globalTid" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN CUPTI_ACTIVITY_KIND_KERNEL k '
+        'ON k."correlationId" = r."correlationId" JOIN StringIds s ON s."id" = k."demangledName" WHERE s."value" LIKE \'nccl%\'').fetchall()
+    for start, end, gtid in rows:
+        conn.execute('INSERT INTO NVTX_EVENTS ("start", "end", "eventType", "text", "globalTid", "jsonText") VALUES (?, ?, ?, ?, ?, ?)',
+                     (start - 200, end + 200, nb.PUSH_POP, "ncclAllGather", gtid, payload))
+    if init is not None:
+        first = min(r[0] for r in rows)
+        for gtid in {r[2] for r in rows}:
+            conn.execute('INSERT INTO NVTX_EVENTS ("start", "end", "eventType", "text", "globalTid", "jsonText") '
+                         'VALUES (?, ?, ?, ?, ?, ?)', (first - 10_000, first - 5_000, nb.PUSH_POP, "ncclCommInitRank", gtid, init))
+    conn.commit()
+    conn.close()
+
+
+@pytest.mark.parametrize("init, group", [('{"NCCL communicator ID": 7, "No. of ranks": 4, "Rank": 0}', 4), (None, 2)])
+def test_nccl_nvtx_payloads_give_collectives_their_size(tmp_path, init, group):
+    """An all-gather's payload is one rank's send buffer: the link carries (n-1) x payload, n from
+    the communicator's init range, else 2 (the fewest any group carries: a lower bound)."""
+    path = nb.write_nsys(tmp_path / "nccl.sqlite", sc.RANKS)
+    _nccl_ranges(path, '{"NCCL communicator ID": 7, "Message size [bytes]": 1048576}', init)
+    events, _ = _read([path])
+    comm = events[(events["kind"] == "kernel") & (events["role"] == "comm")]
+    assert len(comm) and (comm["floor_bytes"] == (group - 1) * 1048576).all()
+    assert (comm["bytes"] == group * 1048576).all() and (comm["uncosted"] == "").all()
+
+
+def test_collectives_without_a_sized_nccl_range_say_so(tmp_path):
+    path = nb.write_nsys(tmp_path / "old_nccl.sqlite", sc.RANKS)
+    _nccl_ranges(path, None, None)  # NCCL before 2.19: ranges without payloads
+    events, _ = _read([path])
+    comm = events[(events["kind"] == "kernel") & (events["role"] == "comm")]
+    assert len(comm) and (comm["floor_bytes"] == -1).all() and (comm["uncosted"] == vc.NO_COLLECTIVE_SIZE).all()
+
+
+def test_the_exports_gpu_table_describes_the_device_the_estimate_needs():
+    """TARGET_INFO_GPU of a real export (Perlmutter, Nsight Systems 2022.2): the device the
+    kernels ran on, with its memory bandwidth, clock, L2 and compute capability."""
+    path = HERE.parent / "data" / "thirdparty" / "pipit" / "perlmutter_saxpy_mpi_cuda_rank0.sqlite"
+    _, meta = _read([path])
+    hw = meta["hardware"]
+    assert hw["name"] == "NVIDIA A100-SXM4-40GB" and hw["num_sms"] == 108 and hw["compute_capability"] == "8.0"
+    assert hw["memory_bandwidth_bytes_per_s"] == 1555200000000 and hw["clock_hz"] == 1410000000
+    assert hw["l2_bytes"] == 41943040 and "integrated" not in hw
+
+
+def test_kernel_names_say_the_architecture_when_no_device_is_recorded():
+    names = pd.Series(["void at::native::vectorized_elementwise_kernel<4>", "sm80_xmma_gemm_f16f16_f16f32_f32_nn_n",
+                       "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "ampere_sgemm_128x64_nn"])
+    hint = vc.arch_from_kernel_names(names)
+    assert hint["arch"] == "9.0" and "sm90_xmma" in hint["basis"]
+    assert vc.arch_from_kernel_names(pd.Series(["void cutlass::device_kernel<cutlass::arch::Sm100>"]))["arch"] == "10.0"
+    assert vc.arch_from_kernel_names(pd.Series(["ncclDevKernel_AllReduce_Sum_f32_RING_LL", "gemm_kernel"])) is None

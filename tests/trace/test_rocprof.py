@@ -203,7 +203,7 @@ def test_every_format_yields_the_same_ledger(kineto_files):
     from taxmodel.model.hardware import find_preset
     from taxmodel.trace.bundle import Bundle, make_meta
 
-    spec = find_preset("h200")
+    spec = find_preset("h200-calibrated")
     parts = {}
     for fmt, paths in _all_formats(kineto_files).items():
         events, meta, _ = importers.import_traces(paths)
@@ -262,3 +262,44 @@ def test_csv_copies_only_are_local_copies_on_the_gpu_end(tmp_path):
     assert copies["name"].tolist() == ["Memcpy HtoD", "Memcpy DtoH", "Memcpy PtoP"]
     assert copies["role"].tolist() == ["copy", "copy", "comm"]
     assert copies["device"].tolist() == [1, 1, 2]  # the GPU end; a peer copy is booked on its destination
+
+
+def test_rccl_call_arguments_in_rocpd_give_collectives_their_size(tmp_path):
+    """rocprofv3's callback tracing keeps API arguments in ``rocpd_arg``: an ``ncclAllGather`` whose
+    time range holds the RCCL kernel's launch gives its size (sendcount x datatype); the group is not
+    recorded, so the link floor is the fewest bytes any group carries (2 ranks: one payload)."""
+    path = rb.write_rocpd(tmp_path / "r0.db", 0, env_rank=0)
+    uuid = "_0199c0de_7a3b_7000_8000_000000000000"
+    guid = "0199c0de-7a3b-7000-8000-000000000000"
+    conn = sqlite3.connect(path)
+    conn.execute(f'CREATE TABLE "rocpd_arg{uuid}" (id INTEGER PRIMARY KEY, guid TEXT NOT NULL, event_id INTEGER, '
+                 'position INTEGER, type TEXT, name TEXT, value TEXT, extdata JSONB)')
+    conn.execute(f'CREATE VIEW "rocpd_arg" AS SELECT * FROM "rocpd_arg{uuid}"')
+    name_id = conn.execute(f'INSERT INTO "rocpd_string{uuid}" (guid, string) VALUES (?, ?)', (guid, "ncclAllGather")).lastrowid
+    cat = conn.execute(f'INSERT INTO "rocpd_string{uuid}" (guid, string) VALUES (?, ?)', (guid, "RCCL_API")).lastrowid
+    nccl = [k for k in sc.records(0, vendor="amd")["kernels"] if "ccl" in k["name"].lower()]
+    calls = {c["corr"]: c for c in sc.records(0, vendor="amd")["calls"]}
+    p = sc.pid(0)
+    for k in nccl:
+        c = calls[k["corr"]]
+        ev = conn.execute(f'INSERT INTO "rocpd_event{uuid}" (guid, category_id, stack_id, parent_stack_id, correlation_id, '
+                          'extdata) VALUES (?, ?, 0, 0, 0, \'{}\')', (guid, cat)).lastrowid
+        conn.execute(f'INSERT INTO "rocpd_region{uuid}" (guid, nid, pid, tid, start, "end", name_id, event_id, extdata) '
+                     "VALUES (?, 1, ?, ?, ?, ?, ?, ?, '{}')", (guid, p, p, c["start"] - 100, c["end"] + 100, name_id, ev))
+        for pos, (n, v) in enumerate((("sendbuff", "0x7f00"), ("sendcount", "262144"), ("datatype", "ncclBfloat16"))):
+            conn.execute(f'INSERT INTO "rocpd_arg{uuid}" (guid, event_id, position, type, name, value) VALUES (?, ?, ?, ?, ?, ?)',
+                         (guid, ev, pos, "", n, v))
+    conn.commit()
+    conn.close()
+    events, _, _ = importers.import_traces([path], allow_missing_ranks=True)
+    comm = events[(events["kind"] == "kernel") & (events["role"] == "comm")]
+    assert len(comm) == len(nccl) > 0
+    assert (comm["floor_bytes"] == 262144 * 2).all() and (comm["bytes"] == 2 * 262144 * 2).all()
+    assert (comm["uncosted"] == "").all()
+
+
+def test_rccl_call_arguments_name_their_collective_and_size():
+    assert vc.call_from_args("ncclAllReduce", {"count": "1024", "datatype": "ncclFloat32"}) == ("allreduce", 4096)
+    assert vc.call_from_args("ncclReduceScatter", {"recvcount": "16", "datatype": "9"}) == ("reduce_scatter", 32)  # bf16 by value
+    assert vc.call_from_args("ncclGroupStart", {}) == ("", -1)
+    assert vc.call_from_args("ncclAllGather", {"sendcount": "16"}) == ("allgather", -1)  # no datatype: size unknown

@@ -1,6 +1,6 @@
 """Analytic model: predicted ledgers from shapes and hardware (formulas: docs/model.md).
 
-    predict("ag_gemm", "pull", {"M": 8192, "N": 8192, "K": 8192}, world_size=8, hardware="h200")
+    predict("ag_gemm", "pull", {"M": 8192, "N": 8192, "K": 8192}, world_size=8, hardware="h200-calibrated")
         -> Prediction (summary() in the columns of Ledger.summary())
 
 One module per workload (``ag_gemm.py``, ``flash_decode.py``, ``gemm_rs.py``) turns a shape into each rank's
@@ -10,6 +10,7 @@ kernel plans from the building blocks (``params``, ``topology``, ``costs``, ``co
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Mapping
 
 import pandas as pd
@@ -52,11 +53,16 @@ def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping
 # --- prediction ------------------------------------------------------------------------------------
 
 def with_hardware_note(assumptions: list[str], note: str | None) -> list[str]:
-    """``note`` (where the hardware spec came from) first, in place of the plain hardware line,
-    which stays only when it says more (a datasheet's scaled peaks)."""
+    """``note`` (which spec and why) first, in place of the plain hardware line: the choice is said
+    once. What that line says beyond the name (a datasheet's scaled peaks) joins the note."""
     if not note:
         return list(assumptions)
-    return [note] + [a for a in assumptions if not (a.startswith("hardware: ") and "scaled" not in a)]
+    more = [m.group(1) for a in assumptions if a.startswith("hardware: ") and (m := _MORE.search(a))]
+    return ["; ".join([note, *more])] + [a for a in assumptions if not a.startswith("hardware: ")]
+
+
+_MORE = re.compile(r"\([^;()]*; ([^()]*)\)$")
+"""What a plain hardware line says after its source: 'hardware: X (datasheet; <this>)'."""
 
 
 def model_params(hardware: HardwareSpec, settings: CaptureSettings | None = None,

@@ -59,21 +59,24 @@ def plot_sweep(tables: Mapping[str, pd.DataFrame], key: str, path: str | os.Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for variant, t in tables.items():
-        axes[0].plot(t[key], t["window_ns"] / 1e3, marker="o", label=variant)
-        for tax, style in (("bsp_tax", "--"), ("launch_tax", ":"), ("locality_tax", "-.")):
-            axes[1].plot(t[key], t[tax] / 1e3, style, marker=".", label=f"{variant}: {LABELS[tax]}")
-    for ax, ylabel in zip(axes, ("predicted latency (us)", "predicted tax (us)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(key)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    axes[1].legend(fontsize=6)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
+    from taxmodel.safetext import MATPLOTLIB_RC
+
+    with matplotlib.rc_context(MATPLOTLIB_RC):  # a variant's name is literal text, never mathtext
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for variant, t in tables.items():
+            axes[0].plot(t[key], t["window_ns"] / 1e3, marker="o", label=variant)
+            for tax, style in (("bsp_tax", "--"), ("launch_tax", ":"), ("locality_tax", "-.")):
+                axes[1].plot(t[key], t[tax] / 1e3, style, marker=".", label=f"{variant}: {LABELS[tax]}")
+        for ax, ylabel in zip(axes, ("predicted latency (us)", "predicted tax (us)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(key)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=8)
+        axes[1].legend(fontsize=6)
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
     path = Path(path)
     try:
         with atomic_path(path, "plot") as tmp:  # the format from the real name: the temporary's ends in .tmp

@@ -39,7 +39,9 @@ NVTX_COLUMNS = ("start", "end", "eventType", "rangeId", "category", "color", "te
                 "textId", "domainId", "uint64Value", "int64Value", "doubleValue", "uint32Value", "int32Value",
                 "floatValue", "jsonTextId", "jsonText")
 
-HTOD, PINNED, DEVICE = 1, 2, 3
+HTOD = 1  # ENUM_CUDA_MEMCPY_OPER (CUPTI's numbering)
+MEM_KINDS = ("PAGEABLE", "PINNED", "DEVICE", "ARRAY", "MANAGED", "DEVICE_STATIC", "MANAGED_STATIC", "UNKNOWN")
+PINNED, DEVICE = MEM_KINDS.index("PINNED"), MEM_KINDS.index("DEVICE")  # ENUM_CUDA_MEM_KIND: Nsight Systems' own numbering
 PUSH_POP, MARK = 59, 34
 LAUNCHER_PID = 3999
 
@@ -99,6 +101,9 @@ def write_nsys(path: Path, ranks: tuple[int, ...], *, extras: bool = False, omit
     if session_start:
         db.conn.execute("CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER, utcTime TEXT, localTime TEXT)")
         db.conn.execute("INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (?, '', '')", (UTC_EPOCH_NS,))
+    db.conn.execute("CREATE TABLE ENUM_CUDA_MEM_KIND (id INTEGER PRIMARY KEY, name TEXT, label TEXT)")
+    db.conn.executemany("INSERT INTO ENUM_CUDA_MEM_KIND VALUES (?, ?, ?)",
+                        [(i, f"CUDA_MEMOPR_MEMORY_KIND_{k}", k.replace("_", " ").title()) for i, k in enumerate(MEM_KINDS)])
     db.conn.execute("CREATE TABLE META_DATA_EXPORT (name TEXT, value TEXT)")
     db.conn.execute("INSERT INTO META_DATA_EXPORT VALUES ('EXPORT_SCHEMA_VERSION', '3.11.1')")
     db.conn.execute("CREATE TABLE TARGET_INFO_GPU (id INTEGER, name TEXT, busLocation TEXT, totalMemory INTEGER, smCount INTEGER)")

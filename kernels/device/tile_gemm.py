@@ -1,0 +1,312 @@
+"""The persistent tile GEMM engine every fine-grained GEMM variant computes with (issue 34).
+
+Math: tile (row block, column block) of P = A @ B, ``BLOCK_M x BLOCK_N`` at a time, fp32 accumulate,
+where the rows of A and of the output come in ``WORLD`` slabs of ``M_loc`` rows (an M-block never
+straddles two slabs: the last block of a slab is partial when ``M_loc`` is not a multiple of
+``BLOCK_M``). Two roles share the engine, picked by the constexpr ``ROLE``:
+
+- ``ROLE_AG`` (All-Gather + GEMM: pull, push, the copy-engine transport): slab ``src`` of A is rank
+  ``src``'s shard; the tile of slab ``src`` is stored into this rank's C. ``A_MODE`` says how A's
+  rows get here: ``A_LOCAL`` (all in ``a_ptr``: the GEMM alone), ``A_PULL`` (each tile loads remote
+  rows straight from the peer's heap with ``iris.load``), ``A_WAIT`` (rows land in ``a_ptr`` from
+  elsewhere; before its first K-step a remote tile waits (acquire) until its block's flag holds the
+  epoch, or piece by piece along K with ``K_PIECES`` > 1).
+- ``ROLE_RS`` (GEMM + Reduce-Scatter): slab ``o`` of the output belongs to rank ``o``; the finished
+  tile goes to the owner's receive slot of this source (``iris.store``; an own tile's pointer
+  translates to itself). The tiles' flags on their owners are set to the epoch once the program's
+  last tile is stored: one release (a system-scope fence) orders every store of the program, then
+  relaxed sets of its tiles' flags (``release_tiles``). Why not a release per tile: the fence
+  waits until the program's stores are visible system-wide, and per tile it cost GEMM+RS's kernel
+  6% against the engine alone at K=2048 on one H100 (3% at K=8192), deferred by one tile or not;
+  the reduction that waits on the flags runs after the GEMM in any case (``rs_reduce_kernel`` on
+  the same stream, or the tail). The flags array has one scratch row past the last tile
+  (``flag_rows``) that takes the release.
+
+Tile order (``tile_coords``, why): AG takes its own slab first (no communication needed) and then
+the peers' blocks interleaved (block 0 of every peer, then block 1: the order the push kernels
+deliver them); RS takes the peers' blocks first (staggered per rank, so every owner gets block 0
+from all peers early) and its own slab last (its own contribution costs no link time). Within a
+segment, tiles are grouped ``GROUP_M`` M-blocks at a time so that concurrently running programs
+share A and B tiles in L2.
+
+Schedule (why it reaches cuBLAS speed): one program per SM loops over tiles with stride
+``NUM_PROGS`` (a launch never needs more programs than fit at once, so no program waits on one that
+is not running). With ``FLATTEN`` the tile loop and the K loop are one software-pipelined loop
+(Triton's ``tl.range(..., flatten=True)``): the TMA loads of the next tile's first K-steps are in
+flight while this tile's epilogue stores, so the epilogue no longer stalls the tensor cores between
+tiles (the short-K shapes lost 4-6% to it). Flattening needs the K loop to be one loop per tile,
+so ``K_PIECES`` > 1 (waits between K pieces) and in-kernel records (whose CTA barriers mark phase
+boundaries) use the nested schedule; the host picks (``flatten_ok``). ``USE_TMA`` loads A and B
+through tensor descriptors (Hopper TMA); otherwise through pointers (the interpreter, ``A_PULL``).
+``TMA_STORE`` stores AG's C tile through a descriptor, in ``EPI_SPLIT`` column parts (less shared
+memory beside the load pipeline). ``tl.range(..., warp_specialize=True)`` is not used: Triton 3.6
+compiles it on sm_90 without partitioning the loop (no ``ttg.warp_specialize`` in the IR), so it
+changes nothing there (benchmarks/results/gemm_notes.md).
+
+Ordering under ``A_WAIT``: the wait's acquire is followed by ``fence.proxy.async`` before the TMA
+loads of the guarded rows, and the row offset the loads use is taken from the flag value the wait
+returned, so no compiler schedule (the flattened loop's pipeliner included) can issue the loads of
+a tile before its wait.
+
+Records (``INSTRUMENT``, kernels/device/trace.py) at phase changes only (a record costs a CTA
+barrier and a clock read): AG records ``compute`` before a wait that will spin and ``flag_wait``
+after it, and one last ``compute``; RS records ``compute`` after each tile's MMA loop and then
+``store_push`` (peer tile: its stores) or ``compute`` (own tile's epilogue).
+
+``COUNT`` (debug, AG ``A_WAIT`` and RS) counts per output tile how often it was computed and (AG)
+the least flag value it saw, so tests can check the flag protocol.
+"""
+from __future__ import annotations
+
+import iris
+import triton
+import triton.language as tl
+
+from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.sync import fence_tma_after_acquire, signal, wait_geq
+
+#: The engine's roles (constexpr globals: kernels pass them as ``ROLE``).
+ROLE_AG: tl.constexpr = tl.constexpr(0)
+ROLE_RS: tl.constexpr = tl.constexpr(1)
+
+A_LOCAL = 0
+A_PULL = 1
+A_WAIT = 2
+
+
+@triton.jit
+def _grouped(seg_t, seg_first, seg_blocks, n_tiles, GROUP_M: tl.constexpr):
+    """Tile ``seg_t`` of a segment of ``seg_blocks`` M-blocks starting at sequence position
+    ``seg_first`` -> (sequence position of its M-block, N-tile), ``GROUP_M`` M-blocks per group."""
+    tiles_per_group = GROUP_M * n_tiles
+    first = (seg_t // tiles_per_group) * GROUP_M
+    group_size = tl.minimum(seg_blocks - first, GROUP_M)
+    within = seg_t % tiles_per_group
+    return seg_first + first + within % group_size, within // group_size
+
+
+@triton.jit
+def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
+    """Tile number ``t`` -> (slab rank, block within the slab, N-tile index) in the role's order."""
+    if ROLE == 0:
+        own_tiles = blocks_per_rank * n_tiles
+        in_first = t < own_tiles
+        first_blocks = blocks_per_rank
+        rest_blocks = (WORLD - 1) * blocks_per_rank
+    else:
+        peer_tiles = (WORLD - 1) * blocks_per_rank * n_tiles
+        in_first = t < peer_tiles
+        first_blocks = (WORLD - 1) * blocks_per_rank
+        rest_blocks = blocks_per_rank
+    seg_t = tl.where(in_first, t, t - first_blocks * n_tiles)
+    seg_first = tl.where(in_first, 0, first_blocks)
+    seg_blocks = tl.where(in_first, first_blocks, rest_blocks)
+    s, pid_n = _grouped(seg_t, seg_first, seg_blocks, n_tiles, GROUP_M)
+    if ROLE == 0:
+        # Own slab first, then the peers' blocks interleaved (rank+1, rank+2, ... for each block).
+        is_own = s < blocks_per_rank
+        r = s - blocks_per_rank
+        if WORLD > 1:
+            slab = tl.where(is_own, rank, (rank + r % (WORLD - 1) + 1) % WORLD)
+            j = tl.where(is_own, s, r // (WORLD - 1))
+        else:
+            slab = rank + 0 * s
+            j = s
+    else:
+        # Peers interleaved block by block (rank+1 first), own slab last.
+        peer_blocks = (WORLD - 1) * blocks_per_rank
+        if WORLD > 1:
+            slab = tl.where(in_first, (rank + s % (WORLD - 1) + 1) % WORLD, rank)
+            j = tl.where(in_first, s // (WORLD - 1), s - peer_blocks)
+        else:
+            slab = rank + 0 * s
+            j = s
+    return slab, j, pid_n
+
+
+@triton.jit
+def k_steps(acc, a_ptr, b_ptr, a_desc, b_desc, a_row0, rows, row_ok, offs_n, col_ok, col0, kt0, kt1, K,
+            stride_am, stride_ak, stride_bk, stride_bn, rank, src, heap_bases,
+            BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr, A_REMOTE: tl.constexpr):
+    """``acc`` += A[rows, kt0*BK : kt1*BK] @ B[same K, offs_n]: TMA (rows ``a_row0 ..`` whole, the
+    descriptor zero-fills past the tensor's end) or masked pointer loads (``A_REMOTE``: A from rank
+    ``src``'s heap through ``iris.load``)."""
+    if USE_TMA:
+        for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES):
+            a = a_desc.load([a_row0, kt * BLOCK_K])
+            b = b_desc.load([kt * BLOCK_K, col0])
+            acc = tl.dot(a, b, acc)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        a_rows = a_ptr + rows[:, None] * stride_am
+        b_cols = b_ptr + offs_n[None, :] * stride_bn
+        for kt in tl.range(kt0, kt1, num_stages=NUM_STAGES):
+            ks = kt * BLOCK_K + offs_k
+            k_ok = ks < K
+            a_mask = row_ok[:, None] & k_ok[None, :]
+            if A_REMOTE:
+                a = iris.load(a_rows + ks[None, :] * stride_ak, rank, src, heap_bases, mask=a_mask, other=0.0)
+            else:
+                a = tl.load(a_rows + ks[None, :] * stride_ak, mask=a_mask, other=0.0)
+            b = tl.load(b_cols + ks[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def store_local(acc, c_ptr, c_desc, row0, rows, row_ok, offs_n, col_ok, col0, stride_cm, stride_cn,
+                BLOCK_N: tl.constexpr, TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr):
+    """Store a finished tile into local memory: a TMA store of whole rows ``row0 ..`` in ``EPI_SPLIT``
+    column parts, or a masked pointer store of ``rows`` x ``offs_n``."""
+    out_dtype = c_ptr.dtype.element_ty
+    if TMA_STORE:
+        if EPI_SPLIT == 2:
+            acc3 = tl.permute(tl.reshape(acc, (acc.shape[0], 2, BLOCK_N // 2)), (0, 2, 1))
+            acc_lo, acc_hi = tl.split(acc3)
+            c_desc.store([row0, col0], acc_lo.to(out_dtype))
+            c_desc.store([row0, col0 + BLOCK_N // 2], acc_hi.to(out_dtype))
+        else:
+            c_desc.store([row0, col0], acc.to(out_dtype))
+    else:
+        c_ptrs = c_ptr + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, acc.to(out_dtype), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def wait_piece(flags_ptr, flag, waits, a_row0, seen_min, rec_ptr, pid, t_rec, err_ptr, rank, src, epoch, budget,
+               kernel_id, SYNC_MODE: tl.constexpr, USE_TMA: tl.constexpr, COUNT: tl.constexpr,
+               INSTRUMENT: tl.constexpr):
+    """If ``waits``: wait (acquire, bounded) until flag ``flag`` holds ``epoch``, with records around a
+    wait that spins. Returns (A's first row for the loads, the record clock, the least flag seen).
+
+    The row is computed from the wait's outcome (the same row when the flag arrived), so the loads
+    depend on the wait and no schedule can issue them before it."""
+    ok = True
+    if waits:
+        if INSTRUMENT:
+            # A scalar atomic reads the flag once for the whole CTA (``late`` must agree in every
+            # thread: the records hold barriers).
+            late = tl.atomic_add(flags_ptr + flag, 0, sem="relaxed", scope="sys") < epoch
+            if late:
+                t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
+        ok = wait_geq(flags_ptr + flag, epoch, budget, err_ptr, rank, src, flag, kernel_id, SYNC_MODE)
+        if INSTRUMENT:
+            if late:
+                t_rec = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
+        if USE_TMA:
+            fence_tma_after_acquire(SYNC_MODE)
+        if COUNT:
+            seen_min = tl.minimum(seen_min, tl.load(flags_ptr + flag, volatile=True).to(tl.int32))
+    return a_row0 + tl.where(ok, 0, 1), t_rec, seen_min
+
+
+@triton.jit
+def persistent_gemm(
+    pid, a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
+    flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr, rec_ptr, t_rec,
+    M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    a_row_shift_remote, rank, epoch, budget, kernel_id,
+    ROLE: tl.constexpr, WORLD: tl.constexpr, A_MODE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr, SYNC_MODE: tl.constexpr,
+    COUNT: tl.constexpr, TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr, K_PIECES: tl.constexpr,
+    KT_PER_PIECE: tl.constexpr, INSTRUMENT: tl.constexpr, FLATTEN: tl.constexpr, VEC_HINT: tl.constexpr,
+):
+    """Every tile of this program (``pid``), in the role's order; returns the record clock ``t_rec``.
+
+    AG: ``c_ptr`` is C [WORLD * M_loc, N] (row of slab ``src`` block ``j``: ``src * M_loc + j * BM``),
+    ``flags_ptr`` this launch's flags (``K_PIECES`` per block, index ``(src * blocks + j) * K_PIECES + p``),
+    ``a_row_shift_remote`` the row offset of remote slabs in ``a_ptr`` (the push variant's odd parity).
+    RS: ``c_ptr`` is this source's slot in the epoch's half of the receive buffer ([M_loc, N] rows of
+    every owner at the same offset of every heap), ``flags_ptr`` the flags [tiles of a slab, WORLD].
+    """
+    blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    num_tiles = WORLD * blocks_per_rank * n_tiles
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for t in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
+        slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE, WORLD, GROUP_M)
+        offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the slab
+        row_ok = offs_r < M_loc
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = offs_n < N
+        a_row0 = slab * M_loc + j * BLOCK_M
+        if ROLE == 0:
+            a_row0 += tl.where(slab != rank, a_row_shift_remote, 0)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if (ROLE == 0) and (A_MODE == 2):
+            # Remote tiles wait before their first K-step (one piece: the whole block) or piece by
+            # piece along K (K_PIECES > 1); own tiles never wait.
+            waits = slab != rank
+            flag_idx = (slab * blocks_per_rank + j) * K_PIECES
+            seen_min = tl.cast(epoch, tl.int32)
+            if K_PIECES == 1:
+                a_row, t_rec, seen_min = wait_piece(flags_ptr, flag_idx, waits, a_row0, seen_min, rec_ptr, pid, t_rec,
+                                                    err_ptr, rank, slab, epoch, budget, kernel_id, SYNC_MODE,
+                                                    USE_TMA, COUNT, INSTRUMENT)
+                acc = k_steps(acc, a_ptr, b_ptr, a_desc, b_desc, a_row, a_row - j * BLOCK_M + offs_r, row_ok, offs_n,
+                              col_ok, pid_n * BLOCK_N, 0, k_tiles, K, stride_am, stride_ak, stride_bk, stride_bn,
+                              rank, slab, heap_bases, BLOCK_K, NUM_STAGES, USE_TMA, False)
+            else:
+                n_pieces = tl.where(waits, K_PIECES, 1)
+                kt_piece = tl.where(waits, KT_PER_PIECE, k_tiles)
+                for kp in range(0, n_pieces):
+                    a_row, t_rec, seen_min = wait_piece(flags_ptr, flag_idx + kp, waits, a_row0, seen_min, rec_ptr,
+                                                        pid, t_rec, err_ptr, rank, slab, epoch, budget, kernel_id,
+                                                        SYNC_MODE, USE_TMA, COUNT, INSTRUMENT)
+                    kt0 = kp * kt_piece
+                    kt1 = tl.minimum(kt0 + kt_piece, k_tiles)
+                    acc = k_steps(acc, a_ptr, b_ptr, a_desc, b_desc, a_row, a_row - j * BLOCK_M + offs_r, row_ok,
+                                  offs_n, col_ok, pid_n * BLOCK_N, kt0, kt1, K, stride_am, stride_ak, stride_bk,
+                                  stride_bn, rank, slab, heap_bases, BLOCK_K, NUM_STAGES, USE_TMA, False)
+            if COUNT:
+                tl.store(seen_ptr + (slab * blocks_per_rank + j) * n_tiles + pid_n, seen_min)
+        else:
+            acc = k_steps(acc, a_ptr, b_ptr, a_desc, b_desc, a_row0, a_row0 - j * BLOCK_M + offs_r, row_ok, offs_n,
+                          col_ok, pid_n * BLOCK_N, 0, k_tiles, K, stride_am, stride_ak, stride_bk, stride_bn, rank,
+                          slab, heap_bases, BLOCK_K, NUM_STAGES, USE_TMA, (ROLE == 0) and (A_MODE == 1))
+        if ROLE == 0:
+            c_row0 = slab * M_loc + j * BLOCK_M
+            store_local(acc, c_ptr, c_desc, c_row0, c_row0 - j * BLOCK_M + offs_r, row_ok, offs_n, col_ok,
+                        pid_n * BLOCK_N, stride_cm, stride_cn, BLOCK_N, TMA_STORE, EPI_SPLIT)
+            if COUNT:
+                tl.atomic_add(count_ptr + (slab * blocks_per_rank + j) * n_tiles + pid_n, 1)
+        else:
+            t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
+            dst = c_ptr + offs_r[:, None] * N + offs_n[None, :]
+            mask = row_ok[:, None] & col_ok[None, :]
+            val = acc.to(c_ptr.dtype.element_ty)
+            # One store for own and peers' tiles (an own tile's pointer translates to itself): a
+            # branch on the owner around two stores crashes Triton 3.6's pipeliner in the
+            # flattened loop. The hint marks 16-byte contiguous runs: vector stores over the link.
+            if VEC_HINT:
+                iris.store(dst, val, rank, slab, heap_bases, mask=mask, hint=(1, 16))
+            else:
+                iris.store(dst, val, rank, slab, heap_bases, mask=mask)
+            # A peer's tile: moving it out is communication only; an own tile's store is the epilogue.
+            t_rec = trace.mark(rec_ptr, pid, tl.where(slab == rank, trace.COMPUTE, trace.STORE_PUSH), t_rec,
+                               INSTRUMENT, SYNC_MODE)
+    if ROLE == 1:
+        release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, num_tiles, NUM_PROGS, WORLD,
+                      GROUP_M, SYNC_MODE)
+    return t_rec
+
+
+@triton.jit
+def release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, num_tiles,
+                  NUM_PROGS: tl.constexpr, WORLD: tl.constexpr, GROUP_M: tl.constexpr, SYNC_MODE: tl.constexpr):
+    """RS, after a program's last tile: one release (system scope) on the scratch flag row, then the
+    flag of every tile this program pushed set to ``epoch`` on its owner (relaxed: the release's
+    fence already ordered every store of the program before them)."""
+    signal(flags_ptr + blocks_per_rank * n_tiles * WORLD + rank, epoch, rank, rank, heap_bases, SYNC_MODE)
+    for t in range(pid, num_tiles, NUM_PROGS):
+        slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, 1, WORLD, GROUP_M)
+        flag = flags_ptr + (j * n_tiles + pid_n) * WORLD + rank
+        iris.atomic_xchg(flag, tl.cast(epoch, flags_ptr.dtype.element_ty), rank, slab, heap_bases, sem="relaxed",
+                         scope="sys")
+
+
+def flatten_ok(k_pieces: int, instrument: bool, use_tma: bool) -> bool:
+    """Whether a launch may use the flattened schedule (see the module docstring): one K piece per
+    tile, no in-kernel records, TMA loads (the pointer path is the interpreter's and ``A_PULL``'s)."""
+    return k_pieces == 1 and not instrument and use_tma
