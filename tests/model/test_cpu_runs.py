@@ -48,3 +48,14 @@ def test_a_cpu_comparison_states_the_difference_and_no_verdict():
 def test_the_declared_floor_caveat_advises_calibration_only_for_a_gpu():
     assert "calibrate this GPU" in declared_floor_caveat(3, 2.0, [0, 1], None)
     assert "calibrate" not in declared_floor_caveat(3, 2.0, [0, 1], None, cpu_run=True)
+
+
+def test_a_cpu_run_is_the_cpu_spec_on_any_number_of_cpus():
+    """A CPU run records the host's CPUs as its emulated GPU's SM count: that count names no part,
+    so the nominal CPU spec is the bundle's whatever it is (the set-up's `taxmodel analyze runs/ag_gemm`
+    stopped with 'is no preset' on every machine with more than one CPU)."""
+    from taxmodel.model.hardware import resolve_hardware
+
+    for cpus in (1, 2, 16):
+        meta = {"hardware": {"name": "CPU (x86_64), emulated GPUs", "vendor": "cpu", "num_sms": cpus, "emulated": True}}
+        assert resolve_hardware(meta).key == "cpu"
