@@ -13,7 +13,7 @@ import click
 from taxmodel import safetext
 from taxmodel.version import __version__
 from taxmodel.errors import TaxmodelError
-from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
+from taxmodel.trace.capture_meta import AUTO_ALIGN, DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 
 
 def _echo(message: object = "", **kwargs) -> None:
@@ -301,14 +301,17 @@ _SHARED = ("out", "force", "counters", "timeout_s")
 @click.option("--graph-strict", is_flag=True, default=False,
               help="Like --graph, but never fall back: exit 2 before starting if a chosen variant is not graph-safe "
                    "or this is a CPU run, and fail if a capture fails.")
-@click.option("--align", type=click.Choice(START_ALIGNMENTS), default="host", show_default=True,
+@click.option("--align", type=click.Choice((AUTO_ALIGN,) + START_ALIGNMENTS), default=AUTO_ALIGN, show_default=True,
               help="How traced steps start: host = after a host barrier (ranks start as skewed as their hosts leave "
                    "it: tens of us under the profiler); device = also behind a device gate, a one-program kernel that "
                    "releases every rank's GPU together (within a flag's latency), so the trace shows the workload's "
-                   "own skew, not the harness's. Each bundle records it in meta capture.align.")
+                   "own skew, not the harness's; back-to-back = one gate per repetition, then its steps run back to "
+                   "back on every GPU with no barrier between them, as a decode loop or an un-profiled benchmark "
+                   "runs them. auto: back-to-back on GPUs, host on CPU. Each bundle records it in meta capture.align.")
 @click.option("--gate-hold-us", type=float, default=DEFAULT_GATE_HOLD_US, show_default=True,
               help="With --align device: how long the gate still holds its GPU after every rank arrived, so each "
-                   "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts. "
+                   "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts "
+                   "(back-to-back: that long for every step of a repetition). "
                    "Under the profiler a rank's host needs 60-100 us from the gate to its graph launch (2x H200), so "
                    "the default leaves room; the hold is outside every traced step.")
 @click.option("--counters", is_flag=True, default=False,
@@ -538,9 +541,10 @@ def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
                    "cost between kernels.")
 @click.option("--transport", type=click.Choice(["ce", "sm", "direct"]), default=None,
               help="ag_gemm fine-grained transport: copy engines (default), a Triton copy kernel, or direct peer loads.")
-@click.option("--align", type=click.Choice(START_ALIGNMENTS), default="host", show_default=True,
-              help="How ranks start each iteration: after a host barrier (calibrated skew), or released together by a "
-                   "device gate (as `taxmodel profile --align device` captures it).")
+@click.option("--align", type=click.Choice(START_ALIGNMENTS), default="back-to-back", show_default=True,
+              help="How ranks start each iteration: after a host barrier (calibrated skew), released together by a "
+                   "device gate (as `taxmodel profile --align device` captures it), or back to back behind one gate "
+                   "(`taxmodel profile`'s default on GPUs).")
 @click.option("--fitted/--no-fitted", "use_fitted", default=True, show_default=True,
               help="Use the parameters `taxmodel validate` fitted on the measured bundles of this hardware "
                    "(taxmodel/data/fitted.json), or only the documented defaults and the calibration.")

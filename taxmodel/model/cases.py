@@ -66,8 +66,8 @@ class Case:
     @property
     def launches(self) -> str:
         """How the bundle's iterations were launched: graph or eager, ``+gate`` when the device gate
-        aligned the ranks' starts."""
-        return ("graph" if self.graph_launch else "eager") + ("+gate" if self.align == "device" else "")
+        aligned the ranks' starts of every step, ``+b2b`` when it started back-to-back steps."""
+        return ("graph" if self.graph_launch else "eager") + {"device": "+gate", "back-to-back": "+b2b"}.get(self.align, "")
 
     @property
     def label(self) -> str:

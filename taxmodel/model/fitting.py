@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from taxmodel.kernels.names import FLASH_DECODE_FUSED, FLASH_DECODE_SPLIT, GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 from taxmodel.model.cases import RECORDS_AFTER_WAIT, Case, predict_case
+from taxmodel.trace.capture_meta import GATED_ALIGNMENTS
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class FitRule:
         return (case.workload == self.workload and case.variant in self.variants
                 and all(int(case.shape.get(k, 0)) == v for k, v in self.only)
                 and (self.target is None or self.target in case.measured)
-                and (not self.device_aligned or case.align == "device"))
+                and (not self.device_aligned or case.align in GATED_ALIGNMENTS))
 
 
 FIT_RULES = (

@@ -114,7 +114,7 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
 
 #: launch modes whose latency errors make the model's error band: CUDA-graph captures (eager ones
 #: carry the profiler's host time, which the model does not predict)
-BAND_LAUNCHES = ("graph", "graph+gate")
+BAND_LAUNCHES = ("graph", "graph+gate", "graph+b2b")
 #: fewest out-of-sample cases a variant needs for a band
 BAND_MIN_CASES = 3
 

@@ -109,7 +109,7 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
                 "roles": dict(roles),
                 "iteration_pattern": r"^ProfilerStep#(\d+)$",
                 "instrument": gathered_records is not None,
-                **alignment_meta(spec.align, spec.gate_hold_us),
+                **alignment_meta(spec.align, spec.gate_hold_total_us(session.traced_warmup_steps)),
                 **graph,
             },
             "repetitions": int(spec.repeat),

@@ -52,8 +52,9 @@ class ModelParams:
     #: Scale of the ranks' release times after a host barrier (exponential order statistics).
     barrier_skew_s: float = 5e-6
     #: How ranks start an iteration: "host" (they leave a host barrier, spread by barrier_skew_s) or
-    #: "device" (``taxmodel profile --align device``: a device gate releases every GPU together; see
-    #: ``release_offsets``); with the gate, each host enqueues for ``gate_hold_s`` before its GPU starts.
+    #: "device" (``taxmodel profile --align device``: a device gate releases every GPU together) or
+    #: "back-to-back" (one gate, then the steps back to back; the same spread): see
+    #: ``release_offsets``; with the gate, each host enqueues for ``gate_hold_s`` before its GPU starts.
     start_alignment: str = "host"
     gate_hold_s: float = DEFAULT_GATE_HOLD_US * 1e-6
     #: Fixed cost of one NCCL/RCCL collective beyond alpha-beta (kernel setup, protocol handshake).
