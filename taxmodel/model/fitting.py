@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from taxmodel.kernels.names import FLASH_DECODE_FUSED, FLASH_DECODE_SPLIT, GEMM_RS_KERNEL, RS_REDUCE_KERNEL
+from taxmodel.model.analytic.params import calibrated_mechanisms
 from taxmodel.model.cases import RECORDS_AFTER_WAIT, Case, predict_case
 from taxmodel.trace.capture_meta import GATED_ALIGNMENTS
 
@@ -92,7 +93,10 @@ IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of 
 
 
 def _rules_of(case: Case) -> list[FitRule]:
-    return [r for r in FIT_RULES if r.applies(case)]
+    """The rules whose subset ``case`` can be in: not those of a parameter its GPU's calibration
+    measured (``params.calibrated_mechanisms``: a measurement is not replaced by a fit)."""
+    measured = calibrated_mechanisms(case.hardware)
+    return [r for r in FIT_RULES if r.applies(case) and r.param not in measured]
 
 
 def mark_in_sample(cases: list[Case]) -> None:
@@ -111,10 +115,18 @@ def mark_in_sample(cases: list[Case]) -> None:
                 c.fits.add(rule.param)
 
 
-def fit_params(cases: list[Case]) -> dict[str, float]:
-    """Each FIT_RULES parameter from its in-sample cases (bisection per case on the predicted
-    latency; the median of the per-case values). A parameter is left out when no in-sample case's
-    latency it can explain (e.g. a link-bound pull)."""
+def fit_params(cases: list[Case]) -> dict[str, dict[str, float]]:
+    """Per GPU (hardware name), each FIT_RULES parameter from its in-sample cases on that GPU
+    (bisection per case on the predicted latency; the median of the per-case values). A parameter
+    is left out when no in-sample case's latency it can explain (e.g. a link-bound pull)."""
+    out: dict[str, dict[str, float]] = {}
+    for hw in sorted({c.hardware.name for c in cases}):
+        out[hw] = _fit_one([c for c in cases if c.hardware.name == hw])
+    return out
+
+
+def _fit_one(cases: list[Case]) -> dict[str, float]:
+    """``fit_params`` on the cases of one GPU."""
     fitted: dict[str, float] = {}
     for rule in FIT_RULES:
         values = []
