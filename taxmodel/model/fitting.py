@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from taxmodel.kernels.names import FLASH_DECODE_FUSED, FLASH_DECODE_SPLIT, GEMM_RS_KERNEL, RS_REDUCE_KERNEL
+from taxmodel.kernels.names import (COPY_BLOCKS_KERNEL, FLASH_DECODE_FUSED, FLASH_DECODE_SPLIT, GEMM_RS_KERNEL,
+                                    RS_REDUCE_KERNEL)
 from taxmodel.model.analytic.params import calibrated_mechanisms
 from taxmodel.model.cases import RECORDS_AFTER_WAIT, Case, predict_case
 from taxmodel.trace.capture_meta import GATED_ALIGNMENTS
@@ -82,6 +83,10 @@ FIT_RULES = (
             "fewest reduction programs) fit one reduction program's rate on its combine records (a program's sum of "
             "its tile's W slots)",
             target=f"records:{RS_REDUCE_KERNEL}:combine", detail="reduce_program", pick="min"),
+    FitRule("copy_program_bytes_per_s", "ag_gemm", ("pull", "push"), ("N", "K", "tp"), "M", 1e9, 200e9,
+            "ag_gemm pull/push bundles with the Triton copy kernel (the sm transport) at the largest M of their (N, K, "
+            "tp, world size) group fit the rate of one copy program beside the GEMM on the copy kernel's own duration",
+            target=f"kernel:{COPY_BLOCKS_KERNEL}", detail="transfer"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
                                                           "predicted latency, or the named quantity's prediction (a "

@@ -29,7 +29,7 @@ import pandas as pd
 
 from taxmodel.fsutil import atomic_write
 from taxmodel.model.analytic.fitted import choose_fitted, fitted_sets
-from taxmodel.model.analytic.params import calibrated_mechanisms
+from taxmodel.model.analytic.params import calibrated_mechanisms, not_borrowed
 from taxmodel.model.cases import Case, find_cases, predict_case
 from taxmodel.model.categories import TAXES
 from taxmodel.model.fitting import IN_SAMPLE_RULE, fit_params, mark_in_sample
@@ -98,8 +98,8 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
     caveats = sorted({c for case in cases for c in case.caveats})
     if fitted_from is not None:
         sets = fitted_sets(fitted_from)
-        chosen = {c.hardware.name: choose_fitted(sets, c.hardware.name, calibrated_mechanisms(c.hardware))
-                  for c in cases}
+        chosen = {c.hardware.name: choose_fitted(sets, c.hardware.name, calibrated_mechanisms(c.hardware),
+                                                 not_borrowed(c.hardware)) for c in cases}
         rows = [r for c in cases for r in compare(c, *chosen[c.hardware.name])]
         by_hw = {h: values for h, (values, lender) in chosen.items() if lender is None and values}
         fitted = next(iter(sets.values()), {})

@@ -22,7 +22,7 @@ from taxmodel.trace.capture_meta import CaptureSettings
 from . import ag_gemm, flash_decode, gemm_rs
 from .collective_model import CollectiveModel
 from .fitted import FITTED_FILE, borrowed_note, choose_fitted, fitted_sets
-from .params import ModelParams, calibrated_mechanisms, hardware_values
+from .params import ModelParams, calibrated_mechanisms, hardware_values, not_borrowed
 from .prediction import Prediction, predicted_ledger, standard_assumptions
 from .timeline import as_graph_launch
 from .topology import topology
@@ -82,12 +82,13 @@ def model_params(hardware: HardwareSpec, settings: CaptureSettings | None = None
     calibrated = calibrated_mechanisms(hardware)
     if fitted is None:
         sets = fitted_sets(FITTED_FILE) if FITTED_FILE.is_file() else {}
-        fitted, borrowed_from = choose_fitted(sets, hardware.name, calibrated)
+        fitted, borrowed_from = choose_fitted(sets, hardware.name, calibrated, not_borrowed(hardware))
         if fitted and borrowed_from is None:
             note = ("fitted on the measured bundles of this hardware (`taxmodel validate`, " + FITTED_FILE.name + "): "
                     + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items()))
     else:
-        fitted = {k: v for k, v in fitted.items() if k not in calibrated}
+        blocked = calibrated | (not_borrowed(hardware) if borrowed_from else set())
+        fitted = {k: v for k, v in fitted.items() if k not in blocked}
         if fitted and borrowed_from is None:
             note = "fitted: " + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items())
     params = ModelParams.from_hardware(hardware, instrumented=s.instrumented, graph_launch=s.graph_launch,

@@ -57,14 +57,17 @@ def load_fitted(path: str | os.PathLike) -> tuple[dict[str, float], list[str]]:
 
 
 def choose_fitted(sets: Mapping[str, Mapping[str, float]], hardware_name: str,
-                  calibrated: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, float], str | None]:
+                  calibrated: set[str] | frozenset[str] = frozenset(),
+                  not_borrowed: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, float], str | None]:
     """The fitted values a prediction on ``hardware_name`` uses and, when borrowed, the GPU they come
-    from: this GPU's own fits, else the first GPU's (borrowed) less the parameters this GPU's
-    calibration measured (``calibrated``); ({}, None) when there are none."""
+    from: this GPU's own fits less what its calibration measured (``calibrated``), else the first
+    GPU's (borrowed) less ``not_borrowed`` (what it measured, and what a measurement of it keeps
+    from being borrowed: ``params.not_borrowed``); ({}, None) when there are none."""
     if hardware_name in sets:
         return {k: v for k, v in sets[hardware_name].items() if k not in calibrated}, None
+    blocked = set(calibrated) | set(not_borrowed)
     for other, values in sets.items():
-        kept = {k: v for k, v in values.items() if k not in calibrated}
+        kept = {k: v for k, v in values.items() if k not in blocked}
         return (kept, other) if kept else ({}, None)
     return {}, None
 
@@ -82,14 +85,15 @@ def borrowed_note(borrowed: Mapping[str, str]) -> str | None:
 
 
 def fitted_for(hardware_name: str, path: str | os.PathLike | None = None,
-               calibrated: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, float], str | None]:
+               calibrated: set[str] | frozenset[str] = frozenset(),
+               not_borrowed: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, float], str | None]:
     """The fitted parameters that apply to ``hardware_name`` (``choose_fitted``; empty when no file is
     there) and a sentence for the prediction's assumptions when they are this GPU's own (borrowed
     ones are named by ``borrowed_note`` from the parameters' sources)."""
     p = Path(path) if path is not None else FITTED_FILE
     if not p.is_file():
         return {}, None
-    values, lender = choose_fitted(fitted_sets(p), hardware_name, calibrated)
+    values, lender = choose_fitted(fitted_sets(p), hardware_name, calibrated, not_borrowed)
     if not values or lender is not None:
         return values, None
     return values, ("fitted on the measured bundles of this hardware (`taxmodel validate`, " + p.name + "): "

@@ -206,7 +206,7 @@ _PARAM_FIELDS = [f for f in ModelParams.__dataclass_fields__ if f != "sources"]
 #: (issue 33), each with the fitted parameters its measurement stands in for: a hardware file that
 #: has it takes neither the fit of another GPU nor (``fitting``) a fit of its own for them.
 CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
-    "triton_gemm_speed_by_m": ("triton_gemm_efficiency", "rs_gemm_efficiency"),
+    "triton_gemm_speed_by_m": ("triton_gemm_efficiency",),
     "copy_program_bytes_per_s": (),
     "gemm_share_loss": (),
     "triton_stream_efficiency": (),
@@ -216,6 +216,13 @@ CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "reduce_program_bytes_per_s": (),
     "combine_step_s": (),
 }
+
+
+#: Fitted parameters that a calibrated mechanism keeps another GPU's fit of from being borrowed,
+#: though this GPU may fit them on its own bundles (more specific than the measurement): GEMM+RS's
+#: own GEMM efficiency, fitted on its kernel, beats the tile GEMM's speed by M measured alone, which
+#: beats another GPU's fit of it.
+NOT_BORROWED_WITH: dict[str, tuple[str, ...]] = {"triton_gemm_speed_by_m": ("rs_gemm_efficiency",)}
 
 
 def _read_value(default: Any, value: Any) -> Any:
@@ -270,5 +277,12 @@ def calibrated_mechanisms(hw: HardwareSpec) -> set[str]:
         if name in have:
             out |= {name, *covers}
     return out
+
+
+def not_borrowed(hw: HardwareSpec) -> set[str]:
+    """What ``hw`` may not borrow from another GPU's fits: ``calibrated_mechanisms`` and the
+    ``NOT_BORROWED_WITH`` parameters of what its file measured."""
+    have = calibrated_mechanisms(hw)
+    return have | {p for name, params in NOT_BORROWED_WITH.items() if name in have for p in params}
 
 
