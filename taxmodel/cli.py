@@ -597,8 +597,13 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
 @click.option("--fitted-from", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Fit nothing; use the parameters of this file (a fitted.json that --update-docs wrote, e.g. "
                    "taxmodel/data/fitted.json as committed before new bundles came), so every bundle is predicted "
-                   "out of sample.")
-def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_from) -> None:
+                   "out of sample; another GPU's fits are borrowed, with a caveat, for what a GPU without fits of "
+                   "its own did not calibrate.")
+@click.option("--hardware", default=None, metavar="NAME|FILE",
+              help="Predict and measure every bundle with this hardware (a `taxmodel calibrate` file of the machine "
+                   "that captured them) instead of the spec each bundle's GPU resolves to; a file of another GPU is "
+                   "used with a one-line caveat.")
+def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_from, hardware) -> None:
     """Compare the model's predictions with every measured bundle under PROFILES_DIR.
 
     Exit 0 when every validated comparison is within target (latency 15%, each tax 25% or 20 us), 1 otherwise.
@@ -617,7 +622,7 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
 
     if markdown:  # before the work
         check_output_file(markdown, "Markdown table", bundle_inputs([profiles_dir]) + [docs_file])
-    v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from)
+    v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from, hardware=hardware)
     text = markdown_table(v)
     _echo(text, nl=False)
     for s in v.skipped:

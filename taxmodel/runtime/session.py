@@ -30,6 +30,11 @@ TRACED_WARMUP_STEPS = 1
 #: on the H200s the first bundle of every process had one NCCL kernel of 100-240 us at repetition 0,
 #: step 0, after the warm-up steps and the traced one; later bundles of the process had none.
 PROCESS_WARMUP_REPETITIONS = 1
+#: Replays per timed batch (short, long) and batches per length when a captured step is timed with
+#: nothing traced (meta ``capture.replay_step_us``): the difference of the two lengths cancels what
+#: every batch pays once (the launch of the first replay, the ranks' entry skew).
+REPLAY_BATCHES = (8, 40)
+REPLAY_REPS = 5
 _PROCESS = {"warm": False}  # whether this process has traced its warm-up repetitions
 
 
@@ -136,6 +141,7 @@ class VariantSession:
         self.book: Any = None
         self.graph_note: str | None = None
         self.discarded = 0
+        self.replay_step_us: float | None = None
         self.raw: list[bytes] = []
         self.recs: list[Any] = []
 
@@ -307,8 +313,43 @@ class VariantSession:
                 self.recs.append(rep_recs)
         run.ctx.injector = None
         if self.runner.graph:  # the kernels must still be right after every replay
+            self.replay_step_us = self.time_replays()
             self.check(when="after the traced graph replays")
         run.progress.advance()
+
+    def time_replays(self) -> float | None:
+        """One step's time with nothing traced (us, the slowest rank's): the captured graph replayed
+        back to back in batches of two lengths (``REPLAY_BATCHES``), the difference of their median
+        times over the difference of their lengths, as an un-profiled CUDA-graph benchmark of the same
+        step measures it (meta ``capture.replay_step_us``; the traced step's window is compared with
+        it). None off a GPU (the interpreter's times say nothing) and with injected taxes."""
+        import statistics
+
+        import torch
+        import torch.distributed as dist
+
+        from taxmodel.runtime.timing import Stopwatch
+
+        run, runner = self.run, self.runner
+        if self.injector is not None or not run.ctx.is_cuda or not hasattr(runner, "launch"):
+            return None
+        med = {}
+        for n in REPLAY_BATCHES:
+            times = []
+            for _ in range(REPLAY_REPS):
+                run.barrier()
+                with Stopwatch(run.device) as sw:
+                    for _ in range(n):
+                        runner.launch()
+                times.append(sw.seconds)
+            med[n] = statistics.median(times)
+        step = step_from_batches(med)
+        if run.world > 1 and dist.is_initialized():
+            t = torch.tensor([step], dtype=torch.float64, device=run.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            step = float(t.item())
+        run.barrier()
+        return step * 1e6
 
     def traced_repetition(self, rep: int) -> tuple[bytes, Any]:
         """One repetition under a fresh tracer: (its trace, its drained records or None)."""
@@ -437,6 +478,15 @@ class VariantSession:
 
         return DeviceGate(ctx.heap, ctx.rank, ctx.world_size, ctx.device, ctx.spin_timeout_s,
                           spec.gate_hold_total_us(TRACED_WARMUP_STEPS) * 1e-6)
+
+
+def step_from_batches(medians: Mapping[int, float]) -> float:
+    """Seconds per step from the median times of batches of two lengths ({length: seconds}): their
+    difference over the difference of the lengths (what every batch pays once cancels), or the
+    longer batch's mean when noise makes the difference non-positive."""
+    (short, t_short), (long_, t_long) = sorted(medians.items())[0], sorted(medians.items())[-1]
+    step = (t_long - t_short) / (long_ - short) if long_ > short else 0.0
+    return step if step > 0 else t_long / long_
 
 
 def profile_variants(run: Run, chosen: list[str], shapes: Mapping[str, Mapping[str, int]]) -> list[str]:

@@ -97,6 +97,7 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
                 "warmup": int(spec.warmup),
                 "traced_warmup": session.traced_warmup_steps,
                 "discarded_repetitions": int(discarded_repetitions),
+                "replay_step_us": session.replay_step_us,
                 "iterations": int(spec.iterations),
                 "repetition": int(spec.repeat),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
