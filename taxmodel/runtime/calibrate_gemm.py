@@ -166,5 +166,5 @@ def measure_copy_share(device: torch.device, heap: Any, rank: int, world: int,
                      "gemm_alone_s": median_seconds(timed["alone_gemm"], "gemm", "tile GEMM"),
                      "copy_shared_s": median_seconds(timed["shared"], "copy", "copy"),
                      "gemm_shared_s": median_seconds(timed["shared"], "gemm", "tile GEMM")})
-        del gathered, flags, b, c
+        gathered = flags = b = c = None  # drop the buffers before the next size (rebinding: closures use them)
     return {"rows": rows}
