@@ -31,7 +31,8 @@ PUSH_REPS = (4, 36)
 MERGE_SOURCES = (2, 34)
 #: Launches traced per point.
 REPEATS = 7
-MERGE_KERNEL_ID = 97
+#: Kernel id in the error record of a merge that gave up (a constexpr: a jit function reads it).
+MERGE_KERNEL_ID: tl.constexpr = tl.constexpr(97)
 
 
 @triton.jit(do_not_specialize=["rank"])
