@@ -85,7 +85,10 @@ if [ "$DEV" = cpu ]; then
   echo "== calibrate: skipped on CPU (the shipped H200 calibration stands in)" | tee -a "$S"
 else
   KSTEPS=tile_gemm,copy_share,ll,reduce
-  BASE=$(python3 -c "from taxmodel.model.calibration import STEP_KEYS; print(','.join(s for s in STEP_KEYS if s not in '$KSTEPS'.split(',')))")
+  # one GPU: no steps that need peers (their numbers come from the datasheet, and nothing here crosses a link)
+  BASE=$(python3 -c "from taxmodel.model.calibration import STEP_KEYS, MULTI_RANK_STEPS as M
+skip = '$KSTEPS'.split(',') + (list(M) if $N < 2 else [])
+print(','.join(s for s in STEP_KEYS if s not in skip))")
   run calibrate 120 $TM calibrate -o "$W/base.json" -n "$N" --timeout 110 --only "$BASE"
   if [ -f "$W/base.json" ]; then
     run calibrate_kernels 170 $TM calibrate -o "$HW" -n "$N" --timeout 160 --only "$KSTEPS" --update "$W/base.json"

@@ -49,6 +49,10 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
     aliases = sorted({a for a in (*(preset.aliases if preset is not None else ()), device_name)
                       if preset is None or normalized_name(a) != normalized_name(preset.name)})
     link = _first(link_bw, statistics.median(p2p) if p2p else None, peer.get("load_bytes_per_s"))
+    link_note = ""
+    if link is None and world == 1 and preset is not None:
+        # one GPU has no peer to measure a link to, and nothing it runs crosses one
+        link, link_note = preset.link_bytes_per_s, f" One GPU: link_bytes_per_s is the {preset.name} datasheet's."
     if link is None:
         raise ValueError("no link measurement (collectives, peer copies or peer loads): calibrate with --world-size 2 or more")
     spec = {
@@ -68,7 +72,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "flag_roundtrip_s": _first((meas.get("flag") or {}).get("roundtrip_s"), 0.0),
         "notes": (f"measured by `taxmodel calibrate` on {world} x {device_name}: GEMM peaks are cuBLAS rates on 8192^3 "
                   "(4096^3 for fp32), HBM a device copy, link the all-gather bandwidth at the largest size. "
-                  + _curve_note(curves) + _by_world_note(by_world)),
+                  + _curve_note(curves) + _by_world_note(by_world) + link_note),
         # model parameters (taxmodel.model.analytic.params.ModelParams names)
         "host_launch_torch_s": _first(launch.get("host_launch_torch_s"), launch.get("host_launch_s")),
         "p2p_copy_bytes_per_s": statistics.median(p2p) if p2p else None,

@@ -94,3 +94,13 @@ def test_an_update_with_one_kernel_step_adds_its_parameter_and_changes_nothing_e
         if key not in ("measured", "notes", "aliases", "triton_gemm_speed_by_m"):
             assert new[key] == value, key
     assert "tile_gemm" in calfit.parse_steps("tile_gemm,reduce") and "ll" in calfit.STEP_KEYS
+
+
+def test_one_gpu_calibrates_with_the_datasheets_link_and_says_so():
+    meas = {"hbm": {"bytes_per_s": 3e12}, "gemm": {"bf16": {"flops_per_s": 7e14}}}
+    spec = calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 1)
+    from taxmodel.model.hardware import find_preset
+
+    assert spec["link_bytes_per_s"] == find_preset("h100").link_bytes_per_s and "One GPU: link_bytes_per_s" in spec["notes"]
+    with pytest.raises(ValueError, match="no link measurement"):
+        calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 2)  # two GPUs must measure theirs
