@@ -21,7 +21,31 @@ from taxmodel.model.analytic.timeline import simulate, timeline_events
 from taxmodel.trace.bundle import make_meta, write_bundle
 from taxmodel.testing.synthetic import synthetic_bundle
 
+import model_bundles
 from model_bundles import AG, H200, model_bundle as _model_bundle
+
+
+@pytest.fixture(autouse=True)
+def h200_as_before_issue_33(monkeypatch, request):
+    """These tests exercise the fitting of parameters (the Triton GEMM efficiency, the streaming
+    efficiency) that the shipped H200 calibration now measures with its kernel microbenchmarks
+    (issue 33), and a measured parameter is never fitted: they run with the calibrated H200 as it was
+    before, without those fields (what a calibration that did not run those steps holds)."""
+    from dataclasses import replace
+
+    from taxmodel.model import hardware
+    from taxmodel.model.analytic.params import CALIBRATED_MECHANISMS
+
+    if request.node.name == "test_docs_table_matches_the_committed_profiles":
+        return  # the committed table is the shipped calibration's
+    kernel_fields = set(CALIBRATED_MECHANISMS) - {"combine_step_s"}
+    before = replace(H200, extra={k: v for k, v in H200.extra.items() if k not in kernel_fields})
+    presets = hardware.presets
+    monkeypatch.setattr(hardware, "presets", lambda: {n: (before if s.name == H200.name else s)
+                                                      for n, s in presets().items()})
+    monkeypatch.setattr(hardware, "calibrated_files", lambda extra_dirs=(): [])
+    monkeypatch.setattr(model_bundles, "H200", before)
+    monkeypatch.setitem(globals(), "H200", before)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -240,8 +264,8 @@ def test_predict_uses_a_gpus_own_fits_and_borrows_another_gpus_with_a_caveat(tmp
     assert "fitted on the measured bundles" not in off.output and "fitted on the measured bundles" not in other.output
     assert "borrowed from another GPU" in other.output and "from H200 SXM (calibrated)" in other.output
     assert "borrowed" not in on.output and "borrowed" not in off.output
-    assert f"K/V streamed at {shipped['triton_stream_efficiency']:.2f}" in on.output
-    assert "K/V streamed at 0.80" in off.output
+    assert f"{shipped['ll_merge_step_s'] * 1e6:.2f} us (LL: one per source rank)" in on.output
+    assert f"{ModelParams().ll_merge_step_s * 1e6:.2f} us (LL: one per source rank)" in off.output
 
 
 # --- the CLI on a CPU machine ---------------------------------------------------------------------
