@@ -39,11 +39,16 @@ def h200_as_before_issue_33(monkeypatch, request):
     if request.node.name == "test_docs_table_matches_the_committed_profiles":
         return  # the committed table is the shipped calibration's
     kernel_fields = set(CALIBRATED_MECHANISMS) - {"combine_step_s"}
+    load = hardware.load_hardware
+
+    def load_before(path):
+        spec = load(path)
+        if spec.name != H200.name:
+            return spec
+        return replace(spec, extra={k: v for k, v in spec.extra.items() if k not in kernel_fields})
+
+    monkeypatch.setattr(hardware, "load_hardware", load_before)
     before = replace(H200, extra={k: v for k, v in H200.extra.items() if k not in kernel_fields})
-    presets = hardware.presets
-    monkeypatch.setattr(hardware, "presets", lambda: {n: (before if s.name == H200.name else s)
-                                                      for n, s in presets().items()})
-    monkeypatch.setattr(hardware, "calibrated_files", lambda extra_dirs=(): [])
     monkeypatch.setattr(model_bundles, "H200", before)
     monkeypatch.setitem(globals(), "H200", before)
 
