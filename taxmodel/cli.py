@@ -499,9 +499,11 @@ def advise_cmd(bundle, top, as_json, hardware, lenient) -> None:
                    "--update FILE, a world size other than the file's adds a curve for it (collectives_by_world).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
 @click.option("--only", default=None, metavar="STEP[,STEP]",
-              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p, combine, sync "
-                   "(default: all). Without hbm and gemm it needs --update; combine (the flash decode combine's serial "
-                   "step) and sync (one wait on a set flag) need one GPU, e.g. -n 1 --only combine,sync --update FILE.")
+              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p, combine, sync, "
+                   "tile_gemm, copy_share, ll, reduce (default: all). Without hbm and gemm it needs --update; combine "
+                   "(the flash decode combine's serial step), sync (one wait on a set flag), tile_gemm and reduce need "
+                   "one GPU, e.g. -n 1 --only combine,sync --update FILE; copy_share and ll measure every rank at once "
+                   "(on one GPU, a second half of its memory stands in for the peer).")
 @click.option("--update", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="An earlier calibration's hardware JSON: the steps not run keep its measurements and every number is "
                    "refit, e.g. --only collectives --update taxmodel/data/hardware/h200-calibrated.json "
@@ -511,7 +513,8 @@ def advise_cmd(bundle, top, as_json, hardware, lenient) -> None:
 @click.option("--sizes", default=None, hidden=True, metavar="B[,B]", help="Collective message sizes in bytes.")
 def calibrate_cmd(output, world_size, timeout_s, only, update, device, sizes) -> None:
     """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches, the flash decode
-    combine's step, a wait on a set flag) into a hardware file."""
+    combine's step, a wait on a set flag, and the workloads' own kernels alone: the tile GEMM against cuBLAS by M,
+    the copy kernel beside it, LL pushes and merges, the reduction program) into a hardware file."""
     from taxmodel.runtime.calibrate import run_calibration
 
     spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update, device=device,

@@ -100,17 +100,6 @@ def fitted_for(hardware_name: str, path: str | os.PathLike | None = None,
                     + ", ".join(f"{k} = {v:.3g}" for k, v in values.items()))
 
 
-def lender_of(hardware_name: str, path: str | os.PathLike | None = None) -> str | None:
-    """The GPU whose fits a prediction on ``hardware_name`` borrows (None: its own, or none)."""
-    p = Path(path) if path is not None else FITTED_FILE
-    if not p.is_file():
-        return None
-    sets = fitted_sets(p)
-    if hardware_name in sets or not sets:
-        return None
-    return next(iter(sets))
-
-
 def latency_error_bands(hardware_name: str, path: str | os.PathLike | None = None) -> dict[str, tuple[float, float]]:
     """Per ``workload/variant``: (10th, 90th percentile of predicted / measured - 1) of the model's
     latency on the hardware its fit was made on, as ``validate --update-docs`` recorded it
