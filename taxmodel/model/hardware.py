@@ -343,6 +343,9 @@ def find_by_arch(arch: str, num_sms: int | None = None) -> HardwareSpec | None:
 
 
 def _device_sms(hw: Mapping[str, Any]) -> int | None:
+    """The recorded SM (CU) count of a GPU; None for a CPU run, whose ``num_sms`` counts host cores."""
+    if hw.get("emulated") or str(hw.get("vendor", "")).lower() == "cpu":
+        return None
     v = hw.get("num_sms")
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
