@@ -6,6 +6,7 @@ captured at the same shape in the same folder (bsp window minus that variant's w
 repetitions and iterations). The bound (the taxes on the pair's boundaries) is listed beside them.
 
     python benchmarks/advise_h200x4.py [--markdown benchmarks/results/advise_h200x4.md]
+    python benchmarks/advise_h200x4.py --root RUNS --hardware calibration.json   # another machine's capture
 
 Folders: ``profiles/h200x4-graph-gate`` (CUDA graphs, ranks released by a device gate; AG+GEMM and
 GEMM+RS) and ``profiles/h200x4-graph`` (CUDA graphs, host barrier; AG+GEMM). Eager captures are
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -34,8 +36,10 @@ def _shape_key(p: Profile) -> tuple:
     return tuple(sorted(p.shape.items()))
 
 
-def compare_folder(folder: Path, workload: str) -> list[dict]:
-    """One row per bsp bundle of ``workload`` under ``folder`` that has fine-grained bundles of its shape."""
+def compare_folder(folder: Path, workload: str, hardware: str | None = None, strict: bool = True) -> list[dict]:
+    """One row per bsp bundle of ``workload`` under ``folder`` that has fine-grained bundles of its shape
+    (``hardware``: a name or calibrated file the predictions use instead of the bundles' own GPU's spec;
+    ``strict`` False: a bsp bundle the advisor finds no candidate in is left out with a line on stderr)."""
     profiles = [Profile.from_path(b) for b in find_bundles(folder / workload)]
     rows = []
     for bsp in (p for p in profiles if p.variant == "bsp"):
@@ -43,15 +47,18 @@ def compare_folder(folder: Path, workload: str) -> list[dict]:
         if not fine:
             continue
         best = min(fine, key=lambda p: p.window_ns)
-        table = advise(Inputs(bsp.bundle, bsp.analysis), top=None)
+        table = advise(Inputs(bsp.bundle, bsp.analysis), top=None, hardware=hardware)
         pair = table[table["kind"] == PAIR_KIND[workload]]
+        if len(pair) != 1 and not strict:
+            print(f"left out {bsp.path}: the advisor found {len(pair)} {PAIR_KIND[workload]} candidates", file=sys.stderr)
+            continue
         if len(pair) != 1:
             raise RuntimeError(f"{bsp.path}: expected one {PAIR_KIND[workload]} candidate, the advisor found {len(pair)}")
         r = pair.iloc[0]
         kind, variants = advise_predict.WORKLOAD_OF_KIND[PAIR_KIND[workload]]
         shape = {k: int(v) for k, v in bsp.shape.items()}
-        fitted = advise_predict.predict_fusion(kind, variants, shape, bsp.world_size, bsp.meta)
-        plain = advise_predict.predict_fusion(kind, variants, shape, bsp.world_size, bsp.meta, use_fitted=False)
+        fitted = advise_predict.predict_fusion(kind, variants, shape, bsp.world_size, bsp.meta, hardware)
+        plain = advise_predict.predict_fusion(kind, variants, shape, bsp.world_size, bsp.meta, hardware, use_fitted=False)
         modeled = next(p for p in fine if f"{kind}/{p.variant}" == fitted.model)
         measured = (bsp.window_ns - best.window_ns) / 1e3
         rows.append({
@@ -72,11 +79,14 @@ def compare_folder(folder: Path, workload: str) -> list[dict]:
     return rows
 
 
-def comparison(root: Path = ROOT / "profiles") -> pd.DataFrame:
-    return pd.DataFrame([row for folder, wl in SETS for row in compare_folder(root / folder, wl)])
+def comparison(root: Path = ROOT / "profiles", sets: tuple[tuple[str, str], ...] = SETS,
+               hardware: str | None = None, strict: bool = True) -> pd.DataFrame:
+    return pd.DataFrame([row for folder, wl in sets for row in compare_folder(root / folder, wl, hardware, strict)])
 
 
 def markdown(t: pd.DataFrame) -> str:
+    if t.empty:
+        return "No AG+GEMM or GEMM+RS pair (bsp and a fine-grained variant at one shape) among these bundles.\n"
     lines = ["| folder | workload | shape | bsp us | best fine-grained (us) | measured saving us | bound us | "
              "predicted saving us (model variant) | within 25% | the model's range us | measured in it | "
              "predicted, defaults only | model error bsp / fused |",
@@ -107,8 +117,16 @@ def _num(v: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", default=None, help="write the table (between markers) into this Markdown file")
+    ap.add_argument("--root", default=None, help="a capture's folder (WORKLOAD/VARIANT-SHAPE bundles under it) instead of "
+                                                 "the committed 4x H200 folders")
+    ap.add_argument("--hardware", default=None, help="hardware name or calibrated file for the predictions")
     args = ap.parse_args()
-    t = comparison()
+    if args.root:
+        root = Path(args.root)
+        t = comparison(root.parent, tuple((root.name, wl) for wl in PAIR_KIND if (root / wl).is_dir()), args.hardware,
+                       strict=False)
+    else:
+        t = comparison(hardware=args.hardware)
     text = markdown(t)
     print(text, end="")
     if args.markdown:

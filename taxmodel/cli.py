@@ -12,7 +12,7 @@ import click
 from taxmodel import safetext
 from taxmodel.version import __version__
 from taxmodel.errors import TaxmodelError
-from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
+from taxmodel.trace.capture_meta import AUTO_ALIGN, DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
 
 
 def _echo(message: object = "", **kwargs) -> None:
@@ -300,14 +300,17 @@ _SHARED = ("out", "force", "counters", "timeout_s")
 @click.option("--graph-strict", is_flag=True, default=False,
               help="Like --graph, but never fall back: exit 2 before starting if a chosen variant is not graph-safe "
                    "or this is a CPU run, and fail if a capture fails.")
-@click.option("--align", type=click.Choice(START_ALIGNMENTS), default="host", show_default=True,
+@click.option("--align", type=click.Choice((AUTO_ALIGN,) + START_ALIGNMENTS), default=AUTO_ALIGN, show_default=True,
               help="How traced steps start: host = after a host barrier (ranks start as skewed as their hosts leave "
                    "it: tens of us under the profiler); device = also behind a device gate, a one-program kernel that "
                    "releases every rank's GPU together (within a flag's latency), so the trace shows the workload's "
-                   "own skew, not the harness's. Each bundle records it in meta capture.align.")
+                   "own skew, not the harness's; back-to-back = one gate per repetition, then its steps run back to "
+                   "back on every GPU with no barrier between them, as a decode loop or an un-profiled benchmark "
+                   "runs them. auto: back-to-back on GPUs, host on CPU. Each bundle records it in meta capture.align.")
 @click.option("--gate-hold-us", type=float, default=DEFAULT_GATE_HOLD_US, show_default=True,
               help="With --align device: how long the gate still holds its GPU after every rank arrived, so each "
-                   "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts. "
+                   "host has enqueued the step (a graph launch; eager launches for that long) before its GPU starts "
+                   "(back-to-back: that long for every step of a repetition). "
                    "Under the profiler a rank's host needs 60-100 us from the gate to its graph launch (2x H200), so "
                    "the default leaves room; the hold is outside every traced step.")
 @click.option("--allow-gpu-sizes", is_flag=True, default=False,
@@ -507,9 +510,11 @@ def advise_cmd(bundles, top, as_json, wide, hardware, lenient) -> None:
                    "--update FILE, a world size other than the file's adds a curve for it (collectives_by_world).")
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
 @click.option("--only", default=None, metavar="STEP[,STEP]",
-              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p, combine, sync "
-                   "(default: all). Without hbm and gemm it needs --update; combine (the flash decode combine's serial "
-                   "step) and sync (one wait on a set flag) need one GPU, e.g. -n 1 --only combine,sync --update FILE.")
+              help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p, combine, sync, "
+                   "tile_gemm, copy_share, ll, reduce (default: all). Without hbm and gemm it needs --update; combine "
+                   "(the flash decode combine's serial step), sync (one wait on a set flag), tile_gemm and reduce need "
+                   "one GPU, e.g. -n 1 --only combine,sync --update FILE; copy_share and ll measure every rank at once "
+                   "(on one GPU, a second half of its memory stands in for the peer).")
 @click.option("--update", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="An earlier calibration's hardware JSON: the steps not run keep its measurements and every number is "
                    "refit, e.g. --only collectives --update taxmodel/data/hardware/h200-calibrated.json "
@@ -519,7 +524,8 @@ def advise_cmd(bundles, top, as_json, wide, hardware, lenient) -> None:
 @click.option("--sizes", default=None, hidden=True, metavar="B[,B]", help="Collective message sizes in bytes.")
 def calibrate_cmd(output, world_size, timeout_s, only, update, device, sizes) -> None:
     """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches, the flash decode
-    combine's step, a wait on a set flag) into a hardware file."""
+    combine's step, a wait on a set flag, and the workloads' own kernels alone: the tile GEMM against cuBLAS by M,
+    the copy kernel beside it, LL pushes and merges, the reduction program) into a hardware file."""
     from taxmodel.runtime.calibrate import run_calibration
 
     spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update, device=device,
@@ -549,9 +555,10 @@ def _shape_option(values: tuple[str, ...]) -> dict[str, int]:
                    "cost between kernels.")
 @click.option("--transport", type=click.Choice(["ce", "sm", "direct"]), default=None,
               help="ag_gemm fine-grained transport: copy engines (default), a Triton copy kernel, or direct peer loads.")
-@click.option("--align", type=click.Choice(START_ALIGNMENTS), default="host", show_default=True,
-              help="How ranks start each iteration: after a host barrier (calibrated skew), or released together by a "
-                   "device gate (as `taxmodel profile --align device` captures it).")
+@click.option("--align", type=click.Choice(START_ALIGNMENTS), default="back-to-back", show_default=True,
+              help="How ranks start each iteration: after a host barrier (calibrated skew), released together by a "
+                   "device gate (as `taxmodel profile --align device` captures it), or back to back behind one gate "
+                   "(`taxmodel profile`'s default on GPUs).")
 @click.option("--fitted/--no-fitted", "use_fitted", default=True, show_default=True,
               help="Use the parameters `taxmodel validate` fitted on the measured bundles of this hardware "
                    "(taxmodel/data/fitted.json), or only the documented defaults and the calibration.")
@@ -604,13 +611,18 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
 @click.option("--fitted-from", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Fit nothing; use the parameters of this file (a fitted.json that --update-docs wrote, e.g. "
                    "taxmodel/data/fitted.json as committed before new bundles came), so every bundle is predicted "
-                   "out of sample.")
+                   "out of sample; another GPU's fits are borrowed, with a caveat, for what a GPU without fits of "
+                   "its own did not calibrate.")
+@click.option("--hardware", default=None, metavar="NAME|FILE",
+              help="Predict and measure every bundle with this hardware (a `taxmodel calibrate` file of the machine "
+                   "that captured them) instead of the spec each bundle's GPU resolves to; a file of another GPU is "
+                   "used with a one-line caveat.")
 @click.option("-j", "--jobs", type=click.IntRange(min=0), default=0, show_default=True,
               help="Processes that compute the measured ledgers and predictions (0: one per CPU).")
 @click.option("--cache/--no-cache", default=True, show_default=True,
               help="Keep each bundle's measured ledger and each prediction on disk ($TAXMODEL_CACHE_DIR, else "
                    "~/.cache/taxmodel), keyed by the bundle's files and taxmodel's code, and reuse them.")
-def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_from, jobs, cache) -> None:
+def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_from, hardware, jobs, cache) -> None:
     """Compare the model's predictions with every measured bundle under PROFILES_DIR.
 
     Exit 0 when every validated comparison is within target (latency 15%, each tax 25% or 20 us), 1 otherwise.
@@ -627,7 +639,8 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
         raise click.UsageError("--fitted-from fits nothing: it goes with neither --no-fit nor --update-docs")
     if markdown:  # before the work
         check_output_file(markdown, "Markdown table", bundle_inputs([profiles_dir]) + [docs_file])
-    v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from, jobs=jobs or None, cache=cache, progress=True)
+    v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from, hardware=hardware, jobs=jobs or None,
+                     cache=cache, progress=True)
     text = markdown_table(v)
     _echo(text, nl=False)
     for s in v.skipped:

@@ -49,6 +49,10 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
     aliases = sorted({a for a in (*(preset.aliases if preset is not None else ()), device_name)
                       if preset is None or normalized_name(a) != normalized_name(preset.name)})
     link = _first(link_bw, statistics.median(p2p) if p2p else None, peer.get("load_bytes_per_s"))
+    link_note = ""
+    if link is None and world == 1 and preset is not None:
+        # one GPU has no peer to measure a link to, and nothing it runs crosses one
+        link, link_note = preset.link_bytes_per_s, f" One GPU: link_bytes_per_s is the {preset.name} datasheet's."
     if link is None:
         raise ValueError("no link measurement (collectives, peer copies or peer loads): calibrate with --world-size 2 or more")
     spec = {
@@ -68,7 +72,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "flag_roundtrip_s": _first((meas.get("flag") or {}).get("roundtrip_s"), 0.0),
         "notes": (f"measured by `taxmodel calibrate` on {world} x {device_name}: GEMM peaks are cuBLAS rates on 8192^3 "
                   "(4096^3 for fp32), HBM a device copy, link the all-gather bandwidth at the largest size. "
-                  + _curve_note(curves) + _by_world_note(by_world)),
+                  + _curve_note(curves) + _by_world_note(by_world) + link_note),
         # model parameters (taxmodel.model.analytic.params.ModelParams names)
         "host_launch_torch_s": _first(launch.get("host_launch_torch_s"), launch.get("host_launch_s")),
         "p2p_copy_bytes_per_s": statistics.median(p2p) if p2p else None,
@@ -80,6 +84,14 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "combine_step_s": combine_step_seconds(meas.get("combine"), ModelParams().kernel_overhead_s),
         "flag_wait_s": (meas.get("sync") or {}).get("flag_wait_sys_s"),
         "flag_wait_gpu_s": (meas.get("sync") or {}).get("flag_wait_gpu_s"),
+        # the workloads' own kernels' microbenchmarks (issue 33; each None when its step did not run)
+        "triton_gemm_speed_by_m": gemm_speed_by_m(meas.get("tile_gemm")),
+        **copy_share_fit(meas.get("copy_share")),
+        **split_kv_fit(meas.get("combine"), meas["hbm"]["bytes_per_s"]),
+        "ll_push_bytes_per_s": ll_push_rate(meas.get("ll_push")),
+        "ll_merge_step_s": ll_merge_step(meas.get("ll_merge")),
+        "reduce_program_bytes_per_s": reduce_rate(meas.get("reduce"),
+                                                  (meas.get("sync") or {}).get("flag_wait_sys_s") or ModelParams().flag_wait_s),
         "collectives": curves,
         "collectives_eager": eager_curve,
         "collectives_by_world": by_world or None,
@@ -171,12 +183,133 @@ def combine_step_seconds(measured: dict, kernel_overhead_s: float) -> float | No
     return float(statistics.median(per_step)) if per_step else None
 
 
+# --- the workloads' own kernels, measured alone (issue 33): raw rows -> ModelParams values ---------
+
+
+def _rows(measured: dict | None) -> list[dict]:
+    rows = (measured or {}).get("rows") if isinstance(measured, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def _positive(*values) -> bool:
+    try:
+        return all(float(v) > 0 for v in values)
+    except (TypeError, ValueError):
+        return False
+
+
+def gemm_speed_by_m(measured: dict | None) -> list[list[float]] | None:
+    """``triton_gemm_speed_by_m`` from the tile_gemm step: per M, the vendor GEMM's time over the
+    tile GEMM's on the same shape (their speed ratio), sorted by M; None without rows."""
+    pts = sorted([float(r["m"]), float(r["vendor_s"]) / float(r["tile_s"])] for r in _rows(measured)
+                 if _positive(r.get("m"), r.get("vendor_s"), r.get("tile_s")))
+    return [[m, round(s, 4)] for m, s in pts] or None
+
+
+def copy_share_fit(measured: dict | None) -> dict:
+    """``copy_program_bytes_per_s`` (one copy program's rate while the GEMM shares its SM: the items
+    one program moves, rounds of ``programs`` items, over the copy kernel's time beside the GEMM)
+    and ``gemm_share_loss`` (the GEMM's time beside the copy minus alone, over the copy's time),
+    medians over the step's rows; {} without rows."""
+    rates, losses = [], []
+    for r in _rows(measured):
+        if not _positive(r.get("items"), r.get("programs"), r.get("item_bytes"), r.get("copy_shared_s")):
+            continue
+        rounds = -(-int(r["items"]) // int(r["programs"]))
+        rates.append(rounds * float(r["item_bytes"]) / float(r["copy_shared_s"]))
+        if _positive(r.get("gemm_shared_s"), r.get("gemm_alone_s")):
+            losses.append(max(float(r["gemm_shared_s"]) - float(r["gemm_alone_s"]), 0.0) / float(r["copy_shared_s"]))
+    out = {}
+    if rates:
+        out["copy_program_bytes_per_s"] = float(statistics.median(rates))
+    if losses:
+        out["gemm_share_loss"] = round(float(statistics.median(losses)), 4)
+    return out
+
+
+def split_kv_fit(measured: dict | None, hbm_bytes_per_s: float) -> dict:
+    """``triton_stream_efficiency`` and ``split_kv_fixed_s`` from the combine step's split-KV times:
+    the line t = fixed + bytes / (efficiency x HBM bandwidth) through the grid's points, bytes as the
+    model counts them (K and V, and the partials written), fitted on relative error (weights 1/t^2)
+    so that the short KV's fixed cost and the long KV's rate both count; {} with fewer than 2 points."""
+    m = measured or {}
+    try:
+        hq, hkv, d = int(m["q_heads"]), int(m["kv_heads"]), int(m["head_dim"])
+    except (KeyError, TypeError, ValueError):
+        return {}
+    xs, ts = [], []
+    for r in _rows(m):
+        if not _positive(r.get("batch"), r.get("kv_len"), r.get("splits"), r.get("split_s")):
+            continue
+        b, kv_len, s = int(r["batch"]), int(r["kv_len"]), int(r["splits"])
+        xs.append(2.0 * b * hkv * kv_len * d * 2 + b * hq * s * (d + 1) * 4)
+        ts.append(float(r["split_s"]))
+    if len(xs) < 2 or len(set(xs)) < 2:
+        return {}
+    w = [1.0 / t ** 2 for t in ts]
+    sw, sx, st = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * t for wi, t in zip(w, ts))
+    sxx, sxt = sum(wi * x * x for wi, x in zip(w, xs)), sum(wi * x * t for wi, x, t in zip(w, xs, ts))
+    det = sw * sxx - sx * sx
+    if det <= 0:
+        return {}
+    slope, fixed = (sw * sxt - sx * st) / det, (sxx * st - sx * sxt) / det
+    if slope <= 0:
+        return {}
+    return {"triton_stream_efficiency": round(1.0 / slope / float(hbm_bytes_per_s), 4),
+            "split_kv_fixed_s": max(float(fixed), 0.0)}
+
+
+def ll_push_rate(measured: dict | None) -> float | None:
+    """``ll_push_bytes_per_s`` from the ll step's pushes: every program's bytes into the peers per
+    push (R rows x (D + 1) words of 8 bytes, to W - 1 peers) over the time one push adds (the
+    difference of two launch lengths); None on one rank or without two lengths."""
+    m = measured or {}
+    try:
+        reps, times = [int(x) for x in m["reps"]], [float(x) for x in m["push_s"]]
+        world, programs, rows, d = int(m["world"]), int(m["programs"]), int(m["rows"]), int(m["head_dim"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if world < 2 or len(reps) < 2 or len(times) != len(reps) or reps[-1] <= reps[0] or times[-1] <= times[0]:
+        return None
+    per_push = (times[-1] - times[0]) / (reps[-1] - reps[0])
+    return programs * (world - 1) * rows * (d + 1) * 8 / per_push
+
+
+def ll_merge_step(measured: dict | None) -> float | None:
+    """``ll_merge_step_s`` from the ll step's merges: the time one more source adds to a merge."""
+    m = measured or {}
+    try:
+        n, times = [int(x) for x in m["sources"]], [float(x) for x in m["merge_s"]]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if len(n) < 2 or len(times) != len(n) or n[-1] <= n[0] or times[-1] <= times[0]:
+        return None
+    return (times[-1] - times[0]) / (n[-1] - n[0])
+
+
+def reduce_rate(measured: dict | None, flag_wait_s: float,
+                kernel_overhead_s: float = ModelParams().kernel_overhead_s) -> float | None:
+    """``reduce_program_bytes_per_s`` from the reduce step: per row, one program's bytes (W slots
+    read and the tile written, (W + 1) x BLOCK_M x BLOCK_N elements) over the kernel's time less the
+    fixed kernel cost and the W waits on set flags, as the model charges a program; the median."""
+    rates = []
+    for r in _rows(measured):
+        if not _positive(r.get("world"), r.get("block_m"), r.get("block_n"), r.get("element_bytes"), r.get("reduce_s")):
+            continue
+        w = int(r["world"])
+        busy = float(r["reduce_s"]) - kernel_overhead_s - w * float(flag_wait_s)
+        if busy > 0:
+            rates.append((w + 1) * int(r["block_m"]) * int(r["block_n"]) * int(r["element_bytes"]) / busy)
+    return float(statistics.median(rates)) if rates else None
+
+
 #: The measurement steps of a calibration, in the order they run, and the raw keys each writes.
 STEP_KEYS: dict[str, tuple[str, ...]] = {
     "hbm": ("hbm",), "gemm": ("gemm",), "launch": ("launch",),
     "collectives": ("collectives", "collectives_graph", "collectives_graph_note"),
     "barrier": ("barrier",), "peer": ("peer",), "flag": ("flag",), "p2p": ("peer_copy",),
     "combine": ("combine",), "sync": ("sync",),
+    "tile_gemm": ("tile_gemm",), "copy_share": ("copy_share",), "ll": ("ll_push", "ll_merge"), "reduce": ("reduce",),
 }
 #: Steps that need at least two ranks.
 MULTI_RANK_STEPS = ("collectives", "barrier", "peer", "flag")

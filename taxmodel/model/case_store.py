@@ -126,12 +126,13 @@ def _entry_from_json(d: Mapping[str, Any], path: Path) -> Case | str:
     return d["skip"] if "skip" in d else case_from_json(d["case"], path)
 
 
-def _case_or_reason(path: Path, root: Path) -> Case | str:
-    """The Case of one bundle under ``root``, or why it cannot be validated (a one-rank capture of
-    a variant that needs peers, a workload without a model...): such a bundle is skipped with its
-    reason, never the end of a whole validation run."""
+def _case_or_reason(path: Path, root: Path, hardware: Any = None) -> Case | str:
+    """The Case of one bundle under ``root`` (measured and predicted with ``hardware`` when given),
+    or why it cannot be validated (a one-rank capture of a variant that needs peers, a workload
+    without a model...): such a bundle is skipped with its reason, never the end of a whole
+    validation run."""
     try:
-        got = load_case(path, search=(root,))
+        got = load_case(path, search=(root,), hardware=hardware)
     except TaxmodelError as exc:
         return f"{path}: {exc}"
     if isinstance(got, str):
@@ -143,8 +144,8 @@ def _case_or_reason(path: Path, root: Path) -> Case | str:
     return got
 
 
-def _predicted_taxes(case: Case, fitted: Mapping[str, float]) -> dict[str, float]:
-    return predict_case(case, fitted).taxes_ns()
+def _predicted_taxes(case: Case, fitted: Mapping[str, float], borrowed_from: str | None) -> dict[str, float]:
+    return predict_case(case, fitted, borrowed_from).taxes_ns()
 
 
 class CaseStore:
@@ -171,9 +172,10 @@ class CaseStore:
 
     # --- the two things it computes ------------------------------------------------------------
 
-    def cases(self, root: str | os.PathLike) -> tuple[list[Case], list[str]]:
+    def cases(self, root: str | os.PathLike, hardware: Any = None) -> tuple[list[Case], list[str]]:
         """One Case per bundle under ``root`` that the model can be checked against, and the
-        reasons the others cannot (in the order ``find_bundles`` lists them)."""
+        reasons the others cannot (in the order ``find_bundles`` lists them); ``hardware``: the
+        name or file every bundle is measured and predicted with (``cases.load_case``)."""
         from taxmodel.trace.bundle import find_bundles
 
         root = Path(root)
@@ -181,18 +183,24 @@ class CaseStore:
             raise InputError(f"{root}: no such directory; pass the directory that holds the profile bundles")
         paths = find_bundles(root)
         # by content, not by where: the same bundles reached by another path are the same cases
-        hardware = files_digest(calibrated_files((root,)))
-        keys = [_key(p.relative_to(root).as_posix(), bundle_digest(p), hardware) for p in paths]
-        got = self._computed("cases", keys, _case_or_reason, [(p, root) for p in paths], "measured ledgers",
+        specs = files_digest(calibrated_files((root,)))
+        given = "" if hardware is None else (files_digest([Path(hardware)]) if Path(str(hardware)).is_file()
+                                            else f"name:{hardware}")
+        keys = [_key(p.relative_to(root).as_posix(), bundle_digest(p), specs, given) for p in paths]
+        got = self._computed("cases", keys, _case_or_reason, [(p, root, hardware) for p in paths], "measured ledgers",
                              to_json=lambda c, args: _entry_to_json(c, args[0]),
                              from_json=lambda d, args: _entry_from_json(d, args[0]))
         return [c for c in got if not isinstance(c, str)], [c for c in got if isinstance(c, str)]
 
-    def predicted_taxes(self, cases: Sequence[Case], fitted: Sequence[Mapping[str, float]]) -> list[dict[str, float]]:
-        """``predict_case(case, fitted).taxes_ns()`` for each case and its fitted parameters."""
-        keys = [_key(json.dumps(case_to_json(c, c.path), sort_keys=True, default=str), json.dumps(dict(f), sort_keys=True))
-                for c, f in zip(cases, fitted)]  # a prediction does not depend on where its bundle is
-        return self._computed("predictions", keys, _predicted_taxes, list(zip(cases, fitted)), "predictions",
+    def predicted_taxes(self, cases: Sequence[Case],
+                        fitted: Sequence[tuple[Mapping[str, float], str | None]]) -> list[dict[str, float]]:
+        """``predict_case(case, values, borrowed_from).taxes_ns()`` for each case and its fitted
+        parameters (their values, and the GPU they were borrowed from, None for its own)."""
+        keys = [_key(json.dumps(case_to_json(c, c.path), sort_keys=True, default=str),
+                     json.dumps([dict(values), lender], sort_keys=True))
+                for c, (values, lender) in zip(cases, fitted)]  # a prediction does not depend on where its bundle is
+        args = [(c, dict(values), lender) for c, (values, lender) in zip(cases, fitted)]
+        return self._computed("predictions", keys, _predicted_taxes, args, "predictions",
                               to_json=lambda t, _: t, from_json=lambda d, _: {k: float(v) for k, v in d.items()})
 
     # --- cache and workers ---------------------------------------------------------------------
@@ -264,9 +272,9 @@ def _key(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
-def find_cases(root: str | os.PathLike, *, jobs: int | None = 1, cache: bool = True,
+def find_cases(root: str | os.PathLike, hardware: Any = None, *, jobs: int | None = 1, cache: bool = True,
                progress: bool = False) -> tuple[list[Case], list[str]]:
     """Every bundle under ``root`` as a Case, and the reasons for those that cannot be one
     (``CaseStore.cases``)."""
     with CaseStore(jobs=jobs, cache=cache, progress=progress) as store:
-        return store.cases(root)
+        return store.cases(root, hardware=hardware)

@@ -46,6 +46,8 @@ class Case:
     #: counters, or "estimated" from the declared intermediates, the same formula the model used
     #: before it predicted DRAM bytes, so not a measurement to validate against
     locality: str = "estimated"
+    #: one line each on what the prediction takes with a caveat (a hardware file of another GPU)
+    caveats: list[str] = field(default_factory=list)
 
     @property
     def in_sample(self) -> bool:
@@ -65,8 +67,8 @@ class Case:
     @property
     def launches(self) -> str:
         """How the bundle's iterations were launched: graph or eager, ``+gate`` when the device gate
-        aligned the ranks' starts."""
-        return ("graph" if self.graph_launch else "eager") + ("+gate" if self.align == "device" else "")
+        aligned the ranks' starts of every step, ``+b2b`` when it started back-to-back steps."""
+        return ("graph" if self.graph_launch else "eager") + {"device": "+gate", "back-to-back": "+b2b"}.get(self.align, "")
 
     @property
     def label(self) -> str:
@@ -121,8 +123,29 @@ def _records_after_wait(events: pd.DataFrame) -> float | None:
     return float((last_end - first_wait.loc[last_end.index]).mean())
 
 
-def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
-    """A Case for the bundle at ``path``, or the reason it cannot be validated."""
+def other_gpu_caveat(hw: Any, meta: Mapping[str, Any]) -> str | None:
+    """One line when the hardware spec ``hw`` (a file given by the user) describes another GPU than
+    the one the bundle ``meta`` ran on; None when they match or the bundle does not say."""
+    from taxmodel.model.hardware import find_preset, normalized_name
+
+    device = (meta.get("hardware") or {}).get("name") if isinstance(meta.get("hardware"), Mapping) else None
+    if not device:
+        return None
+    names = {normalized_name(n) for n in (hw.name, *hw.aliases)}
+    if normalized_name(str(device)) in names:
+        return None
+    mine = find_preset(str(device))
+    theirs = find_preset(hw.name.replace(" (calibrated)", "")) or next(
+        (p for p in map(find_preset, hw.aliases) if p is not None), None)
+    if mine is not None and theirs is not None and mine.name == theirs.name:
+        return None
+    return (f"hardware {hw.name} describes another GPU than the bundles' {device}: its numbers are used as given "
+            "(calibrate on the GPU that ran them for predictions of that GPU)")
+
+
+def load_case(path: Path, search: tuple[Path, ...] = (), hardware: Any = None) -> Case | str:
+    """A Case for the bundle at ``path``, or the reason it cannot be validated. ``hardware``: a
+    name or file to use instead of the spec the bundle's GPU resolves to."""
     from taxmodel.model.ledger import compute_ledger
     from taxmodel.trace.bundle import load_bundle
 
@@ -139,15 +162,16 @@ def load_case(path: Path, search: tuple[Path, ...] = ()) -> Case | str:
     if not shape:
         return f"{path}: meta has no shape"
     try:
-        hw, note = resolve_model_hardware(None, meta, search=search)
+        hw, note = resolve_model_hardware(hardware, meta, search=search)
     except InputError as exc:
         return f"{path}: {exc}"
+    caveat = other_gpu_caveat(hw, meta) if hardware is not None else None
     ledger = compute_ledger(bundle, hw, lenient=True)
     st = CaptureSettings.from_meta(meta, instrumented=bool((bundle.events["kind"] == "record").any()))
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
                 meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=st.instrumented,
                 graph_launch=bool(st.graph_launch), transport=st.transport, align=st.align, gate_hold_s=st.gate_hold_s,
-                locality=ledger.locality)
+                locality=ledger.locality, caveats=[caveat] if caveat else [])
 
 
 def _intlike(v: Any) -> bool:
@@ -158,13 +182,15 @@ def _intlike(v: Any) -> bool:
         return False
 
 
-def _params_for(case: Case, fitted: Mapping[str, float]) -> ModelParams:
-    """The model's parameters for one bundle: its hardware, how it was captured, and ``fitted``."""
-    return model_params(case.hardware, case.settings, dict(fitted))[0]
+def _params_for(case: Case, fitted: Mapping[str, float], borrowed_from: str | None = None) -> ModelParams:
+    """The model's parameters for one bundle: its hardware, how it was captured, and ``fitted``
+    (fitted on the GPU ``borrowed_from`` when that is another one)."""
+    return model_params(case.hardware, case.settings, dict(fitted), borrowed_from=borrowed_from)[0]
 
 
-def predict_case(case: Case, fitted: Mapping[str, float]) -> Prediction:
+def predict_case(case: Case, fitted: Mapping[str, float], borrowed_from: str | None = None) -> Prediction:
     """The analytic prediction for one measured bundle: its workload, shape, world size, hardware
-    and capture settings, with ``fitted`` parameter values over the defaults."""
+    and capture settings, with ``fitted`` parameter values over the defaults (borrowed from the GPU
+    ``borrowed_from`` when given)."""
     return predict(case.workload, case.variant, case.shape, case.world_size, case.hardware,
-                   _params_for(case, fitted), cost=case.cost)
+                   _params_for(case, fitted, borrowed_from), cost=case.cost)

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from taxmodel.kernels.names import FLASH_DECODE_FUSED, FLASH_DECODE_SPLIT, GEMM_RS_KERNEL, RS_REDUCE_KERNEL
+from taxmodel.kernels.names import (COPY_BLOCKS_KERNEL, FLASH_DECODE_FUSED, FLASH_DECODE_SPLIT, GEMM_RS_KERNEL,
+                                    RS_REDUCE_KERNEL)
+from taxmodel.model.analytic.params import calibrated_mechanisms
 from taxmodel.model.cases import RECORDS_AFTER_WAIT, Case, predict_case
+from taxmodel.trace.capture_meta import GATED_ALIGNMENTS
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class FitRule:
         return (case.workload == self.workload and case.variant in self.variants
                 and all(int(case.shape.get(k, 0)) == v for k, v in self.only)
                 and (self.target is None or self.target in case.measured)
-                and (not self.device_aligned or case.align == "device"))
+                and (not self.device_aligned or case.align in GATED_ALIGNMENTS))
 
 
 FIT_RULES = (
@@ -80,6 +83,10 @@ FIT_RULES = (
             "fewest reduction programs) fit one reduction program's rate on its combine records (a program's sum of "
             "its tile's W slots)",
             target=f"records:{RS_REDUCE_KERNEL}:combine", detail="reduce_program", pick="min"),
+    FitRule("copy_program_bytes_per_s", "ag_gemm", ("pull", "push"), ("N", "K", "tp"), "M", 1e9, 200e9,
+            "ag_gemm pull/push bundles with the Triton copy kernel (the sm transport) at the largest M of their (N, K, "
+            "tp, world size) group fit the rate of one copy program beside the GEMM on the copy kernel's own duration",
+            target=f"kernel:{COPY_BLOCKS_KERNEL}", detail="transfer"),
 )
 IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of the per-case values that make the "
                                                           "predicted latency, or the named quantity's prediction (a "
@@ -91,7 +98,10 @@ IN_SAMPLE_RULE = "; ".join(r.text for r in FIT_RULES) + (" (each: the median of 
 
 
 def _rules_of(case: Case) -> list[FitRule]:
-    return [r for r in FIT_RULES if r.applies(case)]
+    """The rules whose subset ``case`` can be in: not those of a parameter its GPU's calibration
+    measured (``params.calibrated_mechanisms``: a measurement is not replaced by a fit)."""
+    measured = calibrated_mechanisms(case.hardware)
+    return [r for r in FIT_RULES if r.applies(case) and r.param not in measured]
 
 
 def mark_in_sample(cases: list[Case]) -> None:
@@ -110,10 +120,18 @@ def mark_in_sample(cases: list[Case]) -> None:
                 c.fits.add(rule.param)
 
 
-def fit_params(cases: list[Case]) -> dict[str, float]:
-    """Each FIT_RULES parameter from its in-sample cases (bisection per case on the predicted
-    latency; the median of the per-case values). A parameter is left out when no in-sample case's
-    latency it can explain (e.g. a link-bound pull)."""
+def fit_params(cases: list[Case]) -> dict[str, dict[str, float]]:
+    """Per GPU (hardware name), each FIT_RULES parameter from its in-sample cases on that GPU
+    (bisection per case on the predicted latency; the median of the per-case values). A parameter
+    is left out when no in-sample case's latency it can explain (e.g. a link-bound pull)."""
+    out: dict[str, dict[str, float]] = {}
+    for hw in sorted({c.hardware.name for c in cases}):
+        out[hw] = _fit_one([c for c in cases if c.hardware.name == hw])
+    return out
+
+
+def _fit_one(cases: list[Case]) -> dict[str, float]:
+    """``fit_params`` on the cases of one GPU."""
     fitted: dict[str, float] = {}
     for rule in FIT_RULES:
         values = []

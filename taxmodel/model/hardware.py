@@ -343,11 +343,10 @@ def find_by_arch(arch: str, num_sms: int | None = None) -> HardwareSpec | None:
 
 
 def _device_sms(hw: Mapping[str, Any]) -> int | None:
-    """The device's SM (CU) count as the trace records it; None for a CPU run's emulated GPUs,
-    whose count is the host's CPUs, no part's."""
-    v = hw.get("num_sms")
-    if hw.get("emulated") is True:
+    """The recorded SM (CU) count of a GPU; None for a CPU run, whose ``num_sms`` counts host cores."""
+    if hw.get("emulated") or str(hw.get("vendor", "")).lower() == "cpu":
         return None
+    v = hw.get("num_sms")
     return int(v) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 

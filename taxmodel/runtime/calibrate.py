@@ -22,11 +22,17 @@ round trip (a ping-pong kernel on ranks 0 and 1 with ``kernels/device/sync.py``'
 acquire-wait), launch costs as the profiler sees them (GPU gap between queued kernels, idle
 launch latency, host time per Triton and per torch launch), the spread of the ranks' release
 from a host barrier, the serial step of the flash decode combine (``calibrate_combine``) and
-what one wait on an already-set flag costs a program (``calibrate_sync``).
+what one wait on an already-set flag costs a program (``calibrate_sync``); and, with microbenchmarks
+of the workloads' own kernels (issue 33), what the model took from fits on other GPUs before: the
+tile GEMM against the vendor GEMM by M and the All-Gather copy kernel beside it (``calibrate_gemm``),
+the fused flash decode's LL pushes and merges (``calibrate_decode``), GEMM+RS's reduction program
+(``calibrate_reduce``); the split-KV kernel's streaming rate and fixed cost come from the combine
+step's rows.
 ``fit`` turns the raw numbers into ``HardwareSpec`` fields; the extra ones (``ModelParams``
 names) land in the spec's ``extra`` and the model picks them up.
 
-Budget: about a minute on 4 H200s (must stay under 3 minutes).
+Budget: about a minute on 4 H200s before the kernel microbenchmarks (which add their Triton compiles,
+~10 s each, and about as long again; the whole must stay under 3 minutes).
 """
 from __future__ import annotations
 
@@ -542,6 +548,43 @@ def _step(name: str, fn: Callable[[], object], meas: dict, key: str, rank: int) 
         print(f"calibrate: {name} {time.perf_counter() - t0:.1f} s", flush=True)
 
 
+#: Symmetric heap for the multi-rank kernel microbenchmarks: the copy kernel's gathered A at M=8192
+#: (128 MiB of bf16) and its flags, the LL pushes' receive buffers.
+KERNEL_HEAP_BYTES = 192 << 20
+
+
+def _kernel_heap(device: torch.device, world: int):
+    """The ranks' symmetric heap for the kernel microbenchmarks, or on one GPU its pseudo-peer
+    stand-in (``microbench.PseudoPeerHeap``: a second half of its own memory as rank 1)."""
+    if world > 1:
+        return _heap(device, KERNEL_HEAP_BYTES)
+    from taxmodel.runtime.microbench import PseudoPeerHeap
+
+    return PseudoPeerHeap(KERNEL_HEAP_BYTES, device)
+
+
+def _copy_share(device: torch.device, world: int, rank: int) -> dict:
+    from taxmodel.runtime import calibrate_gemm
+
+    heap = _kernel_heap(device, world)
+    try:
+        res = calibrate_gemm.measure_copy_share(device, heap, rank if world > 1 else 0, max(world, 2), heap.barrier)
+    finally:
+        heap.close()
+    res["peers"] = "NVLink/xGMI peers" if world > 1 else "one GPU: a second half of its own memory as the peer"
+    return res
+
+
+def _ll_push(device: torch.device, world: int, rank: int) -> dict:
+    from taxmodel.runtime import calibrate_decode
+
+    heap = _heap(device, 64 << 20)
+    try:
+        return calibrate_decode.measure_push(device, heap, rank, world, heap.barrier)
+    finally:
+        heap.close()
+
+
 def _measure_collectives(device: torch.device, world: int, sizes: tuple[int, ...], rank: int) -> dict:
     res = collective_curve(device, world, sizes)
     if res["graph_note"] and rank == 0:
@@ -652,6 +695,10 @@ def _calibrate(argv: list[str] | None = None) -> None:
             _step("peer loads/stores", lambda: peer_access(device, world, props.multi_processor_count), meas, "peer", rank)
         if "flag" in steps:
             _step("flag round trip", lambda: flag_roundtrip(device), meas, "flag", rank)
+        if "copy_share" in steps:
+            _step("copy kernel beside the GEMM", lambda: _copy_share(device, world, rank), meas, "copy_share", rank)
+        if "ll" in steps:
+            _step("LL pushes", lambda: _ll_push(device, world, rank), meas, "ll_push", rank)
         dist.barrier()
     if not isinstance(meas.get("collectives"), list):
         meas["collectives"] = []
@@ -666,6 +713,22 @@ def _calibrate(argv: list[str] | None = None) -> None:
         from taxmodel.runtime import calibrate_sync
 
         _step("flag wait on a set flag", lambda: calibrate_sync.measure(device), meas, "sync", rank)
+    if rank == 0 and "tile_gemm" in steps:
+        from taxmodel.runtime import calibrate_gemm
+
+        _step("tile GEMM against the vendor GEMM", lambda: calibrate_gemm.measure_tile_gemm(device), meas, "tile_gemm",
+              rank)
+    if rank == 0 and "copy_share" in steps and world == 1:
+        _step("copy kernel beside the GEMM (one GPU)", lambda: _copy_share(device, 1, 0), meas, "copy_share", rank)
+    if rank == 0 and "ll" in steps:
+        from taxmodel.runtime import calibrate_decode
+
+        _step("LL merges", lambda: calibrate_decode.measure_merge(device), meas, "ll_merge", rank)
+    if rank == 0 and "reduce" in steps:
+        from taxmodel.runtime import calibrate_reduce
+
+        _step("GEMM+RS reduction program", lambda: calibrate_reduce.measure(device, (max(world, 2), 8)), meas,
+              "reduce", rank)
     if distributed:
         dist.barrier()
     if rank == 0:
@@ -683,6 +746,7 @@ def _calibrate(argv: list[str] | None = None) -> None:
             "hip": torch.version.hip,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda and not cpu else None,
             "repetitions": REPS,
+            "taxmodel": _taxmodel_version(),
         }
         if existing is not None:
             failed = {k: v for k, v in (meas.get("errors") or {}).items() if k in steps}
@@ -711,6 +775,12 @@ def _calibrate(argv: list[str] | None = None) -> None:
                       f"own curve (collectives, {own_world} ranks) and the link numbers fitted to it stay", flush=True)
     if distributed:
         dist.destroy_process_group()
+
+
+def _taxmodel_version() -> str:
+    from taxmodel.version import __version__
+
+    return str(__version__)
 
 
 def calibration_command(output: str | os.PathLike, *, only: str | None = None,

@@ -70,6 +70,12 @@ class IterationRunner(Protocol):
     def __call__(self) -> None:
         """Run one iteration and wait until the GPU finished it."""
 
+    def launch(self) -> None:
+        """Enqueue one iteration and return at once (``wait`` waits for it)."""
+
+    def wait(self) -> None:
+        """Wait until the GPU finished everything enqueued."""
+
     def close(self) -> None:
         """Release what the runner holds (a graph's memory pool)."""
 
@@ -82,8 +88,12 @@ class EagerIteration:
     def __init__(self, step: Callable[[], None], wait: Callable[[], None]) -> None:
         self.step, self.wait = step, wait
 
-    def __call__(self) -> None:
+    def launch(self) -> None:
+        """Enqueue the iteration without waiting (back-to-back steps)."""
         self.step()
+
+    def __call__(self) -> None:
+        self.launch()
         self.wait()
 
     def close(self) -> None:
@@ -98,8 +108,12 @@ class GraphIteration:
     def __init__(self, graph: Any, wait: Callable[[], None]) -> None:
         self._graph, self.wait = graph, wait
 
-    def __call__(self) -> None:
+    def launch(self) -> None:
+        """Enqueue the replay without waiting (back-to-back steps)."""
         self._graph.replay()
+
+    def __call__(self) -> None:
+        self.launch()
         self.wait()
 
     def close(self) -> None:

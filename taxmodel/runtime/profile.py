@@ -18,6 +18,7 @@ from taxmodel.errors import InputError
 from taxmodel.runtime import launcher
 from taxmodel.runtime.inject import Fault, Injection
 from taxmodel.runtime.spec import ProfileSpec, bundle_path, import_workload_modules, resolve_device, shape_tag
+from taxmodel.trace.capture_meta import AUTO_ALIGN, default_alignment
 from taxmodel.trace.bundle import prepare_output
 
 ProfileRequest = ProfileSpec
@@ -103,10 +104,11 @@ def resolve_spec(spec: ProfileSpec) -> ProfileSpec:
     if not spec.counters_pass:  # the counters pass re-runs a finished capture and writes nothing
         for path in planned_bundles(spec.out, workload, preset, spec.shape, spec.variants or list(variants)):
             prepare_output(path, force=spec.force)
+    align = default_alignment(device) if spec.align == AUTO_ALIGN else spec.align
     return dataclasses.replace(spec, workload=workload.name, workload_modules=modules, preset=preset,
                                shape=dict(spec.shape), out=str(Path(spec.out).resolve()),
                                inject=list(spec.inject), instrument=bool(spec.instrument),
-                               gate_hold_us=float(spec.gate_hold_us))
+                               gate_hold_us=float(spec.gate_hold_us), align=align)
 
 
 def planned_bundles(out: str, workload: Any, presets: str, overrides: Mapping[str, int], variants: list[str]) -> list[Path]:

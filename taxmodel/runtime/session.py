@@ -30,6 +30,11 @@ TRACED_WARMUP_STEPS = 1
 #: on the H200s the first bundle of every process had one NCCL kernel of 100-240 us at repetition 0,
 #: step 0, after the warm-up steps and the traced one; later bundles of the process had none.
 PROCESS_WARMUP_REPETITIONS = 1
+#: Replays per timed batch (short, long) and batches per length when a captured step is timed with
+#: nothing traced (meta ``capture.replay_step_us``): the difference of the two lengths cancels what
+#: every batch pays once (the launch of the first replay, the ranks' entry skew).
+REPLAY_BATCHES = (8, 40)
+REPLAY_REPS = 5
 _PROCESS = {"warm": False}  # whether this process has traced its warm-up repetitions
 
 
@@ -144,6 +149,7 @@ class VariantSession:
         self.book: Any = None
         self.graph_note: str | None = None
         self.discarded = 0
+        self.replay_step_us: float | None = None
         self.raw: list[bytes] = []
         self.recs: list[Any] = []
 
@@ -315,14 +321,47 @@ class VariantSession:
                 self.recs.append(rep_recs)
         run.ctx.injector = None
         if self.runner.graph:  # the kernels must still be right after every replay
+            self.replay_step_us = self.time_replays()
             self.check(when="after the traced graph replays")
         run.progress.advance()
 
+    def time_replays(self) -> float | None:
+        """One step's time with nothing traced (us, the slowest rank's): the captured graph replayed
+        back to back in batches of two lengths (``REPLAY_BATCHES``), the difference of their median
+        times over the difference of their lengths, as an un-profiled CUDA-graph benchmark of the same
+        step measures it (meta ``capture.replay_step_us``; the traced step's window is compared with
+        it). None off a GPU (the interpreter's times say nothing) and with injected taxes."""
+        import statistics
+
+        import torch
+        import torch.distributed as dist
+
+        from taxmodel.runtime.timing import Stopwatch
+
+        run, runner = self.run, self.runner
+        if self.injector is not None or not run.ctx.is_cuda or not hasattr(runner, "launch"):
+            return None
+        med = {}
+        for n in REPLAY_BATCHES:
+            times = []
+            for _ in range(REPLAY_REPS):
+                run.barrier()
+                with Stopwatch(run.device) as sw:
+                    for _ in range(n):
+                        runner.launch()
+                times.append(sw.seconds)
+            med[n] = statistics.median(times)
+        step = step_from_batches(med)
+        if run.world > 1 and dist.is_initialized():
+            t = torch.tensor([step], dtype=torch.float64, device=run.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            step = float(t.item())
+        run.barrier()
+        return step * 1e6
+
     def traced_repetition(self, rep: int) -> tuple[bytes, Any]:
         """One repetition under a fresh tracer: (its trace, its drained records or None)."""
-        from torch.profiler import record_function
-
-        run, book, slots, gate, runner = self.run, self.book, self.slots, self.gate, self.runner
+        run, book, slots, gate = self.run, self.book, self.slots, self.gate
         iterations = int(run.spec.iterations)
         run.barrier()
         if slots is not None:
@@ -330,36 +369,75 @@ class VariantSession:
         elif book is not None:
             book.arm(iterations)  # per-iteration buffers, allocated outside the trace
         tracer = run.tracer_cls(run.device)
-        with tracer:
-            for _ in range(TRACED_WARMUP_STEPS):
-                # A step under the tracer but in no ProfilerStep range: the first step after a
-                # tracer starts ran up to ~100 us slower on the H200s (one per repetition); its
-                # kernels belong to no iteration, and its records are emptied before step 0.
-                run.barrier()
-                if book is not None and slots is None:
-                    book.set_iteration(0)
-                if gate is not None:
-                    gate()
-                runner()
-            run.barrier()
-            if TRACED_WARMUP_STEPS and slots is not None:
-                slots.rearm()  # queued after the warm-up's kernels on the same stream
-            elif TRACED_WARMUP_STEPS and book is not None:
-                book.clear(0)  # the warm-up wrote into step 0's buffers
-            for it in range(iterations):
-                run.barrier()
-                if book is not None and slots is None:
-                    book.set_iteration(it)
-                if gate is not None:
-                    gate()  # outside the step's range: its kernel belongs to no iteration
-                with record_function(f"ProfilerStep#{it}"):
-                    runner()
+        if run.spec.align == "back-to-back":
+            with tracer:
+                self._back_to_back(iterations)
+        else:
+            with tracer:
+                self._gated_steps(iterations)
         trace = tracer.export()
         if gate is not None:
             gate.check()
         if slots is not None:
             return trace, slots.drain(run.ctx.rank, rep)
         return trace, book.drain(run.ctx.rank, rep) if book is not None else None
+
+    def _gated_steps(self, iterations: int) -> None:
+        """Every traced step after a host barrier (and the device gate, ``--align device``)."""
+        from torch.profiler import record_function
+
+        run, book, slots, gate, runner = self.run, self.book, self.slots, self.gate, self.runner
+        for _ in range(TRACED_WARMUP_STEPS):
+            # A step under the tracer but in no ProfilerStep range: the first step after a
+            # tracer starts ran up to ~100 us slower on the H200s (one per repetition); its
+            # kernels belong to no iteration, and its records are emptied before step 0.
+            run.barrier()
+            if book is not None and slots is None:
+                book.set_iteration(0)
+            if gate is not None:
+                gate()
+            runner()
+        run.barrier()
+        if TRACED_WARMUP_STEPS and slots is not None:
+            slots.rearm()  # queued after the warm-up's kernels on the same stream
+        elif TRACED_WARMUP_STEPS and book is not None:
+            book.clear(0)  # the warm-up wrote into step 0's buffers
+        for it in range(iterations):
+            run.barrier()
+            if book is not None and slots is None:
+                book.set_iteration(it)
+            if gate is not None:
+                gate()  # outside the step's range: its kernel belongs to no iteration
+            with record_function(f"ProfilerStep#{it}"):
+                runner()
+
+    def _back_to_back(self, iterations: int) -> None:
+        """``--align back-to-back``: one host barrier and one device gate, then the warm-up step and
+        every traced step enqueued one after another with no wait in between, so each GPU runs them
+        back to back (as a decode loop, or a benchmark replaying N steps, does). The gate holds for
+        every step of the repetition (``capture_meta.gate_hold_for``): the hosts enqueue them all
+        before any GPU starts, so no step waits for its host. The kernels of the warm-up step (and
+        the emptying of its records) belong to no step."""
+        from torch.profiler import record_function
+
+        run, book, slots, gate, runner = self.run, self.book, self.slots, self.gate, self.runner
+        run.barrier()
+        if gate is not None:
+            gate()
+        for _ in range(TRACED_WARMUP_STEPS):
+            if book is not None and slots is None:
+                book.set_iteration(0)
+            runner.launch()
+        if TRACED_WARMUP_STEPS and slots is not None:
+            slots.rearm()  # queued after the warm-up's kernels on the same stream
+        elif TRACED_WARMUP_STEPS and book is not None:
+            book.clear(0)
+        for it in range(iterations):
+            if book is not None and slots is None:
+                book.set_iteration(it)
+            with record_function(f"ProfilerStep#{it}"):
+                runner.launch()
+        runner.wait()
 
     def gather(self) -> tuple[list[Any] | None, list[Any] | None]:
         """Every rank's traces (and records) on rank 0, through torch.distributed (no shared filesystem)."""
@@ -399,13 +477,24 @@ class VariantSession:
 
     def _device_gate(self) -> Any:
         """This variant's device gate (``--align device``), or None (host barrier only)."""
+        from taxmodel.trace.capture_meta import GATED_ALIGNMENTS
+
         spec, ctx = self.run.spec, self.run.ctx
-        if spec.align != "device":
+        if spec.align not in GATED_ALIGNMENTS:
             return None
         from taxmodel.kernels.device.gate import DeviceGate
 
         return DeviceGate(ctx.heap, ctx.rank, ctx.world_size, ctx.device, ctx.spin_timeout_s,
-                          float(spec.gate_hold_us) * 1e-6)
+                          spec.gate_hold_total_us(TRACED_WARMUP_STEPS) * 1e-6)
+
+
+def step_from_batches(medians: Mapping[int, float]) -> float:
+    """Seconds per step from the median times of batches of two lengths ({length: seconds}): their
+    difference over the difference of the lengths (what every batch pays once cancels), or the
+    longer batch's mean when noise makes the difference non-positive."""
+    (short, t_short), (long_, t_long) = sorted(medians.items())[0], sorted(medians.items())[-1]
+    step = (t_long - t_short) / (long_ - short) if long_ > short else 0.0
+    return step if step > 0 else t_long / long_
 
 
 def profile_variants(run: Run, chosen: list[str], shapes: Mapping[str, Mapping[str, int]]) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from taxmodel.errors import InputError
-from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US, START_ALIGNMENTS
+from taxmodel.trace.capture_meta import AUTO_ALIGN, DEFAULT_GATE_HOLD_US, START_ALIGNMENTS, gate_hold_for
 
 GRAPH_MODES = ("off", "auto", "require")
 
@@ -57,8 +57,10 @@ class ProfileSpec:
     graph: str = _opt("off", "--graph", "replay one captured CUDA graph per iteration: auto falls back to eager "
                       "launches, require stops instead (taxmodel profile --graph/--graph-strict)")
     graph_backend: str = _opt("cuda")  # tests register a fake one (taxmodel.runtime.graph.register_backend)
-    align: str = _opt("host", "--align", "host barrier only, or also a device gate before each traced step")
-    gate_hold_us: float = _opt(DEFAULT_GATE_HOLD_US, "--gate-hold-us", "with --align device: the gate's hold (us)")
+    align: str = _opt(AUTO_ALIGN, "--align", "auto (back-to-back on GPUs, host on CPU), host (a host barrier before "
+                      "each traced step), device (also a device gate before each) or back-to-back (one gate, then the "
+                      "repetition's steps back to back)")
+    gate_hold_us: float = _opt(DEFAULT_GATE_HOLD_US, "--gate-hold-us", "the device gate's hold per step (us)")
     allow_gpu_sizes: bool = _opt(False, "--allow-gpu-sizes", "on CPU, run shapes sized for GPUs all the same")
     deadline_unix: float | None = _opt(None)  # set by the local launcher: every rank's watchdog fires at this time
     counters_pass: bool = _opt(False)  # taxmodel.runtime.counters: one step under ncu, nothing traced or written
@@ -74,14 +76,19 @@ class ProfileSpec:
                 raise InputError(f"--{name} must be at least 1")
         if self.warmup < 0:
             raise InputError("--warmup must be 0 or more")
-        if self.align not in START_ALIGNMENTS:
-            raise InputError(f"--align {self.align!r}: choose one of {', '.join(START_ALIGNMENTS)}")
+        if self.align not in (AUTO_ALIGN,) + START_ALIGNMENTS:
+            raise InputError(f"--align {self.align!r}: choose one of {', '.join((AUTO_ALIGN,) + START_ALIGNMENTS)}")
         if self.gate_hold_us < 0:
             raise InputError("--gate-hold-us must be 0 or more")
         if self.timeout_s <= 0:
             raise InputError("--timeout must be positive")
         if self.spin_timeout_s <= 0:
             raise InputError("--spin-timeout must be positive")
+
+    def gate_hold_total_us(self, traced_warmup_steps: int) -> float:
+        """The device gate's hold in this capture (``capture_meta.gate_hold_for``): per step, or for
+        every step of a back-to-back repetition, its ``traced_warmup_steps`` included."""
+        return gate_hold_for(str(self.align), float(self.gate_hold_us), int(traced_warmup_steps) + int(self.iterations))
 
     # --- to and from the ranks -------------------------------------------------------------
 
@@ -114,7 +121,7 @@ class ProfileSpec:
             elif f.name == "graph":
                 kw["choices"] = GRAPH_MODES
             elif f.name == "align":
-                kw["choices"] = START_ALIGNMENTS
+                kw["choices"] = (AUTO_ALIGN,) + START_ALIGNMENTS
             elif f.type in ("int", "int | None") or f.name == "heap_bytes":
                 kw["type"] = int
             elif f.type in ("float", "float | None"):

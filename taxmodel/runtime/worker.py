@@ -54,6 +54,7 @@ def run_rank(spec: ProfileSpec, state: RankState) -> dict[str, Any]:
     from taxmodel.runtime.environment import measure_clock_offsets
     from taxmodel.runtime.spec import import_workload_modules
     from taxmodel.trace.capture import get_tracer
+    from taxmodel.trace.capture_meta import GATED_ALIGNMENTS
     from taxmodel.workload import get_workload
 
     ctx = join_run(spec, state)
@@ -71,7 +72,7 @@ def run_rank(spec: ProfileSpec, state: RankState) -> dict[str, Any]:
     skipped = {v: next(f"rank {r}: {rs[v]}" for r, rs in enumerate(reasons) if rs[v]) for v in wanted
                if any(rs[v] for rs in reasons)}
     chosen = [v for v in wanted if v not in skipped]
-    if spec.align == "device" or any(variants[v].needs_heap for v in chosen):
+    if spec.align in GATED_ALIGNMENTS or any(variants[v].needs_heap for v in chosen):
         heap_bytes = int(spec.heap_bytes or (4 << 30 if spec.device == "cuda" else 256 << 20))
         ctx.heap = make_heap(ctx, heap_bytes)
     clock = measure_clock_offsets(ctx.rank, ctx.world_size, ctx.device)

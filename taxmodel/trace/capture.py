@@ -147,7 +147,9 @@ def renumber_iterations(events: pd.DataFrame) -> pd.DataFrame:
     inside = it >= 0
     if inside.any():
         keys = events.loc[inside, ["repetition", "iteration"]]
-        events.loc[inside, "iteration"] = keys.groupby("repetition")["iteration"].rank(method="dense").astype(np.int64).to_numpy() - 1
+        ranks = keys.groupby("repetition")["iteration"].rank(method="dense").to_numpy() - 1
+        # At the column's own dtype: pandas 3 refuses to set int64 values into an int32 column.
+        events.loc[inside, "iteration"] = ranks.astype(events["iteration"].dtype)
     return events
 
 

@@ -6,6 +6,12 @@ How traced steps start (``taxmodel profile --align``):
 - ``host``: each step starts after a host barrier; ranks start as skewed as their hosts leave it.
 - ``device``: also behind a device gate (``kernels/device/gate.py``) that releases every rank's GPU
   together; ``capture.gate_hold_us`` says how long it held the GPUs after the last arrival.
+- ``back-to-back`` (the default on GPUs): the gate releases the ranks together once per repetition,
+  and the repetition's steps then run back to back on every GPU, queued behind it, with no host
+  barrier between them, as a decode or training loop (and an un-profiled CUDA-graph benchmark) runs
+  them. A step then starts warm (caches, clocks, the previous step's tail) instead of out of an idle
+  GPU, and the ranks stay in the lock step the workload's own synchronization keeps. The gate holds
+  ``gate_hold_us`` per step of the repetition, so every host has enqueued all of them first.
 
 No heavy imports: the command line builds its choices from this module, and the model reads the
 same values back from bundles (``ModelParams.start_alignment``).
@@ -17,7 +23,18 @@ from typing import Any, Mapping
 
 from taxmodel.kernels.names import GATE_KERNEL
 
-START_ALIGNMENTS = ("host", "device")
+START_ALIGNMENTS = ("host", "device", "back-to-back")
+#: Alignments whose steps start behind the device gate (each step, or each repetition's first).
+GATED_ALIGNMENTS = ("device", "back-to-back")
+#: ``--align auto``: back-to-back steps where there are GPUs (what an un-profiled benchmark of the same
+#: step measures; issue 33: host-aligned short steps measured 1.4-6x the benchmark on 4 H100s), the host
+#: barrier on the CPU (the interpreter's ranks have no device clock worth aligning).
+AUTO_ALIGN = "auto"
+
+
+def default_alignment(device: str) -> str:
+    """What ``--align auto`` means on ``device`` ("cuda" or "cpu")."""
+    return "host" if str(device) == "cpu" else "back-to-back"
 #: Default hold of the device gate (us): under the profiler a rank's host needs 60-100 us from the
 #: gate to its graph launch (2x H200), so every host has enqueued its step before its GPU starts.
 DEFAULT_GATE_HOLD_US = 250.0
@@ -53,11 +70,20 @@ def graph_meta(graph: bool, requested: str, note: str | None, backend: str) -> M
             "graph_note": None if graph or requested == "off" else note}
 
 
+def gate_hold_for(align: str, per_step_us: float, steps: int) -> float:
+    """The device gate's hold (us) for a capture aligned this way: ``per_step_us`` before every
+    step (``device``), or that much for each of the repetition's ``steps`` before its first one
+    (``back-to-back``: every host enqueues all of them before its GPU starts); 0 without a gate."""
+    if align == "back-to-back":
+        return float(per_step_us) * max(int(steps), 1)
+    return float(per_step_us) if align == "device" else 0.0
+
+
 def alignment_meta(align: str, gate_hold_us: float) -> dict[str, Any]:
     """``meta.capture`` fields of a capture aligned this way (what the model needs to predict the
-    ranks' start skew of the bundle)."""
+    ranks' start skew of the bundle); ``gate_hold_us``: the hold the gate used (``gate_hold_for``)."""
     out: dict[str, Any] = {"align": str(align)}
-    if align == "device":
+    if align in GATED_ALIGNMENTS:
         out["gate_hold_us"] = float(gate_hold_us)
         out["gate_signals"] = GATE_SIGNALS
     return out

@@ -192,7 +192,7 @@ def _parse_rank(path: Path, scan: _Scan, rank: int | None, row_rank: int, world:
     frame, ranges_host, ranges_gpu, info = _read_one(path, scan, row_rank, pattern)
     frame["iteration"] = importers.assign_iterations(frame, ranges_host, ranges_gpu)
     own = frame["_own_iteration"].to_numpy()
-    frame.loc[own >= 0, "iteration"] = own[own >= 0]
+    frame.loc[own >= 0, "iteration"] = own[own >= 0].astype(frame["iteration"].dtype)
     info.update(rank=rank, world=world, iterations=int(ranges_host["iteration"].nunique()),
                 markers=len(ranges_host) + len(ranges_gpu), merged=merged)
     # normalized here, one rank at a time: the run's frame is then normalized already (no copy)

@@ -100,6 +100,29 @@ def test_align_device_gates_every_step_and_says_so_in_meta(tmp_path):
     assert read_alignment(b.meta["capture"]) == ("device", pytest.approx(5e-6))
 
 
+def test_align_back_to_back_gates_each_repetition_once_and_is_the_gpu_default(tmp_path):
+    """--align back-to-back: one gate per repetition (holding for each of its steps, the traced warm-up
+    included), then the steps without a barrier between them; the same kernels per step as a gated
+    capture, the warm-up's in no step. auto (the default) is back-to-back on GPUs, host on CPU."""
+    from taxmodel.trace.capture_meta import default_alignment, gate_hold_for
+
+    out = profile(_request(tmp_path, world_size=2, variants=["bsp", "ring"], align="back-to-back", gate_hold_us=5.0),
+                  quiet=True)
+    for path in out.bundles:
+        b = taxmodel.load(path)
+        cap = b.meta["capture"]
+        assert (cap["align"], cap["gate_hold_us"], cap["gate_signals"]) == ("back-to-back", 20.0, "parallel")
+        k = b.events[b.events["kind"] == "kernel"]
+        steps = k[k["iteration"] >= 0]
+        assert sorted(steps["iteration"].unique()) == [0, 1, 2]
+        assert steps.groupby("rank").size().nunique() == 1 and len(k[k["iteration"] < 0]) > 0
+    assert gate_hold_for("back-to-back", 5.0, 4) == 20.0 and gate_hold_for("device", 5.0, 4) == 5.0
+    assert gate_hold_for("host", 5.0, 4) == 0.0
+    assert (default_alignment("cuda"), default_alignment("cpu")) == ("back-to-back", "host")
+    host = profile(_request(tmp_path / "auto", world_size=1, variants=["bsp"]), quiet=True)
+    assert taxmodel.load(host.bundles[0]).meta["capture"]["align"] == "host"  # auto on CPU
+
+
 @pytest.mark.parametrize("kw,match", [({"align": "sideways"}, "--align"), ({"gate_hold_us": -1.0}, "--gate-hold-us")])
 def test_bad_alignment_options_are_refused_before_any_rank_starts(tmp_path, kw, match):
     from taxmodel.errors import InputError

@@ -21,8 +21,8 @@ from taxmodel.trace.capture_meta import CaptureSettings
 
 from . import ag_gemm, flash_decode, gemm_rs
 from .collective_model import CollectiveModel
-from .fitted import fitted_for
-from .params import ModelParams
+from .fitted import FITTED_FILE, borrowed_note, choose_fitted, fitted_sets
+from .params import ModelParams, calibrated_mechanisms, hardware_values, not_borrowed
 from .prediction import Prediction, standard_assumptions
 from .timeline import as_graph_launch
 from .topology import topology
@@ -66,22 +66,34 @@ _MORE = re.compile(r"\([^;()]*; ([^()]*)\)$")
 
 
 def model_params(hardware: HardwareSpec, settings: CaptureSettings | None = None,
-                 fitted: Mapping[str, float] | None = None, **overrides: Any) -> tuple[ModelParams, str | None]:
+                 fitted: Mapping[str, float] | None = None, borrowed_from: str | None = None,
+                 **overrides: Any) -> tuple[ModelParams, str | None]:
     """The one way every door (the CLI, ``taxmodel.predict``, ``Profile.predict``, ``validate``)
     builds the model's parameters, so that one bundle gets one prediction whichever door asks:
     ``hardware``'s calibration, how the bundle was captured (``settings``), the parameters that
-    ``taxmodel validate`` fitted for this hardware (``fitted`` None: the shipped ones,
-    ``taxmodel/data/fitted.json``; ``{}``: none), then explicit ``overrides``.
-    Returns the parameters and a sentence naming the fitted values used (None when none)."""
+    ``taxmodel validate`` fitted (``fitted`` None: the shipped ones, ``taxmodel/data/fitted.json``:
+    this GPU's, else another GPU's, borrowed; ``{}``: none; a dict: those, fitted on
+    ``borrowed_from`` when that names another GPU), then explicit ``overrides``. What this GPU's
+    calibration measured (``params.calibrated_mechanisms``) is never replaced by a fit.
+    Returns the parameters and a sentence naming this GPU's own fitted values (None when none;
+    borrowed ones are named in the prediction's assumptions, ``fitted.borrowed_note``)."""
     s = settings or CaptureSettings()
     note = None
+    calibrated = calibrated_mechanisms(hardware)
     if fitted is None:
-        fitted, note = fitted_for(hardware.name)
-    elif fitted:
-        note = "fitted: " + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items())
+        sets = fitted_sets(FITTED_FILE) if FITTED_FILE.is_file() else {}
+        fitted, borrowed_from = choose_fitted(sets, hardware.name, calibrated, not_borrowed(hardware))
+        if fitted and borrowed_from is None:
+            note = ("fitted on the measured bundles of this hardware (`taxmodel validate`, " + FITTED_FILE.name + "): "
+                    + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items()))
+    else:
+        blocked = calibrated | (not_borrowed(hardware) if borrowed_from else set())
+        fitted = {k: v for k, v in fitted.items() if k not in blocked}
+        if fitted and borrowed_from is None:
+            note = "fitted: " + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items())
     params = ModelParams.from_hardware(hardware, instrumented=s.instrumented, graph_launch=s.graph_launch,
                                        ag_transport=s.transport, start_alignment=s.align, gate_hold_s=s.gate_hold_s)
-    params = params.with_fitted(fitted)
+    params = params.with_fitted(fitted, borrowed_from=borrowed_from)
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:
         params = params.with_given(given)
@@ -109,7 +121,21 @@ def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: i
     cost = dict(cost) if cost else mod.cost(shape, int(world_size), variant)
     assumptions = with_hardware_note(standard_assumptions(hardware, topo, params) + notes, hw_note)
     assumptions.append(coll.curve_note(int(world_size)))
+    assumptions += hardware_caveats(hardware, params)
     return Prediction(workload, variant, shape, int(world_size), hardware, params, plans, cost, assumptions, details)
+
+
+def hardware_caveats(hardware: HardwareSpec, params: ModelParams) -> list[str]:
+    """One line each: parameters borrowed from another GPU's fits (``fitted.borrowed_note``), and
+    fields of the hardware file that did not read as their parameters (left at their defaults)."""
+    out = []
+    borrowed = borrowed_note(params.borrowed())
+    if borrowed:
+        out.append(borrowed)
+    bad = hardware_values(hardware)[1]
+    if bad:
+        out.append(f"hardware file {hardware.name}: ignored field(s) {', '.join(bad)}; their defaults used")
+    return out
 
 
 def sweep(workload: str, variant: str, shape: Mapping[str, int], world_size: int, hardware: HardwareSpec | str,

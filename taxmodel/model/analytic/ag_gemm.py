@@ -11,6 +11,11 @@ Per rank (W ranks, M global rows, A shard [M/W, K], B [K, N_loc], element size e
   host time is exposed communication); "sm" a 32-program Triton copy kernel beside the GEMM;
   "direct" (pull) loads inside the GEMM, every remote A tile once per N-tile it feeds
   (ceil(N_loc/BLOCK_N) times the all-gather's bytes) at the peer-load bandwidth.
+  With the copy kernel sharing the GEMM's SMs (``sm``, ``copy_program_bytes_per_s`` measured or
+  fitted): the kernel's 32 programs take its work items (one 2048-column piece of one M-block for one
+  peer) in rounds, each item at one program's rate beside the GEMM, and the GEMM's waves wait for the
+  rounds that bring their remote rows (``costs.arrival_waves_time``); the GEMM loses
+  ``gemm_share_loss`` of the copy's time to it.
 - torch_fused: W vendor GEMMs of M/W rows (own shard first) while copy engines bring the next
   shard; each later chunk starts after both its copy and the previous GEMM.
 """
@@ -24,7 +29,8 @@ from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
-from .costs import cdiv, gemm_dram, gemm_time, l2_bytes, l2_kept_fraction, pipeline_time, shape_dtype, stream_time
+from .costs import (arrival_waves_time, cdiv, gemm_dram, gemm_time, l2_bytes, l2_kept_fraction, pipeline_time,
+                    shape_dtype, sm_count, stream_time)
 from .params import ModelParams
 from .timeline import KernelPlan
 from .topology import topology
@@ -33,6 +39,8 @@ VARIANTS = ("bsp", "pull", "push", "torch_fused")
 NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
 FUSED = AG_GEMM_KERNEL
 BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
+#: The copy kernel's programs and the columns of one work item (GPU_CONFIG's push_progs, push_chunk_k).
+COPY_PROGRAMS, COPY_CHUNK_K = 32, 2048
 
 
 def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int, str]:
@@ -111,8 +119,13 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     if not topology(hw, world, params).single_domain:
         raise InputError(f"ag_gemm/{variant} at {world} GPUs spans several NVLink/xGMI domains: peer access through a "
                          "symmetric heap needs one domain; out of the model's scope")
-    notes.append(f"Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
-                 f"({params.sources.get('triton_gemm_efficiency', 'default')}); transport '{transport}'")
+    speed = params.triton_gemm_speed(m)
+    if speed is not None:
+        notes.append(f"Triton GEMM at {speed:.3f} of the vendor GEMM's speed at M={m} (measured by M: "
+                     f"{params.sources.get('triton_gemm_speed_by_m', 'given')}); transport '{transport}'")
+    else:
+        notes.append(f"Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
+                     f"({params.sources.get('triton_gemm_efficiency', 'default')}); transport '{transport}'")
     blocks = cdiv(m_loc, BLOCK_M)
     flag = params.flag_roundtrip_s / 2
     if transport == "direct":
@@ -143,12 +156,14 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         notes.append(f"{variant}/ce: copy engines at {p2p / 1e9:.0f} GB/s per peer pair, {2 * blocks} calls of "
                      f"{params.host_copy_call_s * 1e6:.0f} us per peer before the GEMM launch; the GEMM keeps every SM")
     elif transport == "sm":
-        progs = 32
+        progs = COPY_PROGRAMS
         gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
         store_bw = min(params.peer_store_bytes_per_s or hw.link_bytes_per_s, progs * params.peer_store_bytes_per_s_per_sm)
         xfer = (world - 1) * shard / store_bw
-        copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
         lead = ht
+        if params.copy_program_bytes_per_s > 0:
+            return _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, xfer, rd, wr)
+        copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
         notes.append(f"{variant}/sm: a {progs}-program copy kernel at {store_bw / 1e9:.0f} GB/s sharing the SMs with the GEMM")
     else:
         raise InputError(f"unknown ag_gemm transport {transport!r}; use ce, sm or direct")
@@ -160,6 +175,38 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     sync_after = max(xfer + flag - lead, 0.0)
     gemm_plan = KernelPlan(FUSED, "fused", pipe - drain, ht, sync=True, post_s=drain, sync_after_s=sync_after,
                            dram_read_bytes=rd, dram_write_bytes=wr)
+    return [copies + [gemm_plan] for _ in range(world)], det, notes
+
+
+def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, link_s, rd, wr):
+    """pull/push with the ``sm`` copy kernel at its measured rate beside the GEMM (the module docstring)."""
+    ht = params.host_launch_triton_s
+    blocks = cdiv(m_loc, BLOCK_M)
+    chunk = min(COPY_CHUNK_K, cdiv(k, 64) * 64)
+    items = blocks * cdiv(k, chunk) * (world - 1)
+    progs = max(1, min(COPY_PROGRAMS, items))
+    rounds = cdiv(items, progs)
+    round_s = BLOCK_M * chunk * elt / params.copy_program_bytes_per_s
+    xfer = max(rounds * round_s, link_s) + params.kernel_overhead_s
+    if xfer - params.kernel_overhead_s > rounds * round_s:  # link-bound: rounds stretched to the link's pace
+        round_s = (xfer - params.kernel_overhead_s) / rounds
+    flag = params.flag_roundtrip_s / 2
+    gemm += params.gemm_share_loss * xfer
+    tiles = world * blocks * cdiv(n_loc, BLOCK_N)
+    own = blocks * cdiv(n_loc, BLOCK_N)
+    fused = arrival_waves_time(gemm, params.kernel_overhead_s, tiles, min(tiles, sm_count(hw)), own, rounds, round_s,
+                               flag)
+    det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": fused, "copy_rounds": float(rounds)})
+    notes.append(f"{variant}/sm: the copy kernel's {progs} programs move {items} items of {BLOCK_M}x{chunk} in "
+                 f"{rounds} round(s) at {params.copy_program_bytes_per_s / 1e9:.1f} GB/s per program beside the GEMM "
+                 f"({params.sources.get('copy_program_bytes_per_s', 'given')}); the GEMM's waves wait for the rounds "
+                 f"that bring their rows and lose {params.gemm_share_loss:.2f} of the copy's time to it")
+    copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
+    # the GEMM's last wave runs after the last round landed; before it the GEMM waits, as a synced
+    # fused kernel, for the slowest peer's copy (a rank that started late delays its rows)
+    drain = max(gemm - params.kernel_overhead_s, 0.0) / max(1, cdiv(tiles, min(tiles, sm_count(hw))))
+    gemm_plan = KernelPlan(FUSED, "fused", fused - drain, ht, sync=True, post_s=drain,
+                           sync_after_s=max(xfer + flag - ht, 0.0), dram_read_bytes=rd, dram_write_bytes=wr)
     return [copies + [gemm_plan] for _ in range(world)], det, notes
 
 

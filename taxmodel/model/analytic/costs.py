@@ -55,8 +55,10 @@ def sm_count(hw: HardwareSpec) -> int:
 def gemm_time(m: int, n: int, k: int, dtype: str, hw: HardwareSpec, params: ModelParams, *, kind: str = "vendor",
               sms: int | None = None, elt: int = 2) -> float:
     """Seconds for one GEMM [m,k] x [k,n]: max(compute with wave quantization, HBM traffic) plus
-    the fixed kernel overhead. ``kind`` "triton" applies the Triton efficiency factor; ``sms``
-    (fewer than the GPU has) scales the rate down and changes the wave size."""
+    the fixed kernel overhead. ``kind`` "triton": the vendor GEMM's compute time divided by the tile
+    GEMM's measured speed relative to it at ``m`` rows (``ModelParams.triton_gemm_speed_by_m``), or
+    where none was measured the Triton efficiency factor with the Triton tile's quantization;
+    ``sms`` (fewer than the GPU has) scales the rate down and changes the wave size."""
     if min(m, n, k) <= 0:
         return 0.0
     num_sms = sm_count(hw)
@@ -68,7 +70,10 @@ def gemm_time(m: int, n: int, k: int, dtype: str, hw: HardwareSpec, params: Mode
         ref = 1.0
     else:
         ref = wave_inflation(CALIBRATION_GEMM[0], CALIBRATION_GEMM[1], params.vendor_tile, num_sms)
-    if kind == "triton":
+    speed = params.triton_gemm_speed(m) if kind == "triton" else None
+    if kind == "triton" and speed is not None:
+        rate *= speed  # the vendor GEMM's quantization and rate, slowed by the measured ratio at this M
+    elif kind == "triton":
         rate *= params.triton_gemm_efficiency
         tile = params.triton_tile
     elif kind != "vendor":
@@ -83,6 +88,38 @@ def stream_time(nbytes: float, hw: HardwareSpec, params: ModelParams, *, triton:
     """A memory-bound kernel moving ``nbytes`` through HBM (reads + writes), plus the overhead."""
     eff = params.triton_stream_efficiency if triton else 1.0
     return float(nbytes) / (hw.hbm_bytes_per_s * eff) + params.kernel_overhead_s
+
+
+def split_kv_time(nbytes: float, hw: HardwareSpec, params: ModelParams) -> float:
+    """The split-KV work streaming ``nbytes`` (K and V read, partials written): at the Triton
+    streaming efficiency, plus its own fixed cost where calibrated (``split_kv_fixed_s``), else the
+    kernel overhead."""
+    fixed = params.kernel_overhead_s if params.split_kv_fixed_s is None else params.split_kv_fixed_s
+    return float(nbytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency) + fixed
+
+
+def arrival_waves_time(gemm_s: float, overhead_s: float, tiles: int, slots: int, own_tiles: int, rounds: int,
+                       round_s: float, flag_s: float) -> float:
+    """A persistent GEMM of ``tiles`` tiles on ``slots`` programs (waves of ``slots`` tiles, each
+    ``(gemm_s - overhead_s) / waves``), its ``own_tiles`` first, whose remote rows arrive in
+    ``rounds`` rounds of ``round_s`` each (a copy kernel's programs moving one item each per round, in
+    the GEMM's consumption order) plus ``flag_s``: a wave whose tiles need data of round r cannot end
+    before r x ``round_s`` + ``flag_s`` + its own work, and every later wave follows it. At M=1024 on
+    4 H200s the first wave's remote tiles wait for the copy's single round (62 us) and the GEMM ends
+    that much after its two waves' work; at M >= 4096 the own slab covers the first rounds."""
+    waves = cdiv(tiles, max(1, slots))
+    remote = tiles - own_tiles
+    if remote <= 0 or rounds <= 0 or waves <= 0:
+        return gemm_s
+    per_wave = max(gemm_s - overhead_s, 0.0) / waves
+    end = gemm_s
+    for k in range(waves):
+        needed = min((k + 1) * slots, tiles) - own_tiles
+        if needed <= 0:
+            continue
+        arrive = cdiv(needed * rounds, remote) * round_s + flag_s
+        end = max(end, overhead_s + arrive + (waves - k) * per_wave)
+    return end
 
 
 def push_wave_time(bytes_per_program: float, programs: int, per_sm_bytes_per_s: float, store_bytes_per_s: float,

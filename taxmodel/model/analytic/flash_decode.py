@@ -3,7 +3,8 @@
 Rank r holds L_r keys of every sequence (B sequences, Hkv KV heads, head dim D, 2-byte K/V).
 Decode attention is memory-bound: the split-KV kernel streams 2*B*Hkv*L_r*D*2 bytes of K and V
 and writes its partials (B*Hq*S*(D+1) fp32, S splits from the workload's own planner), at the
-Triton streaming efficiency of the HBM bandwidth, plus the fixed kernel overhead.
+Triton streaming efficiency of the HBM bandwidth, plus its fixed cost (``costs.split_kv_time``:
+calibrated, or the fixed kernel overhead).
 
 Combines are latency-bound where programs are few: a combine program for R query rows folds its S
 partials NB at a time (``combine.combine_block(R)``), ceil(S / NB) serial steps of
@@ -37,7 +38,7 @@ from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
-from .costs import l2_bytes, l2_kept_fraction, push_wave_time, serial_steps_time, sm_count, stream_time
+from .costs import l2_bytes, l2_kept_fraction, push_wave_time, serial_steps_time, sm_count, split_kv_time, stream_time
 from .params import ModelParams
 from .timeline import KernelPlan
 from .topology import topology
@@ -94,7 +95,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
                    params.kernel_overhead_s + serial_steps_time(1, params))
         out = []
         for kv, partials, splits in per_rank:
-            split = stream_time(kv + partials, hw, params)
+            split = split_kv_time(kv + partials, hw, params)
             local = max(stream_time(partials + packed, hw, params),
                         params.kernel_overhead_s + serial_steps_time(steps(splits, rows), params))
             # DRAM bytes: K/V and q read; the partials and the packed partial(s) reach DRAM only as far
@@ -157,7 +158,7 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         for kv, partials, splits in per_rank:
             local = serial_steps_time(steps(splits, rows), params)  # after the last split of the group
             local_steps.append(local)
-            work = stream_time(kv + partials, hw, params) + ready_wait + local + push
+            work = split_kv_time(kv + partials, hw, params) + ready_wait + local + push
             # DRAM bytes: K/V and q read, the output written; the split partials that the kernel
             # writes and reads back, and the peers' partials, only as far as the L2 does not keep them
             miss_p = partials * (1.0 - l2_kept_fraction(partials, kv + q_bytes + partials, partials + packed, l2))

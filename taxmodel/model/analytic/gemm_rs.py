@@ -120,9 +120,16 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                          "symmetric heap need one domain; out of the model's scope")
     slab = m_loc * n * elt
     ht = params.host_launch_triton_s
+    # its own kernel's fitted efficiency where there is one, else the tile GEMM's speed by M, else
+    # the AG+GEMM Triton efficiency
     eff = params.rs_gemm_efficiency or params.triton_gemm_efficiency
     eff_key = "rs_gemm_efficiency" if params.rs_gemm_efficiency else "triton_gemm_efficiency"
-    gemm = gemm_time(m, n, k_loc, dtype, hw, replace(params, triton_gemm_efficiency=eff), kind="triton", elt=elt)
+    own = replace(params, triton_gemm_efficiency=eff,
+                  triton_gemm_speed_by_m=() if params.rs_gemm_efficiency else params.triton_gemm_speed_by_m)
+    gemm = gemm_time(m, n, k_loc, dtype, hw, own, kind="triton", elt=elt)
+    speed = own.triton_gemm_speed(m)
+    if speed is not None:
+        eff, eff_key = speed, "triton_gemm_speed_by_m"
     tm, tn = params.triton_tile
     tiles = world * cdiv(m_loc, tm) * cdiv(n, tn)  # an M-block never straddles two ranks' slabs
     store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s

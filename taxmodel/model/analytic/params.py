@@ -2,6 +2,7 @@
 calibrated hardware file's values, fitted values and explicit ones; ``sources`` says which."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
@@ -19,6 +20,13 @@ class ModelParams:
     #: the H200 measurements (plain Triton 0.84 at 8192^3 .. 0.97 at 1024 rows); fit from bundles with
     #: ``fit_params`` (model/fitting.py) on a documented subset.
     triton_gemm_efficiency: float = 0.90
+    #: The tile GEMM's speed relative to the vendor GEMM on the same shape, by its rows M: pairs
+    #: (M, vendor time / tile time), measured alone on this GPU (``taxmodel calibrate``'s tile_gemm
+    #: step, N = K = 8192). Where given, a Triton GEMM of M rows takes the vendor GEMM's modeled time
+    #: divided by the speed at M (interpolated in log2 M, the end values beyond the ends) in place of
+    #: ``triton_gemm_efficiency``: the efficiency depends on M (0.95 at M=1024 to 0.82 at 8192 for the
+    #: 4x H200 captures' GEMM). Empty: ``triton_gemm_efficiency``.
+    triton_gemm_speed_by_m: tuple[tuple[float, float], ...] = ()
     #: The same for the GEMM+RS fused kernel's GEMM (its own tile configuration and K split), when
     #: fitted (``fit_params``, on that kernel's duration); None: ``triton_gemm_efficiency``.
     rs_gemm_efficiency: float | None = None
@@ -32,6 +40,10 @@ class ModelParams:
     kernel_overhead_s: float = 2e-6
     #: Memory-bound Triton kernels stream at this fraction of the HBM copy bandwidth.
     triton_stream_efficiency: float = 0.80
+    #: Fixed time of the split-KV kernel (and of the fused flash decode's split phase) beyond its
+    #: streaming: the intercept of its time against its bytes (``taxmodel calibrate``'s combine rows,
+    #: batch 1 and 16, KV 1K-256K). None: ``kernel_overhead_s``.
+    split_kv_fixed_s: float | None = None
     #: One step of a flash decode combine program: load a [rows, NB, D] fp32 tile of partials
     #: (16 KB) and merge it. The steps of one program are serial (each waits for its loads), so a
     #: combine with few programs and many partials is latency-bound, not bandwidth-bound: about one
@@ -52,8 +64,9 @@ class ModelParams:
     #: Scale of the ranks' release times after a host barrier (exponential order statistics).
     barrier_skew_s: float = 5e-6
     #: How ranks start an iteration: "host" (they leave a host barrier, spread by barrier_skew_s) or
-    #: "device" (``taxmodel profile --align device``: a device gate releases every GPU together; see
-    #: ``release_offsets``); with the gate, each host enqueues for ``gate_hold_s`` before its GPU starts.
+    #: "device" (``taxmodel profile --align device``: a device gate releases every GPU together) or
+    #: "back-to-back" (one gate, then the steps back to back; the same spread): see
+    #: ``release_offsets``; with the gate, each host enqueues for ``gate_hold_s`` before its GPU starts.
     start_alignment: str = "host"
     gate_hold_s: float = DEFAULT_GATE_HOLD_US * 1e-6
     #: Fixed cost of one NCCL/RCCL collective beyond alpha-beta (kernel setup, protocol handshake).
@@ -82,6 +95,16 @@ class ModelParams:
     #: Store bandwidth to peers with all SMs, and per SM (the push kernel runs on a few SMs).
     peer_store_bytes_per_s: float = 0.0  # 0: use the link bandwidth
     peer_store_bytes_per_s_per_sm: float = 25e9
+    #: Rate of one program of the All-Gather copy kernel (``transport.copy_blocks_kernel``, the ``sm``
+    #: transport) while the persistent GEMM shares its SMs: a work item (one K piece of one M-block,
+    #: for one peer) takes item bytes / this rate, the programs take the items in rounds. On 4 H200s
+    #: the copy kernel ran 1.2-1.8x the bandwidth model beside the GEMM, at 8.5-9 GB/s per program at
+    #: every M. Measured by ``taxmodel calibrate``'s copy_share step (the copy kernel beside the tile
+    #: GEMM); 0: the peer-store bandwidth model (no sharing).
+    copy_program_bytes_per_s: float = 0.0
+    #: Time the persistent GEMM loses while the copy kernel shares its SMs, as a fraction of the copy
+    #: kernel's time (copy_share step: the GEMM beside the copy minus the GEMM alone, over the copy).
+    gemm_share_loss: float = 0.0
     #: How the fine-grained AG+GEMM variants move remote rows (kernels/ag_gemm GemmConfig.transport):
     #: "ce" copy engines (the default there), "sm" a Triton copy kernel, "direct" (pull only) loads
     #: from the peers inside the GEMM. Host time of one copy-engine call (cuMemcpyAsync or a stream
@@ -109,7 +132,9 @@ class ModelParams:
 
     @staticmethod
     def from_hardware(hw: HardwareSpec, **overrides: Any) -> "ModelParams":
-        """Defaults, replaced by what ``hw`` (a preset or a calibrated file) measured."""
+        """Defaults, replaced by what ``hw`` (a preset or a calibrated file) measured. A field of the
+        file that does not read as its parameter (a wrong type, a negative rate) is left out: the
+        default stays, and ``hardware_caveats(hw)`` says so."""
         base = ModelParams()
         values: dict[str, Any] = {}
         src: dict[str, str] = {f: "default" for f in _PARAM_FIELDS}
@@ -119,12 +144,9 @@ class ModelParams:
             if val and float(val) > 0:
                 values[name] = float(val)
                 src[name] = f"hardware ({hw.source})"
-        extra = dict(hw.extra or {})
-        for name in _PARAM_FIELDS:
-            if name in extra and extra[name] is not None and name not in ("sources",):
-                values[name] = type(getattr(base, name))(extra[name]) if not isinstance(getattr(base, name), tuple) \
-                    else tuple(extra[name])
-                src[name] = f"hardware extra ({hw.source})"
+        for name, val in hardware_values(hw)[0].items():
+            values[name] = val
+            src[name] = f"hardware extra ({hw.source})"
         if hw.vendor == "amd":
             values.setdefault("domain_size", 8)
             src["domain_size"] = "MI300X: 8 GPUs fully connected by xGMI"
@@ -134,13 +156,39 @@ class ModelParams:
                 src[name] = "given"
         return replace(base, **values, sources=src)
 
-    def with_fitted(self, fitted: Mapping[str, float]) -> "ModelParams":
+    def with_fitted(self, fitted: Mapping[str, float], borrowed_from: str | None = None) -> "ModelParams":
         """These parameters with ``fitted`` values (``taxmodel validate``'s fits) in place, each
-        sourced as fitted."""
+        sourced as fitted, or as borrowed from the GPU ``borrowed_from`` they were fitted on."""
         if not fitted:
             return self
-        return replace(self, **dict(fitted), sources={**dict(self.sources), **{k: "fitted (taxmodel validate)"
-                                                                                for k in fitted}})
+        how = f"borrowed from {borrowed_from} (fitted there by taxmodel validate)" if borrowed_from \
+            else "fitted (taxmodel validate)"
+        return replace(self, **dict(fitted), sources={**dict(self.sources), **{k: how for k in fitted}})
+
+    def triton_gemm_speed(self, m: int) -> float | None:
+        """The tile GEMM's speed relative to the vendor GEMM at ``m`` rows from
+        ``triton_gemm_speed_by_m`` (linear in log2 M between the measured points, the end values
+        beyond them); None when no speed was measured."""
+        pts = sorted((float(a), float(b)) for a, b in self.triton_gemm_speed_by_m if float(a) > 0 and float(b) > 0)
+        if not pts:
+            return None
+        x = math.log2(max(float(m), 1.0))
+        xs = [math.log2(a) for a, _ in pts]
+        if x <= xs[0]:
+            return pts[0][1]
+        if x >= xs[-1]:
+            return pts[-1][1]
+        i = next(j for j in range(1, len(xs)) if x <= xs[j])
+        f = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
+        return pts[i - 1][1] + f * (pts[i][1] - pts[i - 1][1])
+
+    def borrowed(self) -> dict[str, str]:
+        """Parameter -> the GPU its value was borrowed from (fitted there, not measured here)."""
+        out = {}
+        for name, how in self.sources.items():
+            if how.startswith("borrowed from "):
+                out[name] = how.removeprefix("borrowed from ").split(" (fitted there")[0]
+        return out
 
     def with_given(self, given: Mapping[str, Any]) -> "ModelParams":
         """These parameters with ``given`` values in place, each sourced as given."""
@@ -153,5 +201,88 @@ class ModelParams:
 
 
 _PARAM_FIELDS = [f for f in ModelParams.__dataclass_fields__ if f != "sources"]
+
+#: The parameters ``taxmodel calibrate`` measures with microbenchmarks of the workloads' own kernels
+#: (issue 33), each with the fitted parameters its measurement stands in for: a hardware file that
+#: has it takes neither the fit of another GPU nor (``fitting``) a fit of its own for them.
+CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
+    "triton_gemm_speed_by_m": ("triton_gemm_efficiency",),
+    "copy_program_bytes_per_s": (),
+    "gemm_share_loss": (),
+    "triton_stream_efficiency": (),
+    "split_kv_fixed_s": (),
+    "ll_push_bytes_per_s": (),
+    "ll_merge_step_s": (),
+    "reduce_program_bytes_per_s": (),
+    "combine_step_s": (),
+}
+
+
+#: Fitted parameters that a calibrated mechanism keeps another GPU's fit of from being borrowed,
+#: though this GPU may fit them on its own bundles (more specific than the measurement): GEMM+RS's
+#: own GEMM efficiency, fitted on its kernel, beats the tile GEMM's speed by M measured alone, which
+#: beats another GPU's fit of it.
+NOT_BORROWED_WITH: dict[str, tuple[str, ...]] = {"triton_gemm_speed_by_m": ("rs_gemm_efficiency",)}
+
+
+def _read_value(default: Any, value: Any) -> Any:
+    """``value`` as the type of the parameter whose default is ``default``; ValueError when it is not one."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError("not true/false")
+        return value
+    if isinstance(default, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ValueError("not a list")
+        if default == () or isinstance(default[0], (list, tuple)) or not default:
+            pairs = tuple(tuple(float(x) for x in p) for p in value)
+            if any(len(p) != 2 or not all(math.isfinite(x) and x > 0 for x in p) for p in pairs):
+                raise ValueError("not a list of [M, positive number] pairs")
+            return pairs
+        return tuple(type(default[0])(x) for x in value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ValueError("not text")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("not a number")
+    out = type(default)(value) if default is not None else float(value)
+    if not math.isfinite(float(out)) or float(out) < 0:
+        raise ValueError("not a finite number >= 0")
+    return out
+
+
+def hardware_values(hw: HardwareSpec) -> tuple[dict[str, Any], list[str]]:
+    """(the model parameters ``hw``'s file gives, read as their types; one line per field it gives
+    that does not read as one, which the model then leaves at its default)."""
+    base = ModelParams()
+    values: dict[str, Any] = {}
+    bad: list[str] = []
+    extra = dict(hw.extra or {})
+    for name in _PARAM_FIELDS:
+        if name in extra and extra[name] is not None:
+            try:
+                values[name] = _read_value(getattr(base, name), extra[name])
+            except (TypeError, ValueError) as exc:
+                bad.append(f"{name} ({exc}: {str(extra[name])[:40]!r})")
+    return values, bad
+
+
+def calibrated_mechanisms(hw: HardwareSpec) -> set[str]:
+    """The ``CALIBRATED_MECHANISMS`` that ``hw``'s file measured, with the fitted parameters they
+    stand in for: what neither another GPU's fit nor a fit of this one replaces."""
+    have = set(hardware_values(hw)[0]) if hw.source == "calibrated" else set()
+    out: set[str] = set()
+    for name, covers in CALIBRATED_MECHANISMS.items():
+        if name in have:
+            out |= {name, *covers}
+    return out
+
+
+def not_borrowed(hw: HardwareSpec) -> set[str]:
+    """What ``hw`` may not borrow from another GPU's fits: ``calibrated_mechanisms`` and the
+    ``NOT_BORROWED_WITH`` parameters of what its file measured."""
+    have = calibrated_mechanisms(hw)
+    return have | {p for name, params in NOT_BORROWED_WITH.items() if name in have for p in params}
 
 

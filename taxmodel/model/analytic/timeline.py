@@ -8,7 +8,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from taxmodel.trace.capture_meta import START_ALIGNMENTS
+from taxmodel.trace.capture_meta import GATED_ALIGNMENTS, START_ALIGNMENTS
 
 from .params import ModelParams
 
@@ -19,10 +19,12 @@ def release_offsets(world: int, params: "ModelParams") -> list[float]:
     Host barrier: ``start_offsets(world, barrier_skew_s)``. Device gate (kernels/device/gate.py): every
     rank adds to every counter, so the last rank to arrive sees the count complete at once (its own
     add is local) and every other rank one flag latency later, when that rank's add lands: one
-    rank at 0, the others at half the calibrated flag round trip."""
+    rank at 0, the others at half the calibrated flag round trip. Back-to-back steps (one gate per
+    repetition, then each step right after the previous one on every GPU): the same spread, since
+    each step of the workloads ends on every rank with a wait on the others (a collective, flags)."""
     if params.start_alignment not in START_ALIGNMENTS:
         raise ValueError(f"start_alignment {params.start_alignment!r}: expected one of {START_ALIGNMENTS}")
-    if params.start_alignment == "device":
+    if params.start_alignment in GATED_ALIGNMENTS:
         return [0.0] + [params.flag_roundtrip_s / 2] * (world - 1)
     return start_offsets(world, params.barrier_skew_s)
 
@@ -111,7 +113,7 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
     if any(len(p) != n for p in plans):
         raise ValueError("every rank must run the same number of kernels")
     offs = release_offsets(world, params)
-    gated = params.start_alignment == "device"
+    gated = params.start_alignment in GATED_ALIGNMENTS
     host = [o - params.gate_hold_s for o in offs] if gated else list(offs)
     free: list[dict[int, float]] = [{} for _ in range(world)]
     ends: list[list[float]] = [[] for _ in range(world)]  # per rank, every placed kernel's end

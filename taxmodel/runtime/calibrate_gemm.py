@@ -1,0 +1,170 @@
+"""`taxmodel calibrate`'s tile_gemm and copy_share steps: the All-Gather+GEMM kernels, measured alone
+and side by side, where the analytic model took fitted numbers from other GPUs before (issue 33).
+
+tile_gemm (rank 0, one GPU): the workloads' persistent tile GEMM in its ``A_LOCAL`` mode (every row
+of A already local: the GEMM alone, ``gemm_tiles.launch_ag_gemm`` with the committed per-shape
+tiles of ``config_for_shape``) and ``torch.matmul`` (cuBLAS, hipBLASLt) on the same operands, at
+M = 1024 .. 16384 rows (N = K = 8192, the workloads' shapes). Each kernel's median device time from
+a trace. The model divides the vendor GEMM's time by the tile GEMM's speed relative to it, per M
+(``model.calibration.gemm_speed_by_m``): the Triton GEMM's efficiency depends on M.
+
+copy_share (every rank): the All-Gather copy kernel (``transport.copy_blocks_kernel``, pull mode, the
+``sm`` transport of the fine-grained variants) moving every peer's slab into this rank's gathered
+buffer, timed alone and while the persistent GEMM runs beside it on another stream (as the pull
+variant enqueues them), and the GEMM alone and beside it, at M = 1024 and 8192. All ranks pull at
+once, as in the workload. In the workload the copy kernel shares its SMs with the GEMM and ran
+1.2-1.8x the bandwidth model on 4 H200s; what the model needs is the rate of one copy program while
+it shares (``model.calibration.copy_share_fit``). On one GPU the "peer" is a second half of the
+GPU's own memory (``microbench.PseudoPeerHeap``): the sharing is the same, the link is not.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from taxmodel.kernels.names import AG_GEMM_KERNEL, COPY_BLOCKS_KERNEL
+from taxmodel.runtime.microbench import kernel_seconds, median_seconds, on_gpu, synchronize
+
+#: Rows M of the tile GEMM's grid (N = K = ``GEMM_NK``), and of the copy kernel's.
+GEMM_MS = (1024, 4096, 8192, 16384)
+COPY_MS = (1024, 8192)
+GEMM_NK = 8192
+#: The interpreter's shapes (CPU tests: the code paths, not the numbers).
+CPU_GEMM_MS, CPU_NK = (32, 64), 32
+#: Back-to-back calls traced per point (after a warm-up that compiles).
+REPEATS = 10
+
+
+def _repeat(fn: Callable[[], object], n: int) -> Callable[[], None]:
+    def body() -> None:
+        for _ in range(n):
+            fn()
+    return body
+
+
+def _operands(m: int, n: int, k: int, device: torch.device, a: torch.Tensor | None = None):
+    """(A, B, C) of one GEMM: bf16 on a GPU, fp32 in the interpreter (its bf16 dots are wrong)."""
+    dtype = torch.bfloat16 if on_gpu(device) else torch.float32
+    g = torch.Generator(device=device)
+    g.manual_seed(1234 + m)
+    if a is None:
+        a = torch.randn(m, k, generator=g, device=device, dtype=torch.float32).to(dtype)
+    b = (torch.randn(k, n, generator=g, device=device, dtype=torch.float32) * k ** -0.5).to(dtype)
+    return a, b, torch.empty(m, n, device=device, dtype=dtype)
+
+
+def tile_gemm_launcher(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, rank: int, world: int, m_loc: int,
+                       cfg: Any) -> Callable[[], None]:
+    """One ``A_LOCAL`` launch of the workloads' tile GEMM on these operands (TMA where it runs)."""
+    from taxmodel.kernels.ag_gemm.gemm_tiles import A_LOCAL, launch_ag_gemm, make_descriptor, tma_available
+    from taxmodel.kernels.device import sync
+
+    descs = {}
+    if cfg.use_tma and tma_available():
+        descs = {"a_desc": make_descriptor(a, [cfg.block_m, cfg.block_k]),
+                 "b_desc": make_descriptor(b, [cfg.block_k, cfg.block_n])}
+    err = sync.new_error_buffer(c.device)
+    mode = sync.sync_mode(c.device)
+
+    def launch() -> None:
+        launch_ag_gemm(a, b, c, mode=A_LOCAL, rank=rank, world=world, m_loc=m_loc, cfg=cfg, err=err, sync=mode, **descs)
+    return launch
+
+
+def measure_tile_gemm(device: torch.device, ms: tuple[int, ...] | None = None, nk: int | None = None) -> dict:
+    """Per M: the tile GEMM's and the vendor GEMM's median kernel time (s) on the same operands."""
+    gpu = on_gpu(device)
+    ms = ms or (GEMM_MS if gpu else CPU_GEMM_MS)
+    nk = nk or (GEMM_NK if gpu else CPU_NK)
+    rows = []
+    for m in ms:
+        rows.append(_gemm_point(device, m, nk, nk))
+        if gpu:
+            torch.cuda.empty_cache()
+    return {"n": nk, "k": nk, "rows": rows}
+
+
+def _gemm_point(device: torch.device, m: int, n: int, k: int) -> dict:
+    from taxmodel.kernels.ag_gemm.gemm_tiles import config_for_shape
+
+    a, b, c = _operands(m, n, k, device)
+    ref = torch.empty_like(c)
+    cfg = config_for_shape(m, n, k, device)
+    tile = tile_gemm_launcher(a, b, c, rank=0, world=1, m_loc=m, cfg=cfg)
+
+    def vendor() -> None:
+        torch.matmul(a, b, out=ref)
+
+    tile()  # compiles
+    vendor()
+    synchronize(device)
+    err = float((c.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-6))
+    if not err < 0.05:
+        raise RuntimeError(f"the tile GEMM at M={m} N={n} K={k} disagrees with torch.matmul (max relative error {err:.3g})")
+    reps = REPEATS if on_gpu(device) else 1
+    t = median_seconds(kernel_seconds(device, _repeat(tile, reps), {"tile": AG_GEMM_KERNEL}), "tile", "tile GEMM")
+    v = median_seconds(kernel_seconds(device, _repeat(vendor, reps), {"vendor": "."}), "vendor", "vendor GEMM")
+    return {"m": m, "n": n, "k": k, "tile_s": t, "vendor_s": v, "config": cfg.tile_label()}
+
+
+def measure_copy_share(device: torch.device, heap: Any, rank: int, world: int,
+                       barrier: Callable[[], None], ms: tuple[int, ...] | None = None, nk: int | None = None) -> dict:
+    """Per M: the copy kernel's and the GEMM's median kernel time (s), each alone and side by side.
+    ``heap``: the ranks' symmetric heap (``world`` ranks), or a ``PseudoPeerHeap`` (``world`` 2, one GPU);
+    ``barrier`` lines the ranks up before each traced batch (all ranks pull at once)."""
+    from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, config_for_shape, default_config, k_pieces, piece_cols
+    from taxmodel.kernels.ag_gemm.transport import copy_plan, launch_copy_blocks
+    from taxmodel.kernels.device import sync
+
+    gpu = on_gpu(device)
+    ms = ms or (COPY_MS if gpu else CPU_GEMM_MS)
+    nk = nk or (GEMM_NK if gpu else CPU_NK)
+    mode = sync.sync_mode(device)
+    reps = REPEATS if gpu else 1
+    side = torch.cuda.Stream(device=device) if gpu else None
+    rows = []
+    for m in ms:
+        heap.reset()
+        m_loc = m // world
+        base: GemmConfig = config_for_shape(m, nk, nk, device, dataclasses.replace(default_config(device), transport="sm"))
+        programs, items, chunk, _ = copy_plan(m_loc, nk, world, base)
+        dtype = torch.bfloat16 if gpu else torch.float32
+        gathered = heap.empty((m, nk), dtype)
+        gathered.normal_()
+        flags = heap.zeros((world * -(-m_loc // base.block_m) * k_pieces(base, nk),), torch.int32)
+        epochs = torch.zeros(2, dtype=torch.int32, device=device)
+        _, b, c = _operands(m, nk, nk, device, a=gathered)
+        gemm = tile_gemm_launcher(gathered, b, c, rank=rank, world=world, m_loc=m_loc, cfg=base)
+
+        def copy() -> None:
+            launch_copy_blocks(gathered, flags, heap.heap_bases, pull=True, m_loc=m_loc, rank=rank, world=world,
+                               cfg=base, epochs=epochs, sync=mode)
+
+        def both() -> None:  # as the pull variant enqueues them: the copy on a side stream, then the GEMM
+            if side is None:
+                copy()
+                gemm()
+                return
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                copy()
+            gemm()
+            torch.cuda.current_stream(device).wait_stream(side)
+
+        both()  # compiles both kernels
+        synchronize(device)
+        names = {"copy": COPY_BLOCKS_KERNEL, "gemm": AG_GEMM_KERNEL}
+        timed: dict[str, dict[str, list[float]]] = {}
+        for label, body in (("alone_copy", copy), ("alone_gemm", gemm), ("shared", both)):
+            barrier()
+            timed[label] = kernel_seconds(device, _repeat(body, reps), names)
+        rows.append({"m": m, "n": nk, "k": nk, "world": world, "m_loc": m_loc, "programs": programs, "items": items,
+                     "item_bytes": base.block_m * piece_cols(base, nk) * gathered.element_size(), "chunk_k": chunk,
+                     "copy_alone_s": median_seconds(timed["alone_copy"], "copy", "copy"),
+                     "gemm_alone_s": median_seconds(timed["alone_gemm"], "gemm", "tile GEMM"),
+                     "copy_shared_s": median_seconds(timed["shared"], "copy", "copy"),
+                     "gemm_shared_s": median_seconds(timed["shared"], "gemm", "tile GEMM")})
+        gathered = flags = b = c = None  # drop the buffers before the next size (rebinding: closures use them)
+    return {"rows": rows}

@@ -1,0 +1,141 @@
+"""The analytic model with what `taxmodel calibrate` measured on a GPU's own kernels (issue 33): the
+mechanisms it uses them in, worked out by hand, and hardware files that are wrong for the job (of
+another GPU, without the new fields, from an older taxmodel, with fields that do not read) used with
+a one-line caveat, never a traceback."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from taxmodel.cli import cli
+from taxmodel.model import calibration as calfit
+from taxmodel.model import validate as val
+from taxmodel.model.analytic import ag_gemm, model_params, predict
+from taxmodel.model.analytic.collective_model import CollectiveModel
+from taxmodel.model.analytic.costs import arrival_waves_time, gemm_time
+from taxmodel.model.analytic.fitted import FITTED_FILE, choose_fitted, fitted_sets
+from taxmodel.model.analytic.params import ModelParams, calibrated_mechanisms, not_borrowed
+from taxmodel.model.analytic.topology import topology
+from taxmodel.model.hardware import HardwareSpec, load_hardware
+
+from model_bundles import H200, model_bundle
+
+SHAPE = {"batch": 16, "kv_len": 1024, "q_heads": 32, "kv_heads": 4, "head_dim": 128}
+
+
+def test_the_tile_gemms_speed_is_interpolated_in_log_m_and_held_beyond_the_measured_ms():
+    p = ModelParams(triton_gemm_speed_by_m=((1024, 0.95), (8192, 0.80)))
+    assert p.triton_gemm_speed(512) == 0.95 and p.triton_gemm_speed(16384) == 0.80
+    assert p.triton_gemm_speed(2048) == pytest.approx(0.95 - 0.05)  # a third of the way in log2 M
+    assert ModelParams().triton_gemm_speed(1024) is None
+
+
+def test_a_triton_gemm_takes_the_vendor_gemms_time_over_the_measured_speed_at_its_m():
+    p = replace(ModelParams.from_hardware(H200), triton_gemm_speed_by_m=((1024, 0.5), (8192, 0.5)))
+    vendor = gemm_time(4096, 8192, 8192, "bf16", H200, p, kind="vendor")
+    triton = gemm_time(4096, 8192, 8192, "bf16", H200, p, kind="triton")
+    assert triton - p.kernel_overhead_s == pytest.approx((vendor - p.kernel_overhead_s) / 0.5)
+
+
+def test_the_gemms_first_wave_waits_for_the_copys_first_round():
+    """256 tiles on 132 programs (two waves of 90 us), 64 own: the first wave's remote tiles need the
+    single round of the copy (60 us), so the GEMM ends 60 us + the flag after its two waves' work."""
+    end = arrival_waves_time(182e-6, 2e-6, 256, 132, 64, 1, 60e-6, 1e-6)
+    assert end == pytest.approx(2e-6 + 60e-6 + 1e-6 + 180e-6)
+    # the own slab covering the first wave and rounds arriving early: nothing to wait for
+    assert arrival_waves_time(1600e-6, 2e-6, 2048, 132, 512, 6, 60e-6, 1e-6) == pytest.approx(1600e-6)
+
+
+@pytest.mark.parametrize("m,items,rounds", [(1024, 24, 1), (8192, 192, 6)])
+def test_the_copy_kernel_beside_the_gemm_moves_its_items_in_rounds_at_one_programs_rate(m, items, rounds):
+    p = replace(ModelParams.from_hardware(H200), ag_transport="sm", copy_program_bytes_per_s=8.5e9)
+    coll = CollectiveModel.from_hardware(H200, topology(H200, 4, p), p)
+    plans, det, notes = ag_gemm.plans("pull", {"M": m, "N": 8192, "K": 8192}, 4, H200, p, coll)
+    item = 128 * 2048 * 2
+    assert det["transfer"] == pytest.approx(max(rounds * item / 8.5e9, 3 * m // 4 * 8192 * 2 / H200.link_bytes_per_s)
+                                            + p.kernel_overhead_s)
+    assert f"{items} items of 128x2048 in {rounds} round(s)" in notes[-1]
+    assert plans[0][0].name == "copy_blocks_kernel" and plans[0][1].sync
+
+
+def _calibrated_h100(tmp_path, **fields) -> str:
+    meas = {"hbm": {"bytes_per_s": 3.0e12}, "gemm": {"bf16": {"flops_per_s": 7.2e14}},
+            "peer_copy": [{"bytes_per_s": 2.5e11}]}
+    spec = {**calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 4), **fields}
+    path = tmp_path / "h100-calibrated.json"
+    path.write_text(json.dumps(spec))
+    return str(path)
+
+
+def test_a_file_without_the_new_fields_borrows_them_and_the_prediction_says_from_which_gpu(tmp_path):
+    hw = load_hardware(_calibrated_h100(tmp_path))
+    lender = next(iter(fitted_sets(FITTED_FILE)))
+    pred = predict("flash_decode", "fused", SHAPE, 4, hw, model_params(hw)[0])
+    lines = [a for a in pred.assumptions if a.startswith("borrowed from another GPU")]
+    assert len(lines) == 1 and f"from {lender}" in lines[0] and "ll_merge_step_s" in lines[0]
+    # what this GPU's calibration measured is its own: the fit of another GPU does not replace it
+    own = load_hardware(_calibrated_h100(tmp_path, ll_merge_step_s=0.9e-6))
+    p = predict("flash_decode", "fused", SHAPE, 4, own, model_params(own)[0]).params
+    assert p.ll_merge_step_s == 0.9e-6 and p.sources["ll_merge_step_s"].startswith("hardware extra")
+    assert "ll_merge_step_s" not in p.borrowed()
+
+
+def test_fields_that_do_not_read_are_ignored_with_one_caveat_not_a_traceback(tmp_path):
+    hw = load_hardware(_calibrated_h100(tmp_path, copy_program_bytes_per_s="fast", triton_gemm_speed_by_m=[[1024]],
+                                        ll_merge_step_s=-1.0))
+    pred = predict("ag_gemm", "pull", {"M": 1024, "N": 8192, "K": 8192}, 4, hw, model_params(hw)[0])
+    (line,) = [a for a in pred.assumptions if "ignored field(s)" in a]
+    for name in ("copy_program_bytes_per_s", "triton_gemm_speed_by_m", "ll_merge_step_s"):
+        assert name in line
+    # an ignored field is as if missing: the default, or another GPU's fit where there is one (said so)
+    assert pred.params.triton_gemm_speed_by_m == ()
+    assert pred.params.sources["copy_program_bytes_per_s"] in ("default",) or \
+        "copy_program_bytes_per_s" in pred.params.borrowed()
+
+
+def test_a_file_from_an_older_taxmodel_is_used_with_its_caveat(tmp_path):
+    """A calibrated file as taxmodel wrote them before issue 33: no kernel fields, fields since renamed."""
+    old = {"name": "H100 SXM (calibrated)", "vendor": "nvidia", "source": "calibrated", "num_sms": 132,
+           "peak_flops": {"bf16": 7.1e14}, "hbm_bytes_per_s": 3.0e12, "link_bytes_per_s": 3.3e11,
+           "combine_step_us": 0.9, "collectives": {"world_size": 4, "timing": {}}}
+    path = tmp_path / "old-calibrated.json"
+    path.write_text(json.dumps(old))
+    r = CliRunner().invoke(cli, ["predict", "gemm_rs", "-n", "4", "--hardware", str(path), "--preset", "m1024"])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    assert "borrowed from another GPU" in r.output
+
+
+def test_validate_with_a_hardware_file_of_another_gpu_says_so_in_one_line(tmp_path):
+    model_bundle(tmp_path / "b" / "bsp", "bsp", {"M": 4096, "N": 8192, "K": 8192, "tp": 0}, 2)
+    h100 = _calibrated_h100(tmp_path)
+    v = val.validate(tmp_path / "b", fitted_from=FITTED_FILE, hardware=h100)
+    caveats = [n for n in v.notes if "describes another GPU" in n]
+    assert caveats == ["hardware H100 SXM (calibrated) describes another GPU than the bundles' NVIDIA H200: its "
+                       "numbers are used as given (calibrate on the GPU that ran them for predictions of that GPU)"]
+    assert v.cases[0].hardware.name == "H100 SXM (calibrated)"
+    r = CliRunner().invoke(cli, ["validate", str(tmp_path / "b"), "--fitted-from", str(FITTED_FILE),
+                                 "--hardware", h100])
+    assert r.exit_code in (0, 1) and "Traceback" not in r.output and "describes another GPU" in r.output, r.output
+    same = val.validate(tmp_path / "b", fitted_from=FITTED_FILE, hardware="h200")
+    assert not [n for n in same.notes if "describes another GPU" in n]
+
+
+def test_a_calibrated_mechanism_is_neither_borrowed_nor_fitted_and_its_stand_ins_stay_out():
+    sets = {"H200 SXM (calibrated)": {"triton_gemm_efficiency": 0.8, "rs_gemm_efficiency": 0.85, "ll_merge_step_s": 1e-6}}
+    hw = HardwareSpec(name="X (calibrated)", vendor="nvidia", source="calibrated", peak_flops={"bf16": 1e15},
+                      hbm_bytes_per_s=3e12, link_bytes_per_s=3e11, extra={"triton_gemm_speed_by_m": [[1024, 0.9]]})
+    assert calibrated_mechanisms(hw) == {"triton_gemm_speed_by_m", "triton_gemm_efficiency"}
+    values, lender = choose_fitted(sets, hw.name, calibrated_mechanisms(hw), not_borrowed(hw))
+    assert (values, lender) == ({"ll_merge_step_s": 1e-6}, "H200 SXM (calibrated)")
+    # this GPU's own fit of its GEMM+RS kernel still counts (it is more specific than the GEMM alone)
+    own, lender = choose_fitted({**sets, hw.name: {"rs_gemm_efficiency": 0.9}}, hw.name, calibrated_mechanisms(hw))
+    assert (own, lender) == ({"rs_gemm_efficiency": 0.9}, None)
+    from taxmodel.model import fitting
+    from taxmodel.model.cases import Case
+
+    case = Case(path=None, workload="ag_gemm", variant="pull", shape={"M": 8192, "N": 8192, "K": 8192, "tp": 0},
+                world_size=4, cost=None, hardware=hw, hardware_note="", measured={"latency": 1.0})
+    assert "triton_gemm_efficiency" not in {r.param for r in fitting._rules_of(case)}

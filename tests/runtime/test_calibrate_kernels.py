@@ -1,0 +1,93 @@
+"""`taxmodel calibrate`'s microbenchmarks of the workloads' own kernels (issue 33), run at tiny sizes in
+Triton's interpreter: the real kernels (tile GEMM, copy kernel, LL push and merge, reduction) go
+through the same code paths as on a GPU, and their rows feed the fits. The interpreter's times say
+nothing about a GPU; what is checked is that each step runs its kernels correctly and gives rows the
+fit takes."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from taxmodel.model import calibration as calfit
+from taxmodel.runtime import calibrate_decode, calibrate_gemm, calibrate_reduce
+from taxmodel.runtime.microbench import PseudoPeerHeap, kernel_seconds
+
+CPU = torch.device("cpu")
+
+
+def test_the_tile_gemm_step_times_the_engine_and_the_vendor_gemm_on_the_same_operands():
+    res = calibrate_gemm.measure_tile_gemm(CPU)
+    assert [r["m"] for r in res["rows"]] == list(calibrate_gemm.CPU_GEMM_MS)
+    assert all(r["tile_s"] > 0 and r["vendor_s"] > 0 and r["config"] for r in res["rows"])
+    assert [p[0] for p in calfit.gemm_speed_by_m(res)] == [float(m) for m in calibrate_gemm.CPU_GEMM_MS]
+
+
+def test_the_copy_share_step_runs_the_copy_kernel_alone_and_beside_the_gemm_on_a_pseudo_peer():
+    heap = PseudoPeerHeap(1 << 20, CPU)
+    res = calibrate_gemm.measure_copy_share(CPU, heap, 0, 2, heap.barrier)
+    for r in res["rows"]:
+        assert r["world"] == 2 and r["items"] >= r["programs"] >= 1 and r["item_bytes"] > 0
+        assert min(r["copy_alone_s"], r["copy_shared_s"], r["gemm_alone_s"], r["gemm_shared_s"]) > 0
+    assert calfit.copy_share_fit(res)["copy_program_bytes_per_s"] > 0
+    # the copy kernel really moved the peer's slab: rank 0's rows of rank 1's slot now hold rank 1's rows
+    m = calibrate_gemm.CPU_GEMM_MS[-1]
+    k = calibrate_gemm.CPU_NK
+    heap.reset()
+    mine = heap.empty((m, k), torch.float32)
+    twin = heap._both[heap.nbytes:heap.nbytes + mine.numel() * 4].view(torch.float32).view(m, k)
+    assert twin.data_ptr() - mine.data_ptr() == heap.nbytes
+    peer_rows = twin[m // 2:]
+    assert torch.equal(mine[m // 2:], peer_rows)
+
+
+def test_the_pseudo_peer_heap_translates_like_a_two_rank_heap():
+    heap = PseudoPeerHeap(4096, CPU)
+    a = heap.zeros(16, torch.float32)
+    base0, base1 = heap.heap_bases.tolist()
+    assert base1 - base0 == heap.nbytes and heap.offset_of(a) == 0 and heap.world_size == 2
+
+
+def test_the_ll_step_pushes_and_merges_with_the_fused_kernels_own_functions():
+    heap = PseudoPeerHeap(1 << 20, CPU)
+    push = calibrate_decode.measure_push(CPU, heap, 0, 2, heap.barrier)
+    assert push["reps"] == list(calibrate_decode.PUSH_REPS) and len(push["push_s"]) == 2
+    # every pushed word landed in both "ranks" with the last epoch and the value 1.0
+    programs, rows, d = push["programs"], push["rows"], push["head_dim"]
+    slot = programs * rows * (d + 1)
+    words = heap._both.view(torch.int64)
+    last = max(calibrate_decode.PUSH_REPS)
+    for base in (0, heap.nbytes // 8):
+        half = words[base + (last % 2) * 2 * slot: base + (last % 2) * 2 * slot + slot]  # slot of rank 0
+        vals = half[: programs * rows * d]
+        assert bool(((vals >> 32) == last).all())
+        assert bool(((vals & 0xFFFFFFFF).to(torch.int32).view(torch.float32) == 1.0).all())
+    merge = calibrate_decode.measure_merge(CPU)
+    assert merge["sources"] == list(calibrate_decode.MERGE_SOURCES) and min(merge["merge_s"]) > 0
+
+
+def test_ll_words_are_the_value_bits_under_the_epoch():
+    w = calibrate_decode.ll_words(torch.tensor([1.0, -2.5]), 7)
+    assert ((w >> 32) == 7).all()
+    assert torch.equal((w & 0xFFFFFFFF).to(torch.int32).view(torch.float32), torch.tensor([1.0, -2.5]))
+
+
+def test_the_reduce_step_times_the_reduction_over_set_flags_and_checks_its_sum():
+    res = calibrate_reduce.measure(CPU, (2, 8))
+    assert [r["world"] for r in res["rows"]] == [2, 8]
+    assert all(r["programs"] >= 1 and r["reduce_s"] > 0 for r in res["rows"])
+
+
+def test_kernel_seconds_off_a_gpu_is_the_host_time_of_the_body_for_every_label():
+    calls = []
+    t = kernel_seconds(CPU, lambda: calls.append(1), {"a": "x", "b": "y"})
+    assert calls == [1] and set(t) == {"a", "b"} and t["a"] == t["b"] and t["a"][0] >= 0
+
+
+def test_a_steps_replay_time_is_the_difference_of_two_batch_lengths_per_step():
+    """What every batch pays once (the first launch, the ranks' entry skew) cancels; when noise makes
+    the difference non-positive, the long batch's mean stands in."""
+    from taxmodel.runtime.session import REPLAY_BATCHES, step_from_batches
+
+    short, long_ = REPLAY_BATCHES
+    assert step_from_batches({short: 30e-6 + short * 15e-6, long_: 30e-6 + long_ * 15e-6}) == pytest.approx(15e-6)
+    assert step_from_batches({short: 1e-3, long_: 0.9e-3}) == pytest.approx(0.9e-3 / long_)

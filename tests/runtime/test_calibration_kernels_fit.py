@@ -1,0 +1,106 @@
+"""The fits of `taxmodel calibrate`'s microbenchmarks of the workloads' own kernels (issue 33): made-up
+raw rows with known answers, worked out by hand here, independently of the model that uses them."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from taxmodel.model import calibration as calfit
+
+
+def test_the_tile_gemms_speed_by_m_is_the_vendor_time_over_the_tile_time_sorted_by_m():
+    rows = [{"m": 8192, "tile_s": 2.0e-3, "vendor_s": 1.6e-3}, {"m": 1024, "tile_s": 200e-6, "vendor_s": 190e-6},
+            {"m": 4096, "tile_s": "fast", "vendor_s": 1.0}, {"m": 2048}]  # the last two are not measurements
+    assert calfit.gemm_speed_by_m({"rows": rows}) == [[1024.0, 0.95], [8192.0, 0.8]]
+    assert calfit.gemm_speed_by_m(None) is None and calfit.gemm_speed_by_m({"rows": "x"}) is None
+
+
+def test_the_copy_programs_rate_counts_rounds_of_items_and_the_gemms_loss_is_a_share_of_the_copy():
+    # M=1024 on 4 ranks: 24 items of 128 x 2048 bf16 (512 KiB) on 24 programs: one round in 62 us
+    one = {"items": 24, "programs": 24, "item_bytes": 524288, "copy_shared_s": 62e-6, "gemm_alone_s": 180e-6,
+           "gemm_shared_s": 186.2e-6}
+    # M=8192: 192 items on 32 programs, six rounds in 366 us
+    six = {"items": 192, "programs": 32, "item_bytes": 524288, "copy_shared_s": 366e-6, "gemm_alone_s": 1.6e-3,
+           "gemm_shared_s": 1.6e-3}
+    fit = calfit.copy_share_fit({"rows": [one, six]})
+    rates = sorted([524288 / 62e-6, 6 * 524288 / 366e-6])
+    assert fit["copy_program_bytes_per_s"] == pytest.approx(sum(rates) / 2)  # the median of two
+    assert fit["gemm_share_loss"] == pytest.approx(round((6.2e-6 / 62e-6 + 0.0) / 2, 4))
+    assert calfit.copy_share_fit({"rows": [{"items": 0}]}) == {} and calfit.copy_share_fit(None) == {}
+
+
+def test_the_split_kv_line_comes_back_from_points_on_it():
+    """Points made on t = 2.5 us + bytes / (1.1 x HBM): the fit returns that efficiency and fixed cost."""
+    hbm, eff, fixed = 4.0e12, 1.1, 2.5e-6
+    hq, hkv, d = 32, 4, 128
+    rows = []
+    for b, kv, s in ((1, 1024, 16), (1, 16384, 86), (16, 1024, 6), (16, 65536, 6), (1, 262144, 98)):
+        nbytes = 2 * b * hkv * kv * d * 2 + b * hq * s * (d + 1) * 4
+        rows.append({"batch": b, "kv_len": kv, "splits": s, "split_s": fixed + nbytes / (eff * hbm)})
+    fit = calfit.split_kv_fit({"q_heads": hq, "kv_heads": hkv, "head_dim": d, "rows": rows}, hbm)
+    assert fit["triton_stream_efficiency"] == pytest.approx(eff, abs=1e-4)
+    assert fit["split_kv_fixed_s"] == pytest.approx(fixed, rel=1e-6)
+    assert calfit.split_kv_fit({"q_heads": hq, "kv_heads": hkv, "head_dim": d, "rows": rows[:1]}, hbm) == {}
+    assert calfit.split_kv_fit({"rows": rows}, hbm) == {}  # no heads: not the combine step's rows
+
+
+def test_ll_pushes_are_the_peer_bytes_per_push_over_the_time_a_push_adds():
+    m = {"programs": 64, "rows": 8, "head_dim": 128, "world": 4, "reps": [4, 36], "push_s": [10e-6, 74e-6]}
+    per_push = 64e-6 / 32
+    assert calfit.ll_push_rate(m) == pytest.approx(64 * 3 * 8 * 129 * 8 / per_push)
+    assert calfit.ll_push_rate({**m, "world": 1}) is None  # one GPU: nothing goes to a peer
+    assert calfit.ll_push_rate({**m, "push_s": [10e-6, 9e-6]}) is None  # noise: no rate
+
+
+def test_an_ll_merge_step_is_what_one_more_source_adds():
+    assert calfit.ll_merge_step({"sources": [2, 34], "merge_s": [5e-6, 37e-6]}) == pytest.approx(1e-6)
+    assert calfit.ll_merge_step({"sources": [2], "merge_s": [5e-6]}) is None
+
+
+def test_a_reduction_programs_rate_is_charged_as_the_model_charges_it():
+    """(W + 1) tiles of bytes over the kernel less its fixed cost and W waits on set flags."""
+    row = {"world": 4, "block_m": 128, "block_n": 256, "element_bytes": 2, "reduce_s": 14.0e-6}
+    rate = calfit.reduce_rate({"rows": [row]}, flag_wait_s=0.5e-6, kernel_overhead_s=2e-6)
+    assert rate == pytest.approx(5 * 128 * 256 * 2 / (14e-6 - 2e-6 - 4 * 0.5e-6))
+    assert calfit.reduce_rate({"rows": [{**row, "reduce_s": 1e-6}]}, 0.5e-6) is None  # shorter than its fixed cost
+
+
+def test_fit_writes_every_measured_mechanism_under_its_model_parameter_name():
+    from taxmodel.model.analytic.params import CALIBRATED_MECHANISMS, ModelParams
+
+    meas = {"hbm": {"bytes_per_s": 3e12}, "gemm": {"bf16": {"flops_per_s": 7e14}}, "peer_copy": [{"bytes_per_s": 3e11}],
+            "tile_gemm": {"rows": [{"m": 1024, "tile_s": 2e-4, "vendor_s": 1.9e-4}]},
+            "copy_share": {"rows": [{"items": 24, "programs": 24, "item_bytes": 524288, "copy_shared_s": 6e-5}]},
+            "ll_merge": {"sources": [2, 34], "merge_s": [5e-6, 37e-6]},
+            "reduce": {"rows": [{"world": 4, "block_m": 128, "block_n": 256, "element_bytes": 2, "reduce_s": 14e-6}]}}
+    spec = calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 1)
+    assert spec["triton_gemm_speed_by_m"] == [[1024.0, 0.95]]
+    assert spec["copy_program_bytes_per_s"] == pytest.approx(524288 / 6e-5)
+    assert spec["ll_merge_step_s"] == pytest.approx(1e-6) and "ll_push_bytes_per_s" not in spec  # one rank
+    assert math.isfinite(spec["reduce_program_bytes_per_s"])
+    assert set(CALIBRATED_MECHANISMS) <= set(ModelParams.__dataclass_fields__)
+
+
+def test_an_update_with_one_kernel_step_adds_its_parameter_and_changes_nothing_else():
+    from shipped_calibration import shipped_four_ranks
+
+    shipped = shipped_four_ranks()
+    rows = [{"m": 1024, "n": 8192, "k": 8192, "tile_s": 1.9e-4, "vendor_s": 1.8e-4}]
+    new = calfit.update_spec(shipped, {"tile_gemm": {"rows": rows}}, ("tile_gemm",), device_name="NVIDIA H200",
+                             num_sms=132, world=4)
+    assert new["triton_gemm_speed_by_m"] == [[1024.0, round(1.8 / 1.9, 4)]]
+    for key, value in shipped.items():
+        if key not in ("measured", "notes", "aliases", "triton_gemm_speed_by_m"):
+            assert new[key] == value, key
+    assert "tile_gemm" in calfit.parse_steps("tile_gemm,reduce") and "ll" in calfit.STEP_KEYS
+
+
+def test_one_gpu_calibrates_with_the_datasheets_link_and_says_so():
+    meas = {"hbm": {"bytes_per_s": 3e12}, "gemm": {"bf16": {"flops_per_s": 7e14}}}
+    spec = calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 1)
+    from taxmodel.model.hardware import find_preset
+
+    assert spec["link_bytes_per_s"] == find_preset("h100").link_bytes_per_s and "One GPU: link_bytes_per_s" in spec["notes"]
+    with pytest.raises(ValueError, match="no link measurement"):
+        calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 2)  # two GPUs must measure theirs
