@@ -280,7 +280,9 @@ def test_cli_predict_with_presets():
                                  "--shape", "M=8192,N=8192,K=8192"])
     assert r.exit_code == 0, r.output
     assert "ag_gemm/bsp" in r.output and "ag_gemm/pull" in r.output and "Assumptions:" in r.output
-    assert "datasheet preset" in r.output and "topology: 8 GPU(s)" in r.output
+    # the hardware chosen, said once, and the topology the prediction assumed
+    assert r.output.count("hardware: h200-calibrated: H200 SXM (calibrated), as named") == 1
+    assert "topology: 8 GPU(s)" in r.output
 
 
 def test_cli_predict_json_and_sweep(tmp_path):

@@ -122,5 +122,5 @@ def test_an_output_inside_an_input_bundle_is_refused(tmp_path, bundle_dir, comma
     b = tmp_path / "b"
     shutil.copytree(bundle_dir, b)
     before = (b / "meta.json").read_bytes()
-    _refused(stderr_runner().invoke(cli, [command, str(b), "-o", str(b / name)]), "is inside the input bundle")
+    _refused(stderr_runner().invoke(cli, [command, str(b), "-o", str(b / name)]), "is inside the input")
     assert (b / "meta.json").read_bytes() == before and not (b / "raw").exists()
