@@ -47,7 +47,7 @@ def _point(device: torch.device, batch: int, kv_len: int, iterations: int) -> di
     from taxmodel.kernels.flash_decode.combine import combine_block, launch_combine_local, packed_size
     from taxmodel.kernels.flash_decode.split_kv import (SplitConfig, SplitKVArgs, cdiv, device_sm_count,
                                                          launch_split_kv, partial_buffers, plan_splits)
-    from taxmodel.runtime.timing import traced_events
+    from taxmodel.runtime.microbench import kernel_seconds
 
     cfg = SplitConfig()
     group = Q_HEADS // KV_HEADS
@@ -71,13 +71,9 @@ def _point(device: torch.device, batch: int, kv_len: int, iterations: int) -> di
             step()
             torch.cuda.synchronize(device)
 
-    ev = traced_events(body)
-    ker = ev[ev["kind"] == "kernel"]
-    dur = (ker["end_ns"] - ker["start_ns"]) * 1e-9
-    name = ker["name"].astype(str)
-    split = dur[name.str.contains(FLASH_DECODE_SPLIT)]
-    comb = dur[name.str.contains(FLASH_DECODE_COMBINE_LOCAL)]
-    if comb.empty or split.empty:
+    durations = kernel_seconds(device, body, {"split": FLASH_DECODE_SPLIT, "combine": FLASH_DECODE_COMBINE_LOCAL})
+    split, comb = durations["split"], durations["combine"]
+    if not comb or not split:
         raise RuntimeError("the profiler trace has no flash decode kernels (no GPU profiler?)")
     return {"batch": batch, "kv_len": kv_len, "splits": args.plan.num_splits, "rows": group,
             "steps": cdiv(args.plan.num_splits, combine_block(group)), "kernels": int(len(comb)),
