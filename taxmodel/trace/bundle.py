@@ -86,8 +86,11 @@ class Bundle:
             return "/".join(parts)
         return self.path.name if self.path else "bundle"
 
-    def gpu_events(self) -> pd.DataFrame:
-        return self.events[self.events["kind"].isin(schema.GPU_KINDS)]
+    def gpu_events(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """The GPU rows (kernel, memcpy, memset); of ``columns`` only when given (a copy of the
+        columns asked for, not of every column)."""
+        gpu = self.events["kind"].isin(schema.GPU_KINDS).to_numpy()
+        return self.events[gpu] if columns is None else self.events.loc[gpu, columns]
 
 
 def make_meta(**values: Any) -> dict[str, Any]:

@@ -45,6 +45,12 @@ def test_round_trip(tmp_path):
     assert len(b.gpu_events()) == 4
 
 
+def test_gpu_events_of_some_columns():
+    b = Bundle(events=schema.normalize_events(_events()))
+    assert list(b.gpu_events(["rank", "name"]).columns) == ["rank", "name"]
+    pd.testing.assert_frame_equal(b.gpu_events(["rank", "name"]), b.gpu_events()[["rank", "name"]])
+
+
 def test_validation_failure_writes_nothing(tmp_path):
     bad = _events().assign(kind="bogus")
     with pytest.raises(BundleError, match="column 'kind' has unknown value 'bogus'"):
