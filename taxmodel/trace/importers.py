@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.trace import replay_shapes, schema
+from taxmodel.trace import memory, replay_shapes, schema
 from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
@@ -316,8 +316,10 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
         if dup:
             raise InputError(f"two traces are named {dup!r}; rename one, or import with --no-keep-raw")
         raw = paths
+    memory.release_freed()  # what reading and checking the traces freed: not held while the bundle is written
     written = write_bundle(output, events, meta, raw_files=raw, overwrite=force)
     del events  # the bundle read back is the one copy kept
+    memory.release_freed()
     return load_bundle(written), fmt
 
 

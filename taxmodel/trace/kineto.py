@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, json_stream, kineto_merged, kineto_ops, schema, vendor_common
+from taxmodel.trace import importers, json_stream, kineto_merged, kineto_ops, memory, schema, vendor_common
 from taxmodel.trace.op_costs import COLLECTIVE_CALL_ARGS, COMM_DTYPE_BYTES, recorded_group_size
 from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
@@ -201,7 +201,9 @@ def _parse_rank(path: Path, scan: _Scan, rank: int | None, row_rank: int, world:
     columns["iteration"] = iteration
     del frame, iteration
     # the kept rows normalized here, one rank at a time, each column released as it is converted
-    return path, schema.events_from_columns(columns, np.flatnonzero(keep)), info
+    events = schema.events_from_columns(columns, np.flatnonzero(keep))
+    memory.release_freed()  # the scan's columns and batches: not kept while the next file is read and joined
+    return path, events, info
 
 
 def combine(parts: list, *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
