@@ -235,8 +235,8 @@ def combine(parts: list, *, iteration_pattern: str | None = None) -> tuple[pd.Da
 
     inputs, hardware, software = [], [], {}
     frames = [f for _, f, _ in per_file]
+    per_file[:] = [(path, None, info) for path, _, info in per_file]  # the frames are concat_events' (below)
     for index, (path, _, info) in enumerate(per_file):
-        per_file[index] = (path, None, info)  # the frames are concat_events' (below)
         rank = index if info["rank"] is None else info["rank"]
         source = "merged file" if info.get("merged") else rank_source
         inputs.append({"file": path.name, "ranks": [rank], "world_size": info["world"], "rank_source": source,
