@@ -409,7 +409,9 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
             b["correlation"].append(-1 if v is None else v)
             if cat in _GPU_KIND:
                 for k in _GPU_INTS:
-                    v = _int_or_none(a.get(k))
+                    v = a.get(k)
+                    if v is not None:  # most are absent: no call for those
+                        v = _int_or_none(v)
                     b[k].append(-1 if v is None else v)
                 b["grid"].append(_dims(a.get("grid"), dims_cache))
                 b["block"].append(_dims(a.get("block"), dims_cache))
@@ -419,7 +421,8 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
                 pg = a.get("Process Group Name")
                 b["pg"].append(str(pg) if pg is not None else None)
                 b["dtype_bytes"].append(COMM_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 0))
-                b["group_size"].append(recorded_group_size(a))
+                grouped = "Group size" in a or "Process Group Ranks" in a  # what recorded_group_size reads
+                b["group_size"].append(recorded_group_size(a) if grouped else -1)
             else:
                 stream_arg = _int_or_none(a.get("stream")) if cat in _WAIT_CATS else None
                 for k in _GPU_INTS:
