@@ -25,7 +25,7 @@ from taxmodel import fsutil
 from taxmodel.fsutil import replace_dir  # the one directory swap (regress/baseline.py imports it from here)
 from taxmodel import limits
 from taxmodel.errors import BundleError, InputError, TaxmodelError
-from taxmodel.trace import schema
+from taxmodel.trace import memory, schema
 from taxmodel.trace.bundle_meta import EXACT_NS, check_meta
 
 EVENTS_FILE = "events.parquet"
@@ -86,8 +86,11 @@ class Bundle:
             return "/".join(parts)
         return self.path.name if self.path else "bundle"
 
-    def gpu_events(self) -> pd.DataFrame:
-        return self.events[self.events["kind"].isin(schema.GPU_KINDS)]
+    def gpu_events(self, columns: list[str] | None = None) -> pd.DataFrame:
+        """The GPU rows (kernel, memcpy, memset); of ``columns`` only when given (a copy of the
+        columns asked for, not of every column)."""
+        gpu = self.events["kind"].isin(schema.GPU_KINDS).to_numpy()
+        return self.events[gpu] if columns is None else self.events.loc[gpu, columns]
 
 
 def make_meta(**values: Any) -> dict[str, Any]:
@@ -296,7 +299,10 @@ def read_events_file(events_path: Path) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
     table = pq.read_table(events_path)
-    return table.to_pandas(split_blocks=True, self_destruct=True)
+    events = table.to_pandas(split_blocks=True, self_destruct=True)
+    del table
+    memory.release_freed()  # the Arrow columns converted to strings were freed as they went
+    return events
 
 
 def check_parquet_size(events_path: Path) -> None:
@@ -423,6 +429,10 @@ def find_bundles(root: str | os.PathLike) -> list[Path]:
     return sorted(p.parent for p in root.rglob(META_FILE) if not any(part.startswith(".") for part in p.parts[len(root.parts):]))
 
 
+ROW_GROUP_ROWS = 1024 * 1024
+"""The most rows in one Parquet row group: pyarrow's default, which every bundle was written with."""
+
+
 def write_events(path: Path, events: pd.DataFrame) -> None:
     """Write normalized events (sorted by rank) with each Parquet row group holding one rank's
     rows only, so that one rank's events can be read alone (``load_rank_events``)."""
@@ -431,13 +441,16 @@ def write_events(path: Path, events: pd.DataFrame) -> None:
 
     rank = events["rank"].to_numpy()
     cuts = np.r_[0, np.flatnonzero(rank[1:] != rank[:-1]) + 1, len(rank)] if len(rank) else np.zeros(1, np.int64)
-    # one rank at a time into Arrow: the whole frame is never held twice
+    # one row group at a time into Arrow: the whole frame (or one rank's) is never held twice
     schema = pa.Table.from_pandas(events.iloc[:1] if len(events) else events, preserve_index=False).schema
     with pq.ParquetWriter(path, schema) as writer:
         if len(rank) == 0:
             writer.write_table(pa.Table.from_pandas(events, schema=schema, preserve_index=False))
         for a, b in zip(cuts[:-1], cuts[1:]):
-            writer.write_table(pa.Table.from_pandas(events.iloc[int(a):int(b)], schema=schema, preserve_index=False))
+            for first in range(int(a), int(b), ROW_GROUP_ROWS):
+                rows = events.iloc[first:min(first + ROW_GROUP_ROWS, int(b))]
+                writer.write_table(pa.Table.from_pandas(rows, schema=schema, preserve_index=False),
+                                   row_group_size=ROW_GROUP_ROWS)
 
 
 def _rank_row_groups(pf: Any) -> dict[int, list[tuple[int, int]]] | None:

@@ -89,7 +89,9 @@ def _import(client: Any, paths: list[Path], seen: dict[Path, list[str]], lost: l
     mod = importers.importer_for(fmt)
     if importers.reads_per_file(mod):
         parts = _per_file(client, paths, seen, "parse", run, _parse, mod.__name__, iteration_pattern)
-        events, meta = importers.combine_with(mod, [parts[p] for p in paths], paths, iteration_pattern)
+        ordered = [parts[p] for p in paths]
+        del parts  # combine takes the parts over and releases each frame once joined
+        events, meta = importers.combine_with(mod, ordered, paths, iteration_pattern)
     else:
         events, meta = _read_together(client, paths, seen, run, mod.__name__, iteration_pattern)
     events, meta, fmt = importers.finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks,

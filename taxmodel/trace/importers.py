@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.trace import replay_shapes, schema
+from taxmodel.trace import memory, replay_shapes, schema
 from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
@@ -355,8 +355,10 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
         if dup:
             raise InputError(f"two traces are named {dup!r}; rename one, or import with --no-keep-raw")
         raw = paths
+    memory.release_freed()  # what reading and checking the traces freed: not held while the bundle is written
     written = write_bundle(output, events, meta, raw_files=raw, overwrite=force)
     del events  # the bundle read back is the one copy kept
+    memory.release_freed()
     return load_bundle(written), fmt
 
 
@@ -547,7 +549,7 @@ def note_long_spans(events: pd.DataFrame, meta: dict, *, shown: dict[str, str] |
     """A note in meta (shown by ``show`` and kept with the bundle) for every rank whose GPU activity
     spans more than ``LONG_SPAN_NS``, naming its longest gap between GPU activities."""
     files = _rank_files(meta, shown)
-    gpu = events[events["kind"].isin(schema.GPU_KINDS)]
+    gpu = events.loc[events["kind"].isin(schema.GPU_KINDS).to_numpy(), ["rank", "start_ns", "end_ns"]]
     for rank, g in gpu.groupby("rank", sort=True):
         lo, hi = int(g["start_ns"].min()), int(g["end_ns"].max())
         if hi - lo <= LONG_SPAN_NS:
@@ -570,8 +572,10 @@ def widen_instants(events: pd.DataFrame, meta: dict) -> pd.DataFrame:
     zero = gpu & (events["end_ns"].to_numpy() == events["start_ns"].to_numpy())
     if not zero.any():
         return events
-    events = events.copy()
-    events.loc[zero, "end_ns"] = events.loc[zero, "start_ns"] + 1
+    end = events["end_ns"].to_numpy().copy()
+    end[zero] = events["start_ns"].to_numpy()[zero] + 1
+    events = events.copy(deep=False)  # the other columns shared, not copied
+    events["end_ns"] = end
     meta.setdefault("notes", []).append(
         f"import: {int(zero.sum())} of {int(gpu.sum())} GPU activities were recorded with zero duration (shorter "
         "than the trace's clock resolution); each is stored as lasting 1 ns")

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, json_stream, kineto_merged, kineto_ops, schema, vendor_common
+from taxmodel.trace import importers, json_stream, kineto_merged, kineto_ops, memory, schema, vendor_common
 from taxmodel.trace.op_costs import COLLECTIVE_CALL_ARGS, COMM_DTYPE_BYTES, recorded_group_size
 from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
@@ -189,21 +189,27 @@ def _parse_rank(path: Path, scan: _Scan, rank: int | None, row_rank: int, world:
                 merged: str = "") -> tuple[Path, pd.DataFrame, dict]:
     """(path, rows, info) of one rank's scanned trace (its columns are taken over and released);
     ``merged``: how it was told apart from the other ranks of a merged file ("" for a file of its own)."""
-    frame, ranges_host, ranges_gpu, info = _read_one(path, scan, row_rank, pattern)
-    frame["iteration"] = importers.assign_iterations(frame, ranges_host, ranges_gpu)
-    own = frame["_own_iteration"].to_numpy()
-    frame.loc[own >= 0, "iteration"] = own[own >= 0].astype(frame["iteration"].dtype)
+    frame, keep, ranges_host, ranges_gpu, info = _read_one(path, scan, row_rank, pattern)
+    # every row's iteration, those not kept too: none of them is a launch or a GPU row, so none
+    # changes another's
+    iteration = importers.assign_iterations(frame, ranges_host, ranges_gpu)
+    own = frame.pop("_own_iteration").to_numpy()
+    iteration[own >= 0] = own[own >= 0]
     info.update(rank=rank, world=world, iterations=int(ranges_host["iteration"].nunique()),
                 markers=len(ranges_host) + len(ranges_gpu), merged=merged)
-    # normalized here, one rank at a time: the run's frame is then normalized already (no copy)
-    # when its ranks come in order
-    return path, schema.normalize_events(frame.drop(columns="_own_iteration")), info
+    columns = {name: frame[name].to_numpy() for name in frame.columns}
+    columns["iteration"] = iteration
+    del frame, iteration
+    # the kept rows normalized here, one rank at a time, each column released as it is converted
+    events = schema.events_from_columns(columns, np.flatnonzero(keep))
+    memory.release_freed()  # the scan's columns and batches: not kept while the next file is read and joined
+    return path, events, info
 
 
 def combine(parts: list, *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
     """``read``'s events and meta from every file's ``parse``, in the order given. ``parts`` is
-    taken over: it is flattened in place to one entry per rank, whose frames are released once
-    concatenated (the concatenation is the one copy kept)."""
+    taken over: it is flattened in place to one entry per rank, whose frames are joined column by
+    column (``schema.concat_events``: each rank's rows are held once)."""
     pattern = importers.compile_iteration_pattern(iteration_pattern or DEFAULT_ITERATION_PATTERN)
     parts[:] = [p for part in parts for p in (part if isinstance(part, list) else [part])]
     per_file = parts
@@ -228,13 +234,15 @@ def combine(parts: list, *, iteration_pattern: str | None = None) -> tuple[pd.Da
                          "import traces of one distributed run together")
 
     inputs, hardware, software = [], [], {}
-    for index, (path, frame, info) in enumerate(per_file):
+    frames = [f for _, f, _ in per_file]
+    per_file[:] = [(path, None, info) for path, _, info in per_file]  # the frames are concat_events' (below)
+    for index, (path, _, info) in enumerate(per_file):
         rank = index if info["rank"] is None else info["rank"]
         source = "merged file" if info.get("merged") else rank_source
         inputs.append({"file": path.name, "ranks": [rank], "world_size": info["world"], "rank_source": source,
                        "iterations": info["iterations"], "gpu": (info["hardware"] or {}).get("name"),
                        "nccl": info["software"].get("nccl"),
-                       "start_ns": int(frame["start_ns"].min()) if len(frame) else None})
+                       "start_ns": int(frames[index]["start_ns"].min()) if len(frames[index]) else None})
         if info["hardware"]:
             hardware.append(info["hardware"])
         for k, v in info["software"].items():
@@ -250,9 +258,7 @@ def combine(parts: list, *, iteration_pattern: str | None = None) -> tuple[pd.Da
             notes.append(f"kineto: {path.name}: no iteration markers match {pattern.pattern!r}; its rows have iteration -1 "
                          "(pass --iteration-pattern to use your own record_function ranges)")
 
-    events = pd.concat([f for _, f, _ in per_file], ignore_index=True) if per_file else pd.DataFrame()
-    for i, (path, _, info) in enumerate(per_file):  # the concatenation is the one copy kept
-        per_file[i] = (path, None, info)
+    events = schema.concat_events(frames) if frames else pd.DataFrame()
     worlds = {i["world_size"] for i in inputs if i["world_size"] is not None}
     meta = {
         "source": FORMAT,
@@ -403,7 +409,9 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
             b["correlation"].append(-1 if v is None else v)
             if cat in _GPU_KIND:
                 for k in _GPU_INTS:
-                    v = _int_or_none(a.get(k))
+                    v = a.get(k)
+                    if v is not None:  # most are absent: no call for those
+                        v = _int_or_none(v)
                     b[k].append(-1 if v is None else v)
                 b["grid"].append(_dims(a.get("grid"), dims_cache))
                 b["block"].append(_dims(a.get("block"), dims_cache))
@@ -413,7 +421,8 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
                 pg = a.get("Process Group Name")
                 b["pg"].append(str(pg) if pg is not None else None)
                 b["dtype_bytes"].append(COMM_DTYPE_BYTES.get(str(a.get("dtype", "")).lower(), 0))
-                b["group_size"].append(recorded_group_size(a))
+                grouped = "Group size" in a or "Process Group Ranks" in a  # what recorded_group_size reads
+                b["group_size"].append(recorded_group_size(a) if grouped else -1)
             else:
                 stream_arg = _int_or_none(a.get("stream")) if cat in _WAIT_CATS else None
                 for k in _GPU_INTS:
@@ -515,8 +524,10 @@ def _rank_scan(scan: _Scan, part: kineto_merged.Rank, first: bool) -> _Scan:
     return sub
 
 
-def _read_one(path: Path, scan: _Scan, rank: int, pattern: re.Pattern) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict]:
-    """Rows of one rank's trace, its host and GPU iteration ranges, and its hardware/software."""
+def _read_one(path: Path, scan: _Scan, rank: int, pattern: re.Pattern
+              ) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame, pd.DataFrame, dict]:
+    """Rows of one rank's trace with the mask of those that become events (every GPU row among
+    them), its host and GPU iteration ranges, and its hardware/software."""
     col = {k: _column(scan, k) for k in scan.cols}
     scan.cols.clear()
     cats = pd.Series(col["cat"], dtype=object)
@@ -563,7 +574,7 @@ def _read_one(path: Path, scan: _Scan, rank: int, pattern: re.Pattern) -> tuple[
         "kind": kind, "role": "other", "name": names.to_numpy(), "start_ns": start_ns, "end_ns": end_ns,
         "correlation": correlation, "collective_id": "", "collective_op": "",
         "graph_id": -1, "grid": "", "block": "", "bytes": -1,
-    })
+    }, copy=False)  # one block per column: each can be released on its own (``_parse_rank``)
     for k in ("cat", "name", "start", "end", "proc", "device", "has_args"):  # in the frame now
         del col[k]
     del cats, start_ns, end_ns
@@ -587,13 +598,11 @@ def _read_one(path: Path, scan: _Scan, rank: int, pattern: re.Pattern) -> tuple[
     linked_ops = kineto_ops.attach_op_costs(frame, col["group_size"], gpu_idx, is_launch, tid, ops, ops_start, ops_end,
                                             col["pg"], kineto_ops.process_group_sizes(_dist_info(scan.top)))
     col.clear()
-    frame = frame[keep]
-    frame.index = pd.RangeIndex(len(frame))  # not reset_index: that copies every column once more
     info = {"hardware": _hardware(scan.top, frame), "software": _software(scan.top),
             "profiler": kineto_ops.profiler_options(scan.top, scan.flags, ops, linked_ops),
             "host": _host_identity(scan.top, scan.pids, frame), "gpu_rows": len(gpu_idx), "no_args": no_args,
             "without_group": linked_ops.get("collectives_without_group", 0)}
-    return frame, host_ranges, gpu_ranges, info
+    return frame, keep, host_ranges, gpu_ranges, info
 
 
 def _clean_names(names: np.ndarray) -> pd.Series:

@@ -114,7 +114,7 @@ def attach_replay_shapes(events: pd.DataFrame, meta: dict, reference: pd.DataFra
     replay = (kind == "kernel") & (events["graph_id"].to_numpy(np.int64) >= 0)
     if not replay.any():
         return events, meta
-    events = events.copy()
+    events = events.copy(deep=False)  # only whole columns are set below: the others are shared, not copied
     for c, v in (("op_id", -1), ("shapes_from", "")):
         if c not in events.columns:
             events[c] = v

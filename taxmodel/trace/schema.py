@@ -11,6 +11,7 @@ interval arithmetic stays vectorized: -1 for integers, "" for strings.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -102,32 +103,69 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
     """
     if _is_normalized(df):
         return df  # already in schema order, at the schema's dtypes, sorted: no copy
+    return _normalized({name: df[name] for name in df.columns}, len(df))
+
+
+def events_from_columns(columns: dict[str, Any], rows: np.ndarray | None = None) -> pd.DataFrame:
+    """``normalize_events`` of the frame whose columns are ``columns`` (name -> array or Series, all
+    of one length), of its ``rows`` only (positions, in order; all rows by default). The columns are
+    taken over: ``columns`` is emptied, each column released once converted, so that the rows are
+    held once (plus one column) rather than twice, the frame's and the result's."""
+    n = len(next(iter(columns.values()))) if columns else 0
+    return _normalized(columns, n, rows)
+
+
+def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """``normalize_events`` of normalized ``frames`` put together, which it takes over: ``frames``
+    is emptied, and each column is joined and its parts released in turn, so that the rows are held
+    once (plus one column) rather than twice, the parts' and the result's. Frames of one rank each
+    are joined in rank order (stable), which leaves the result sorted: it is not sorted again."""
+    if all(len(f) == 0 or f["rank"].iat[0] == f["rank"].iat[-1] for f in frames):
+        frames.sort(key=lambda f: int(f["rank"].iat[0]) if len(f) else -1)
+    parts = {name: [f[name].to_numpy() for f in frames] for name in COLUMN_NAMES}
+    frames.clear()
+    joined = {name: np.concatenate(parts.pop(name)) for name in COLUMN_NAMES}
+    return normalize_events(pd.DataFrame(joined, copy=False))
+
+
+def _normalized(columns: dict[str, Any], n: int, rows: np.ndarray | None = None) -> pd.DataFrame:
+    """``normalize_events``' work on ``columns`` (of ``n`` rows; emptied as read), keeping ``rows``."""
+    size = n if rows is None else len(rows)
     out = {}
-    n = len(df)
     for col in COLUMNS:
-        if col.name in df.columns:
-            s = df[col.name]
+        if col.name in columns:
+            s = columns.pop(col.name)
+            s = s if isinstance(s, pd.Series) else pd.Series(s, copy=False)
+            if rows is not None:
+                s = s.iloc[rows]
         elif col.missing is None:
             raise BundleError(f"events: required column '{col.name}' is missing")
         else:
-            s = pd.Series(np.full(n, col.missing, dtype=object if col.dtype == "string" else col.dtype), index=df.index)
-        try:
-            if col.dtype == "string":
-                s = s.fillna(col.missing if col.missing is not None else "").astype(str)
-                s = s.astype(object)
-            else:
-                if s.isna().any():
-                    if col.missing is None:
-                        raise BundleError(f"events: column '{col.name}' has missing values")
-                    s = s.fillna(col.missing)
-                s = s.astype(col.dtype)
-        except (ValueError, TypeError, OverflowError) as exc:
-            raise BundleError(f"events: column '{col.name}' cannot be read as {col.dtype}: {exc}") from exc
-        out[col.name] = s.to_numpy()
+            s = pd.Series(np.full(size, col.missing, dtype=object if col.dtype == "string" else col.dtype))
+        out[col.name] = _converted(s, col)
+        del s  # the column taken over is released here
+    columns.clear()  # extra columns are dropped
     order = np.lexsort((out["end_ns"], out["start_ns"], out["rank"]))  # stable: equal keys keep their order
-    for name in list(out):
+    for name in out:  # one column at a time
         out[name] = out[name][order]
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, copy=False)  # one block per column, as a loaded bundle's: no consolidating copy
+
+
+def _converted(s: pd.Series, col: Column) -> np.ndarray:
+    """One column's values at the schema's dtype (strings as str objects), missing ones at the sentinel."""
+    try:
+        if col.dtype == "string":
+            s = s.fillna(col.missing if col.missing is not None else "").astype(str)
+            s = s.astype(object)
+        else:
+            if s.isna().any():
+                if col.missing is None:
+                    raise BundleError(f"events: column '{col.name}' has missing values")
+                s = s.fillna(col.missing)
+            s = s.astype(col.dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BundleError(f"events: column '{col.name}' cannot be read as {col.dtype}: {exc}") from exc
+    return s.to_numpy()
 
 
 def _is_normalized(df: pd.DataFrame) -> bool:

@@ -9,17 +9,16 @@ from typing import Any
 
 import pandas as pd
 
-from taxmodel.trace import schema
 from taxmodel.trace.bundle import Bundle
 
 
 def overview(bundle: Bundle) -> dict[str, Any]:
     """Counts a reader wants first: ranks, iterations, repetitions, GPU rows by kind."""
     ev = bundle.events
-    gpu = ev[ev["kind"].isin(schema.GPU_KINDS)]
+    gpu = bundle.gpu_events(["kind", "collective_id", "start_ns", "end_ns"])
     iters = sorted(int(i) for i in ev.loc[ev["iteration"] >= 0, "iteration"].unique())
     reps = sorted(int(r) for r in ev["repetition"].unique())
-    comm = gpu[gpu["collective_id"] != ""]
+    comm = gpu.loc[gpu["collective_id"] != "", "collective_id"]
     return {
         "label": bundle.label,
         "source": bundle.meta.get("source"),
@@ -32,7 +31,7 @@ def overview(bundle: Bundle) -> dict[str, Any]:
         "memcpy": int((gpu["kind"] == "memcpy").sum()),
         "memset": int((gpu["kind"] == "memset").sum()),
         "launches": int((ev["kind"] == "launch").sum()),
-        "collectives": int(comm["collective_id"].nunique()),
+        "collectives": int(comm.nunique()),
         "gpu_busy_ns": int((gpu["end_ns"] - gpu["start_ns"]).sum()),
     }
 
@@ -88,7 +87,7 @@ def _device(hw: dict) -> str:
 
 def role_table(bundle: Bundle) -> pd.DataFrame:
     """GPU rows by rank and role: count, total and mean time (ns). One row per (rank, role)."""
-    gpu = bundle.gpu_events()
+    gpu = bundle.gpu_events(["rank", "role", "start_ns", "end_ns"])
     dur = gpu["end_ns"] - gpu["start_ns"]
     table = (gpu.assign(dur_ns=dur).groupby(["rank", "role"], sort=True)["dur_ns"]
              .agg(count="count", total_ns="sum").reset_index())
@@ -99,7 +98,7 @@ def role_table(bundle: Bundle) -> pd.DataFrame:
 def top_kernels(bundle: Bundle, n: int = 10) -> pd.DataFrame:
     """The GPU activities taking the most time over all ranks: name, role, count, total, mean,
     and share of all GPU time (pct)."""
-    gpu = bundle.gpu_events()
+    gpu = bundle.gpu_events(["name", "role", "start_ns", "end_ns"])
     dur = gpu["end_ns"] - gpu["start_ns"]
     table = (gpu.assign(dur_ns=dur).groupby(["name", "role"], sort=False)["dur_ns"]
              .agg(count="count", total_ns="sum").reset_index())

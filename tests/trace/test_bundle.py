@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 
 from taxmodel.errors import BundleError, InputError
-from taxmodel.trace import schema
-from taxmodel.trace.bundle import (Bundle, archive_bundle, find_bundles, load_bundle, make_meta, write_bundle)
+from taxmodel.trace import bundle, schema
+from taxmodel.trace.bundle import (Bundle, archive_bundle, bundle_rank_ids, find_bundles, load_bundle, load_rank_events,
+                                   make_meta, write_bundle)
 
 
 def _events(n_ranks: int = 2) -> pd.DataFrame:
@@ -43,6 +44,26 @@ def test_round_trip(tmp_path):
     assert (path / "raw" / "trace.json").read_text() == "{}"
     assert b.ranks == [0, 1] and b.world_size == 2 and b.label == "ag_gemm/bsp/M64"
     assert len(b.gpu_events()) == 4
+
+
+def test_row_groups_hold_one_rank_and_at_most_the_row_group_size(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(bundle, "ROW_GROUP_ROWS", 3)
+    events = schema.normalize_events(_events(3))  # 4 rows a rank
+    path = write_bundle(tmp_path / "b", events, {"world_size": 3})
+    md = pq.ParquetFile(path / "events.parquet").metadata
+    assert [md.row_group(i).num_rows for i in range(md.num_row_groups)] == [3, 1, 3, 1, 3, 1]
+    pd.testing.assert_frame_equal(load_bundle(path).events, events)
+    assert bundle_rank_ids(path) == [0, 1, 2]
+    rank1, pos = load_rank_events(path, 1)
+    assert list(pos) == [4, 5, 6, 7] and (rank1["rank"] == 1).all()
+
+
+def test_gpu_events_of_some_columns():
+    b = Bundle(events=schema.normalize_events(_events()))
+    assert list(b.gpu_events(["rank", "name"]).columns) == ["rank", "name"]
+    pd.testing.assert_frame_equal(b.gpu_events(["rank", "name"]), b.gpu_events()[["rank", "name"]])
 
 
 def test_validation_failure_writes_nothing(tmp_path):

@@ -90,3 +90,26 @@ def test_empty_events_and_docs():
     docs = schema.column_docs()
     assert list(docs["column"]) == list(schema.COLUMN_NAMES) and docs["meaning"].str.len().min() > 0
     assert set(schema.REQUIRED) == {"rank", "kind", "start_ns", "end_ns"}
+
+
+def test_events_from_columns_takes_the_columns_over_and_keeps_the_rows_asked_for():
+    df = _rows(extra_column=[1, 2, 3], correlation=[1.0, np.nan, 3.0])
+    columns = {c: df[c].to_numpy() for c in df.columns}
+    out = schema.events_from_columns(columns, np.array([0, 2]))
+    assert columns == {}  # taken over
+    pd.testing.assert_frame_equal(out, schema.normalize_events(df.iloc[[0, 2]]))
+    whole = schema.events_from_columns({c: df[c] for c in df.columns})  # Series too, every row
+    pd.testing.assert_frame_equal(whole, schema.normalize_events(df))
+
+
+@pytest.mark.parametrize("ranks", [[1, 0], [0, 1, 0], [2, 0, 1]], ids=["out_of_order", "duplicated", "three"])
+def test_concat_events_is_normalize_of_the_concatenation(ranks):
+    parts = [schema.normalize_events(_rows(rank=[r] * 3, start_ns=[30 + i, 5, 10], name=[f"p{i}", "l", "a"]))
+             for i, r in enumerate(ranks)]
+    want = schema.normalize_events(pd.concat(parts, ignore_index=True))
+    frames = list(parts)
+    pd.testing.assert_frame_equal(schema.concat_events(frames), want)
+    assert frames == []  # taken over
+    two_ranks = schema.normalize_events(pd.concat(parts[:2], ignore_index=True))  # kept in the order given
+    want = schema.normalize_events(pd.concat([two_ranks, parts[-1]], ignore_index=True))
+    pd.testing.assert_frame_equal(schema.concat_events([two_ranks, parts[-1]]), want)
