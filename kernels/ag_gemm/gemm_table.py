@@ -54,8 +54,8 @@ _H100: dict[str, dict[str, Any]] = {
 FAMILY_TABLES: dict[str, dict[str, dict[str, Any]]] = {"h100": _H100, "h200": _H100}
 
 #: How far the default (``GPU_CONFIG``) was from cuBLAS where it was last measured.
-DEFAULT_NOTE = ("default tiles (no table for this GPU): 0.98-1.03x of cuBLAS for the engine alone on one H100 "
-                "at M=4096 and 8192 (benchmarks/results/gemm_notes.md)")
+DEFAULT_NOTE = ("default tiles (no table for this GPU): 0.976-1.025x of cuBLAS for the engine alone on one H100 "
+                "at M=4096 and 8192, one run of 30 samples (benchmarks/results/gemm_rs_release_h100.md)")
 
 
 def device_family(name: str) -> str | None:

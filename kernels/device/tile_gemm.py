@@ -44,9 +44,9 @@ compiles it on sm_90 without partitioning the loop (no ``ttg.warp_specialize`` i
 changes nothing there (benchmarks/results/gemm_notes.md).
 
 Ordering under ``A_WAIT``: the wait's acquire is followed by ``fence.proxy.async`` before the TMA
-loads of the guarded rows, and the row offset the loads use is taken from the flag value the wait
-returned, so no compiler schedule (the flattened loop's pipeliner included) can issue the loads of
-a tile before its wait.
+loads of the guarded rows, and the row offset the loads use is computed from the wait's outcome
+(``wait_piece``), so no compiler schedule (the flattened loop's pipeliner included) can issue the
+loads of a tile before its wait.
 
 Records (``INSTRUMENT``, kernels/device/trace.py) at phase changes only (a record costs a CTA
 barrier and a clock read): AG records ``compute`` before a wait that will spin and ``flag_wait``
