@@ -7,6 +7,7 @@ import io
 import json
 import os
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -109,8 +110,9 @@ def test_a_small_archive_cannot_unpack_gigabytes(tmp_path, monkeypatch):
     monkeypatch.setattr(limits, "MIN_CAP_BYTES", 2 ** 20)
     bomb = _tar_gz(tmp_path / "b.tar.gz", {"b/meta.json": b"{}", "b/events.parquet": bytes(16 * 2 ** 20)})
     assert bomb.stat().st_size < 100_000
-    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
+    # tempfile caches its directory on first use (TMPDIR set now would be ignored): point the cache here
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     code, _, err = cli_run("show", bomb)
     assert code == 2 and "the bundle inside the archive amounts to more than 8," not in err
     assert "the bundle inside the archive amounts to more than" in err
