@@ -86,6 +86,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "flag_wait_gpu_s": (meas.get("sync") or {}).get("flag_wait_gpu_s"),
         # the workloads' own kernels' microbenchmarks (issue 33; each None when its step did not run)
         "triton_gemm_speed_by_m": gemm_speed_by_m(meas.get("tile_gemm")),
+        "rs_gemm_speed_by_m": gemm_speed_by_m(meas.get("rs_gemm"), "rs_s"),
         **copy_share_fit(meas.get("copy_share")),
         **split_kv_fit(meas.get("combine"), meas["hbm"]["bytes_per_s"]),
         "ll_push_bytes_per_s": ll_push_rate(meas.get("ll_push")),
@@ -198,11 +199,12 @@ def _positive(*values) -> bool:
         return False
 
 
-def gemm_speed_by_m(measured: dict | None) -> list[list[float]] | None:
-    """``triton_gemm_speed_by_m`` from the tile_gemm step: per M, the vendor GEMM's time over the
-    tile GEMM's on the same shape (their speed ratio), sorted by M; None without rows."""
-    pts = sorted([float(r["m"]), float(r["vendor_s"]) / float(r["tile_s"])] for r in _rows(measured)
-                 if _positive(r.get("m"), r.get("vendor_s"), r.get("tile_s")))
+def gemm_speed_by_m(measured: dict | None, key: str = "tile_s") -> list[list[float]] | None:
+    """``triton_gemm_speed_by_m`` from the tile_gemm step (``key`` "tile_s"), ``rs_gemm_speed_by_m``
+    from the rs_gemm step ("rs_s"): per M, the vendor GEMM's time over the kernel's on the same
+    shape (their speed ratio), sorted by M; None without rows."""
+    pts = sorted([float(r["m"]), float(r["vendor_s"]) / float(r[key])] for r in _rows(measured)
+                 if _positive(r.get("m"), r.get("vendor_s"), r.get(key)))
     return [[m, round(s, 4)] for m, s in pts] or None
 
 
@@ -309,7 +311,8 @@ STEP_KEYS: dict[str, tuple[str, ...]] = {
     "collectives": ("collectives", "collectives_graph", "collectives_graph_note"),
     "barrier": ("barrier",), "peer": ("peer",), "flag": ("flag",), "p2p": ("peer_copy",),
     "combine": ("combine",), "sync": ("sync",),
-    "tile_gemm": ("tile_gemm",), "copy_share": ("copy_share",), "ll": ("ll_push", "ll_merge"), "reduce": ("reduce",),
+    "tile_gemm": ("tile_gemm",), "copy_share": ("copy_share",), "rs_gemm": ("rs_gemm",), "ll": ("ll_push", "ll_merge"),
+    "reduce": ("reduce",),
 }
 #: Steps that need at least two ranks.
 MULTI_RANK_STEPS = ("collectives", "barrier", "peer", "flag")

@@ -16,6 +16,7 @@ from taxmodel.errors import InputError
 from taxmodel.model.analytic import MODELS, model_params, predict, resolve_model_hardware
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.analytic.prediction import Prediction
+from taxmodel.kernels.revisions import KERNEL_REVISION
 from taxmodel.trace.capture_meta import CaptureSettings, emulated_gpu
 
 #: ``Case.measured`` key: mean over the CTAs that wait on a flag of the time from their first
@@ -42,6 +43,7 @@ class Case:
     transport: str | None = None  # AG+GEMM fine-grained transport the bundle ran with, when recorded
     align: str = "host"  # how traced steps started (meta capture.align; `taxmodel profile --align`)
     gate_hold_s: float | None = None  # the device gate's hold (capture.gate_hold_us), when aligned on the device
+    kernel_revision: int = KERNEL_REVISION  # the built-in kernels' revision it ran (kernels/revisions.py)
     #: how the measured ledger got its locality tax (``Ledger.locality``): "measured" from DRAM
     #: counters, or "estimated" from the declared intermediates, the same formula the model used
     #: before it predicted DRAM bytes, so not a measurement to validate against
@@ -58,7 +60,7 @@ class Case:
         """How the bundle was captured, as the model reads it (bundles from before the transport was
         recorded ran the default, the copy engines)."""
         return CaptureSettings(instrumented=self.instrumented, graph_launch=self.graph_launch, transport=self.transport,
-                               align=self.align, gate_hold_s=self.gate_hold_s)
+                               align=self.align, gate_hold_s=self.gate_hold_s, kernel_revision=self.kernel_revision)
 
     @property
     def shape_label(self) -> str:
@@ -171,7 +173,7 @@ def load_case(path: Path, search: tuple[Path, ...] = (), hardware: Any = None) -
     return Case(path, wl, str(var), {k: int(v) for k, v in shape.items() if _intlike(v)}, int(bundle.world_size),
                 meta.get("cost"), hw, note, _measured(ledger, bundle.events), instrumented=st.instrumented,
                 graph_launch=bool(st.graph_launch), transport=st.transport, align=st.align, gate_hold_s=st.gate_hold_s,
-                locality=ledger.locality, caveats=[caveat] if caveat else [])
+                kernel_revision=st.kernel_revision, locality=ledger.locality, caveats=[caveat] if caveat else [])
 
 
 def _intlike(v: Any) -> bool:

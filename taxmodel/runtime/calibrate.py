@@ -575,6 +575,28 @@ def _copy_share(device: torch.device, world: int, rank: int) -> dict:
     return res
 
 
+#: Symmetric heap for the rs_gemm step: the receive slots at M = 8192 (two halves of M x N bf16:
+#: 256 MiB, whatever W) and the flags.
+RS_HEAP_BYTES = 272 << 20
+
+
+def _rs_gemm(device: torch.device, world: int, rank: int) -> dict:
+    from taxmodel.runtime import calibrate_gemm
+
+    if world > 1:
+        heap = _heap(device, RS_HEAP_BYTES)
+    else:
+        from taxmodel.runtime.microbench import PseudoPeerHeap
+
+        heap = PseudoPeerHeap(RS_HEAP_BYTES, device)
+    try:
+        res = calibrate_gemm.measure_rs_gemm(device, heap, rank if world > 1 else 0, max(world, 2), heap.barrier)
+    finally:
+        heap.close()
+    res["peers"] = "NVLink/xGMI peers" if world > 1 else "one GPU: a second half of its own memory as the peer"
+    return res
+
+
 def _ll_push(device: torch.device, world: int, rank: int) -> dict:
     from taxmodel.runtime import calibrate_decode
 
@@ -697,6 +719,8 @@ def _calibrate(argv: list[str] | None = None) -> None:
             _step("flag round trip", lambda: flag_roundtrip(device), meas, "flag", rank)
         if "copy_share" in steps:
             _step("copy kernel beside the GEMM", lambda: _copy_share(device, world, rank), meas, "copy_share", rank)
+        if "rs_gemm" in steps:
+            _step("GEMM+RS's GEMM, every rank pushing", lambda: _rs_gemm(device, world, rank), meas, "rs_gemm", rank)
         if "ll" in steps:
             _step("LL pushes", lambda: _ll_push(device, world, rank), meas, "ll_push", rank)
         dist.barrier()
@@ -720,6 +744,8 @@ def _calibrate(argv: list[str] | None = None) -> None:
               rank)
     if rank == 0 and "copy_share" in steps and world == 1:
         _step("copy kernel beside the GEMM (one GPU)", lambda: _copy_share(device, 1, 0), meas, "copy_share", rank)
+    if rank == 0 and "rs_gemm" in steps and world == 1:
+        _step("GEMM+RS's GEMM (one GPU)", lambda: _rs_gemm(device, 1, 0), meas, "rs_gemm", rank)
     if rank == 0 and "ll" in steps:
         from taxmodel.runtime import calibrate_decode
 

@@ -168,3 +168,70 @@ def measure_copy_share(device: torch.device, heap: Any, rank: int, world: int,
                      "gemm_shared_s": median_seconds(timed["shared"], "gemm", "tile GEMM")})
         gathered = flags = b = c = None  # drop the buffers before the next size (rebinding: closures use them)
     return {"rows": rows}
+
+
+#: Rows M of GEMM+RS's GEMM kernel's points (N = K = ``GEMM_NK``, each rank K / W).
+RS_MS = (1024, 4096, 8192)
+
+
+def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barrier: Callable[[], None],
+                    ms: tuple[int, ...] | None = None, nk: int | None = None) -> dict:
+    """Per M: GEMM+RS's GEMM kernel (``gemm_rs_kernel``, reduction in its own kernel, the workload's
+    per-shape tiles) as this rank launches it, every rank at once pushing its peers' tiles into
+    their owners' receive slots on ``heap``, and the vendor GEMM on the same shard [M, K/W] x
+    [K/W, N]: median kernel times (s). The GEMM kernel waits on nothing (the owners' reductions
+    do), so launches follow one another without them. ``heap``: the ranks' symmetric heap, or a
+    ``PseudoPeerHeap`` (``world`` 2 on one GPU: pushes into a second half of its own memory)."""
+    from taxmodel.kernels.ag_gemm.gemm_tiles import config_for_shape
+    from taxmodel.kernels.device import sync
+    from taxmodel.kernels.gemm_rs.state import default_rs_config
+    from taxmodel.kernels.gemm_rs.tiles import flag_rows, launch_gemm_rs
+    from taxmodel.kernels.names import GEMM_RS_KERNEL
+
+    gpu = on_gpu(device)
+    ms = ms or (RS_MS if gpu else tuple(m * world for m in CPU_GEMM_MS))
+    nk = nk or (GEMM_NK if gpu else CPU_NK * world)
+    mode = sync.sync_mode(device)
+    budget = sync.spin_budget(5.0, mode)
+    reps = REPEATS if gpu else 1
+    base = default_rs_config(device)
+    rows = []
+    for m in ms:
+        heap.reset()
+        m_loc, k_loc = m // world, nk // world
+        cfg = config_for_shape(m, nk, k_loc, device, base=base.gemm)
+        a, b, ref = _operands(m, nk, k_loc, device)
+        recv = heap.zeros((2, world, m_loc, nk), a.dtype)
+        flags = heap.zeros((flag_rows(m_loc, nk, cfg), world), torch.int32)
+        out = torch.empty(m_loc, nk, device=device, dtype=a.dtype)
+        epochs = torch.zeros(2, dtype=torch.int32, device=device)
+        err = sync.new_error_buffer(device)
+
+        def rs() -> None:
+            launch_gemm_rs(a, b, recv, out, flags, heap.heap_bases, err, rank=rank, world=world, m_loc=m_loc,
+                           epochs=epochs, budget=budget, sync=mode, cfg=cfg, tail=False, rows=base.reduce_rows)
+
+        def vendor() -> None:
+            torch.matmul(a, b, out=ref)
+
+        recv[:, rank].fill_(float("nan"))
+        rs()  # compiles
+        vendor()
+        synchronize(device)
+        half = int(epochs[0].item()) % 2  # the half this launch wrote into (its epoch's parity)
+        own = recv[half, rank].float()  # this rank's own rows of its partial product, in its own slot
+        want = ref[rank * m_loc:(rank + 1) * m_loc].float()
+        err_rel = float((own - want).abs().max() / want.abs().max().clamp_min(1e-6))
+        if not err_rel < 0.05:
+            raise RuntimeError(f"GEMM+RS's GEMM at M={m} N={nk} K/W={k_loc} disagrees with torch.matmul "
+                               f"(max relative error {err_rel:.3g})")
+        barrier()
+        t = kernel_seconds(device, _repeat(rs, reps), {"rs": GEMM_RS_KERNEL})
+        barrier()
+        v = kernel_seconds(device, _repeat(vendor, reps), {"vendor": "."})
+        sync.check_errors(err, "calibration GEMM+RS", None, mode)
+        rows.append({"m": m, "n": nk, "k": nk, "k_loc": k_loc, "world": world, "config": cfg.tile_label(),
+                     "rs_s": median_seconds(t, "rs", "GEMM+RS GEMM"),
+                     "vendor_s": median_seconds(v, "vendor", "vendor GEMM")})
+        a = b = ref = recv = flags = out = None  # drop the buffers before the next size
+    return {"rows": rows}

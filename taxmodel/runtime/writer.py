@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from taxmodel.kernels.revisions import KERNEL_REVISION
 from taxmodel.runtime.environment import hardware as _hardware, versions as _versions
 from taxmodel.runtime.spec import bundle_path
 from taxmodel.trace.capture_meta import GATE_ROLES, alignment_meta
@@ -98,6 +99,7 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
                 "traced_warmup": session.traced_warmup_steps,
                 "discarded_repetitions": int(discarded_repetitions),
                 "replay_step_us": session.replay_step_us,
+                "kernel_revision": KERNEL_REVISION,
                 "iterations": int(spec.iterations),
                 "repetition": int(spec.repeat),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

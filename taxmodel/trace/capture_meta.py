@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from taxmodel.kernels.names import GATE_KERNEL
+from taxmodel.kernels.revisions import KERNEL_REVISION, revision_at
 
 START_ALIGNMENTS = ("host", "device", "back-to-back")
 #: Alignments whose steps start behind the device gate (each step, or each repetition's first).
@@ -89,6 +90,19 @@ def alignment_meta(align: str, gate_hold_us: float) -> dict[str, Any]:
     return out
 
 
+def kernel_revision(meta: Mapping[str, Any]) -> int:
+    """The kernels' revision a bundle ran: ``meta.capture.kernel_revision`` where the capture wrote
+    it, else the one current at its capture time (``meta.created``; ``kernels/revisions.py``)."""
+    capture = meta.get("capture")
+    recorded = capture.get("kernel_revision") if isinstance(capture, Mapping) else None
+    try:
+        if recorded is not None and int(recorded) >= 1:
+            return int(recorded)
+    except (TypeError, ValueError):
+        pass
+    return revision_at(meta.get("created"))
+
+
 def read_alignment(capture: Mapping[str, Any]) -> tuple[str, float | None]:
     """(align, gate hold in seconds or None) of a bundle's ``meta.capture`` (older bundles: host)."""
     hold = capture.get("gate_hold_us")
@@ -106,6 +120,8 @@ class CaptureSettings:
     transport: str | None = None  # AG+GEMM fine-grained transport; None: the default (copy engines)
     align: str = "host"
     gate_hold_s: float | None = None
+    #: the built-in kernels' revision the bundle ran (``kernels/revisions.py``)
+    kernel_revision: int = KERNEL_REVISION
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any], instrumented: bool = False) -> "CaptureSettings":
@@ -117,4 +133,5 @@ class CaptureSettings:
         align, hold = read_alignment(capture)
         transport = config.get("transport")
         return cls(instrumented=bool(instrumented), graph_launch=bool(capture.get("graph")),
-                   transport=str(transport) if transport else None, align=align, gate_hold_s=hold)
+                   transport=str(transport) if transport else None, align=align, gate_hold_s=hold,
+                   kernel_revision=kernel_revision(meta))

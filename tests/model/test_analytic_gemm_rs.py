@@ -88,14 +88,18 @@ def test_fused_link_bound_component_times_by_hand():
     lat = 1.5e-6  # ModelParams.peer_load_latency_s
     assert det["triton_gemm"] == pytest.approx(gemm, rel=1e-12)
     assert det["push"] == pytest.approx(push, rel=1e-12)
-    # each program also pays its own pushes (a release per pushed tile waits for its stores): 1536
-    # peer tiles of 64 KiB in 11 waves of 132 and one of 84, each wave sharing the 200 GB/s
+    # a program's pushes (store_push records): 1536 peer tiles of 64 KiB in 11 waves of 132 and one
+    # of 84, each wave sharing the 200 GB/s
     tile = 3 * SLAB4 / 1536
     wave = lambda k: max(tile / 25e9, k * tile / 2e11) + lat  # noqa: E731 - 25 GB/s: default per-SM store rate
     comm = 11 * wave(132) + 84 * wave(84) / 132
     assert det["push_per_program"] == pytest.approx(comm, rel=1e-12)
-    assert det["gemm_kernel"] == pytest.approx(max(gemm + comm, finish + lat), rel=1e-12)
-    assert det["gemm_kernel"] == pytest.approx(gemm + comm, rel=1e-12)  # 811 us: more than the last push (505 us)
+    # the programs do not wait for their pushes; 512 own tiles come last on 132 programs, so the
+    # closing release waits for nothing in flight but its own latency; the link sets the end:
+    # 505 us of pushes after the first wave, more than the GEMM's 300 us
+    assert det["last_push"] == pytest.approx(lat)
+    assert det["gemm_kernel"] == pytest.approx(max(gemm + lat, finish + lat), rel=1e-12)
+    assert det["gemm_kernel"] == pytest.approx(finish + lat, rel=1e-12)
     # 4 slots in, the slab out; first a wait on each of the tile's 4 flags, one after another
     assert det["reduce"] == pytest.approx(5 * SLAB4 / (4e12 * 0.8) + T0 + 4 * ModelParams().flag_wait_s, rel=1e-12)
     assert det["flag"] == pytest.approx(ModelParams().flag_roundtrip_s / 2)
@@ -104,10 +108,22 @@ def test_fused_link_bound_component_times_by_hand():
 def test_fused_compute_bound_hides_the_pushes_in_the_gemm():
     _, det, _, _ = _plans("fused", BIG, 4, TOY, peer_store_bytes_per_s=4e12)  # fast peer stores
     assert det["push"] == pytest.approx(3 * SLAB4 / 4e12)
-    # the pushes leave while other programs compute, but each program still waits for its own
-    # tiles' stores: the kernel lasts its GEMM plus one program's push time
-    assert det["gemm_kernel"] == pytest.approx(det["triton_gemm"] + det["push_per_program"])
+    # the pushes leave while the programs compute their next tiles; the kernel lasts its GEMM plus
+    # the closing release (the own tiles come last: no push in flight to wait for)
+    assert det["gemm_kernel"] == pytest.approx(det["triton_gemm"] + ModelParams().peer_load_latency_s)
     assert det["push_per_program"] < 0.2 * det["triton_gemm"]
+
+
+def test_programs_ending_on_a_peer_tile_wait_for_a_wave_of_pushes():
+    """Fewer own tiles than programs (M=1024 on 2 ranks: 128 own tiles, 132 programs): 4 programs'
+    last tiles are peers', and their release waits for that wave's stores."""
+    shape = {"M": 1024, "N": 8192, "K": 8192}
+    _, det, _, params = _plans("fused", shape, 2)
+    tile = 512 * 8192 * 2 / 128  # one peer tile: a 128 x 256 bf16 block (the slab over the 128 peer tiles)
+    lat = params.peer_load_latency_s
+    expect = max(tile / 25e9, 4 * tile / 2e11) + lat
+    assert det["last_push"] == pytest.approx(expect, rel=1e-12)
+    assert det["gemm_kernel"] >= det["triton_gemm"] + expect - 1e-15
 
 
 def test_push_finish_formula():
@@ -314,3 +330,14 @@ def test_validate_recovers_the_models_own_timeline_exactly(tmp_path):
     assert v.table["error_us"].abs().max() < 0.01
     assert v.table["validated"].all() and set(v.table["basis"]) == {"measured"}
     assert not math.isnan(v.table["measured_us"].sum())
+
+
+def test_a_measured_rs_gemm_speed_sets_the_kernels_gemm_before_any_fitted_efficiency():
+    """rs_gemm_speed_by_m (the calibrate step's kernel against the vendor GEMM on this machine) wins
+    over rs_gemm_efficiency (a fit) and the tile GEMM's speed: the vendor time over the speed at M."""
+    _, vendor, _, _ = _plans("bsp", BIG, 4)
+    _, det, notes, _ = _plans("fused", BIG, 4, rs_gemm_efficiency=0.5, triton_gemm_speed_by_m=((8192, 1.0),),
+                              rs_gemm_speed_by_m=((1024, 0.8), (16384, 0.9)))
+    speed = 0.8 + 0.1 * (13 - 10) / (14 - 10)  # log2 M = 13 between the points at 10 and 14
+    assert det["triton_gemm"] - T0 == pytest.approx((vendor["gemm"] - T0) / speed, rel=1e-9)
+    assert "rs_gemm_speed_by_m" in notes[-1]

@@ -49,6 +49,16 @@ def test_the_gemms_first_wave_waits_for_the_copys_first_round():
     assert arrival_waves_time(1600e-6, 2e-6, 2048, 132, 512, 6, 60e-6, 1e-6) == pytest.approx(1600e-6)
 
 
+def test_only_the_programs_whose_first_tile_is_remote_wait_for_the_round():
+    """2 ranks at M=1024: 128 own tiles of 256 on 132 programs. Programs 128-131 wait 61 us for one
+    tile each (151 us); the others reach their remote second tile after 90 us, when it has landed:
+    the GEMM ends with its own two waves (a global-wave model would add the 61 us)."""
+    assert arrival_waves_time(182e-6, 2e-6, 256, 132, 128, 1, 60e-6, 1e-6) == pytest.approx(182e-6)
+    # a round slower than a tile: the programs' second (remote) tiles wait for it
+    end = arrival_waves_time(182e-6, 2e-6, 256, 132, 128, 1, 120e-6, 1e-6)
+    assert end == pytest.approx(2e-6 + 121e-6 + 90e-6)
+
+
 @pytest.mark.parametrize("m,items,rounds", [(1024, 24, 1), (8192, 192, 6)])
 def test_the_copy_kernel_beside_the_gemm_moves_its_items_in_rounds_at_one_programs_rate(m, items, rounds):
     p = replace(ModelParams.from_hardware(H200), ag_transport="sm", copy_program_bytes_per_s=8.5e9)

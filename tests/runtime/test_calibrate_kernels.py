@@ -40,6 +40,26 @@ def test_the_copy_share_step_runs_the_copy_kernel_alone_and_beside_the_gemm_on_a
     assert torch.equal(mine[m // 2:], peer_rows)
 
 
+def test_the_rs_gemm_step_pushes_every_peer_tile_into_its_owner_and_times_the_vendor_gemm_beside_it():
+    heap = PseudoPeerHeap(1 << 21, CPU)
+    res = calibrate_gemm.measure_rs_gemm(CPU, heap, 0, 2, heap.barrier)
+    assert [r["m"] for r in res["rows"]] == [m * 2 for m in calibrate_gemm.CPU_GEMM_MS]
+    assert all(r["rs_s"] > 0 and r["vendor_s"] > 0 and r["k_loc"] * 2 == r["k"] for r in res["rows"])
+    assert [p[0] for p in calfit.gemm_speed_by_m(res, "rs_s")] == [float(r["m"]) for r in res["rows"]]
+    # the last size's pushes landed: rank 1's slot of rank 0's rows, in rank 1's half of the heap,
+    # holds rank 0's partial product of rank 1's rows (the step checked rank 0's own slot itself)
+    m = res["rows"][-1]["m"]
+    n, k_loc = res["rows"][-1]["n"], res["rows"][-1]["k_loc"]
+    a, b, _ = calibrate_gemm._operands(m, n, k_loc, CPU)
+    heap.reset()
+    recv = heap.empty((2, 2, m // 2, n), torch.float32)
+    twin = heap._both[heap.nbytes:heap.nbytes + recv.numel() * 4].view(torch.float32).view(2, 2, m // 2, n)
+    landed = [h for h in range(2) if not torch.isnan(twin[h, 0]).any() and twin[h, 0].abs().sum() > 0]
+    assert landed, "no half of the peer's receive slot was written"
+    want = (a[m // 2:].double() @ b.double()).float()
+    assert torch.allclose(twin[landed[-1], 0], want, rtol=1e-3, atol=1e-3)
+
+
 def test_the_pseudo_peer_heap_translates_like_a_two_rank_heap():
     heap = PseudoPeerHeap(4096, CPU)
     a = heap.zeros(16, torch.float32)

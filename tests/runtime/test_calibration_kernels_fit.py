@@ -71,11 +71,13 @@ def test_fit_writes_every_measured_mechanism_under_its_model_parameter_name():
 
     meas = {"hbm": {"bytes_per_s": 3e12}, "gemm": {"bf16": {"flops_per_s": 7e14}}, "peer_copy": [{"bytes_per_s": 3e11}],
             "tile_gemm": {"rows": [{"m": 1024, "tile_s": 2e-4, "vendor_s": 1.9e-4}]},
+            "rs_gemm": {"rows": [{"m": 8192, "rs_s": 8e-4, "vendor_s": 7.2e-4}, {"m": 1024, "rs_s": 1e-4, "vendor_s": 8e-5}]},
             "copy_share": {"rows": [{"items": 24, "programs": 24, "item_bytes": 524288, "copy_shared_s": 6e-5}]},
             "ll_merge": {"sources": [2, 34], "merge_s": [5e-6, 37e-6]},
             "reduce": {"rows": [{"world": 4, "block_m": 128, "block_n": 256, "element_bytes": 2, "reduce_s": 14e-6}]}}
     spec = calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 1)
     assert spec["triton_gemm_speed_by_m"] == [[1024.0, 0.95]]
+    assert spec["rs_gemm_speed_by_m"] == [[1024.0, 0.8], [8192.0, 0.9]]
     assert spec["copy_program_bytes_per_s"] == pytest.approx(524288 / 6e-5)
     assert spec["ll_merge_step_s"] == pytest.approx(1e-6) and "ll_push_bytes_per_s" not in spec  # one rank
     assert math.isfinite(spec["reduce_program_bytes_per_s"])

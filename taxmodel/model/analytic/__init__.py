@@ -92,7 +92,8 @@ def model_params(hardware: HardwareSpec, settings: CaptureSettings | None = None
         if fitted and borrowed_from is None:
             note = "fitted: " + ", ".join(f"{k} = {v:.3g}" for k, v in fitted.items())
     params = ModelParams.from_hardware(hardware, instrumented=s.instrumented, graph_launch=s.graph_launch,
-                                       ag_transport=s.transport, start_alignment=s.align, gate_hold_s=s.gate_hold_s)
+                                       ag_transport=s.transport, start_alignment=s.align, gate_hold_s=s.gate_hold_s,
+                                       kernel_revision=s.kernel_revision)
     params = params.with_fitted(fitted, borrowed_from=borrowed_from)
     given = {k: v for k, v in overrides.items() if v is not None}
     if given:

@@ -196,7 +196,7 @@ def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, g
     own = blocks * cdiv(n_loc, BLOCK_N)
     fused = arrival_waves_time(gemm, params.kernel_overhead_s, tiles, min(tiles, sm_count(hw)), own, rounds, round_s,
                                flag)
-    det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": fused, "copy_rounds": float(rounds)})
+    det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": fused})  # seconds only (rounds: in the note)
     notes.append(f"{variant}/sm: the copy kernel's {progs} programs move {items} items of {BLOCK_M}x{chunk} in "
                  f"{rounds} round(s) at {params.copy_program_bytes_per_s / 1e9:.1f} GB/s per program beside the GEMM "
                  f"({params.sources.get('copy_program_bytes_per_s', 'given')}); the GEMM's waves wait for the rounds "

@@ -100,26 +100,31 @@ def split_kv_time(nbytes: float, hw: HardwareSpec, params: ModelParams) -> float
 
 def arrival_waves_time(gemm_s: float, overhead_s: float, tiles: int, slots: int, own_tiles: int, rounds: int,
                        round_s: float, flag_s: float) -> float:
-    """A persistent GEMM of ``tiles`` tiles on ``slots`` programs (waves of ``slots`` tiles, each
-    ``(gemm_s - overhead_s) / waves``), its ``own_tiles`` first, whose remote rows arrive in
-    ``rounds`` rounds of ``round_s`` each (a copy kernel's programs moving one item each per round, in
-    the GEMM's consumption order) plus ``flag_s``: a wave whose tiles need data of round r cannot end
-    before r x ``round_s`` + ``flag_s`` + its own work, and every later wave follows it. At M=1024 on
-    4 H200s the first wave's remote tiles wait for the copy's single round (62 us) and the GEMM ends
-    that much after its two waves' work; at M >= 4096 the own slab covers the first rounds."""
+    """A persistent GEMM of ``tiles`` tiles on ``slots`` programs, its ``own_tiles`` first, whose
+    remote rows arrive in ``rounds`` rounds of ``round_s`` each (a copy kernel's programs moving one
+    item each per round, in the GEMM's consumption order) plus ``flag_s``.
+
+    Program p takes tiles p, p + slots, p + 2 slots, ... one after another (the kernels'
+    ``tl.range(pid, num_tiles, NUM_PROGS)``), each tile ``(gemm_s - overhead_s) / waves``; a remote
+    tile cannot start before its round landed. The GEMM ends with its slowest program. At M=1024 on
+    4 GPUs (64 own tiles of 256 on 132 programs) programs 64-131 wait for the copy's single round
+    before their first tile and the GEMM ends that much after its two waves' work; on 2 GPUs (128
+    own tiles) only programs 128-131 wait, for one tile each, and the others' second tiles find
+    their rows landed: the GEMM ends with its own work."""
     waves = cdiv(tiles, max(1, slots))
     remote = tiles - own_tiles
     if remote <= 0 or rounds <= 0 or waves <= 0:
         return gemm_s
-    per_wave = max(gemm_s - overhead_s, 0.0) / waves
-    end = gemm_s
-    for k in range(waves):
-        needed = min((k + 1) * slots, tiles) - own_tiles
-        if needed <= 0:
-            continue
-        arrive = cdiv(needed * rounds, remote) * round_s + flag_s
-        end = max(end, overhead_s + arrive + (waves - k) * per_wave)
-    return end
+    per_tile = max(gemm_s - overhead_s, 0.0) / waves
+    end = 0.0
+    for program in range(min(slots, tiles)):
+        t = 0.0
+        for tile in range(program, tiles, slots):
+            if tile >= own_tiles:
+                t = max(t, cdiv((tile - own_tiles + 1) * rounds, remote) * round_s + flag_s)
+            t += per_tile
+        end = max(end, t)
+    return max(gemm_s, overhead_s + end)
 
 
 def push_wave_time(bytes_per_program: float, programs: int, per_sm_bytes_per_s: float, store_bytes_per_s: float,

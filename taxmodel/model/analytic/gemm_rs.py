@@ -120,16 +120,7 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                          "symmetric heap need one domain; out of the model's scope")
     slab = m_loc * n * elt
     ht = params.host_launch_triton_s
-    # its own kernel's fitted efficiency where there is one, else the tile GEMM's speed by M, else
-    # the AG+GEMM Triton efficiency
-    eff = params.rs_gemm_efficiency or params.triton_gemm_efficiency
-    eff_key = "rs_gemm_efficiency" if params.rs_gemm_efficiency else "triton_gemm_efficiency"
-    own = replace(params, triton_gemm_efficiency=eff,
-                  triton_gemm_speed_by_m=() if params.rs_gemm_efficiency else params.triton_gemm_speed_by_m)
-    gemm = gemm_time(m, n, k_loc, dtype, hw, own, kind="triton", elt=elt)
-    speed = own.triton_gemm_speed(m)
-    if speed is not None:
-        eff, eff_key = speed, "triton_gemm_speed_by_m"
+    gemm, eff, eff_key = _rs_gemm_time(m, n, k_loc, elt, dtype, hw, params)
     tm, tn = params.triton_tile
     tiles = world * cdiv(m_loc, tm) * cdiv(n, tn)  # an M-block never straddles two ranks' slabs
     store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
@@ -138,21 +129,35 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     sms = sm_count(hw)
     finish = push_finish(gemm, world, tiles, sms, push, params.kernel_overhead_s)
     per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / sms
-    comm = push_phase_per_cta(world, tiles, min(tiles, sms), (world - 1) * slab, per_sm, store_bw,
-                              latency)
-    # A program's pushes do not overlap its own next tile: it signals each pushed tile with a
-    # system-scope release, which waits for the tile's remote stores. So a program takes its
-    # products plus its push time, and the kernel at least that.
-    kernel = max(gemm + comm, finish + latency)
+    programs = min(tiles, sms)
+    comm = push_phase_per_cta(world, tiles, programs, (world - 1) * slab, per_sm, store_bw, latency)
+    # Revision 2 on (kernels/revisions.py): a program's pushes are stores it does not wait for: it
+    # goes on to its next tile and releases its flags once, after its last tile, which waits for
+    # the stores still in flight. The own slab comes last, so only programs whose last tile is a
+    # peer's (fewer own tiles than programs) wait for a wave of pushes; the others for the release
+    # alone. Revision 1 signalled each pushed tile with a system-scope release that waited for its
+    # stores: a program took its products plus its push time.
+    own_tiles = cdiv(m_loc, tm) * cdiv(n, tn)
+    per_tile_release = params.kernel_revision < 2
+    if world <= 1:
+        last_push = 0.0
+    elif per_tile_release:
+        last_push = comm
+    elif programs > own_tiles:
+        peer_tile = (world - 1) * slab / max(1, tiles - own_tiles)
+        last_push = push_wave_time(peer_tile, programs - own_tiles, per_sm, store_bw, latency)
+    else:
+        last_push = latency
+    kernel = max(gemm + last_push, finish + latency)
     # each reduce program (one own tile) waits on its tile's W flags one after another, then sums
     # the W slots: at the HBM rate when enough programs run, else at one program's rate per wave
-    own_tiles = cdiv(m_loc, tm) * cdiv(n, tn)
     program = (world + 1) * tm * tn * elt / params.reduce_program_bytes_per_s
     waves = cdiv(own_tiles, sms)
     reduce_work = max(stream_time((world + 1) * slab, hw, params), waves * program + params.kernel_overhead_s) \
         + world * params.flag_wait_s
     flag = params.flag_roundtrip_s / 2 if world > 1 else 0.0
     det.update({"triton_gemm": gemm, "push": push, "push_done": finish + latency, "gemm_kernel": kernel,
+                "last_push": last_push,
                 "reduce": reduce_work, "reduce_program": program, "flag": flag, "push_per_program": comm})
     # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
     # before that peer's GEMM ended, i.e. before its own reduction started (less the kernel gap).
@@ -175,8 +180,32 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                  f"({src.get('reduce_program_bytes_per_s', 'default')}) in waves of one per SM); reduce='tail' is not modeled; "
                  f"each GEMM program pushes for {comm * 1e6:.1f} us on average (store_push records: peer tiles in "
                  "waves that push together, each wave at the slower of one SM's peer-store rate and the GPU's "
-                 "peer-store bandwidth shared by the wave; an upper bound once waves drift apart)")
+                 "peer-store bandwidth shared by the wave; an upper bound once waves drift apart), "
+                 + ("waiting for each pushed tile's stores (kernel revision 1: a release per tile)" if per_tile_release
+                    else f"overlapping its next tiles; the kernel ends {last_push * 1e6:.1f} us after its GEMM (one "
+                         "release per program, after the last pushes)"))
     return [list(one) for _ in range(world)], det, notes
+
+
+def _rs_gemm_time(m: int, n: int, k_loc: int, elt: int, dtype: str, hw: HardwareSpec,
+                  params: ModelParams) -> tuple[float, float, str]:
+    """GEMM+RS's GEMM kernel's time, its speed against the vendor GEMM and where that came from:
+    the speed measured on this machine (rs_gemm_speed_by_m, the pushes included), else its fitted
+    efficiency (rs_gemm_efficiency), else the tile GEMM's measured speed by M, else the Triton
+    efficiency factor."""
+    speed = params.rs_gemm_speed(m)
+    if speed is not None:
+        vendor = gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
+        return params.kernel_overhead_s + (vendor - params.kernel_overhead_s) / speed, speed, "rs_gemm_speed_by_m"
+    if params.rs_gemm_efficiency:
+        own = replace(params, triton_gemm_efficiency=params.rs_gemm_efficiency, triton_gemm_speed_by_m=())
+        return gemm_time(m, n, k_loc, dtype, hw, own, kind="triton", elt=elt), params.rs_gemm_efficiency, \
+            "rs_gemm_efficiency"
+    gemm = gemm_time(m, n, k_loc, dtype, hw, params, kind="triton", elt=elt)
+    speed = params.triton_gemm_speed(m)
+    if speed is not None:
+        return gemm, speed, "triton_gemm_speed_by_m"
+    return gemm, params.triton_gemm_efficiency, "triton_gemm_efficiency"
 
 
 def _torch_fused(m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):

@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
+from taxmodel.kernels.revisions import KERNEL_REVISION
 from taxmodel.model.hardware import HardwareSpec
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US
 
@@ -30,6 +31,12 @@ class ModelParams:
     #: The same for the GEMM+RS fused kernel's GEMM (its own tile configuration and K split), when
     #: fitted (``fit_params``, on that kernel's duration); None: ``triton_gemm_efficiency``.
     rs_gemm_efficiency: float | None = None
+    #: GEMM+RS's GEMM kernel's speed relative to the vendor GEMM on the same shard, by M: pairs
+    #: (M, vendor time / kernel time), measured on this machine with every rank pushing its peers'
+    #: tiles into their owners at once (``taxmodel calibrate``'s rs_gemm step, N = K = 8192, each
+    #: rank K/W). Where given it sets that kernel's time (its pushes included) in place of
+    #: ``rs_gemm_efficiency``. Empty: not measured.
+    rs_gemm_speed_by_m: tuple[tuple[float, float], ...] = ()
     #: Vendor GEMM rate as a fraction of a *datasheet* peak (cuBLAS reached ~0.8 of the H200's
     #: 989 TFLOP/s); 1.0 for calibrated peaks, which are measured cuBLAS rates.
     vendor_fraction_of_datasheet: float = 0.80
@@ -128,6 +135,9 @@ class ModelParams:
     #: Whether each iteration is one CUDA/HIP graph launch (``taxmodel profile --graph``): one host
     #: launch call (``host_launch_torch_s``) per iteration, every kernel queued behind it.
     graph_launch: bool = False
+    #: The built-in kernels' revision to predict (``kernels/revisions.py``): a bundle's own (what it
+    #: ran), else the current one. Revision 1's GEMM+RS programs wait for each pushed tile's stores.
+    kernel_revision: int = KERNEL_REVISION
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @staticmethod
@@ -166,21 +176,14 @@ class ModelParams:
         return replace(self, **dict(fitted), sources={**dict(self.sources), **{k: how for k in fitted}})
 
     def triton_gemm_speed(self, m: int) -> float | None:
-        """The tile GEMM's speed relative to the vendor GEMM at ``m`` rows from
-        ``triton_gemm_speed_by_m`` (linear in log2 M between the measured points, the end values
-        beyond them); None when no speed was measured."""
-        pts = sorted((float(a), float(b)) for a, b in self.triton_gemm_speed_by_m if float(a) > 0 and float(b) > 0)
-        if not pts:
-            return None
-        x = math.log2(max(float(m), 1.0))
-        xs = [math.log2(a) for a, _ in pts]
-        if x <= xs[0]:
-            return pts[0][1]
-        if x >= xs[-1]:
-            return pts[-1][1]
-        i = next(j for j in range(1, len(xs)) if x <= xs[j])
-        f = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
-        return pts[i - 1][1] + f * (pts[i][1] - pts[i - 1][1])
+        """The tile GEMM's speed relative to the vendor GEMM at ``m`` rows (``speed_at_m`` of
+        ``triton_gemm_speed_by_m``); None when no speed was measured."""
+        return speed_at_m(self.triton_gemm_speed_by_m, m)
+
+    def rs_gemm_speed(self, m: int) -> float | None:
+        """GEMM+RS's GEMM kernel's measured speed relative to the vendor GEMM at ``m`` rows; None
+        when the rs_gemm step did not run on this hardware."""
+        return speed_at_m(self.rs_gemm_speed_by_m, m)
 
     def borrowed(self) -> dict[str, str]:
         """Parameter -> the GPU its value was borrowed from (fitted there, not measured here)."""
@@ -200,6 +203,23 @@ class ModelParams:
         return d
 
 
+def speed_at_m(points: tuple[tuple[float, float], ...], m: int) -> float | None:
+    """A speed measured at a few M (pairs (M, speed)) at ``m`` rows: linear in log2 M between the
+    measured points, the end values beyond them; None without points."""
+    pts = sorted((float(a), float(b)) for a, b in points if float(a) > 0 and float(b) > 0)
+    if not pts:
+        return None
+    x = math.log2(max(float(m), 1.0))
+    xs = [math.log2(a) for a, _ in pts]
+    if x <= xs[0]:
+        return pts[0][1]
+    if x >= xs[-1]:
+        return pts[-1][1]
+    i = next(j for j in range(1, len(xs)) if x <= xs[j])
+    f = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
+    return pts[i - 1][1] + f * (pts[i][1] - pts[i - 1][1])
+
+
 _PARAM_FIELDS = [f for f in ModelParams.__dataclass_fields__ if f != "sources"]
 
 #: The parameters ``taxmodel calibrate`` measures with microbenchmarks of the workloads' own kernels
@@ -207,6 +227,7 @@ _PARAM_FIELDS = [f for f in ModelParams.__dataclass_fields__ if f != "sources"]
 #: has it takes neither the fit of another GPU nor (``fitting``) a fit of its own for them.
 CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "triton_gemm_speed_by_m": ("triton_gemm_efficiency",),
+    "rs_gemm_speed_by_m": ("rs_gemm_efficiency",),
     "copy_program_bytes_per_s": (),
     "gemm_share_loss": (),
     "triton_stream_efficiency": (),

@@ -1,0 +1,40 @@
+"""Revisions of the built-in kernels where what they do changed what the analytic model must assume.
+
+A capture records the revision it ran (``meta.capture.kernel_revision``); a bundle captured before
+that field existed gets the revision that was current at its capture time (``meta.created``),
+read from this log. The model predicts a bundle with its own revision's mechanisms, so that
+bundles of an older kernel stay validated as what they are. Like ``names``, this module imports
+nothing.
+"""
+from __future__ import annotations
+
+#: (revision, the first commit time (UTC, ISO 8601) a capture can have run it, what changed).
+REVISIONS: tuple[tuple[int, str, str], ...] = (
+    (1, "", "the first kernels: GEMM+RS's GEMM signals each pushed tile with a system-scope release that "
+            "waits for that tile's stores, so a program's pushes do not overlap its next tile"),
+    (2, "2026-11-27T23:10:03+00:00", "one GEMM engine for every fine-grained variant (kernels/device/tile_gemm.py); "
+            "GEMM+RS's programs release their flags once, after their last tile (commit 10cf4fb)"),
+)
+KERNEL_REVISION = REVISIONS[-1][0]
+
+
+def revision_at(created: object) -> int:
+    """The revision current at capture time ``created`` (an ISO 8601 UTC string as ``meta.created``
+    holds it); the current one when the time is missing or unreadable (a capture with no date is
+    taken as a new one)."""
+    text = str(created or "")
+    if len(text) < 10 or not text[:4].isdigit():
+        return KERNEL_REVISION
+    stamp = _utc(text)
+    rev = REVISIONS[0][0]
+    for number, since, _ in REVISIONS[1:]:
+        if stamp >= _utc(since):
+            rev = number
+    return rev
+
+
+def _utc(text: str) -> str:
+    """``text`` comparable as a string: 'YYYY-MM-DDTHH:MM:SS' in UTC (a '+00:00' or 'Z' suffix dropped,
+    a date alone taken as its midnight)."""
+    body = text.strip().replace(" ", "T").removesuffix("Z").removesuffix("+00:00")
+    return (body + "T00:00:00")[:19] if len(body) == 10 else body[:19]
