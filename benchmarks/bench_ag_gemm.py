@@ -16,7 +16,7 @@ pace), median over ``--reps`` batches. Results go to ``$OUT`` (or ``--out``): re
 results.csv, results.md. Rank 0 prints the table.
 
 ``--graph`` also times, for every variant and config that is graph-safe (``Variant.graph_safe``:
-bsp, pull and push with the ``sm`` transport, pull ``direct``; never the copy engines), ``--iters``
+bsp, pull with any transport, push with the ``sm`` one; not push on the copy engines), ``--iters``
 iterations captured in one CUDA graph and replayed (the same timer as bench_flash_decode: max
 over ranks, median over ``--reps`` replays), beside the eager time of the same config. After the
 replays every rank refills its inputs in place with a new seed, poisons C, replays the graph once
@@ -392,7 +392,7 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
         lines.append(f"| {size} | " + " | ".join(cells + speeds) + " |")
     if graphs:
         lines += ["", "`@graph`: --iters iterations captured in one CUDA graph and replayed (graph-safe configs only: "
-                  "the copy-engine transport is eager only); `[ce]`/`[sm]`: best eager config per transport."]
+                  "push on the copy engines is eager only); `[ce]`/`[sm]`: best eager config per transport."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 

@@ -79,7 +79,8 @@ def add_model_args(ap: argparse.ArgumentParser, batch: int = 1, seq: int = 1024,
     """The model's and batch's sizes (train_loop.py's job uses the same decoder, smaller)."""
     ap.add_argument("--batch", type=int, default=batch)
     ap.add_argument("--seq", type=int, default=seq)
-    ap.add_argument("--d", type=int, default=1024)
+    ap.add_argument("--hidden", "--model-dim", dest="d", type=int, default=1024,
+                    help="model width (not --d: torchrun takes a bare --d for its own --duplicate-* options)")
     ap.add_argument("--layers", type=int, default=layers)
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=32000)

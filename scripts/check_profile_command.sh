@@ -26,7 +26,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 cd "$W" || exit 2
 TRAIN="$REPO/benchmarks/train_loop.py"
 COMPARE="$REPO/benchmarks/compare_command_capture.py"
-JOB=(--loop 20 --layers 4 --d 1024 --seq 512 --batch 4)
+JOB=(--loop 20 --layers 4 --hidden 1024 --seq 512 --batch 4)
 SKIP=5
 STEPS=5
 HW=${HW:-h200}

@@ -51,6 +51,8 @@ class _Driver:
             write.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
             write.restype = ctypes.c_int
             lib.write_value32 = write
+            lib.cuMemsetD32Async.argtypes = [ctypes.c_uint64, ctypes.c_uint, ctypes.c_size_t, ctypes.c_void_p]
+            lib.cuMemsetD32Async.restype = ctypes.c_int
             cls._lib = lib
         return cls._lib
 
@@ -115,3 +117,11 @@ class CopyEngine:
         else:
             view = self.heap.peer(dst_rank)[off:off + 4].view(torch.int32)
             view.fill_(value)
+
+    def reset_flags(self, flags: torch.Tensor, stream: Any = None) -> None:
+        """Zero this rank's int32 ``flags`` on ``stream`` (a memset node where a graph captures it)."""
+        if self.cuda:
+            handle = ctypes.c_void_p(stream.cuda_stream if stream is not None else 0)
+            _check(_Driver.lib().cuMemsetD32Async(flags.data_ptr(), 0, flags.numel(), handle), "cuMemsetD32Async")
+        else:
+            flags.zero_()

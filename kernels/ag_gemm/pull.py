@@ -4,8 +4,10 @@ rows first.
 
 Transports (``cfg.transport``):
 - ``"ce"`` (default): copy engines read every remote M-block exactly once (one side stream per
-  peer, one ``cuMemcpyAsync`` per block) and set a local flag to the epoch after each block; the
-  GEMM's waits poll local memory and no SM moves data.
+  peer, one ``cuMemcpyAsync`` per block) and set a local flag after each block to ``CE_SET``, a
+  value above every epoch; the GEMM's waits poll local memory and no SM moves data. After the GEMM
+  the rank zeroes its flags on the main stream (``CopyEngine.reset_flags``: one memset), so the next
+  iteration's waits see only that iteration's blocks.
 - ``"sm"``: ``transport.copy_blocks_kernel`` in pull mode (16-byte vector Iris loads from the peer,
   local stores, a local release-set per K piece, which the GEMM waits on piece by piece) on a side
   stream, beside the GEMM.
@@ -17,11 +19,14 @@ Each rank's shard is its own slab of its gathered buffer, written during setup; 
 barrier, so a slab never changes while a peer reads it (a workload whose A changed every iteration
 would need a per-iteration "shard ready" flag, as the push variant has). The gathered buffer is
 single: this iteration's staging copies wait for the previous iteration's GEMM (side streams wait
-on the main stream), and the flags hold epochs, so they never need a reset.
+on the main stream); the copy kernel's flags hold epochs, so they never need a reset, and the copy
+engines' flags are reset after the GEMM (every flag was set before the GEMM could end).
 
-CUDA graphs: the ``sm`` copy kernel and the GEMM read their epochs from device memory (see
-``transport``), and ``direct`` has no flags at all, so both are graph-safe; the copy engines' flag
-value is chosen on the host (eager only). In-kernel records: the copy kernel records one
+CUDA graphs: every transport is graph-safe. The ``sm`` copy kernel and the GEMM read their epochs
+from device memory (see ``transport``); ``direct`` has no flags at all; the copy engines' copies,
+flag writes and the reset are the same operations every iteration (memcpy, memory-operation and
+memset nodes), since their flag value does not change with the epoch. The copy engines are what
+gives the GEMM every SM in a graph (issue 37). In-kernel records: the copy kernel records one
 ``remote_load`` per work item, the GEMM as in ``gemm_tiles``.
 """
 from __future__ import annotations
@@ -44,9 +49,14 @@ STAGE_KERNEL = COPY_KERNEL
 CE_PULL = CE_GET
 
 
+#: The copy engines' flag value: above every epoch the GEMM waits for (``wait_target``), the same in
+#: every iteration, so a graph replays the flag writes unchanged.
+CE_SET = 1 << 30
+
+
 def graph_safe(transport: str) -> bool:
     """Whether a CUDA graph may capture an iteration and replay it (see the module docstring)."""
-    return transport in ("sm", "direct")
+    return transport in ("ce", "sm", "direct")
 
 
 def prepare(st: AgGemmState, nbytes: int) -> None:
@@ -76,7 +86,7 @@ def prepare(st: AgGemmState, nbytes: int) -> None:
 
 
 def run(st: AgGemmState) -> None:
-    st.epoch += 1  # the host's count (the copy engines' flag value); the kernels count on the device
+    st.epoch += 1  # the host's count of iterations (the kernels count on the device)
     cfg, bases = st.cfg, st.cache["heap_bases"]
     common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, cfg=cfg, err=st.err, sync=st.sync,
                   heap_bases=bases, budget=st.budget, count=st.count, seen=st.seen)
@@ -89,7 +99,7 @@ def run(st: AgGemmState) -> None:
     main = fork(st, streams)  # the previous GEMM is done reading the buffer
     if ce:
         with st.ctx.kernel(CE_PULL):
-            ce_transfer_blocks(st, st.cache["ce"], st.gathered, st.gathered, st.flags, pull=True, value=st.epoch,
+            ce_transfer_blocks(st, st.cache["ce"], st.gathered, st.gathered, st.flags, pull=True, value=CE_SET,
                                streams=streams)
     elif st.world > 1:
         with (torch.cuda.stream(streams[0]) if streams else contextlib.nullcontext()), st.ctx.kernel(STAGE_KERNEL):
@@ -102,12 +112,14 @@ def run(st: AgGemmState) -> None:
                        a_desc=st.cache.get("a_desc"), b_desc=st.cache.get("b_desc"), reserve_programs=reserve,
                        pieces=k_pieces(cfg, st.k), records=st.records.get(KERNEL), **common)
     join(st, main, streams)
+    if ce:  # every flag was set before the GEMM ended: clear them for the next iteration
+        st.cache["ce"].reset_flags(st.flags, main)
 
 
 VARIANT = AgGemmVariant(
     name="pull",
     run=run,
-    roles={CE_PULL: "comm", r"(?i)memcpy": "comm", STAGE_KERNEL: "comm", KERNEL: "fused"},
+    roles={CE_PULL: "comm", r"(?i)memcpy": "comm", r"(?i)memset": "comm", STAGE_KERNEL: "comm", KERNEL: "fused"},
     needs_heap=True,
     fine_grained=True,
     description="each rank stages every remote A block once into its gathered buffer (copy engines or a Triton "

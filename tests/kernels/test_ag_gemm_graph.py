@@ -35,7 +35,7 @@ def test_variants_declare_graph_safety_per_transport() -> None:
         return {n: v.graph_safe for n, v in wl.variants().items()}
 
     assert flags("sm") == {"bsp": True, "pull": True, "push": True, "torch_fused": False}
-    assert flags("ce") == {"bsp": True, "pull": False, "push": False, "torch_fused": False}
+    assert flags("ce") == {"bsp": True, "pull": True, "push": False, "torch_fused": False}
     assert flags("direct")["pull"] is True
     assert get_workload("ag_gemm").variants()["push"].graph_safe is False  # default transport: copy engines
 
@@ -71,6 +71,74 @@ def test_replaying_one_recorded_iteration_stays_correct(variant: str, monkeypatc
             assert not torch.isnan(out).any(), f"replay {i}: a tile was never written"
             errs.append(float((out - ref).abs().max()))
         assert st.epochs.tolist() == [1 + replays, 0, 1 + replays, 0]  # both kernels counted every launch
+        return errs
+
+    errs = run_in_threads(2, body, heap_bytes=1 << 20, timeout_s=300, spin_timeout_s=60)
+    assert max(max(e) for e in errs) < 1e-4
+
+
+class _EngineTape:
+    """Stands in for a rank's CopyEngine: runs each call, and while the thread records keeps it (a
+    graph captures the copies, flag writes and the reset as nodes with their arguments frozen)."""
+
+    def __init__(self, engine, tape: threading.local) -> None:
+        self.engine, self.tape = engine, tape
+
+    def __getattr__(self, name):
+        fn = getattr(self.engine, name)
+        if name not in ("copy", "write_flag", "reset_flags"):
+            return fn
+
+        def call(*args, **kwargs):
+            log = getattr(self.tape, "log", None)
+            if log is not None:
+                log.append((fn, args, kwargs))
+            return fn(*args, **kwargs)
+        return call
+
+
+def test_the_copy_engine_pull_replays_with_its_flags_reset_after_every_gemm(monkeypatch) -> None:
+    """Copy-engine pull is graph-safe: its flag value never changes (CE_SET) and its flags are zeroed
+    after the GEMM, so a replay of one recorded iteration (copies, flag writes, GEMM, reset) is
+    right on fresh inputs every time, and a GEMM never runs on a flag left from an earlier one."""
+    from taxmodel.kernels.ag_gemm import pull
+
+    tape = threading.local()
+    monkeypatch.setattr(gemm_tiles, "ag_gemm_kernel", Recorder(gemm_tiles.ag_gemm_kernel, tape))
+    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport="ce"))
+    shape = {"M": 64, "N": 40, "K": 40, "tp": 0, "seed": 1}
+
+    def body(ctx: RankContext) -> list[float]:
+        v = wl.variants()["pull"]
+        assert v.graph_safe
+        st = wl.setup(ctx, shape, v)
+        st.cache["ce"] = _EngineTape(st.cache["ce"], tape)
+        tape.log = []
+        v.run(st)
+        captured, tape.log = tape.log, None
+        engine_ops = [op[0].__name__ for op in captured if len(op) == 3]
+        assert engine_ops[-1] == "reset_flags" and "write_flag" in engine_ops and "copy" in engine_ops
+        assert int(st.flags.abs().sum()) == 0  # reset after the GEMM
+        errs = []
+        for i in range(3):
+            ctx.barrier()
+            st.reseed(200 + i)
+            st.poison()
+            ctx.barrier()
+            for op in captured:
+                if len(op) == 4:
+                    kernel, grid, args, kwargs = op
+                    kernel[grid](*args, **kwargs)
+                else:
+                    fn, args, kwargs = op
+                    fn(*args, **kwargs)
+            check_errors(st.err, "pull", ctx)
+            assert int(st.flags.abs().sum()) == 0
+            ref = wl.reference(ctx, st.shape, st)
+            out = wl.output(st).float()
+            assert not torch.isnan(out).any(), f"replay {i}: a tile was never written"
+            errs.append(float((out - ref).abs().max()))
+        assert pull.CE_SET > st.epochs.max().item()
         return errs
 
     errs = run_in_threads(2, body, heap_bytes=1 << 20, timeout_s=300, spin_timeout_s=60)

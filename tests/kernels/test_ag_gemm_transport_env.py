@@ -9,12 +9,12 @@ from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig
 from taxmodel.kernels.ag_gemm.workload import TRANSPORT_ENV, AgGemm
 
 
-def test_default_is_the_copy_engines_and_not_graph_safe(monkeypatch):
+def test_default_is_the_copy_engines_graph_safe_for_pull_only(monkeypatch):
     monkeypatch.delenv(TRANSPORT_ENV, raising=False)
     wl = AgGemm()
     assert wl.config_summary()["transport"] == "ce"
     v = wl.variants()
-    assert v["bsp"].graph_safe and not v["pull"].graph_safe and not v["push"].graph_safe
+    assert v["bsp"].graph_safe and v["pull"].graph_safe and not v["push"].graph_safe
 
 
 def test_sm_transport_from_the_environment_is_graph_safe(monkeypatch):

@@ -8,7 +8,8 @@ Per rank (W ranks, M global rows, A shard [M/W, K], B [K, N_loc], element size e
   slowest peer's blocks arrived: a synced fused kernel). The transport (``ModelParams.ag_transport``,
   as ``GemmConfig.transport``): "ce" copy engines, one stream per peer at the P2P copy bandwidth,
   the host enqueueing a copy and a flag write per block and peer before it launches the GEMM (that
-  host time is exposed communication); "sm" a 32-program Triton copy kernel beside the GEMM;
+  host time is exposed communication; none in a CUDA graph), pull zeroing its flags after the GEMM
+  with one memset; "sm" a 32-program Triton copy kernel beside the GEMM;
   "direct" (pull) loads inside the GEMM, every remote A tile once per N-tile it feeds
   (ceil(N_loc/BLOCK_N) times the all-gather's bytes) at the peer-load bandwidth.
   With the copy kernel sharing the GEMM's SMs (``sm``, ``copy_program_bytes_per_s`` measured or
@@ -39,6 +40,8 @@ VARIANTS = ("bsp", "pull", "push", "torch_fused")
 NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
 FUSED = AG_GEMM_KERNEL
 BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
+#: The memset that zeroes copy-engine pull's flags after its GEMM (``CopyEngine.reset_flags``).
+FLAG_RESET = "Memset (flag reset)"
 #: The copy kernel's programs and the columns of one work item (GPU_CONFIG's push_progs, push_chunk_k).
 COPY_PROGRAMS, COPY_CHUNK_K = 32, 2048
 
@@ -175,7 +178,11 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     sync_after = max(xfer + flag - lead, 0.0)
     gemm_plan = KernelPlan(FUSED, "fused", pipe - drain, ht, sync=True, post_s=drain, sync_after_s=sync_after,
                            dram_read_bytes=rd, dram_write_bytes=wr)
-    return [copies + [gemm_plan] for _ in range(world)], det, notes
+    after = []
+    if transport == "ce" and variant == "pull":  # the flags zeroed after the GEMM: one small memset
+        after = [KernelPlan(FLAG_RESET, "comm", params.kernel_overhead_s, params.host_copy_call_s)]
+        notes.append("pull/ce: the rank's flags zeroed by one memset after the GEMM (the kernel overhead)")
+    return [copies + [gemm_plan] + after for _ in range(world)], det, notes
 
 
 def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, link_s, rd, wr):
