@@ -4,9 +4,10 @@
 #   1. the job (benchmarks/train_loop.py, a plain AdamW loop over train_step.py's decoder) traced
 #      by `python -m taxmodel profile --skip 5 --steps 5 -o ... -- python train_loop.py`, and the
 #      hand-written torch.profiler capture of the same steps (train_loop.py --trace-dir) imported
-#      with `taxmodel import`; benchmarks/compare_command_capture.py compares the two ledgers part
-#      by part (kernels per step identical by name, useful within 0.5%, every timed part within
-#      max(3 x the combined standard error, 3% of the step));
+#      with `taxmodel import`, twice (two runs); benchmarks/compare_command_capture.py compares the
+#      hook's ledger with the first part by part (kernels per step identical by name, useful within
+#      0.5%, every timed part within max(3 x the combined standard error, 3% of the step, the
+#      difference between the two hand-written runs));
 #   2. a program that ends before the traced steps: exit 3 and one line, nothing written;
 #   3. one GPU: `--counters` (a second run under ncu counting step 6 only; DRAM bytes attached),
 #      last (the longest); everything ends within BUDGET_S (540 s) so that the results come back.
@@ -70,8 +71,12 @@ check_pair() {  # check_pair TAG NPROC: hook capture, hand-written capture, impo
   step "hand_$tag" 300 0 "${launch[@]}" "$TRAIN" "${JOB[@]}" --trace-dir "$W/t/hand_$tag" --trace-skip $SKIP \
     --trace-steps $STEPS
   step "import_$tag" 120 0 python -m taxmodel import "$W"/t/hand_"$tag"/rank*.json.gz -o "$W/b/hand_$tag"
-  step "compare_$tag" 120 0 python "$COMPARE" "$W/b/hook_$tag" "$W/b/hand_$tag" --hardware "$HW" \
-    --markdown "$OUT/compare_$tag.md" --json "$W/compare_$tag.json"
+  # a second hand-written run: how much the same capture moves from one run to the next
+  step "hand2_$tag" 300 0 "${launch[@]}" "$TRAIN" "${JOB[@]}" --trace-dir "$W/t/hand2_$tag" --trace-skip $SKIP \
+    --trace-steps $STEPS
+  step "import2_$tag" 120 0 python -m taxmodel import "$W"/t/hand2_"$tag"/rank*.json.gz -o "$W/b/hand2_$tag"
+  step "compare_$tag" 120 0 python "$COMPARE" "$W/b/hook_$tag" "$W/b/hand_$tag" --noise "$W/b/hand2_$tag" \
+    --hardware "$HW" --markdown "$OUT/compare_$tag.md" --json "$W/compare_$tag.json"
   cat "$OUT/compare_$tag.md" >>"$S" 2>/dev/null
 }
 
