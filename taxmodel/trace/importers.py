@@ -4,7 +4,8 @@ format must satisfy, and write a bundle.
 Each importer module (listed in ``IMPORTER_MODULES``; adding a format is one line there) exposes
 
     FORMAT: str                                    # "kineto", "nsys", ...
-    sniff(path: Path, head: bytes) -> bool         # by content; head = first 64 KiB, gunzipped
+    sniff(path: Path, head: bytes, tables: set[str]) -> bool   # by content: head = first 64 KiB, gunzipped;
+                                                               # tables = a SQLite file's tables and views, else empty
     read(paths: list[Path], *, iteration_pattern: str | None = None) -> (events, meta)
 
 ``read`` returns events in any column order (``schema.normalize_events`` is applied here) and
@@ -42,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.trace import memory, replay_shapes, schema
+from taxmodel.trace import memory, replay_shapes, schema, sqlite_input, unsupported
 from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
@@ -53,9 +54,6 @@ IMPORTER_MODULES: list[str] = [
     "taxmodel.trace.rocprof_csv",
 ]
 """Importer modules, in the order ``detect_format`` asks them; the first whose ``sniff`` says yes wins."""
-REFUSALS_MODULE = "taxmodel.trace.unsupported"
-"""The profiler outputs recognized but not read (``refusal(path, head)``), asked before the importers;
-loaded like them, by name, since it shares their helpers."""
 
 HEAD_BYTES = 64 * 1024
 
@@ -130,10 +128,11 @@ def detect_format(path: str | Path) -> str:
     if not head.strip():
         raise InputError(f"{path}: its first {len(head):,} bytes{' (unpacked)' if _is_gzip(path) else ''} are only "
                          "whitespace; this is not a trace, export it again")
-    refuse_unsupported(path, head)
+    tables = sqlite_input.sqlite_object_names(path, head)  # once: the refusals and sniffers all look at them
+    refuse_unsupported(path, head, tables)
     for mod in importer_modules():
         try:
-            claims = mod.sniff(path, head)
+            claims = mod.sniff(path, head, tables)
         except Exception:  # a sniffer that chokes on foreign bytes simply does not claim them
             claims = False
         if claims:
@@ -180,11 +179,16 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
         if hint is None:
             raise
         raise InputError(hint) from exc
-def refuse_unsupported(path: Path, head: bytes | None = None) -> None:
+
+
+def refuse_unsupported(path: Path, head: bytes | None = None, tables: set[str] | None = None) -> None:
     """InputError in one line for a profiler output taxmodel recognizes but does not read
     (``unsupported.py``: an .nsys-rep, an nvprof or RPD database, an nsys export without CUDA
-    activity), saying how to get a supported one; nothing for any other file."""
-    why = importlib.import_module(REFUSALS_MODULE).refusal(path, read_head(path) if head is None else head)
+    activity), saying how to get a supported one; nothing for any other file. ``head`` and
+    ``tables`` as ``sniff`` gets them, read here when not given."""
+    head = read_head(path) if head is None else head
+    tables = sqlite_input.sqlite_object_names(path, head) if tables is None else tables
+    why = unsupported.refusal(path, head, tables)
     if why:
         raise InputError(why)
 

@@ -133,7 +133,7 @@ def _int_or_none(value: Any) -> int | None:
 # --- sniffing ----------------------------------------------------------------------------------
 
 
-def sniff(path: Path, head: bytes) -> bool:
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
     """A Kineto trace: a JSON object or array with ``traceEvents`` and Kineto's own markers."""
     stripped = head.lstrip()
     if stripped[:1] not in (b"{", b"["):

@@ -32,7 +32,7 @@ _COPY_DIRECTIONS = {"HOST_TO_DEVICE": "HtoD", "DEVICE_TO_HOST": "DtoH", "DEVICE_
                     "HOST_TO_HOST": "HtoH"}
 
 
-def sniff(path: Path, head: bytes) -> bool:
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
     """rocprofv3 JSON: a JSON object whose (first) key is ``rocprofiler-sdk-tool``."""
     text = head.lstrip()
     return text.startswith(b"{") and f'"{TOP_KEY}"'.encode() in text[:4096]

@@ -58,7 +58,7 @@ def file_kind(head: bytes) -> str | None:
     return None
 
 
-def sniff(path: Path, head: bytes) -> bool:
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
     return file_kind(head) is not None
 
 

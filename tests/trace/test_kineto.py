@@ -282,11 +282,11 @@ def test_normalize_collective():
 
 
 def test_sniff():
-    assert kineto.sniff(Path("x"), b'{\n  "schemaVersion": 1,\n  "traceEvents": [')
-    assert kineto.sniff(Path("x"), b'[{"ph": "X", "cat": "cuda_runtime"')
-    assert not kineto.sniff(Path("x"), b'{"traceEvents": [{"ph": "X", "name": "a"}]}')  # a generic Chrome trace
-    assert not kineto.sniff(Path("x"), b"SQLite format 3\x00")
-    assert not kineto.sniff(Path("x"), b"Kernel_Name,Start_Timestamp\n")
+    assert kineto.sniff(Path("x"), b'{\n  "schemaVersion": 1,\n  "traceEvents": [', set())
+    assert kineto.sniff(Path("x"), b'[{"ph": "X", "cat": "cuda_runtime"', set())
+    assert not kineto.sniff(Path("x"), b'{"traceEvents": [{"ph": "X", "name": "a"}]}', set())  # a generic Chrome trace
+    assert not kineto.sniff(Path("x"), b"SQLite format 3\x00", set())
+    assert not kineto.sniff(Path("x"), b"Kernel_Name,Start_Timestamp\n", set())
 
 
 # --- CPU traces from torch.profiler (what any PyTorch user without a GPU here produces) --------------

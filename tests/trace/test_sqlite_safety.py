@@ -14,7 +14,7 @@ import pytest
 from taxmodel import limits
 from taxmodel.errors import InputError
 from taxmodel.trace import importers
-from taxmodel.trace import vendor_common as vc
+from taxmodel.trace import sqlite_input as sq
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "nsys"
 
@@ -34,7 +34,7 @@ def test_uri_characters_in_a_name_are_the_name(tmp_path, name):
 def test_the_connection_cannot_write(tmp_path):
     path = tmp_path / "x.sqlite"
     shutil.copy(DATA / "rank0.sqlite", path)
-    with vc.sqlite_connection(path) as conn, pytest.raises(sqlite3.OperationalError):
+    with sq.sqlite_connection(path) as conn, pytest.raises(sqlite3.OperationalError):
         conn.execute("CREATE TABLE t (x)")
 
 
@@ -60,16 +60,16 @@ def test_a_view_that_never_ends_stops_at_the_row_budget(tmp_path, monkeypatch):
 def test_a_query_that_runs_too_long_stops_at_its_deadline(tmp_path, monkeypatch):
     monkeypatch.setenv(limits.QUERY_SECONDS_ENV, "0.3")
     path = _endless(tmp_path)
-    with pytest.raises(InputError, match="ran longer than 0.3 s"), vc.sqlite_connection(path) as conn:
-        with vc.sqlite_errors(path, "nsys"):
+    with pytest.raises(InputError, match="ran longer than 0.3 s"), sq.sqlite_connection(path) as conn:
+        with sq.sqlite_errors(path, "nsys"):
             conn.execute('SELECT count(*) FROM "CUPTI_ACTIVITY_KIND_KERNEL"').fetchone()
 
 
 def test_ctrl_c_stops_a_query_inside_sqlite(tmp_path):
     path = _endless(tmp_path)
     timer = threading.Timer(0.3, lambda: signal.raise_signal(signal.SIGINT))
-    with pytest.raises(KeyboardInterrupt), vc.sqlite_connection(path) as conn:
+    with pytest.raises(KeyboardInterrupt), sq.sqlite_connection(path) as conn:
         timer.start()
-        with vc.sqlite_errors(path, "nsys"):
+        with sq.sqlite_errors(path, "nsys"):
             conn.execute('SELECT count(*) FROM "CUPTI_ACTIVITY_KIND_KERNEL"').fetchone()
     timer.cancel()
