@@ -202,7 +202,7 @@ def _memory_kinds(s: sq.SqliteSchema, copies: pd.DataFrame | None) -> tuple[str,
     CUPTI's numbering (Device = 3) makes it do so (exports older than the enum tables)."""
     t = "ENUM_CUDA_MEM_KIND"
     if s.has(t) and {"id", "label"} <= s.columns(t):
-        rows = dict(s.conn.execute(f'SELECT "id", "label" FROM "{t}"').fetchall())
+        rows = dict(s.fetchall(f'SELECT "id", "label" FROM "{t}"'))
         if rows and all(isinstance(k, int) for k in rows):
             return tuple(str(rows.get(i, "Unknown")) for i in range(max(rows) + 1))
     if copies is not None and len(copies):
@@ -368,9 +368,9 @@ def _hardware(s: sq.SqliteSchema, gpu: pd.DataFrame) -> dict:
     present = {c: k for c, k in _GPU_INFO.items() if c in cols}
     extra = [c for c in ("computeMajor", "computeMinor", "isDiscrete") if c in cols]
     if present or extra:
-        sel = ", ".join(f'"{c}"' for c in [*present, *extra])
         by_id = "id" in cols
-        rows = s.conn.execute(f'SELECT {sel}{", " + chr(34) + "id" + chr(34) if by_id else ""} FROM "{t}"').fetchall()
+        sel = ", ".join(f'"{c}"' for c in [*present, *extra, *(["id"] if by_id else [])])
+        rows = s.fetchall(f'SELECT {sel} FROM "{t}"')
         used = gpu["device"].mode() if len(gpu) else pd.Series([], dtype="int64")
         want = int(used.iloc[0]) if len(used) else None
         row = next((r for r in rows if by_id and r[-1] == want), rows[0] if rows else None)

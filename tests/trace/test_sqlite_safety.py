@@ -38,23 +38,27 @@ def test_the_connection_cannot_write(tmp_path):
         conn.execute("CREATE TABLE t (x)")
 
 
-def _endless(tmp_path: Path) -> Path:
-    """An nsys export whose kernel table is a view that never ends."""
+def _endless(tmp_path: Path, table: str = "CUPTI_ACTIVITY_KIND_KERNEL") -> Path:
+    """An nsys export whose ``table`` is a view that never ends."""
     path = tmp_path / "endless.sqlite"
     shutil.copy(DATA / "rank0.sqlite", path)
     with sqlite3.connect(path) as conn:
-        cols = [r[1] for r in conn.execute('PRAGMA table_info("CUPTI_ACTIVITY_KIND_KERNEL")')]
-        conn.execute('DROP TABLE "CUPTI_ACTIVITY_KIND_KERNEL"')
+        cols = [r[1] for r in conn.execute(f'PRAGMA table_info("{table}")')]
+        assert cols, f"the fixture has no {table}"
+        conn.execute(f'DROP TABLE "{table}"')
         select = ", ".join(f"x AS \"{c}\"" for c in cols)
-        conn.execute(f'CREATE VIEW "CUPTI_ACTIVITY_KIND_KERNEL" AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL '
+        conn.execute(f'CREATE VIEW "{table}" AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL '
                      f'SELECT x + 1 FROM c) SELECT {select} FROM c')
     return path
 
 
-def test_a_view_that_never_ends_stops_at_the_row_budget(tmp_path, monkeypatch):
+@pytest.mark.parametrize("table", ["CUPTI_ACTIVITY_KIND_KERNEL", "ENUM_CUDA_MEM_KIND", "TARGET_INFO_GPU"])
+def test_a_view_that_never_ends_stops_at_the_row_budget(tmp_path, monkeypatch, table):
+    """Every query of the export, the memory kinds' and the GPU's too (they bypassed the budget)."""
     monkeypatch.setattr(limits, "MIN_ROW_BUDGET", 50_000)
+    monkeypatch.setenv(limits.QUERY_SECONDS_ENV, "20")  # a query that escapes the budget ends here, not in minutes
     with pytest.raises(InputError, match=r"yields more than 50,000 rows.*a view that never ends"):
-        importers.import_traces([_endless(tmp_path)], "nsys")
+        importers.import_traces([_endless(tmp_path, table)], "nsys")
 
 
 def test_a_query_that_runs_too_long_stops_at_its_deadline(tmp_path, monkeypatch):
