@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.trace import vocabulary
+from taxmodel.trace.op_costs import collective_bus_bytes, collective_bus_bytes_at_least, payload_message_bytes
 
 DEFAULT_ITERATION_PATTERN = r"(?:ProfilerStep#|\b[Ii]ter(?:ation)?[\s_#:=-]*)(\d+)"
 """Matches torch.profiler's ``ProfilerStep#N`` and user ranges such as ``iter 3``,
@@ -278,10 +279,8 @@ def attach_collective_sizes(events: pd.DataFrame, calls: pd.DataFrame) -> pd.Dat
     (``calls``: ``COLLECTIVE_CALL_COLUMNS`` with ``rank`` for ``pid``) whose time range on the
     launching thread holds the kernel's launch call. A group size the trace does not give is taken
     as 2, the fewest bytes any group carries (a lower bound, said in ``uncosted``'s absence by the
-    importer's note); a kernel without such a call is uncosted, its reason said."""
-    from taxmodel.trace.op_costs import collective_bus_bytes, payload_message_bytes
-
-    events = events.copy()
+    importer's note); a kernel without such a call is uncosted, its reason said. ``events`` is
+    changed in place (``assemble``'s own frame) and returned."""
     for col, default in (("floor_bytes", -1), ("uncosted", "")):
         if col not in events:
             events[col] = default
@@ -304,7 +303,8 @@ def attach_collective_sizes(events: pd.DataFrame, calls: pd.DataFrame) -> pd.Dat
     op = np.where(m["collective_op"].isin(vocabulary.COLLECTIVES), m["collective_op"], m["call_op"])
     group = m["group_size"].astype("int64").to_numpy()
     msg = np.array([payload_message_bytes(o, int(p), int(g)) for o, p, g in zip(op, m["payload_bytes"], group)], np.int64)
-    bus = np.array([collective_bus_bytes(o, int(b), int(g) if g > 0 else 2) for o, b, g in zip(op, msg, group)], np.int64)
+    bus = np.array([collective_bus_bytes(o, int(b), int(g)) if g > 0 else collective_bus_bytes_at_least(o, int(b))
+                    for o, b, g in zip(op, msg, group)], np.int64)
     idx = m["index"].to_numpy()
     events.loc[idx, "bytes"] = msg
     events.loc[idx, "floor_bytes"] = bus
