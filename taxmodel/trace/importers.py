@@ -209,13 +209,15 @@ def _check_file(path: Path) -> None:
 
 
 def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_pattern: str | None = None,
-                  *, allow_missing_ranks: bool = False, world_size: int | None = None) -> tuple[pd.DataFrame, dict, str]:
+                  *, allow_missing_ranks: bool = False, world_size: int | None = None,
+                  shapes_from: Sequence[str | Path] = ()) -> tuple[pd.DataFrame, dict, str]:
     """Read trace files (one or many ranks) into normalized events, meta and the format used.
 
     Raises InputError naming the file and problem for anything the checks reject. With
     ``allow_missing_ranks`` a subset of a run's ranks (e.g. only rank 0 was profiled) is
     accepted and noted in meta instead of rejected. ``world_size`` says how many ranks the run
     had where the traces do not record it (it must agree with them where they do).
+    ``shapes_from``: an eager capture of the same program (``attach_shapes_from``).
     """
     paths = check_import_options(paths, iteration_pattern, world_size)
     for p in paths:
@@ -226,7 +228,8 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
         for p in paths:
             refuse_unsupported(p)
     events, meta = read_with(importer_for(fmt), paths, iteration_pattern)
-    return finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks, world_size=world_size)
+    return finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks, world_size=world_size,
+                         shapes_from=shapes_from)
 
 
 def check_import_options(paths: Sequence[str | Path], iteration_pattern: str | None,
@@ -252,10 +255,12 @@ def one_format(found: dict[Path, str]) -> str:
 
 
 def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Path], *,
-                  allow_missing_ranks: bool = False, world_size: int | None = None) -> tuple[pd.DataFrame, dict, str]:
+                  allow_missing_ranks: bool = False, world_size: int | None = None,
+                  shapes_from: Sequence[str | Path] = ()) -> tuple[pd.DataFrame, dict, str]:
     """What every import does with what its importer read (``import_traces``'s second half, also
-    run by ``import --scheduler`` after its tasks): meta completed, events normalized, and the
-    checks across files; ``paths`` as the user gave them, for the messages."""
+    run by ``import --scheduler`` after its tasks): meta completed, events normalized, the
+    checks across files, and the CUDA-graph replays' work from eager steps (the trace's own, and
+    ``shapes_from``'s when given: one pass); ``paths`` as the user gave them, for the messages."""
     meta = dict(meta)
     meta.setdefault("source", fmt)
     meta["notes"] = list(meta.get("notes") or [])
@@ -269,7 +274,10 @@ def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Pa
     check_events(events, meta, shown=shown)
     note_long_spans(events, meta, shown=shown)
     meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
-    events, meta = replay_shapes.attach_replay_shapes(events, meta)  # from the trace's own eager steps, if any
+    if shapes_from:
+        events, meta = attach_shapes_from(events, meta, shapes_from)
+    else:
+        events, meta = replay_shapes.attach_replay_shapes(events, meta)  # from the trace's own eager steps, if any
     return events, meta, fmt
 
 
@@ -345,9 +353,7 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
     paths = [Path(p) for p in paths]
     prepare_output(output, force=force, inputs=[*paths, *map(Path, shapes_from)])  # refuse before the (long) import
     events, meta, fmt = (read or import_traces)(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
-                                                world_size=world_size)
-    if shapes_from:
-        events, meta = attach_shapes_from(events, meta, shapes_from)
+                                                world_size=world_size, shapes_from=shapes_from)
     if counters is not None:
         from taxmodel.trace.counter_match import attach_counters_file
 
