@@ -71,20 +71,7 @@ _SNIFF_MARKERS = (
 )
 
 
-
-
 # --- exact JSON --------------------------------------------------------------------------------
-
-
-def load_json(path: Path) -> Any:
-    """Parse a plain or gzipped JSON trace whole (small documents; the importer streams instead,
-    ``json_stream.TraceStream``); InputError names the file and the problem. Numbers with a
-    fraction are kept as their decimal text (``_to_ns`` converts them exactly)."""
-    stream = json_stream.TraceStream(path)
-    events = [e for batch in stream.batches() for e in batch]
-    if stream.array_at_top:
-        return events
-    return {**stream.top, "traceEvents": events} if stream.found_events else stream.top
 
 
 def _to_ns(value: Any) -> int | None:

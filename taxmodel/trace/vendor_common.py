@@ -17,9 +17,7 @@ never depends on which profiler produced its events:
 """
 from __future__ import annotations
 
-import gzip
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -31,34 +29,8 @@ DEFAULT_ITERATION_PATTERN = r"(?:ProfilerStep#|\b[Ii]ter(?:ation)?[\s_#:=-]*)(\d
 """Matches torch.profiler's ``ProfilerStep#N`` and user ranges such as ``iter 3``,
 ``iteration_3``, ``Iteration#3``; the one group is the iteration number."""
 
-GZIP_MAGIC = b"\x1f\x8b"
-
 _SYNC_CALL = re.compile(r"Synchronize", re.IGNORECASE)
 _API_VERSION_SUFFIX = re.compile(r"_v\d+$")
-
-
-# --- files ---------------------------------------------------------------------------------
-
-def read_head(path: Path, nbytes: int = 65536) -> bytes:
-    """First ``nbytes`` of a file, gunzipped when the file is gzip-compressed."""
-    with open(path, "rb") as fh:
-        raw = fh.read(nbytes)
-    if raw.startswith(GZIP_MAGIC):
-        try:
-            with gzip.open(path, "rb") as fh:
-                return fh.read(nbytes)
-        except (OSError, EOFError):
-            return b""
-    return raw
-
-
-def open_text(path: Path):
-    """Open a (possibly gzipped) text file for reading."""
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    if magic == GZIP_MAGIC:
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return open(path, "r", encoding="utf-8", newline="")
 
 
 # --- names and roles -----------------------------------------------------------------------
