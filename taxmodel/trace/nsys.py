@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
+from taxmodel.trace import ints
 from taxmodel.trace import sqlite_input as sq
 from taxmodel.trace import vendor_common as vc
 from taxmodel.trace import vocabulary
@@ -327,22 +328,14 @@ def _payload_fields(payload) -> dict:
                 if isinstance(v, (dict, list)):
                     stack.append(v)
                 elif "message size" in key or key in ("bytes", "size"):
-                    out["bytes"] = _nonneg(v, out["bytes"])
+                    out["bytes"] = ints.nonneg(v, out["bytes"])
                 elif "communicator" in key or key in ("comm", "commhash"):
                     out["comm"] = v
                 elif "no. of ranks" in key or key in ("nranks", "ranks"):
-                    out["nranks"] = _nonneg(v, out["nranks"])
+                    out["nranks"] = ints.nonneg(v, out["nranks"])
         elif isinstance(node, list):
             stack.extend(node)
     return out
-
-
-def _nonneg(v, default: int) -> int:
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
-        return default
-    return n if n >= 0 else default
 
 
 def _mpi_ranks(s: sq.SqliteSchema) -> dict[int, int]:

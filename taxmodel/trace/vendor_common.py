@@ -22,7 +22,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from taxmodel.trace import vocabulary
+from taxmodel.trace import ints, vocabulary
 from taxmodel.trace.op_costs import collective_bus_bytes, collective_bus_bytes_at_least, payload_message_bytes
 
 DEFAULT_ITERATION_PATTERN = r"(?:ProfilerStep#|\b[Ii]ter(?:ation)?[\s_#:=-]*)(\d+)"
@@ -165,11 +165,8 @@ def rank_from_environment(env: dict | None) -> int:
     """The global rank named by a process environment, or -1."""
     if not env:
         return -1
-    for var in RANK_ENV_VARS:
-        value = env.get(var)
-        if value is not None and str(value).strip().lstrip("-").isdigit():
-            return int(value)
-    return -1
+    ranks = (ints.whole(env.get(var)) for var in RANK_ENV_VARS)
+    return next((r for r in ranks if r is not None), -1)
 
 
 def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -233,16 +230,9 @@ def call_from_args(name: str, args: dict) -> tuple[str, int]:
     if op not in vocabulary.COLLECTIVES:
         return "", -1
     norm = {re.sub(r"[^a-z]", "", str(k).lower()): v for k, v in args.items()}
-    count = next((_count(norm[k]) for k in ("count", "sendcount", "recvcount") if k in norm), -1)
+    count = next((ints.literal(norm[k]) for k in ("count", "sendcount", "recvcount") if k in norm), None)
     width = NCCL_DTYPE_BYTES.get(re.sub(r"[^a-z0-9]", "", str(norm.get("datatype", "")).lower()), 0)
-    return op, count * width if count >= 0 and width else -1
-
-
-def _count(v) -> int:
-    try:
-        return int(str(v).strip(), 0)
-    except ValueError:
-        return -1
+    return op, count * width if count is not None and count >= 0 and width else -1
 
 
 def attach_collective_sizes(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
