@@ -10,10 +10,13 @@ sizes are far smaller, and int64 sums and products of such a number would wrap.
 - ``whole_in_text``: ``whole``, else the first run of digits in a string ("stream 7"), for
   Kineto's ids, which some tools write with words around;
 - ``literal``: an integer as C or Python code writes it (``42``, ``0x2a``, ``1_000``), for API
-  arguments recorded as their source text (RCCL's in rocprofv3).
+  arguments recorded as their source text (RCCL's in rocprofv3);
+- ``truncated``: an int, or a finite number's text truncated toward zero (``json_stream`` keeps a
+  number with a fraction or an exponent as its text), for Kineto's op arguments (``flops``).
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -55,3 +58,15 @@ def literal(v: Any) -> int | None:
     except ValueError:
         return None
     return n if -LIMIT < n < LIMIT else None
+
+
+def truncated(v: Any) -> int | None:
+    """``v`` when it is an int, else the number a string writes truncated toward zero (``"1.5e9"``);
+    None for anything else, and for no finite number."""
+    if type(v) is str:
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        v = int(f) if math.isfinite(f) else None
+    return v if type(v) is int and -LIMIT < v < LIMIT else None

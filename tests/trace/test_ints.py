@@ -28,6 +28,11 @@ def test_whole_in_text_finds_the_digits_among_words():
     assert ints.whole_in_text("none") is None and ints.whole_in_text(2.0) is None and ints.whole_in_text(2 ** 62) is None
 
 
+def test_truncated_reads_a_numbers_text_toward_zero():
+    assert [ints.truncated(v) for v in (12, "1.5e9", "-2.7", " 3 ")] == [12, 1_500_000_000, -2, 3]
+    assert [ints.truncated(v) for v in ("inf", "nan", "1e30", 2.5, True, None, "x")] == [None] * 7
+
+
 def test_literal_reads_integers_as_code_writes_them():
     assert [ints.literal(v) for v in ("1024", "0x400", " 1_024 ", 1024, "-2")] == [1024, 1024, 1024, 1024, -2]
     assert [ints.literal(v) for v in ("ten", 1.5, True, "0x" + "f" * 20)] == [None] * 4
