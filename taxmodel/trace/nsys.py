@@ -251,16 +251,11 @@ def _read_ranges(s: sq.SqliteSchema, utc: int) -> pd.DataFrame:
     if not s.has(NVTX):
         return empty
     s.require_columns(NVTX, ("start", "end", "globalTid"))
-    cols = s.columns(NVTX)
-    text = ["t.\"text\""] if "text" in cols else []
-    join = ""
-    if "textId" in cols and s.has("StringIds"):
-        text.append("n.\"value\"")
-        join = ' LEFT JOIN "StringIds" n ON n."id" = t."textId"'
+    text, join = _nvtx_text(s, "text", "textId", "n")
     if not text:
         return empty
     where = 't."end" IS NOT NULL AND t."end" >= t."start"'
-    if "eventType" in cols:
+    if "eventType" in s.columns(NVTX):
         where += f' AND t."eventType" IN ({", ".join(map(str, _NVTX_RANGE_TYPES))})'
     df = s.query(
         f'SELECT ((t."globalTid" >> {_PID_SHIFT}) & {_ID_MASK}) AS pid, (t."globalTid" & {_ID_MASK}) AS stream, '
@@ -276,19 +271,10 @@ def _read_collective_calls(s: sq.SqliteSchema, utc: int) -> pd.DataFrame:
     (``jsonText``, or ``jsonTextId`` into StringIds); older NCCL records none (sizes stay -1)."""
     if not s.has(NVTX):
         return vc.empty_collective_calls()
-    cols = s.columns(NVTX)
-    text, payload, joins = [], [], ""
-    if "text" in cols:
-        text.append('t."text"')
-    if "textId" in cols and s.has("StringIds"):
-        text.append("n.\"value\"")
-        joins += ' LEFT JOIN "StringIds" n ON n."id" = t."textId"'
-    if "jsonText" in cols:
-        payload.append('t."jsonText"')
-    if "jsonTextId" in cols and s.has("StringIds"):
-        payload.append("j.\"value\"")
-        joins += ' LEFT JOIN "StringIds" j ON j."id" = t."jsonTextId"'
-    if not text or not {"start", "end", "globalTid"} <= cols:
+    text, text_join = _nvtx_text(s, "text", "textId", "n")
+    payload, payload_join = _nvtx_text(s, "jsonText", "jsonTextId", "j")
+    joins = text_join + payload_join
+    if not text or not {"start", "end", "globalTid"} <= s.columns(NVTX):
         return vc.empty_collective_calls()
     label = f"COALESCE({', '.join(text)}, '')"
     df = s.query(
@@ -307,6 +293,19 @@ def _read_collective_calls(s: sq.SqliteSchema, utc: int) -> pd.DataFrame:
                         "op": op, "payload_bytes": [f["bytes"] for f in fields],
                         "group_size": [f["nranks"] if f["nranks"] > 0 else ranks_of_comm.get(f["comm"], -1) for f in fields]})
     return out[keep].astype({c: "int64" for c in vc.COLLECTIVE_CALL_COLUMNS if c != "op"})
+
+
+def _nvtx_text(s: sq.SqliteSchema, inline: str, by_id: str, alias: str) -> tuple[list[str], str]:
+    """The SQL expressions of an NVTX_EVENTS text field (the event's ``t``): its own column
+    ``inline`` and its StringIds entry by column ``by_id`` (joined as ``alias``), those the export
+    has; and the join that needs."""
+    cols = s.columns(NVTX)
+    exprs = [f't."{inline}"'] if inline in cols else []
+    join = ""
+    if by_id in cols and s.has("StringIds"):
+        exprs.append(f'{alias}."value"')
+        join = f' LEFT JOIN "StringIds" {alias} ON {alias}."id" = t."{by_id}"'
+    return exprs, join
 
 
 def _payload_fields(payload) -> dict:
