@@ -93,12 +93,9 @@ class Profile:
         from taxmodel.trace.importers import import_traces
 
         paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
-        events, found, _ = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks)
-        if shapes_from:
-            from taxmodel.trace.importers import attach_shapes_from
-
-            events, found = attach_shapes_from(events, found, [shapes_from] if isinstance(shapes_from, (str, os.PathLike))
-                                               else shapes_from)
+        shapes_from = [shapes_from] if isinstance(shapes_from, (str, os.PathLike)) else shapes_from
+        events, found, _ = import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
+                                         shapes_from=shapes_from)
         if counters is not None:
             from taxmodel.trace.counter_match import attach_counters_file
 

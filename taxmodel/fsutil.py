@@ -101,21 +101,31 @@ def check_not_input(output: str | os.PathLike, inputs: Iterable[str | os.PathLik
     """InputError when ``output`` is one of ``inputs`` (the same path, or the same file through
     another name: a hard link, a link above it) or lies inside one (an input directory, e.g.
     a bundle: ``--json BASE/b/meta.json`` would replace the baseline it compares against)."""
-    out = Path(output).absolute()
+    hit = overlap(output, inputs)
+    if hit:
+        where, p = hit
+        raise InputError(f"{output}: {where} the input {p}; write the {what} outside what the command reads")
+
+
+def overlap(path: str | os.PathLike, others: Iterable[str | os.PathLike]) -> tuple[str, Path] | None:
+    """("is", other) for the first of ``others`` that ``path`` is (the same path, or the same file
+    through another name: a hard link, a link above it), ("is inside", other) for one it lies
+    inside; None when there is none."""
+    out = Path(path).absolute()
     out_real = Path(os.path.realpath(out))
     try:
         out_id = os.stat(out)[1:3] if os.path.lexists(out) else None  # (ino, dev)
     except OSError:
         out_id = None
-    for p in map(Path, inputs):
+    for p in map(Path, others):
         real = Path(os.path.realpath(p.absolute()))
         try:
             same = out_id is not None and os.stat(p)[1:3] == out_id
         except OSError:
             same = False
         if same or out_real == real or real in out_real.parents:
-            where = "is" if same or out_real == real else "is inside"
-            raise InputError(f"{output}: {where} the input {p}; write the {what} outside what the command reads")
+            return ("is" if same or out_real == real else "is inside"), p
+    return None
 
 
 def check_output_file(path: str | os.PathLike, what: str = "output",

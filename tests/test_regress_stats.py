@@ -1,12 +1,17 @@
 """The bootstrap and the verdict rule of taxmodel.regress.stats, on data whose answer is known."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from taxmodel.regress.config import StatisticsSettings, Threshold
+from taxmodel.regress.compare import compare_rows
+from taxmodel.regress.config import StatisticsSettings, Threshold, default_config
+from taxmodel.regress.samples import METRICS, RowKey, RowSamples
 from taxmodel.regress.stats import (TooFewSamples, shortfall, IMPROVED, REGRESSED, UNCHANGED, Side, bootstrap_statistic, compare_sides,
                                     relative, row_verdict, verdict_for)
 
@@ -136,15 +141,28 @@ def test_false_alarm_rate_under_the_null_is_at_most_the_nominal_rate():
     assert flagged <= 6  # 5% of 120: generous for a 2.5% one-sided rate
 
 
+def _rows(*latencies_ns: list[float]) -> dict[RowKey, RowSamples]:
+    """One row per list of per-iteration latencies (every metric at that value)."""
+    rows = {}
+    for i, lat in enumerate(latencies_ns):
+        key = RowKey("w", f"v{i}", "m=1")
+        table = pd.DataFrame({"repetition": [0] * len(lat), "iteration": list(range(len(lat))),
+                              **{m: lat for m in METRICS}}, dtype=float)
+        rows[key] = RowSamples(key, table, metas=[{}])
+    return rows
+
+
 def test_too_few_samples_cannot_be_judged_never_pass():
-    """Issue 38: 2 iterations per side of a 2x slower candidate used to be UNCHANGED (exit 0)."""
-    stats = StatisticsSettings(min_samples=3)
-    with pytest.raises(TooFewSamples, match="the baseline has 2 iteration"):
-        compare_sides(_side([1e6, 1e6]), _side([2e6, 2e6]), [SELF], 0, stats, np.random.default_rng(0))
-    empty = Side(np.empty((0, 1)), np.empty(0, dtype=int))
-    with pytest.raises(TooFewSamples, match="the baseline has 0 iteration"):
-        compare_sides(empty, _side([2e6] * 5), [SELF], 0, stats, np.random.default_rng(0))
-    assert shortfall(3, stats) is None and shortfall(2, stats) == "2 iteration(s), at least 3 needed"
+    """Issue 38: 2 iterations per side of a 2x slower candidate used to be UNCHANGED (exit 0).
+    Every row too thin is named in one message, before any row is compared."""
+    cfg = dataclasses.replace(default_config(), statistics=StatisticsSettings(min_samples=3))
+    base, cand = _rows([1e6] * 2, [], [1e6] * 5), _rows([2e6] * 2, [2e6] * 5, [2e6] * 5)
+    with pytest.raises(TooFewSamples, match=r"w/v0/m=1: the baseline has 2 iteration.*; w/v0/m=1: the candidate has 2 "
+                                            r"iteration.*; w/v1/m=1: the baseline has 0 iteration") as err:
+        compare_rows(base, cand, cfg)
+    assert "w/v2" not in str(err.value)
+    assert compare_rows(_rows([1e6] * 3), _rows([1e6] * 3), cfg).exit_code == 0
+    assert shortfall(3, cfg.statistics) is None and shortfall(2, cfg.statistics) == "2 iteration(s), at least 3 needed"
 
 
 @settings(max_examples=25, deadline=None)

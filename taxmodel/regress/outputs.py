@@ -15,7 +15,8 @@ from typing import Any
 import pandas as pd
 
 from taxmodel import safetext
-from taxmodel.fsutil import atomic_write, check_not_input, check_output_file
+from taxmodel.errors import InputError
+from taxmodel.fsutil import atomic_write, check_output_file, overlap
 from taxmodel.regress.compare import CompareResult
 from taxmodel.regress.stats import IMPROVED, REGRESSED, UNCHANGED
 
@@ -248,9 +249,11 @@ def check_outputs(outputs: dict[str, str | Path | None], inputs: list[str | Path
     """Refuse, before any work, outputs that would replace an input (a bundle's meta.json, the
     config) or another output, or that stand where only a regular file may (``fsutil``)."""
     given = [(kind, Path(p)) for kind, p in outputs.items() if p]
-    for i, (kind, path) in enumerate(given):
+    for i, (_, path) in enumerate(given):
         check_output_file(path, "comparison output", inputs)
-        check_not_input(path, [p for _, p in given[:i]], "comparison output")
+        other = next((k for k, p in given[:i] if overlap(path, [p])), None)
+        if other:
+            raise InputError(f"{path}: is also the {other.removesuffix('_path')} output; give each output a file of its own")
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -138,13 +138,10 @@ class MetricChange:
 
 def compare_sides(base: Side, cand: Side, thresholds: list[Threshold], window_column: int,
                   settings: StatisticsSettings, rng: np.random.Generator) -> list[MetricChange]:
-    """Compare every metric (column) of two sides; ``window_column`` holds the latency.
-    TooFewSamples when either side falls short of ``min_samples`` (``shortfall``)."""
+    """Compare every metric (column) of two sides; ``window_column`` holds the latency. Both
+    sides hold at least ``min_samples`` (``shortfall``): ``compare.check_samples`` refuses the
+    rows that do not, all in one message, before any is compared."""
     stat = settings.statistic
-    for name, side in (("baseline", base), ("candidate", cand)):
-        short = shortfall(side.n_samples, settings)
-        if short:
-            raise TooFewSamples(f"cannot judge: the {name} has {short}; profile more iterations or repetitions")
     pb, pc = point_statistic(base.values, stat), point_statistic(cand.values, stat)
     bb = bootstrap_statistic(base, settings.resamples, rng, stat)
     bc = bootstrap_statistic(cand, settings.resamples, rng, stat)

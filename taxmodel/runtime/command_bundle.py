@@ -169,19 +169,19 @@ EMULATED_NOTE = ("CPU capture: kernel rows are the job's record_function('kernel
 
 
 def _read(paths: Sequence[Path], fmt: str, iteration_pattern: str | None, *, allow_missing_ranks: bool,
-          world_size: int | None, emulated: bool) -> tuple[pd.DataFrame, dict, str]:
+          world_size: int | None, shapes_from: Sequence[Path], emulated: bool) -> tuple[pd.DataFrame, dict, str]:
     """``importers.import_traces``, with the CPU runs' host ranges made kernel rows first."""
     from taxmodel.trace import importers
 
     if not emulated:
         return importers.import_traces(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
-                                       world_size=world_size)
+                                       world_size=world_size, shapes_from=shapes_from)
     from taxmodel.trace.capture import emulated_gpu_rows
 
     paths = [Path(p) for p in paths]
     events, meta = importers.read_with(importers.importer_for(fmt), paths, iteration_pattern)
     return importers.finish_import(emulated_gpu_rows(events), meta, fmt, paths, allow_missing_ranks=allow_missing_ranks,
-                                   world_size=world_size)
+                                   world_size=world_size, shapes_from=shapes_from)
 
 
 def keep_first_steps(events: pd.DataFrame, steps: int) -> pd.DataFrame:
@@ -209,9 +209,9 @@ def write_capture_bundle(a: Assessment, plan: Plan, out: Path, *, force: bool, c
 
     emulated = a.device != "cuda"
 
-    def read(paths, fmt, iteration_pattern, *, allow_missing_ranks, world_size):
+    def read(paths, fmt, iteration_pattern, *, allow_missing_ranks, world_size, shapes_from):
         events, meta, fmt = _read(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
-                                  world_size=world_size, emulated=emulated)
+                                  world_size=world_size, shapes_from=shapes_from, emulated=emulated)
         events = keep_first_steps(events, a.keep_steps)
         capture = dict(meta.get("capture") or {})
         capture.update({

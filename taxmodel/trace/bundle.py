@@ -165,8 +165,9 @@ def _check_raw_is_ours(path: Path) -> None:
     raw = path / RAW_DIR
     if fsutil.describe(raw) != "a directory":
         raise InputError(f"{raw}: is {fsutil.describe(raw)}, which taxmodel did not write; move it away or choose another -o")
-    try:
-        meta = json.loads((path / META_FILE).read_bytes())
+    meta_path = path / META_FILE
+    try:  # (a meta.json that is no regular file is read as none: a FIFO would block the read)
+        meta = _meta_json(meta_path) if fsutil.describe(meta_path) == "a regular file" else {}
     except (OSError, ValueError, RecursionError):
         meta = {}
     meta = meta if isinstance(meta, dict) else {}
@@ -186,14 +187,14 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
                  raw_files: Iterable[str | os.PathLike] = (), overwrite: bool = True) -> Path:
     """Normalize, validate and atomically write a bundle directory; return its path.
 
-    ``prepare_output`` decides what may be at ``path``: with ``overwrite=False`` an existing
-    bundle is an error; a path holding anything but a bundle is always an error. Nothing is
-    written when validation fails.
+    ``prepare_output`` decides what may be at ``path``, checked once, right before the new bundle
+    takes its place: with ``overwrite=False`` an existing bundle is an error; a path holding
+    anything but a bundle is always an error. Nothing is written when validation fails. A
+    caller with long work before this (``import``, ``profile``) checks the path first itself.
     """
     path = Path(path)
     raw_files = [Path(f) for f in raw_files]
     fsutil.recover_dir(path)  # a replacement killed half-way: the old bundle first goes back where it was
-    prepare_output(path, force=overwrite, inputs=raw_files)
     events = schema.normalize_events(events)
     schema.validate_events(events)
     check_time_range(events, "events")
@@ -216,7 +217,7 @@ def write_bundle(path: str | os.PathLike, events: pd.DataFrame, meta: dict[str, 
             (tmp / RAW_DIR).mkdir()
             for f in raw_files:
                 shutil.copy2(f, tmp / RAW_DIR / f.name)
-        prepare_output(path, force=overwrite)  # again: something may have appeared meanwhile
+        prepare_output(path, force=overwrite, inputs=raw_files)
         replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -276,8 +277,7 @@ def load_bundle_meta(path: Path) -> dict[str, Any]:
         if not p.is_file():
             raise BundleError(f"{path}: not a bundle, {p.name} is missing")
     try:
-        limits.check_size(meta_path, meta_path.stat().st_size, "meta.json", META_MAX_BYTES)
-        meta = json.loads(meta_path.read_bytes())
+        meta = _meta_json(meta_path)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise BundleError(f"{meta_path}: not valid JSON ({exc})") from exc
     except OSError as exc:
@@ -291,6 +291,12 @@ def load_bundle_meta(path: Path) -> dict[str, Any]:
     if "shape" in meta:
         meta["shape"] = folder_order(meta["shape"], path.name, meta.get("variant"))
     return meta
+
+
+def _meta_json(meta_path: Path) -> Any:
+    """The parsed meta.json at ``meta_path``: InputError when it is larger than ``META_MAX_BYTES``."""
+    limits.check_size(meta_path, meta_path.stat().st_size, "meta.json", META_MAX_BYTES)
+    return json.loads(meta_path.read_bytes())
 
 
 def read_events_file(events_path: Path) -> pd.DataFrame:

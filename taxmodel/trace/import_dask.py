@@ -79,8 +79,8 @@ def locate(client: Any, paths: list[Path], allow_missing_ranks: bool) -> tuple[d
 
 
 def _import(client: Any, paths: list[Path], seen: dict[Path, list[str]], lost: list[Path], fmt: str,
-            iteration_pattern: str | None, *, allow_missing_ranks: bool = False,
-            world_size: int | None = None) -> tuple[pd.DataFrame, dict, str]:
+            iteration_pattern: str | None, *, allow_missing_ranks: bool = False, world_size: int | None = None,
+            shapes_from: Sequence[str | os.PathLike] = ()) -> tuple[pd.DataFrame, dict, str]:
     """Detect, parse or read on the workers, then combine and check here; ``lost``: files left out."""
     run = uuid.uuid4().hex[:8]
     if fmt == "auto":
@@ -95,7 +95,7 @@ def _import(client: Any, paths: list[Path], seen: dict[Path, list[str]], lost: l
     else:
         events, meta = _read_together(client, paths, seen, run, mod.__name__, iteration_pattern)
     events, meta, fmt = importers.finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks,
-                                                world_size=world_size)
+                                                world_size=world_size, shapes_from=shapes_from)
     if lost:
         meta["notes"].append(f"import: on no Dask worker's node, so left out (--allow-missing-ranks): "
                              f"{', '.join(map(str, lost))}")

@@ -4,7 +4,8 @@ format must satisfy, and write a bundle.
 Each importer module (listed in ``IMPORTER_MODULES``; adding a format is one line there) exposes
 
     FORMAT: str                                    # "kineto", "nsys", ...
-    sniff(path: Path, head: bytes) -> bool         # by content; head = first 64 KiB, gunzipped
+    sniff(path: Path, head: bytes, tables: set[str]) -> bool   # by content: head = first 64 KiB, gunzipped;
+                                                               # tables = a SQLite file's tables and views, else empty
     read(paths: list[Path], *, iteration_pattern: str | None = None) -> (events, meta)
 
 ``read`` returns events in any column order (``schema.normalize_events`` is applied here) and
@@ -42,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError, TaxmodelError
-from taxmodel.trace import memory, replay_shapes, schema
+from taxmodel.trace import memory, replay_shapes, schema, sqlite_input, unsupported
 from taxmodel.trace.bundle import Bundle, load_bundle, prepare_output, write_bundle
 
 IMPORTER_MODULES: list[str] = [
@@ -53,9 +54,6 @@ IMPORTER_MODULES: list[str] = [
     "taxmodel.trace.rocprof_csv",
 ]
 """Importer modules, in the order ``detect_format`` asks them; the first whose ``sniff`` says yes wins."""
-REFUSALS_MODULE = "taxmodel.trace.unsupported"
-"""The profiler outputs recognized but not read (``refusal(path, head)``), asked before the importers;
-loaded like them, by name, since it shares their helpers."""
 
 HEAD_BYTES = 64 * 1024
 
@@ -130,10 +128,11 @@ def detect_format(path: str | Path) -> str:
     if not head.strip():
         raise InputError(f"{path}: its first {len(head):,} bytes{' (unpacked)' if _is_gzip(path) else ''} are only "
                          "whitespace; this is not a trace, export it again")
-    refuse_unsupported(path, head)
+    tables = sqlite_input.sqlite_object_names(path, head)  # once: the refusals and sniffers all look at them
+    refuse_unsupported(path, head, tables)
     for mod in importer_modules():
         try:
-            claims = mod.sniff(path, head)
+            claims = mod.sniff(path, head, tables)
         except Exception:  # a sniffer that chokes on foreign bytes simply does not claim them
             claims = False
         if claims:
@@ -180,11 +179,16 @@ def open_bundle(path: str | os.PathLike) -> Bundle:
         if hint is None:
             raise
         raise InputError(hint) from exc
-def refuse_unsupported(path: Path, head: bytes | None = None) -> None:
+
+
+def refuse_unsupported(path: Path, head: bytes | None = None, tables: set[str] | None = None) -> None:
     """InputError in one line for a profiler output taxmodel recognizes but does not read
     (``unsupported.py``: an .nsys-rep, an nvprof or RPD database, an nsys export without CUDA
-    activity), saying how to get a supported one; nothing for any other file."""
-    why = importlib.import_module(REFUSALS_MODULE).refusal(path, read_head(path) if head is None else head)
+    activity), saying how to get a supported one; nothing for any other file. ``head`` and
+    ``tables`` as ``sniff`` gets them, read here when not given."""
+    head = read_head(path) if head is None else head
+    tables = sqlite_input.sqlite_object_names(path, head) if tables is None else tables
+    why = unsupported.refusal(path, head, tables)
     if why:
         raise InputError(why)
 
@@ -205,13 +209,15 @@ def _check_file(path: Path) -> None:
 
 
 def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_pattern: str | None = None,
-                  *, allow_missing_ranks: bool = False, world_size: int | None = None) -> tuple[pd.DataFrame, dict, str]:
+                  *, allow_missing_ranks: bool = False, world_size: int | None = None,
+                  shapes_from: Sequence[str | Path] = ()) -> tuple[pd.DataFrame, dict, str]:
     """Read trace files (one or many ranks) into normalized events, meta and the format used.
 
     Raises InputError naming the file and problem for anything the checks reject. With
     ``allow_missing_ranks`` a subset of a run's ranks (e.g. only rank 0 was profiled) is
     accepted and noted in meta instead of rejected. ``world_size`` says how many ranks the run
     had where the traces do not record it (it must agree with them where they do).
+    ``shapes_from``: an eager capture of the same program (``attach_shapes_from``).
     """
     paths = check_import_options(paths, iteration_pattern, world_size)
     for p in paths:
@@ -222,7 +228,8 @@ def import_traces(paths: Sequence[str | Path], fmt: str = "auto", iteration_patt
         for p in paths:
             refuse_unsupported(p)
     events, meta = read_with(importer_for(fmt), paths, iteration_pattern)
-    return finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks, world_size=world_size)
+    return finish_import(events, meta, fmt, paths, allow_missing_ranks=allow_missing_ranks, world_size=world_size,
+                         shapes_from=shapes_from)
 
 
 def check_import_options(paths: Sequence[str | Path], iteration_pattern: str | None,
@@ -248,10 +255,12 @@ def one_format(found: dict[Path, str]) -> str:
 
 
 def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Path], *,
-                  allow_missing_ranks: bool = False, world_size: int | None = None) -> tuple[pd.DataFrame, dict, str]:
+                  allow_missing_ranks: bool = False, world_size: int | None = None,
+                  shapes_from: Sequence[str | Path] = ()) -> tuple[pd.DataFrame, dict, str]:
     """What every import does with what its importer read (``import_traces``'s second half, also
-    run by ``import --scheduler`` after its tasks): meta completed, events normalized, and the
-    checks across files; ``paths`` as the user gave them, for the messages."""
+    run by ``import --scheduler`` after its tasks): meta completed, events normalized, the
+    checks across files, and the CUDA-graph replays' work from eager steps (the trace's own, and
+    ``shapes_from``'s when given: one pass); ``paths`` as the user gave them, for the messages."""
     meta = dict(meta)
     meta.setdefault("source", fmt)
     meta["notes"] = list(meta.get("notes") or [])
@@ -265,7 +274,10 @@ def finish_import(events: pd.DataFrame, meta: dict, fmt: str, paths: Sequence[Pa
     check_events(events, meta, shown=shown)
     note_long_spans(events, meta, shown=shown)
     meta["ranks"] = sorted(int(r) for r in events["rank"].unique())
-    events, meta = replay_shapes.attach_replay_shapes(events, meta)  # from the trace's own eager steps, if any
+    if shapes_from:
+        events, meta = attach_shapes_from(events, meta, shapes_from)
+    else:
+        events, meta = replay_shapes.attach_replay_shapes(events, meta)  # from the trace's own eager steps, if any
     return events, meta, fmt
 
 
@@ -341,9 +353,7 @@ def import_bundle(paths: Sequence[str | Path], output: str | Path, fmt: str = "a
     paths = [Path(p) for p in paths]
     prepare_output(output, force=force, inputs=[*paths, *map(Path, shapes_from)])  # refuse before the (long) import
     events, meta, fmt = (read or import_traces)(paths, fmt, iteration_pattern, allow_missing_ranks=allow_missing_ranks,
-                                                world_size=world_size)
-    if shapes_from:
-        events, meta = attach_shapes_from(events, meta, shapes_from)
+                                                world_size=world_size, shapes_from=shapes_from)
     if counters is not None:
         from taxmodel.trace.counter_match import attach_counters_file
 

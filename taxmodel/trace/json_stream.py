@@ -22,7 +22,6 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from taxmodel import limits
 from taxmodel.errors import InputError
 from taxmodel.trace import inflate
 
@@ -42,12 +41,12 @@ def _decoder() -> json.JSONDecoder:
 class TraceStream:
     """``batches()`` yields lists of ``traceEvents`` elements (any JSON value, in order);
     ``top`` holds the other top-level keys, complete once ``batches()`` is exhausted.
-    ``array_at_top`` tells a bare array document (Chrome's "JSON array format")."""
+    ``found_events`` tells whether there were events: a ``traceEvents`` array, or a bare array
+    document (Chrome's "JSON array format")."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.top: dict[str, Any] = {}
-        self.array_at_top = False
         self.found_events = False
         self._texts = self._text_chunks()
         self._buf = ""
@@ -61,16 +60,9 @@ class TraceStream:
     def _text_chunks(self) -> Iterator[str]:
         path = self.path
         try:
-            with open(path, "rb") as f:
-                gz = f.read(2) == inflate.GZIP_MAGIC
-            if gz:
-                raw = inflate.iter_gunzip(path)
-            else:
-                limits.check_size(path, path.stat().st_size, "the trace")
-                raw = _file_chunks(path)
             decode = codecs.getincrementaldecoder("utf-8")()
             offset = 0
-            for chunk in raw:
+            for chunk in inflate.input_chunks(path, "the trace", CHUNK_BYTES):
                 try:
                     yield decode.decode(chunk)
                 except UnicodeDecodeError as exc:
@@ -166,7 +158,7 @@ class TraceStream:
     def _document(self) -> Iterator[list]:
         c = self._skip_ws()
         if c == "[":
-            self.array_at_top = self.found_events = True
+            self.found_events = True
             self._pos += 1
             yield from self._array()
         elif c == "{":
@@ -187,8 +179,6 @@ class TraceStream:
                         self.top[key] = self._value()
                     if self._expect(",}", "',' delimiter") == "}":
                         break
-        elif c == "":
-            raise self._error("Expecting value", self._pos)
         else:
             raise self._error("Expecting value", self._pos)
         if self._skip_ws() != "":
@@ -244,9 +234,3 @@ class TraceStream:
                 return i + 1
             end = i
         return pos
-
-
-def _file_chunks(path: Path) -> Iterator[bytes]:
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK_BYTES):
-            yield chunk

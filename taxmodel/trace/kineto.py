@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, json_stream, kineto_merged, kineto_ops, memory, schema, vendor_common
+from taxmodel.trace import importers, ints, json_stream, kineto_merged, kineto_ops, memory, schema, vendor_common
 from taxmodel.trace.op_costs import COLLECTIVE_CALL_ARGS, COMM_DTYPE_BYTES, recorded_group_size
 from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
@@ -71,20 +71,7 @@ _SNIFF_MARKERS = (
 )
 
 
-
-
 # --- exact JSON --------------------------------------------------------------------------------
-
-
-def load_json(path: Path) -> Any:
-    """Parse a plain or gzipped JSON trace whole (small documents; the importer streams instead,
-    ``json_stream.TraceStream``); InputError names the file and the problem. Numbers with a
-    fraction are kept as their decimal text (``_to_ns`` converts them exactly)."""
-    stream = json_stream.TraceStream(path)
-    events = [e for batch in stream.batches() for e in batch]
-    if stream.array_at_top:
-        return events
-    return {**stream.top, "traceEvents": events} if stream.found_events else stream.top
 
 
 def _to_ns(value: Any) -> int | None:
@@ -116,24 +103,10 @@ def _to_ns(value: Any) -> int | None:
     return v if -(2**62) < v < 2**62 else None
 
 
-def _int_or_none(value: Any) -> int | None:
-    """An integer argument (correlation, stream, bytes...), tolerating strings of digits."""
-    t = type(value)
-    if t is int:
-        return value if -(2**62) < value < 2**62 else None
-    if t is str:
-        s = value.strip()
-        if s.lstrip("-").isdigit() and len(s) < 19:
-            return int(s)
-        m = re.search(r"\d+", s)  # e.g. a tid written as "stream 7"
-        return int(m.group()) if m and len(m.group()) < 19 else None
-    return None
-
-
 # --- sniffing ----------------------------------------------------------------------------------
 
 
-def sniff(path: Path, head: bytes) -> bool:
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
     """A Kineto trace: a JSON object or array with ``traceEvents`` and Kineto's own markers."""
     stripped = head.lstrip()
     if stripped[:1] not in (b"{", b"["):
@@ -167,7 +140,7 @@ def parse(path: Path, index: int, *, iteration_pattern: str | None = None) -> li
     path = Path(path)
     scan = _scan(path, pattern)
     dist = _dist_info(scan.top)
-    rank, world = _int_or_none(dist.get("rank")), _int_or_none(dist.get("world_size"))
+    rank, world = ints.whole_in_text(dist.get("rank")), ints.whole_in_text(dist.get("world_size"))
     for key, value in (("rank", rank), ("world_size", world)):  # recorded but unreadable: never guessed
         if value is None and dist.get(key) is not None:
             raise InputError(f"{path}: distributedInfo.{key} is {str(dist.get(key))[:40]!r}, not a whole number; the "
@@ -324,12 +297,12 @@ class _Scan:
 
     def proc(self, pid: Any, rank: Any) -> int:
         """The index in ``procs`` of an event's process: its pid (an int or a string; else None)
-        and ``args.rank`` (``kineto_merged.rank_value``)."""
+        and ``args.rank`` (``ints.nonneg``)."""
         key = (pid if type(pid) is int or type(pid) is str else None, rank if type(rank) is int or type(rank) is str else None)
         code = self._proc_codes.get(key)
         if code is None:
             code = self._proc_codes[key] = len(self.procs)
-            self.procs.append((key[0], kineto_merged.rank_value(key[1])))
+            self.procs.append((key[0], ints.nonneg(key[1], None)))
         return code
 
     def see_process_name(self, e: dict) -> None:
@@ -366,7 +339,7 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
             name = e.get("name")
             if raw_cat in _FLAG_CATS or name == "[memory]":
                 flags.see(e)
-            if cat == "cpu_op" and seen <= 2000 and (v := _int_or_none(e.get("pid"))) is not None:
+            if cat == "cpu_op" and seen <= 2000 and (v := ints.whole_in_text(e.get("pid"))) is not None:
                 out.pids.add(v)
             ph = e.get("ph")
             if ph != "X":
@@ -402,16 +375,16 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
             raw_ts.append(e.get("ts"))
             raw_dur.append(e.get("dur"))
             b["has_args"].append(has_args)
-            v = _int_or_none(e.get("tid"))
+            v = ints.whole_in_text(e.get("tid"))
             b["tid"].append(-1 if v is None else v)
             b["proc"].append(out.proc(e.get("pid"), a.get("rank")))
-            v = _int_or_none(a.get("correlation"))
+            v = ints.whole_in_text(a.get("correlation"))
             b["correlation"].append(-1 if v is None else v)
             if cat in _GPU_KIND:
                 for k in _GPU_INTS:
                     v = a.get(k)
                     if v is not None:  # most are absent: no call for those
-                        v = _int_or_none(v)
+                        v = ints.whole_in_text(v)
                     b[k].append(-1 if v is None else v)
                 b["grid"].append(_dims(a.get("grid"), dims_cache))
                 b["block"].append(_dims(a.get("block"), dims_cache))
@@ -424,7 +397,7 @@ def _scan(path: Path, pattern: re.Pattern) -> _Scan:
                 grouped = "Group size" in a or "Process Group Ranks" in a  # what recorded_group_size reads
                 b["group_size"].append(recorded_group_size(a) if grouped else -1)
             else:
-                stream_arg = _int_or_none(a.get("stream")) if cat in _WAIT_CATS else None
+                stream_arg = ints.whole_in_text(a.get("stream")) if cat in _WAIT_CATS else None
                 for k in _GPU_INTS:
                     b[k].append(-1)
                 b["stream"][-1] = -1 if stream_arg is None else stream_arg
@@ -490,7 +463,7 @@ def _join_columns(scan: _Scan) -> None:
 
 def _proc_pids(scan: _Scan) -> np.ndarray:
     """The pid of each of ``scan.procs`` as a number (-1 where it is none)."""
-    return np.array([-1 if (v := _int_or_none(p)) is None else v for p, _ in scan.procs], dtype=np.int64)
+    return np.array([-1 if (v := ints.whole_in_text(p)) is None else v for p, _ in scan.procs], dtype=np.int64)
 
 
 def _scanned(scan: _Scan) -> kineto_merged.Scanned:
@@ -716,14 +689,14 @@ def _hardware(doc: dict, frame: pd.DataFrame) -> dict:
         return {"vendor": "nvidia", "arch_hint": hint} if hint else {}
     devices = frame.loc[frame["device"] >= 0, "device"]
     used = int(devices.mode().iloc[0]) if len(devices) else None
-    prop = next((p for p in props if _int_or_none(p.get("id")) == used), props[0])
+    prop = next((p for p in props if ints.whole_in_text(p.get("id")) == used), props[0])
     name = str(prop.get("name", ""))
     hw = {"name": name, "vendor": _vendor(name, doc), "devices_per_host": len(props)}
     for key, src in (("num_sms", "numSms"), ("memory_bytes", "totalGlobalMem"), ("warp_size", "warpSize")):
-        v = _int_or_none(prop.get(src))
+        v = ints.whole_in_text(prop.get(src))
         if v is not None:
             hw[key] = v
-    major, minor = _int_or_none(prop.get("computeMajor")), _int_or_none(prop.get("computeMinor"))
+    major, minor = ints.whole_in_text(prop.get("computeMajor")), ints.whole_in_text(prop.get("computeMinor"))
     if major is not None:
         hw["compute_capability"] = f"{major}.{minor or 0}"
     if isinstance(prop.get("gcnArchName"), str):
@@ -743,10 +716,10 @@ def _vendor(name: str, doc: dict) -> str:
 def _software(doc: dict) -> dict:
     sw: dict[str, Any] = {}
     for key in ("cuda_runtime_version", "cuda_driver_version"):
-        v = _int_or_none(doc.get(key))
+        v = ints.whole_in_text(doc.get(key))
         if v is not None and v > 0:
             sw[key.replace("_version", "")] = f"{v // 1000}.{(v % 1000) // 10}"
-    v = _int_or_none(doc.get("cupti_version"))
+    v = ints.whole_in_text(doc.get("cupti_version"))
     if v is not None:
         sw["cupti"] = str(v)
     nccl = _dist_info(doc).get("nccl_version")
@@ -776,5 +749,5 @@ def _host_identity(top: dict, pids: set, frame: pd.DataFrame) -> dict:
     devices = sorted(int(d) for d in frame.loc[frame["device"] >= 0, "device"].unique())
     props = top.get("deviceProperties")
     return {"host_name": top.get("host_name") if isinstance(top.get("host_name"), str) else None,
-            "base_time_ns": _int_or_none(top.get("baseTimeNanoseconds")), "pids": sorted(pids), "devices": devices,
+            "base_time_ns": ints.whole_in_text(top.get("baseTimeNanoseconds")), "pids": sorted(pids), "devices": devices,
             "devices_per_host": len(props) if isinstance(props, list) else None}

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
+from taxmodel.trace import ints
 
 _LAUNCH_NAME = re.compile(r"(?i)launch|memcpy|memset")
 _RANK_LABEL = re.compile(r"(?i)(?:\brank|\[\s*(?:tp|dp|pp|ep))\s*0*(\d{1,7})\b")
@@ -46,7 +47,7 @@ class Scanned(NamedTuple):
     process as an index into ``procs``; whether it is GPU activity (``gpu``) or a runtime call
     (``runtime``); its ``name``, ``start`` (ns), ``correlation`` and ``device`` (args.device; -1
     unknown). Per cpu_op: ``ops_proc``. ``procs``: the distinct (pid, args.rank) pairs of those
-    events (``rank_value``; None unrecorded); ``process_names``: ``process_name`` metadata by pid."""
+    events (``ints.nonneg``; None unrecorded); ``process_names``: ``process_name`` metadata by pid."""
     proc: np.ndarray
     gpu: np.ndarray
     runtime: np.ndarray
@@ -66,14 +67,6 @@ class Rank(NamedTuple):
     rows: np.ndarray
     ops: np.ndarray
     how: str
-
-
-def rank_value(v: Any) -> int | None:
-    """``args.rank`` (or a pid) as a whole number, from an int or a string of digits; None for
-    anything else, and for a number beyond 2^62 (a damaged trace's, past int64 arithmetic)."""
-    if type(v) is str and v.strip().isdigit() and len(v.strip()) < 19:
-        v = int(v)
-    return v if type(v) is int and 0 <= v < 1 << 62 else None
 
 
 def split_ranks(path: Path, scanned: Scanned) -> list[Rank] | None:
@@ -173,7 +166,7 @@ def _by_launching_process(path: Path, s: Scanned) -> list[Rank] | None:
     owners = np.unique(owner)  # ranks are the processes that ran GPU work
     if len(owners) < 2:
         return None
-    pid_int = np.array([_NONE if (v := rank_value(p)) is None else v for p in pids], np.int64)
+    pid_int = np.array([_NONE if (v := ints.nonneg(p, None)) is None else v for p in pids], np.int64)
     dev = s.device[g]
     dev = np.where(dev >= 0, dev, pid_int[gpu_pid])
     first = pd.Series(dev).groupby(owner).min()

@@ -18,12 +18,12 @@ capture's shapes are not in a trace of the replay).
 """
 from __future__ import annotations
 
-import math
 import re
 
 import numpy as np
 import pandas as pd
 
+from taxmodel.trace import ints
 from taxmodel.trace.op_costs import (OpCall, collective_bus_bytes, collective_bus_bytes_at_least, collective_call, has_shapes,
                                      list_type_from_kernel, op_cost)
 
@@ -58,14 +58,11 @@ def attach_op_costs(frame: pd.DataFrame, group_size: np.ndarray, gpu_idx: np.nda
     sel = shaped if shaped.any() else ops_end > ops_start
     cand = [o for o, keep in zip(ops, sel) if keep]
     c_start, c_end = ops_start[sel], ops_end[sel]
-    c_tid = np.array([-1 if (v := _to_int(o.get("tid"))) is None else v for o in cand], np.int64)
 
     # launch call -> innermost candidate op on its thread
     launches = np.flatnonzero(is_launch & (corr >= 0))
-    op_of_launch = _innermost(c_start, c_end, c_tid, tid[launches], start[launches])
-    lkey = pd.Series(op_of_launch, index=corr[launches])
-    lkey = lkey[~lkey.index.duplicated()]
-    op_of_gpu = lkey.reindex(corr[gk]).fillna(-1).to_numpy(np.int64, copy=True)  # written below: pandas 3 hands out read-only views
+    op_of_launch = _innermost(c_start, c_end, _tids(cand), tid[launches], start[launches])
+    op_of_gpu = _by_correlation(op_of_launch, corr[launches], corr[gk])
     graph = frame["graph_id"].to_numpy(np.int64)[gk] >= 0
     op_of_gpu[graph] = -1
     role = frame["role"].to_numpy(object)[gk]
@@ -82,10 +79,10 @@ def attach_op_costs(frame: pd.DataFrame, group_size: np.ndarray, gpu_idx: np.nda
         a = o.get("args") if isinstance(o.get("args"), dict) else {}
         lt = list_types.get(int(k), "")
         sig = (o.get("name"), _key(a.get("Input Dims")), _key(a.get("Input type")), _key(a.get("Concrete Inputs")),
-               _to_int(a.get("flops")), lt, _key(a.get("Input Strides")))
+               ints.truncated(a.get("flops")), lt, _key(a.get("Input Strides")))
         if sig not in cache:
             cache[sig] = op_cost(OpCall(str(o.get("name", "")), _list(a.get("Input Dims")), [str(t) for t in _list(a.get("Input type"))],
-                                        [str(c) for c in _list(a.get("Concrete Inputs"))], _to_int(a.get("flops")), lt,
+                                        [str(c) for c in _list(a.get("Concrete Inputs"))], ints.truncated(a.get("flops")), lt,
                                         _list(a.get("Input Strides"))))
         costs[int(k)] = cache[sig]
     has_op = op_of_gpu >= 0
@@ -108,16 +105,12 @@ def attach_op_costs(frame: pd.DataFrame, group_size: np.ndarray, gpu_idx: np.nda
         # no op with shapes encloses the launch: name the innermost op anyway (e.g. a foreach op whose
         # long tensor lists the profiler recorded as empty)
         unshaped = ~shaped & (ops_end > ops_start)
-        u_tid = np.array([_to_int(o.get("tid")) if _to_int(o.get("tid")) is not None else -1 for o, k in zip(ops, unshaped) if k],
-                         np.int64)
         u_idx = np.flatnonzero(unshaped)
         rows = gk[no_op & ~graph]
-        launch_of = pd.Series(launches, index=corr[launches])
-        launch_of = launch_of[~launch_of.index.duplicated()]
-        li = launch_of.reindex(corr[rows]).fillna(-1).to_numpy(np.int64)
+        li = _by_correlation(launches, corr[launches], corr[rows])
         ok = li >= 0
         u = np.full(len(rows), -1, np.int64)
-        u[ok] = _innermost(ops_start[unshaped], ops_end[unshaped], u_tid, tid[li[ok]], start[li[ok]])
+        u[ok] = _innermost(ops_start[unshaped], ops_end[unshaped], _tids([ops[i] for i in u_idx]), tid[li[ok]], start[li[ok]])
         got = u >= 0
         op_name[rows[got]] = [str(ops[int(u_idx[j])].get("name", "")) for j in u[got]]
         reason[rows[got]] = "its op recorded no input shapes"
@@ -181,13 +174,10 @@ def _launching_collective(rows: np.ndarray, corr: np.ndarray, is_launch: np.ndar
         return msg, group, names
     idx = np.asarray([cand[k] for k in keep], np.int64)
     launches = np.flatnonzero(is_launch & (corr >= 0))
-    launch_of = pd.Series(launches, index=corr[launches])
-    launch_of = launch_of[~launch_of.index.duplicated()]
-    li = launch_of.reindex(corr[rows]).fillna(-1).to_numpy(np.int64)
+    li = _by_correlation(launches, corr[launches], corr[rows])
     ok = li >= 0
-    c_tid = np.array([-1 if (v := _to_int(ops[i].get("tid"))) is None else v for i in idx], np.int64)
     inner = np.full(n, -1, np.int64)
-    inner[ok] = _innermost(ops_start[idx], ops_end[idx], c_tid, tid[li[ok]], start[li[ok]])
+    inner[ok] = _innermost(ops_start[idx], ops_end[idx], _tids([ops[i] for i in idx]), tid[li[ok]], start[li[ok]])
     got = inner >= 0
     picked = [calls[keep[int(j)]] for j in inner[got]]
     msg[got] = [m for m, _ in picked]
@@ -240,16 +230,17 @@ def _key(v) -> str:
     return repr(v) if v is not None else ""  # a cache key for an op's recorded arguments
 
 
-def _to_int(v) -> int | None:
-    if type(v) is int:
-        return v
-    if type(v) is str:
-        try:
-            f = float(v)
-        except ValueError:
-            return None
-        return int(f) if math.isfinite(f) else None
-    return None
+def _tids(ops: list[dict]) -> np.ndarray:
+    """The thread id of each op (-1 where it records none)."""
+    return np.array([-1 if (v := ints.truncated(o.get("tid"))) is None else v for o in ops], np.int64)
+
+
+def _by_correlation(values: np.ndarray, keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """For each correlation id of ``wanted``: the value of ``values`` at the first of ``keys`` equal
+    to it, else -1 (a writable array)."""
+    first = pd.Series(values, index=keys)
+    first = first[~first.index.duplicated()]
+    return first.reindex(wanted).fillna(-1).to_numpy(np.int64, copy=True)  # pandas 3 hands out read-only views
 
 
 def _innermost(s: np.ndarray, e: np.ndarray, otid: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -311,7 +302,7 @@ class EventFlags:
         if cat == "python_function":
             self.with_stack = True
         elif cat == "overhead" and e.get("ph") == "X":
-            self.overhead_ns += (_to_int(e.get("dur")) or 0) * 1000
+            self.overhead_ns += (ints.truncated(e.get("dur")) or 0) * 1000
         if e.get("name") == "[memory]":
             self.profile_memory = True
 
@@ -325,7 +316,7 @@ def profiler_options(top: dict, flags: EventFlags, ops: list[dict], linked: dict
     for key in _OPTIONS:
         v = top.get(key)
         if v is not None:
-            opts[key] = bool(_to_int(v)) if not isinstance(v, bool) else v
+            opts[key] = bool(ints.truncated(v)) if not isinstance(v, bool) else v
     if "record_shapes" not in opts:
         opts["record_shapes"] = bool(linked.get("record_shapes"))
     if "with_stack" not in opts:
@@ -385,7 +376,7 @@ def process_group_sizes(dist: dict) -> dict:
     out: dict = {}
     for pg in dist.get("pg_config") or [] if isinstance(dist.get("pg_config"), list) else []:
         if isinstance(pg, dict):
-            size = _to_int(pg.get("pg_size"))
+            size = ints.truncated(pg.get("pg_size"))
             if size is None and isinstance(pg.get("ranks"), list):
                 size = len(pg["ranks"])
             if size and size > 0:

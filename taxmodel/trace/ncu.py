@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from taxmodel import limits
 from taxmodel.errors import InputError
 from taxmodel.trace import inflate
 
@@ -70,16 +69,8 @@ def read_counters(path: str | Path) -> pd.DataFrame:
         raise InputError(f"{path}: no such counters file")
     if path.suffix == ".ncu-rep":  # (a .csv may also be gzipped: .csv.gz)
         return _read_report(path)
-    try:
-        with open(path, "rb") as f:
-            gz = f.read(2) == inflate.GZIP_MAGIC
-        if gz:  # inflated in chunks under the one input budget: a small .csv.gz cannot take the memory
-            buf = io.BytesIO()
-            inflate.gunzip_file(path, buf)
-            data = buf.getvalue()
-        else:
-            limits.check_size(path, path.stat().st_size, "the counters file")
-            data = path.read_bytes()
+    try:  # a .csv.gz inflated in chunks under the one input budget: a small one cannot take the memory
+        data = b"".join(inflate.input_chunks(path, "the counters file"))
     except (OSError, EOFError) as exc:
         raise InputError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
     text = data.decode("utf-8", errors="replace")

@@ -30,6 +30,8 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
+from taxmodel.trace import ints
+from taxmodel.trace import sqlite_input as sq
 from taxmodel.trace import vendor_common as vc
 from taxmodel.trace import vocabulary
 
@@ -59,10 +61,9 @@ _HTOD, _DTOH = 1, 2
 _PID_SHIFT, _ID_MASK = 24, 0xFFFFFF
 
 
-def sniff(path: Path, head: bytes) -> bool:
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
     """An nsys export is a SQLite file with CUPTI activity or NVTX tables."""
-    names = vc.sqlite_object_names(Path(path), head)
-    return any(n.startswith("CUPTI_ACTIVITY_KIND_") for n in names) or {"StringIds", NVTX} <= names
+    return any(n.startswith("CUPTI_ACTIVITY_KIND_") for n in tables) or {"StringIds", NVTX} <= tables
 
 
 def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
@@ -71,8 +72,8 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     vc.compile_iteration_pattern(iteration_pattern)
     per_file = []
     for index, path in enumerate(paths):
-        with vc.sqlite_connection(Path(path)) as conn, vc.sqlite_errors(Path(path), "nsys"):
-            per_file.append(_read_file(vc.SqliteSchema(conn, Path(path), "nsys"), index) | {"file": str(path)})
+        with sq.sqlite_connection(Path(path)) as conn, sq.sqlite_errors(Path(path), "nsys"):
+            per_file.append(_read_file(sq.SqliteSchema(conn, Path(path), "nsys"), index) | {"file": str(path)})
 
     events, ranks, how = vc.assemble(per_file, iteration_pattern)
     first = per_file[0]
@@ -90,7 +91,7 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     return events, meta
 
 
-def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
+def _read_file(s: sq.SqliteSchema, file_index: int) -> dict:
     present = [t for t in GPU_TABLES if s.has(t)]
     if not present:
         raise InputError(
@@ -122,13 +123,13 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
             "hardware": _hardware(s, gpu), "software": _software(s), "notes": notes, "utc": utc}
 
 
-def _col(s: vc.SqliteSchema, table: str, col: str, default: str, alias: str = "t") -> str:
+def _col(s: sq.SqliteSchema, table: str, col: str, default: str, alias: str = "t") -> str:
     """The column, or ``default`` where it is absent or NULL (real exports leave e.g.
     ``srcDeviceId`` NULL for host<->device copies)."""
     return f'COALESCE({alias}."{col}", {default})' if col in s.columns(table) else default
 
 
-def _session_start(s: vc.SqliteSchema) -> int:
+def _session_start(s: sq.SqliteSchema) -> int:
     t = "TARGET_INFO_SESSION_START_TIME"
     if s.has(t) and "utcEpochNs" in s.columns(t):
         row = s.conn.execute(f'SELECT "utcEpochNs" FROM "{t}" LIMIT 1').fetchone()
@@ -137,13 +138,13 @@ def _session_start(s: vc.SqliteSchema) -> int:
     return 0
 
 
-def _pid_expr(s: vc.SqliteSchema, table: str) -> str:
+def _pid_expr(s: sq.SqliteSchema, table: str) -> str:
     if "globalPid" in s.columns(table):
         return f'((t."globalPid" >> {_PID_SHIFT}) & {_ID_MASK})'
     return "0"
 
 
-def _read_gpu_table(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
+def _read_gpu_table(s: sq.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
     s.require_columns(table, _GPU_COLUMNS, hint="; re-export with a newer `nsys export --type sqlite`")
     select = [
         f'{_pid_expr(s, table)} AS pid', 't."deviceId" AS device', 't."streamId" AS stream',
@@ -196,13 +197,13 @@ def _read_gpu_table(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
     return df
 
 
-def _memory_kinds(s: vc.SqliteSchema, copies: pd.DataFrame | None) -> tuple[str, ...]:
+def _memory_kinds(s: sq.SqliteSchema, copies: pd.DataFrame | None) -> tuple[str, ...]:
     """Labels of the export's memory-kind codes: its ENUM_CUDA_MEM_KIND table; else Nsight Systems'
     numbering (Device = 2), unless a host<->device copy then would not touch device memory while
     CUPTI's numbering (Device = 3) makes it do so (exports older than the enum tables)."""
     t = "ENUM_CUDA_MEM_KIND"
     if s.has(t) and {"id", "label"} <= s.columns(t):
-        rows = dict(s.conn.execute(f'SELECT "id", "label" FROM "{t}"').fetchall())
+        rows = dict(s.fetchall(f'SELECT "id", "label" FROM "{t}"'))
         if rows and all(isinstance(k, int) for k in rows):
             return tuple(str(rows.get(i, "Unknown")) for i in range(max(rows) + 1))
     if copies is not None and len(copies):
@@ -219,7 +220,7 @@ def _label(codes: pd.Series, labels: tuple[str, ...]) -> pd.Series:
     return codes.map(dict(enumerate(labels))).fillna("Unknown")
 
 
-def _read_calls(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
+def _read_calls(s: sq.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
     s.require_columns(table, _HOST_COLUMNS)
     df = s.query(
         f'SELECT ((t."globalTid" >> {_PID_SHIFT}) & {_ID_MASK}) AS pid, (t."globalTid" & {_ID_MASK}) AS stream, '
@@ -231,7 +232,7 @@ def _read_calls(s: vc.SqliteSchema, table: str, utc: int) -> pd.DataFrame:
     return df
 
 
-def _read_stream_waits(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
+def _read_stream_waits(s: sq.SqliteSchema, utc: int) -> pd.DataFrame:
     """Rows of kind ``wait``: the cudaStreamWaitEvent records of the SYNCHRONIZATION table
     (syncType 2, CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_STREAM_WAIT_EVENT), on the waiting stream."""
     cols = ["pid", "device", "stream", "name", "start_ns", "end_ns", "correlation"]
@@ -244,22 +245,17 @@ def _read_stream_waits(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
     return df.astype({c: "int64" for c in cols if c != "name"}).assign(kind="wait", role="other")
 
 
-def _read_ranges(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
+def _read_ranges(s: sq.SqliteSchema, utc: int) -> pd.DataFrame:
     """NVTX ranges (not instantaneous marks) with their text."""
     empty = vc.empty_host_rows().drop(columns=["correlation"])
     if not s.has(NVTX):
         return empty
     s.require_columns(NVTX, ("start", "end", "globalTid"))
-    cols = s.columns(NVTX)
-    text = ["t.\"text\""] if "text" in cols else []
-    join = ""
-    if "textId" in cols and s.has("StringIds"):
-        text.append("n.\"value\"")
-        join = ' LEFT JOIN "StringIds" n ON n."id" = t."textId"'
+    text, join = _nvtx_text(s, "text", "textId", "n")
     if not text:
         return empty
     where = 't."end" IS NOT NULL AND t."end" >= t."start"'
-    if "eventType" in cols:
+    if "eventType" in s.columns(NVTX):
         where += f' AND t."eventType" IN ({", ".join(map(str, _NVTX_RANGE_TYPES))})'
     df = s.query(
         f'SELECT ((t."globalTid" >> {_PID_SHIFT}) & {_ID_MASK}) AS pid, (t."globalTid" & {_ID_MASK}) AS stream, '
@@ -268,26 +264,17 @@ def _read_ranges(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
     return df.astype({"pid": "int64", "stream": "int64", "start_ns": "int64", "end_ns": "int64"})
 
 
-def _read_collective_calls(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
+def _read_collective_calls(s: sq.SqliteSchema, utc: int) -> pd.DataFrame:
     """NCCL's own NVTX ranges (``ncclAllReduce``, ...; NCCL 2.19+ in the "NCCL" domain) with the
     sizes their payloads carry: "Message size [bytes]", and the communicator whose "No. of ranks"
     its ``ncclCommInitRank`` range gave. Nsight Systems exports a range's payload as JSON
     (``jsonText``, or ``jsonTextId`` into StringIds); older NCCL records none (sizes stay -1)."""
     if not s.has(NVTX):
         return vc.empty_collective_calls()
-    cols = s.columns(NVTX)
-    text, payload, joins = [], [], ""
-    if "text" in cols:
-        text.append('t."text"')
-    if "textId" in cols and s.has("StringIds"):
-        text.append("n.\"value\"")
-        joins += ' LEFT JOIN "StringIds" n ON n."id" = t."textId"'
-    if "jsonText" in cols:
-        payload.append('t."jsonText"')
-    if "jsonTextId" in cols and s.has("StringIds"):
-        payload.append("j.\"value\"")
-        joins += ' LEFT JOIN "StringIds" j ON j."id" = t."jsonTextId"'
-    if not text or not {"start", "end", "globalTid"} <= cols:
+    text, text_join = _nvtx_text(s, "text", "textId", "n")
+    payload, payload_join = _nvtx_text(s, "jsonText", "jsonTextId", "j")
+    joins = text_join + payload_join
+    if not text or not {"start", "end", "globalTid"} <= s.columns(NVTX):
         return vc.empty_collective_calls()
     label = f"COALESCE({', '.join(text)}, '')"
     df = s.query(
@@ -306,6 +293,19 @@ def _read_collective_calls(s: vc.SqliteSchema, utc: int) -> pd.DataFrame:
                         "op": op, "payload_bytes": [f["bytes"] for f in fields],
                         "group_size": [f["nranks"] if f["nranks"] > 0 else ranks_of_comm.get(f["comm"], -1) for f in fields]})
     return out[keep].astype({c: "int64" for c in vc.COLLECTIVE_CALL_COLUMNS if c != "op"})
+
+
+def _nvtx_text(s: sq.SqliteSchema, inline: str, by_id: str, alias: str) -> tuple[list[str], str]:
+    """The SQL expressions of an NVTX_EVENTS text field (the event's ``t``): its own column
+    ``inline`` and its StringIds entry by column ``by_id`` (joined as ``alias``), those the export
+    has; and the join that needs."""
+    cols = s.columns(NVTX)
+    exprs = [f't."{inline}"'] if inline in cols else []
+    join = ""
+    if by_id in cols and s.has("StringIds"):
+        exprs.append(f'{alias}."value"')
+        join = f' LEFT JOIN "StringIds" {alias} ON {alias}."id" = t."{by_id}"'
+    return exprs, join
 
 
 def _payload_fields(payload) -> dict:
@@ -327,25 +327,17 @@ def _payload_fields(payload) -> dict:
                 if isinstance(v, (dict, list)):
                     stack.append(v)
                 elif "message size" in key or key in ("bytes", "size"):
-                    out["bytes"] = _nonneg(v, out["bytes"])
+                    out["bytes"] = ints.nonneg(v, out["bytes"])
                 elif "communicator" in key or key in ("comm", "commhash"):
                     out["comm"] = v
                 elif "no. of ranks" in key or key in ("nranks", "ranks"):
-                    out["nranks"] = _nonneg(v, out["nranks"])
+                    out["nranks"] = ints.nonneg(v, out["nranks"])
         elif isinstance(node, list):
             stack.extend(node)
     return out
 
 
-def _nonneg(v, default: int) -> int:
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
-        return default
-    return n if n >= 0 else default
-
-
-def _mpi_ranks(s: vc.SqliteSchema) -> dict[int, int]:
+def _mpi_ranks(s: sq.SqliteSchema) -> dict[int, int]:
     if not (s.has("MPI_RANKS") and {"globalTid", "rank"} <= s.columns("MPI_RANKS")):
         return {}
     rows = s.fetchall(f'SELECT (("globalTid" >> {_PID_SHIFT}) & {_ID_MASK}), "rank" FROM "MPI_RANKS"')
@@ -357,7 +349,7 @@ _GPU_INFO = {"name": "name", "smCount": "num_sms", "totalMemory": "memory_bytes"
              "clockRate": "clock_hz", "l2CacheSize": "l2_bytes"}
 
 
-def _hardware(s: vc.SqliteSchema, gpu: pd.DataFrame) -> dict:
+def _hardware(s: sq.SqliteSchema, gpu: pd.DataFrame) -> dict:
     """The GPU most of the file's GPU rows ran on, from TARGET_INFO_GPU (its ``id`` is the
     ``deviceId`` of the activity tables): name, SMs, memory size and bandwidth, clock, L2, compute
     capability, and whether it is integrated (host memory is device memory). Without the table, the
@@ -368,9 +360,9 @@ def _hardware(s: vc.SqliteSchema, gpu: pd.DataFrame) -> dict:
     present = {c: k for c, k in _GPU_INFO.items() if c in cols}
     extra = [c for c in ("computeMajor", "computeMinor", "isDiscrete") if c in cols]
     if present or extra:
-        sel = ", ".join(f'"{c}"' for c in [*present, *extra])
         by_id = "id" in cols
-        rows = s.conn.execute(f'SELECT {sel}{", " + chr(34) + "id" + chr(34) if by_id else ""} FROM "{t}"').fetchall()
+        sel = ", ".join(f'"{c}"' for c in [*present, *extra, *(["id"] if by_id else [])])
+        rows = s.fetchall(f'SELECT {sel} FROM "{t}"')
         used = gpu["device"].mode() if len(gpu) else pd.Series([], dtype="int64")
         want = int(used.iloc[0]) if len(used) else None
         row = next((r for r in rows if by_id and r[-1] == want), rows[0] if rows else None)
@@ -388,7 +380,7 @@ def _hardware(s: vc.SqliteSchema, gpu: pd.DataFrame) -> dict:
     return hw
 
 
-def _software(s: vc.SqliteSchema) -> dict:
+def _software(s: sq.SqliteSchema) -> dict:
     sw = {}
     for t in ("META_DATA_EXPORT", "META_DATA_CAPTURE"):
         if s.has(t) and {"name", "value"} <= s.columns(t):

@@ -32,6 +32,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from taxmodel.trace import ints
+
 # Kineto's "Input type" strings (C++ type names) -> (element bytes, dtype class)
 _TYPES: dict[str, tuple[int, str]] = {
     "c10::bfloat16": (2, "bf16"), "c10::half": (2, "fp16"), "float": (4, "fp32"), "double": (8, "fp64"),
@@ -241,7 +243,7 @@ def _linear(a: _Args) -> OpCost:  # linear(x[..., K], w[N, K], bias)
 def _scaled_mm(a: _Args) -> OpCost:
     """_scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)."""
     code = a.value(6)
-    out_es = _SCALAR_TYPE_BYTES.get(int(code)) if code.lstrip("-").isdigit() else None
+    out_es = _SCALAR_TYPE_BYTES.get(ints.whole(code))
     if out_es is None:
         out_es = a.es(0)  # out_dtype None: the output keeps the input dtype
     c = _gemm(a, 0, 1, bias=4, out_es=out_es)
@@ -280,8 +282,9 @@ def _attention_core(a: _Args, q: int, causal_idx: int, layout: str) -> tuple[flo
     s_len = sk[2] if layout == "bhld" else sk[1]
     dv = sv[-1]
     causal = a.flag(causal_idx)
-    if causal is None and a.value(causal_idx).isdigit():  # custom_mask_type: 0 none, 1/2 causal
-        causal = int(a.value(causal_idx)) > 0
+    mask_type = ints.nonneg(a.value(causal_idx), None)  # custom_mask_type: 0 none, 1/2 causal
+    if causal is None and mask_type is not None:
+        causal = mask_type > 0
     qk = 2.0 * math.prod(sq) * s_len  # Q K^T: B H L S D
     pv = 2.0 * (math.prod(sq) // sq[-1]) * s_len * dv
     flops = (qk + pv) * (0.5 if causal is not False else 1.0)
@@ -473,11 +476,11 @@ def _embedding(a: _Args) -> OpCost:  # embedding(weight[V, D], indices)
 def _embedding_bwd(a: _Args) -> OpCost:
     """embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale): the
     dense gradient [num_weights, D] is written, grad_output and indices read."""
-    v = a.value(2)
-    if not v.isdigit():
+    v = ints.nonneg(a.value(2), None)
+    if v is None:
         raise _Uncosted("num_weights not recorded")
     dim = a.shape(0)[-1]
-    return _cost(float(a.numel(0)), a.nbytes(0) + a.nbytes(1) + int(v) * dim * a.es(0), "fp32")
+    return _cost(float(a.numel(0)), a.nbytes(0) + a.nbytes(1) + v * dim * a.es(0), "fp32")
 
 
 def _dropout(a: _Args) -> OpCost:  # native_dropout(input, p, train): output + bool mask
@@ -503,10 +506,10 @@ def _nll_loss_bwd(a: _Args) -> OpCost:
 
 def _index_select(a: _Args) -> OpCost:  # index_select(self, dim, index): rows of self picked by index
     x = a.shape(0)
-    d = a.value(1)
-    if not d.lstrip("-").isdigit() or not x:
+    d = ints.whole(a.value(1))
+    if d is None or not x:
         raise _Uncosted("dim not recorded")
-    out = a.numel(0) // max(1, x[int(d)]) * a.numel(2)
+    out = a.numel(0) // max(1, x[d]) * a.numel(2)
     return _cost(0.0, a.nbytes(2) + 2 * out * a.es(0), "fp32")
 
 
@@ -520,8 +523,8 @@ def _copy(a: _Args) -> OpCost:  # copy_(self, src): src read, self written
 
 
 def _to_copy(a: _Args) -> OpCost:  # _to_copy(self, dtype, ...)
-    code = a.value(1)
-    out_es = _SCALAR_TYPE_BYTES.get(int(code)) if code.lstrip("-").isdigit() else a.es(0)
+    code = ints.whole(a.value(1))
+    out_es = a.es(0) if code is None else _SCALAR_TYPE_BYTES.get(code)
     return _cost(0.0, a.nbytes(0) + a.numel(0) * out_es, "fp32")
 
 
@@ -725,7 +728,7 @@ def collective_call(args: Mapping[str, Any]) -> tuple[int, int]:
     (``record_param_comms``, every c10d collective since PyTorch 1.13), else its tensors' recorded
     shapes and types (``Input Dims``, ``Input type`` of ``c10d::allreduce_``, ``nccl:all_reduce``);
     the group from ``Group size`` or ``Process Group Ranks``. -1 where not recorded."""
-    nelems = max(_nonneg(args.get("In msg nelems")), _nonneg(args.get("Out msg nelems")))
+    nelems = max(ints.nonneg(args.get("In msg nelems")), ints.nonneg(args.get("Out msg nelems")))
     width = COMM_DTYPE_BYTES.get(str(args.get("dtype", "")).lower(), 0)
     msg = nelems * width if nelems > 0 and width else -1
     if msg < 0:
@@ -744,10 +747,7 @@ COLLECTIVE_CALL_ARGS = ("In msg nelems", "Out msg nelems", "dtype", "Input Dims"
 def recorded_group_size(args: Mapping[str, Any]) -> int:
     """A collective's process group size as its args (a kernel's or the op's that launched it)
     record it: ``Group size``, else the length of ``Process Group Ranks``; -1 where neither does."""
-    group = args.get("Group size")
-    if type(group) is str and group.strip().isdigit() and len(group.strip()) < 19:
-        group = int(group)
-    group = _nonneg(group)
+    group = ints.nonneg(args.get("Group size"))
     ranks = args.get("Process Group Ranks")
     if group <= 0 and isinstance(ranks, str):
         group = len([x for x in ranks.strip("[]").split(",") if x.strip()])
@@ -761,10 +761,6 @@ def payload_message_bytes(op: str, payload_bytes: int, group_size: int) -> int:
     if payload_bytes is None or payload_bytes < 0:
         return -1
     return payload_bytes * max(group_size, 2) if op in _PER_RANK_SIDE else payload_bytes
-
-
-def _nonneg(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else -1
 
 
 def _seq(v: Any) -> list:

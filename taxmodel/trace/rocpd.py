@@ -28,6 +28,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.trace import rocprof
+from taxmodel.trace import sqlite_input as sq
 from taxmodel.trace import vendor_common as vc
 
 FORMAT = "rocpd"
@@ -46,16 +47,16 @@ _NEEDED = {
 }
 
 
-def sniff(path: Path, head: bytes) -> bool:
-    return any(n.startswith("rocpd_") for n in vc.sqlite_object_names(Path(path), head))
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
+    return any(n.startswith("rocpd_") for n in tables)
 
 
 def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd.DataFrame, dict]:
     vc.compile_iteration_pattern(iteration_pattern)
     per_file, hardware, software = [], {}, {}
     for index, path in enumerate(paths):
-        with vc.sqlite_connection(Path(path)) as conn, vc.sqlite_errors(Path(path), "rocpd"):
-            f = _read_file(vc.SqliteSchema(conn, Path(path), "rocpd"), index) | {"file": str(path)}
+        with sq.sqlite_connection(Path(path)) as conn, sq.sqlite_errors(Path(path), "rocpd"):
+            f = _read_file(sq.SqliteSchema(conn, Path(path), "rocpd"), index) | {"file": str(path)}
         hardware, software = hardware or f.pop("hardware"), software or f.pop("software")
         per_file.append(f)
     events, ranks, how = vc.assemble(per_file, iteration_pattern)
@@ -67,7 +68,7 @@ class _Tables:
     """SQL source text for each logical rocpd table: the view when present, else a UNION ALL
     of the uuid-suffixed tables of every run in the file."""
 
-    def __init__(self, s: vc.SqliteSchema):
+    def __init__(self, s: sq.SqliteSchema):
         self.s = s
         suffixes = sorted({n[len("rocpd_string"):] for n in s.names if n.startswith("rocpd_string_")})
         self.src: dict[str, str] = {}
@@ -96,7 +97,7 @@ class _Tables:
         return base in self.src
 
 
-def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
+def _read_file(s: sq.SqliteSchema, file_index: int) -> dict:
     t = _Tables(s)
     K, S, E, A, P, STR = (t.require(b) for b in ("rocpd_kernel_dispatch", "rocpd_info_kernel_symbol", "rocpd_event",
                                                     "rocpd_info_agent", "rocpd_info_process", "rocpd_string"))
@@ -170,7 +171,7 @@ def _read_file(s: vc.SqliteSchema, file_index: int) -> dict:
             "hardware": _hardware(s, t), "software": _software(s, t)}
 
 
-def _collective_calls(s: vc.SqliteSchema, t: _Tables) -> pd.DataFrame:
+def _collective_calls(s: sq.SqliteSchema, t: _Tables) -> pd.DataFrame:
     """RCCL API calls (``ncclAllReduce`` regions) with the sizes their recorded arguments give
     (``rocpd_arg``: ``count``/``sendcount``/``recvcount`` and ``datatype``, in rocprofv3's
     callback tracing), as ``vendor_common.COLLECTIVE_CALL_COLUMNS`` plus ``guid``."""
@@ -213,7 +214,7 @@ def _marker_text(name, extdata) -> str:
     return "" if name is None else str(name)
 
 
-def _declared_ranks(s: vc.SqliteSchema, t: _Tables, key_of: dict) -> dict[int, int]:
+def _declared_ranks(s: sq.SqliteSchema, t: _Tables, key_of: dict) -> dict[int, int]:
     if "environment" not in t.columns.get("rocpd_info_process", set()):
         return {}
     rows = s.fetchall(f'SELECT guid, pid, environment FROM {t.src["rocpd_info_process"]}')
@@ -229,7 +230,7 @@ def _declared_ranks(s: vc.SqliteSchema, t: _Tables, key_of: dict) -> dict[int, i
     return out
 
 
-def _hardware(s: vc.SqliteSchema, t: _Tables) -> dict:
+def _hardware(s: sq.SqliteSchema, t: _Tables) -> dict:
     row = s.conn.execute(f"SELECT product_name, name FROM {t.src['rocpd_info_agent']} WHERE type = 'GPU' LIMIT 1").fetchone() \
         if {"product_name", "name"} <= t.columns["rocpd_info_agent"] else None
     if not row:
@@ -237,7 +238,7 @@ def _hardware(s: vc.SqliteSchema, t: _Tables) -> dict:
     return {k: v for k, v in (("name", row[0] or row[1]), ("arch", row[1])) if v}
 
 
-def _software(s: vc.SqliteSchema, t: _Tables) -> dict:
+def _software(s: sq.SqliteSchema, t: _Tables) -> dict:
     if not t.has("rocpd_metadata") or not {"tag", "value"} <= t.columns["rocpd_metadata"]:
         return {}
     rows = s.fetchall(f"SELECT tag, value FROM {t.src['rocpd_metadata']}")

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
+from taxmodel.trace import inflate
 from taxmodel.trace import vendor_common as vc
 
 FORMAT = "rocprof-json"
@@ -32,7 +33,7 @@ _COPY_DIRECTIONS = {"HOST_TO_DEVICE": "HtoD", "DEVICE_TO_HOST": "DtoH", "DEVICE_
                     "HOST_TO_HOST": "HtoH"}
 
 
-def sniff(path: Path, head: bytes) -> bool:
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
     """rocprofv3 JSON: a JSON object whose (first) key is ``rocprofiler-sdk-tool``."""
     text = head.lstrip()
     return text.startswith(b"{") and f'"{TOP_KEY}"'.encode() in text[:4096]
@@ -104,7 +105,7 @@ def finish_gpu(kernels: pd.DataFrame, copies: pd.DataFrame) -> pd.DataFrame:
 
 def _read_file(path: Path, file_index: int) -> dict:
     try:
-        with vc.open_text(path) as fh:
+        with inflate.open_input_text(path, "the trace") as fh:
             data = json.load(fh)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError, EOFError) as exc:
         raise InputError(f"{path}: not readable as rocprofv3 JSON ({exc})") from exc

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.trace import rocprof
+from taxmodel.trace import importers, inflate, rocprof
 from taxmodel.trace import vendor_common as vc
 
 FORMAT = "rocprof-csv"
@@ -58,7 +58,7 @@ def file_kind(head: bytes) -> str | None:
     return None
 
 
-def sniff(path: Path, head: bytes) -> bool:
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
     return file_kind(head) is not None
 
 
@@ -67,7 +67,7 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
     vc.compile_iteration_pattern(iteration_pattern)
     groups: dict[tuple[str, str], dict[str, list[pd.DataFrame]]] = {}
     for path in map(Path, paths):
-        kind = file_kind(vc.read_head(path))
+        kind = file_kind(importers.read_head(path))
         if kind is None:
             raise InputError(f"{path}: not a rocprofv3 CSV trace (header has none of the kernel/API/memory-copy/agent columns)")
         key = (str(path.parent), _SUFFIX.sub("", path.name) if _SUFFIX.search(path.name) else path.stem)
@@ -83,7 +83,7 @@ def read(paths: list[Path], *, iteration_pattern: str | None = None) -> tuple[pd
 
 def _read_csv(path: Path) -> pd.DataFrame:
     try:
-        with vc.open_text(path) as fh:
+        with inflate.open_input_text(path, "the trace") as fh:
             return pd.read_csv(fh, dtype={"Agent_Id": str, "Source_Agent_Id": str, "Destination_Agent_Id": str})
     except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
         raise InputError(f"{path}: cannot be read as CSV ({exc})") from exc

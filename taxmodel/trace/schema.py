@@ -128,27 +128,33 @@ def concat_events(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return normalize_events(pd.DataFrame(joined, copy=False))
 
 
+_SORT_KEYS = ("rank", "start_ns", "end_ns")
+
+
 def _normalized(columns: dict[str, Any], n: int, rows: np.ndarray | None = None) -> pd.DataFrame:
-    """``normalize_events``' work on ``columns`` (of ``n`` rows; emptied as read), keeping ``rows``."""
-    size = n if rows is None else len(rows)
+    """``normalize_events``' work on ``columns`` (of ``n`` rows; emptied as read), keeping ``rows``:
+    the sort keys are converted first, then every other column is gathered once, already in order."""
+    missing = next((c.name for c in COLUMNS if c.missing is None and c.name not in columns), None)
+    if missing:
+        raise BundleError(f"events: required column '{missing}' is missing")
+    keys = {name: _taken(columns, _BY_NAME[name], rows) for name in _SORT_KEYS}
+    order = np.lexsort((keys["end_ns"], keys["start_ns"], keys["rank"]))  # stable: equal keys keep their order
+    take = order if rows is None else rows[order]
     out = {}
-    for col in COLUMNS:
-        if col.name in columns:
-            s = columns.pop(col.name)
-            s = s if isinstance(s, pd.Series) else pd.Series(s, copy=False)
-            if rows is not None:
-                s = s.iloc[rows]
-        elif col.missing is None:
-            raise BundleError(f"events: required column '{col.name}' is missing")
-        else:
-            s = pd.Series(np.full(size, col.missing, dtype=object if col.dtype == "string" else col.dtype))
-        out[col.name] = _converted(s, col)
-        del s  # the column taken over is released here
+    for col in COLUMNS:  # one column at a time
+        out[col.name] = keys.pop(col.name)[order] if col.name in keys else _taken(columns, col, take, len(take))
     columns.clear()  # extra columns are dropped
-    order = np.lexsort((out["end_ns"], out["start_ns"], out["rank"]))  # stable: equal keys keep their order
-    for name in out:  # one column at a time
-        out[name] = out[name][order]
     return pd.DataFrame(out, copy=False)  # one block per column, as a loaded bundle's: no consolidating copy
+
+
+def _taken(columns: dict[str, Any], col: Column, rows: np.ndarray | None, size: int = 0) -> np.ndarray:
+    """Column ``col`` taken over from ``columns`` (released there), at ``rows`` (all when None),
+    converted (``_converted``); the sentinel ``size`` times when ``columns`` lacks it."""
+    if col.name not in columns:
+        return np.full(size, col.missing, dtype=object if col.dtype == "string" else col.dtype)
+    s = columns.pop(col.name)
+    s = s if isinstance(s, pd.Series) else pd.Series(s, copy=False)
+    return _converted(s if rows is None else s.iloc[rows], col)
 
 
 def _converted(s: pd.Series, col: Column) -> np.ndarray:

@@ -1,5 +1,6 @@
 """Profiler outputs taxmodel recognizes but does not read, each refused in one line that says what
-the file is and how to get a supported one (checked by content before any importer claims it).
+the file is and how to get a supported one (checked by content before any importer claims it,
+``importers.detect_format``).
 
 - an Nsight Systems report (``.nsys-rep``, ``.qdrep``): a binary only ``nsys`` reads; its SQLite
   export is supported. Such reports begin with "NVIDIA Tegra Profiler Report" (Nsight Systems'
@@ -15,20 +16,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from taxmodel.trace import vendor_common as vc
-
 NSYS_REPORT_MAGIC = b"NVIDIA Tegra Profiler Report"
 _NSYS_EXPORT_TABLES = frozenset({"TARGET_INFO_SESSION_START_TIME", "ThreadNames", "META_DATA_EXPORT", "EXPORT_META_DATA",
                                  "TARGET_INFO_SYSTEM_ENV", "ProcessStreams", "OSRT_API", "NVTX_EVENTS"})
 _NSYS_GPU_TABLES = frozenset({"CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET"})
 
 
-def refusal(path: Path, head: bytes) -> str | None:
-    """The one-line refusal of a file in a recognized but unsupported format, else None."""
+def refusal(path: Path, head: bytes, names: set[str]) -> str | None:
+    """The one-line refusal of a file in a recognized but unsupported format, else None; ``head``
+    and ``names`` (a SQLite file's tables and views) as the importers' ``sniff`` gets them."""
     if head.startswith(NSYS_REPORT_MAGIC):
         return (f"{path}: an Nsight Systems report (.nsys-rep/.qdrep), a binary only nsys reads; export it with "
                 f"`nsys export --type sqlite -o {Path(path).stem}.sqlite {path}` and import the .sqlite")
-    names = vc.sqlite_object_names(path, head)
     if not names:
         return None
     if "StringTable" in names and "StringIds" not in names and any(n.startswith("CUPTI_ACTIVITY_KIND_") for n in names):

@@ -17,230 +17,20 @@ never depends on which profiler produced its events:
 """
 from __future__ import annotations
 
-import contextlib
-import gzip
 import re
-import shutil
-import sqlite3
-import tempfile
-from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pandas as pd
 
-from taxmodel import limits
-from taxmodel.errors import InputError
-from taxmodel.trace import inflate, vocabulary
+from taxmodel.trace import ints, vocabulary
+from taxmodel.trace.op_costs import collective_bus_bytes, collective_bus_bytes_at_least, payload_message_bytes
 
 DEFAULT_ITERATION_PATTERN = r"(?:ProfilerStep#|\b[Ii]ter(?:ation)?[\s_#:=-]*)(\d+)"
 """Matches torch.profiler's ``ProfilerStep#N`` and user ranges such as ``iter 3``,
 ``iteration_3``, ``Iteration#3``; the one group is the iteration number."""
 
-GZIP_MAGIC = b"\x1f\x8b"
-SQLITE_MAGIC = b"SQLite format 3\x00"
-
 _SYNC_CALL = re.compile(r"Synchronize", re.IGNORECASE)
 _API_VERSION_SUFFIX = re.compile(r"_v\d+$")
-
-
-# --- files ---------------------------------------------------------------------------------
-
-def read_head(path: Path, nbytes: int = 65536) -> bytes:
-    """First ``nbytes`` of a file, gunzipped when the file is gzip-compressed."""
-    with open(path, "rb") as fh:
-        raw = fh.read(nbytes)
-    if raw.startswith(GZIP_MAGIC):
-        try:
-            with gzip.open(path, "rb") as fh:
-                return fh.read(nbytes)
-        except (OSError, EOFError):
-            return b""
-    return raw
-
-
-def open_text(path: Path):
-    """Open a (possibly gzipped) text file for reading."""
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    if magic == GZIP_MAGIC:
-        return gzip.open(path, "rt", encoding="utf-8", newline="")
-    return open(path, "r", encoding="utf-8", newline="")
-
-
-@contextlib.contextmanager
-def sqlite_connection(path: Path) -> Iterator[sqlite3.Connection]:
-    """A read-only connection to a SQLite file (a gzipped one is unpacked to a temp file)."""
-    path = shown = Path(path)
-    tmpdir = None
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(len(SQLITE_MAGIC))
-        if magic.startswith(GZIP_MAGIC):
-            tmpdir = tempfile.mkdtemp(prefix="taxmodel-sqlite-")
-            target = Path(tmpdir) / path.name.removesuffix(".gz")
-            with open(target, "wb") as dst:
-                inflate.gunzip_file(path, dst)  # in chunks, capped: a small hostile gzip cannot fill the disk
-            with open(target, "rb") as fh:
-                magic = fh.read(len(SQLITE_MAGIC))
-            path = target
-        if magic != SQLITE_MAGIC:
-            raise InputError(f"{shown}: not a SQLite database (the file does not start with the SQLite header)")
-        # the path as a percent-encoded file: URI ('#', '?' and '%' in a name are the name's, not the
-        # URI's fragment, query or escapes), opened read-only
-        conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, factory=_GuardedConnection)
-        try:
-            conn.execute("PRAGMA query_only = ON")
-            conn.guard(limits.query_seconds())
-            with conn.noting_interrupts():
-                yield conn
-        except BaseException as exc:
-            if conn.stopped == "interrupted":  # Ctrl-C during a query: a Ctrl-C, not a damaged file
-                raise KeyboardInterrupt from exc
-            if conn.stopped == "deadline":
-                raise InputError(f"{shown}: a query of the database ran longer than {limits.query_seconds():g} s "
-                                 "(a view that never ends?); export the trace again, or raise "
-                                 f"{limits.QUERY_SECONDS_ENV} for a database that big") from exc
-            raise
-        finally:
-            conn.close()
-    finally:
-        if tmpdir:
-            shutil.rmtree(tmpdir, ignore_errors=True)
-
-
-class _GuardedConnection(sqlite3.Connection):
-    """A connection whose queries stop at a deadline and on Ctrl-C.
-
-    SQLite runs a query in C: without a progress handler Python never gets to run its SIGINT
-    handler until the query ends, so a never-ending view ignored Ctrl-C. The handler below runs
-    every few thousand virtual-machine steps, which lets Python's signal handlers run; a Ctrl-C
-    (noted by ``noting_interrupts``: the exception raised inside the callback is swallowed by
-    sqlite3) or a passed deadline makes it return 1, which aborts the query, and ``stopped``
-    says why."""
-
-    stopped = ""
-
-    @contextlib.contextmanager
-    def noting_interrupts(self) -> Iterator[None]:
-        """While the connection is in use, a SIGINT is noted in ``stopped`` before the handler
-        that was there runs (and raises KeyboardInterrupt, as it would have)."""
-        import signal
-        import threading
-
-        previous = signal.getsignal(signal.SIGINT)
-        if threading.current_thread() is not threading.main_thread() or not callable(previous):
-            yield  # signals go to the main thread only; an ignored SIGINT stays ignored
-            return
-
-        def note(signum, frame):
-            self.stopped = "interrupted"
-            previous(signum, frame)
-
-        signal.signal(signal.SIGINT, note)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-    def guard(self, seconds: float) -> None:
-        import time
-
-        deadline = time.monotonic() + seconds
-
-        def check() -> int:
-            if self.stopped:
-                return 1
-            if time.monotonic() > deadline:
-                self.stopped = "deadline"
-                return 1
-            return 0
-
-        self.set_progress_handler(check, 20_000)
-
-
-@contextlib.contextmanager
-def sqlite_errors(path: Path, tool: str) -> Iterator[None]:
-    """Turn SQLite's own errors while reading an export (a file cut short, a page that is not
-    a database page) into one InputError naming the file."""
-    try:
-        yield
-    except sqlite3.Error as exc:
-        raise InputError(f"{path}: the {tool} SQLite export cannot be read ({exc}); it may be truncated or "
-                         "damaged -- export it again") from exc
-
-
-def sqlite_object_names(path: Path, head: bytes) -> set[str]:
-    """Names of the tables and views of a SQLite file, for format sniffing.
-
-    Opens the file when it can; for a file it cannot open (gzipped, damaged) falls back to the
-    names visible in the schema text of ``head``.
-    """
-    if not head.startswith(SQLITE_MAGIC):
-        return set()
-    try:
-        with sqlite_connection(path) as conn:
-            return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
-    except (sqlite3.Error, InputError, OSError):
-        text = head.decode("latin-1")
-        return set(re.findall(r"CREATE\s+(?:TABLE|VIEW)\s+(?:IF\s+NOT\s+EXISTS\s+)?[\"`\[]?(\w+)", text, re.IGNORECASE))
-
-
-class SqliteSchema:
-    """What a SQLite export holds: its tables/views and their columns (via PRAGMA table_info),
-    so that importers read what is there and name what is missing."""
-
-    def __init__(self, conn: sqlite3.Connection, path: Path, tool: str):
-        self.conn, self.path, self.tool = conn, Path(path), tool
-        self.names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type IN ('table','view')")}
-        self._columns: dict[str, set[str]] = {}
-
-    def has(self, name: str) -> bool:
-        return name in self.names
-
-    def columns(self, name: str) -> set[str]:
-        if name not in self._columns:
-            self._columns[name] = {r[1] for r in self.conn.execute(f'PRAGMA table_info("{name}")')} if self.has(name) else set()
-        return self._columns[name]
-
-    def require_columns(self, name: str, needed: tuple[str, ...], hint: str = "") -> None:
-        """Raise InputError naming the table and every needed column it lacks."""
-        if not self.has(name):
-            raise InputError(f"{self.path}: {self.tool} table '{name}' is missing{hint}")
-        missing = [c for c in needed if c not in self.columns(name)]
-        if missing:
-            raise InputError(
-                f"{self.path}: {self.tool} table '{name}' lacks column(s) {', '.join(repr(c) for c in missing)}"
-                f" (columns present: {', '.join(sorted(self.columns(name)))}){hint}"
-            )
-
-    def first_column(self, name: str, candidates: tuple[str, ...]) -> str | None:
-        cols = self.columns(name)
-        return next((c for c in candidates if c in cols), None)
-
-    def fetchall(self, sql: str, params: tuple = ()) -> list[tuple]:
-        """The rows of a query, at most ``limits.row_budget`` of the file (a table cannot hold more
-        rows than the file has bytes; a view that yields more is not data): InputError beyond."""
-        return self._fetch(sql, params)[1]
-
-    def _fetch(self, sql: str, params: tuple = ()) -> tuple[list[str], list[tuple]]:
-        cur = self.conn.execute(sql, params)
-        budget = limits.row_budget(self.path)
-        rows: list[tuple] = []
-        while batch := cur.fetchmany(100_000):
-            rows += batch
-            if len(rows) > budget:
-                raise InputError(f"{self.path}: a query of the {self.tool} database yields more than {budget:,} rows, more "
-                                 "than a database of its size can hold (a view that never ends?); export the trace again")
-        return [d[0] for d in cur.description or ()], rows
-
-    def query(self, sql: str, params: tuple = ()) -> pd.DataFrame:
-        """A query's rows as a DataFrame (``fetchall``'s budget; what ``pd.read_sql_query`` gives)."""
-        try:
-            columns, rows = self._fetch(sql, params)
-            return pd.DataFrame.from_records(rows, columns=columns, coerce_float=True)
-        except (sqlite3.Error, pd.errors.DatabaseError) as exc:
-            raise InputError(f"{self.path}: cannot read the {self.tool} database ({exc})") from exc
 
 
 # --- names and roles -----------------------------------------------------------------------
@@ -375,11 +165,8 @@ def rank_from_environment(env: dict | None) -> int:
     """The global rank named by a process environment, or -1."""
     if not env:
         return -1
-    for var in RANK_ENV_VARS:
-        value = env.get(var)
-        if value is not None and str(value).strip().lstrip("-").isdigit():
-            return int(value)
-    return -1
+    ranks = (ints.whole(env.get(var)) for var in RANK_ENV_VARS)
+    return next((r for r in ranks if r is not None), -1)
 
 
 def concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -443,16 +230,9 @@ def call_from_args(name: str, args: dict) -> tuple[str, int]:
     if op not in vocabulary.COLLECTIVES:
         return "", -1
     norm = {re.sub(r"[^a-z]", "", str(k).lower()): v for k, v in args.items()}
-    count = next((_count(norm[k]) for k in ("count", "sendcount", "recvcount") if k in norm), -1)
+    count = next((ints.literal(norm[k]) for k in ("count", "sendcount", "recvcount") if k in norm), None)
     width = NCCL_DTYPE_BYTES.get(re.sub(r"[^a-z0-9]", "", str(norm.get("datatype", "")).lower()), 0)
-    return op, count * width if count >= 0 and width else -1
-
-
-def _count(v) -> int:
-    try:
-        return int(str(v).strip(), 0)
-    except ValueError:
-        return -1
+    return op, count * width if count is not None and count >= 0 and width else -1
 
 
 def attach_collective_sizes(events: pd.DataFrame, calls: pd.DataFrame) -> pd.DataFrame:
@@ -461,10 +241,8 @@ def attach_collective_sizes(events: pd.DataFrame, calls: pd.DataFrame) -> pd.Dat
     (``calls``: ``COLLECTIVE_CALL_COLUMNS`` with ``rank`` for ``pid``) whose time range on the
     launching thread holds the kernel's launch call. A group size the trace does not give is taken
     as 2, the fewest bytes any group carries (a lower bound, said in ``uncosted``'s absence by the
-    importer's note); a kernel without such a call is uncosted, its reason said."""
-    from taxmodel.trace.op_costs import collective_bus_bytes, payload_message_bytes
-
-    events = events.copy()
+    importer's note); a kernel without such a call is uncosted, its reason said. ``events`` is
+    changed in place (``assemble``'s own frame) and returned."""
     for col, default in (("floor_bytes", -1), ("uncosted", "")):
         if col not in events:
             events[col] = default
@@ -487,7 +265,8 @@ def attach_collective_sizes(events: pd.DataFrame, calls: pd.DataFrame) -> pd.Dat
     op = np.where(m["collective_op"].isin(vocabulary.COLLECTIVES), m["collective_op"], m["call_op"])
     group = m["group_size"].astype("int64").to_numpy()
     msg = np.array([payload_message_bytes(o, int(p), int(g)) for o, p, g in zip(op, m["payload_bytes"], group)], np.int64)
-    bus = np.array([collective_bus_bytes(o, int(b), int(g) if g > 0 else 2) for o, b, g in zip(op, msg, group)], np.int64)
+    bus = np.array([collective_bus_bytes(o, int(b), int(g)) if g > 0 else collective_bus_bytes_at_least(o, int(b))
+                    for o, b, g in zip(op, msg, group)], np.int64)
     idx = m["index"].to_numpy()
     events.loc[idx, "bytes"] = msg
     events.loc[idx, "floor_bytes"] = bus

@@ -14,7 +14,7 @@ FORMAT = "kineto-per-file"
 MODULE = __name__
 
 
-def sniff(path: Path, head: bytes) -> bool:
+def sniff(path: Path, head: bytes, tables: set[str]) -> bool:
     return False  # named with --format only
 
 

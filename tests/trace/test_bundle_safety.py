@@ -16,6 +16,7 @@ from taxmodel import fsutil
 from taxmodel.cli import cli
 from taxmodel.errors import BundleError, InputError
 from taxmodel.testing.synthetic import synthetic_bundle
+from taxmodel.trace import bundle as bundle_module
 from taxmodel.trace.bundle import load_bundle, prepare_output, write_bundle
 from cli_runner import stderr_runner
 
@@ -88,6 +89,41 @@ def test_a_bundle_with_the_users_files_beside_it_is_not_replaced(tmp_path, good)
         write_bundle(b, bundle.events, bundle.meta)  # the library refuses too (profile writes through it)
     assert (b / "notes.txt").read_text() == "my notes"
 
+
+
+def _bundle_with_raw(tmp_path, good):
+    """A copy of ``good`` with a raw/ file that its meta does not list (so no file of raw/ is ours)."""
+    b = tmp_path / "b"
+    shutil.copytree(good, b)
+    (b / "raw").mkdir()
+    (b / "raw" / "rank0.json").write_text("{}")
+    return b
+
+
+def test_the_meta_json_read_for_raw_is_held_to_its_size_cap(tmp_path, good, monkeypatch):
+    """It was read whole, whatever its size (a sparse file of gigabytes)."""
+    b = _bundle_with_raw(tmp_path, good)
+    monkeypatch.setattr(bundle_module, "META_MAX_BYTES", 100)
+    with pytest.raises(InputError, match=r"meta.json: meta.json amounts to more than 100 bytes"):
+        prepare_output(b, force=True)
+
+
+def test_a_meta_json_that_is_a_fifo_does_not_block_the_raw_check(tmp_path, good):
+    b = _bundle_with_raw(tmp_path, good)
+    (b / "meta.json").unlink()
+    os.mkfifo(b / "meta.json")
+    assert prepare_output(b, force=True)  # no meta to list raw/: its regular files count as ours
+
+
+def test_writing_a_bundle_checks_its_output_once(tmp_path, good, monkeypatch):
+    """Right before the swap (it checked at the start too, reading meta.json twice)."""
+    b = _bundle_with_raw(tmp_path, good)
+    calls = []
+    real = bundle_module._check_raw_is_ours
+    monkeypatch.setattr(bundle_module, "_check_raw_is_ours", lambda path: calls.append(path) or real(path))
+    bundle = load_bundle(good)
+    write_bundle(b, bundle.events, bundle.meta)
+    assert calls == [b] and not (b / "raw").exists()
 
 @pytest.mark.parametrize("where", ["same", "parent"])
 def test_output_holding_the_inputs_is_refused(tmp_path, where):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kineto_fixtures import REAL_PEER_READ, REAL_RANKS, build_trace, write_ranks, write_trace
 from taxmodel.errors import InputError
-from taxmodel.trace import importers, kineto, schema
+from taxmodel.trace import importers, json_stream, kineto, schema
 from taxmodel.trace.bundle import load_bundle
 
 
@@ -130,14 +130,21 @@ def test_to_ns_cases():
         assert kineto._to_ns(bad) is None
 
 
+def _top_level(path: Path) -> dict:
+    """The top-level values of a JSON document as the importer's stream reads them."""
+    stream = json_stream.TraceStream(path)
+    assert list(stream.batches()) == []
+    return stream.top
+
+
 def test_float_parsing_would_lose_the_digits_this_keeps(tmp_path):
     # The reason for the exact parser: these two values differ by 1 ns and floats merge them.
     p = tmp_path / "t.json"
     p.write_text('{"a": 4440859589094.3031, "b": 4440859589094.3029}')
-    doc = kineto.load_json(p)
+    doc = _top_level(p)
     assert kineto._to_ns(doc["a"]) == 4440859589094303 and kineto._to_ns(doc["b"]) == 4440859589094303
     p.write_text('{"a": 9007199254740.993, "b": 9007199254740.992}')
-    doc = kineto.load_json(p)
+    doc = _top_level(p)
     assert kineto._to_ns(doc["a"]) - kineto._to_ns(doc["b"]) == 1
     assert round(9007199254740.993 * 1000) - round(9007199254740.992 * 1000) != 1
 
@@ -282,11 +289,11 @@ def test_normalize_collective():
 
 
 def test_sniff():
-    assert kineto.sniff(Path("x"), b'{\n  "schemaVersion": 1,\n  "traceEvents": [')
-    assert kineto.sniff(Path("x"), b'[{"ph": "X", "cat": "cuda_runtime"')
-    assert not kineto.sniff(Path("x"), b'{"traceEvents": [{"ph": "X", "name": "a"}]}')  # a generic Chrome trace
-    assert not kineto.sniff(Path("x"), b"SQLite format 3\x00")
-    assert not kineto.sniff(Path("x"), b"Kernel_Name,Start_Timestamp\n")
+    assert kineto.sniff(Path("x"), b'{\n  "schemaVersion": 1,\n  "traceEvents": [', set())
+    assert kineto.sniff(Path("x"), b'[{"ph": "X", "cat": "cuda_runtime"', set())
+    assert not kineto.sniff(Path("x"), b'{"traceEvents": [{"ph": "X", "name": "a"}]}', set())  # a generic Chrome trace
+    assert not kineto.sniff(Path("x"), b"SQLite format 3\x00", set())
+    assert not kineto.sniff(Path("x"), b"Kernel_Name,Start_Timestamp\n", set())
 
 
 # --- CPU traces from torch.profiler (what any PyTorch user without a GPU here produces) --------------

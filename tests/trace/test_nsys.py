@@ -13,6 +13,7 @@ import pytest
 
 from taxmodel.errors import InputError
 from taxmodel.trace import importers, nsys
+from taxmodel.trace import sqlite_input as sq
 from taxmodel.trace import vendor_common as vc
 from taxmodel.trace import vocabulary
 
@@ -144,7 +145,8 @@ def test_format_is_detected_by_content_not_name(tmp_path):
     plain = tmp_path / "other.sqlite"
     with sqlite3.connect(plain) as conn:
         conn.execute("CREATE TABLE t (x INTEGER)")
-    assert not nsys.sniff(plain, vc.read_head(plain))
+    head = importers.read_head(plain)
+    assert not nsys.sniff(plain, head, sq.sqlite_object_names(plain, head))
     with pytest.raises(InputError, match="format not recognized"):
         importers.detect_format(plain)
 

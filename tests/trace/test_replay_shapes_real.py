@@ -110,6 +110,21 @@ def test_import_shapes_from_then_analyze(tmp_path, imported):
     assert again.meta["graph_shapes"]["matched"] == n
 
 
+
+def test_shapes_from_matches_the_replays_in_one_pass(monkeypatch):
+    """With --shapes-from the graph trace's replays are matched once, with both captures' eager
+    steps (the import matched them with the trace's own steps first, then all over again)."""
+    real, calls = rs.attach_replay_shapes, []
+
+    def spy(events, meta, reference=None, reference_name=None):
+        calls.append(reference_name)
+        return real(events, meta, reference, reference_name)
+
+    monkeypatch.setattr(rs, "attach_replay_shapes", spy)
+    _, meta, _ = importers.import_traces([_path("trace_graph_b1.json.gz")], shapes_from=[_path("trace_eager_b1.json.gz")])
+    assert calls == [None, "trace_eager_b1.json.gz"]  # the eager capture's own import, then the graph trace's pass
+    assert meta["graph_shapes"]["eager_steps"] == "this trace and trace_eager_b1.json.gz"
+
 def test_shapes_from_a_trace_with_no_eager_kernels_is_refused(tmp_path):
     res = stderr_runner().invoke(cli, ["import", str(_path("trace_graph_b1.json.gz")), "--shapes-from",
                                        str(_path("trace_graph_b8.json.gz")), "-o", str(tmp_path / "b")])

@@ -15,6 +15,7 @@ import pytest
 
 from taxmodel.errors import InputError, UnavailableError
 from taxmodel.trace import importers, rocpd, rocprof, rocprof_csv, rocprofiler_capture
+from taxmodel.trace import sqlite_input as sq
 from taxmodel.trace import vendor_common as vc
 
 HERE = Path(__file__).resolve().parent
@@ -95,7 +96,7 @@ def test_rocpd_gives_the_scenario_and_reads_ranks_from_the_environment(tmp_path)
 
 def test_rocpd_without_views_reads_the_uuid_tables(tmp_path):
     dbs = [rb.write_rocpd(tmp_path / f"r{r}.db", r, views=False) for r in sc.RANKS]
-    assert not any(n == "rocpd_kernel_dispatch" for n in vc.sqlite_object_names(dbs[0], vc.read_head(dbs[0])))
+    assert not any(n == "rocpd_kernel_dispatch" for n in sq.sqlite_object_names(dbs[0], importers.read_head(dbs[0])))
     events, meta = rocpd.read(dbs)
     pd.testing.assert_frame_equal(sc.comparable(events), _expected())
     assert meta["capture"]["rank_assignment"].startswith("ranks numbered by order")  # no RANK in the environment
@@ -138,8 +139,19 @@ def test_formats_are_detected_by_content(tmp_path):
     shutil.copy(DBS[0], db)
     assert importers.detect_format(db) == "rocpd"
     assert importers.detect_format(NSYS / "rank0.sqlite") == "nsys"
-    assert not rocpd.sniff(NSYS / "rank0.sqlite", vc.read_head(NSYS / "rank0.sqlite"))
+    head = importers.read_head(NSYS / "rank0.sqlite")
+    assert not rocpd.sniff(NSYS / "rank0.sqlite", head, sq.sqlite_object_names(NSYS / "rank0.sqlite", head))
 
+
+
+@pytest.mark.parametrize("db", [DBS[0], NSYS / "rank0.sqlite"], ids=["rocpd", "nsys"])
+def test_detecting_a_database_opens_it_once(db, monkeypatch):
+    """Its tables are listed once, for the refusals and every sniffer (each listed them anew)."""
+    opened = []
+    real = sq.sqlite_connection
+    monkeypatch.setattr(sq, "sqlite_connection", lambda path: opened.append(path) or real(path))
+    assert importers.detect_format(db) in ("rocpd", "nsys")
+    assert opened == [db]
 
 # --- the same trace from every tool --------------------------------------------------------
 
