@@ -32,6 +32,8 @@ SKIP=5
 STEPS=5
 HW=${HW:-h200}
 BUDGET_S=${BUDGET_S:-540}  # every step ends by then, so that the results are always written
+RUNS=${RUNS:-3}            # hook and hand-written runs per GPU count, alternated
+PARTS=${PARTS:-1gpu 2gpu counters}  # which parts run ("counters": the early-end check and --counters)
 S="$OUT/summary.txt"
 : >"$S"
 t0=$(date +%s)
@@ -62,30 +64,34 @@ step() {  # step NAME LIMIT EXPECTED_EXIT CMD...: output to logs/NAME.log, a sta
 cat "$OUT/env.txt"
 GPUS=$(python -c "import torch; print(torch.cuda.device_count())")
 
-check_pair() {  # check_pair TAG NPROC: hook capture, hand-written capture, import, compare
-  local tag=$1 n=$2
+check_pair() {  # check_pair TAG NPROC: RUNS hook and hand-written captures, alternated; imports; compare
+  local tag=$1 n=$2 i
   local launch=(python)
   [ "$n" -gt 1 ] && launch=(python -m torch.distributed.run --standalone --nproc-per-node "$n")
-  step "hook_$tag" 300 0 python -m taxmodel profile --skip $SKIP --steps $STEPS -o "$W/b/hook_$tag" -- \
-    "${launch[@]}" "$TRAIN" "${JOB[@]}"
-  step "hand_$tag" 300 0 "${launch[@]}" "$TRAIN" "${JOB[@]}" --trace-dir "$W/t/hand_$tag" --trace-skip $SKIP \
-    --trace-steps $STEPS
-  step "import_$tag" 120 0 python -m taxmodel import "$W"/t/hand_"$tag"/rank*.json.gz -o "$W/b/hand_$tag"
-  # a second hand-written run: how much the same capture moves from one run to the next
-  step "hand2_$tag" 300 0 "${launch[@]}" "$TRAIN" "${JOB[@]}" --trace-dir "$W/t/hand2_$tag" --trace-skip $SKIP \
-    --trace-steps $STEPS
-  step "import2_$tag" 120 0 python -m taxmodel import "$W"/t/hand2_"$tag"/rank*.json.gz -o "$W/b/hand2_$tag"
-  step "compare_$tag" 120 0 python "$COMPARE" "$W/b/hook_$tag" "$W/b/hand_$tag" --noise "$W/b/hand2_$tag" \
+  local hooks=() hands=()
+  for i in $(seq 1 "$RUNS"); do
+    step "hook${i}_$tag" 300 0 python -m taxmodel profile --skip $SKIP --steps $STEPS -o "$W/b/hook${i}_$tag" -- \
+      "${launch[@]}" "$TRAIN" "${JOB[@]}"
+    step "hand${i}_$tag" 300 0 "${launch[@]}" "$TRAIN" "${JOB[@]}" --trace-dir "$W/t/hand${i}_$tag" --trace-skip $SKIP \
+      --trace-steps $STEPS
+    step "import${i}_$tag" 120 0 python -m taxmodel import "$W"/t/hand${i}_"$tag"/rank*.json.gz -o "$W/b/hand${i}_$tag"
+    [ -d "$W/b/hook${i}_$tag" ] && hooks+=("$W/b/hook${i}_$tag")
+    [ -d "$W/b/hand${i}_$tag" ] && hands+=("$W/b/hand${i}_$tag")
+  done
+  if [ ${#hooks[@]} -eq 0 ] || [ ${#hands[@]} -eq 0 ]; then
+    echo "== compare_$tag: nothing to compare" | tee -a "$S"; status=1; return
+  fi
+  step "compare_$tag" 120 0 python "$COMPARE" --hook "${hooks[@]}" --hand "${hands[@]}" \
     --hardware "$HW" --markdown "$OUT/compare_$tag.md" --json "$W/compare_$tag.json"
   cat "$OUT/compare_$tag.md" >>"$S" 2>/dev/null
 }
 
-check_pair 1gpu 1
-if [ "$GPUS" -ge 2 ]; then
-  check_pair 2gpu 2
-else
-  echo "== 2gpu: skipped, $GPUS GPU(s) here" | tee -a "$S"
-fi
+case " $PARTS " in *" 1gpu "*) check_pair 1gpu 1 ;; esac
+case " $PARTS " in *" 2gpu "*)
+  if [ "$GPUS" -ge 2 ]; then check_pair 2gpu 2; else echo "== 2gpu: skipped, $GPUS GPU(s) here" | tee -a "$S"; fi ;;
+esac
+case " $PARTS " in *" counters "*) ;; *) PARTS_DONE=1 ;; esac
+if [ -z "${PARTS_DONE:-}" ]; then
 step ends_early 120 3 python -m taxmodel profile --skip 50 --steps $STEPS -o "$W/b/never" -- python "$TRAIN" "${JOB[@]}"
 [ -e "$W/b/never" ] && { echo "   UNEXPECTED: $W/b/never was written" | tee -a "$S"; status=1; }
 step counters_1gpu 400 0 python -m taxmodel profile --counters --skip $SKIP --steps $STEPS -o "$W/b/counters_1gpu" -- \
@@ -100,6 +106,7 @@ m = json.load(open('$W/b/counters_1gpu/meta.json')).get('counters') or {}
 print('counters:', json.dumps({k: m.get(k) for k in ('match', 'kernels_with_counters', 'counter_rows', 'counted_step', 'pass_wall_s')}))
 sys.exit(0 if m.get('kernels_with_counters', 0) > 0 else 1)"
 step analyze_counters 60 0 python -m taxmodel analyze "$W/b/counters_1gpu" --hardware "$HW"
+fi
 
 python - "$W" "$OUT/compare.json" <<'EOF'
 import json, sys
