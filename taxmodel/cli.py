@@ -523,10 +523,22 @@ def advise_cmd(bundles, top, as_json, wide, hardware, lenient) -> None:
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", hidden=True,
               help="cpu: the collectives step on gloo ranks (what the CPU tests run).")
 @click.option("--sizes", default=None, hidden=True, metavar="B[,B]", help="Collective message sizes in bytes.")
-def calibrate_cmd(output, world_size, timeout_s, only, update, device, sizes) -> None:
+@click.option("--refit", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
+              help="Measure nothing (no GPU needed): refit every number of FILE, a file `taxmodel calibrate` wrote, from "
+                   "the raw measurements it keeps, with this taxmodel's fits, into -o (after the fits improved, e.g. "
+                   "the split-KV kernel's L2-resident line).")
+def calibrate_cmd(output, world_size, timeout_s, only, update, device, sizes, refit) -> None:
     """Measure this machine's GPUs (GEMM rates, HBM, collectives, peer loads, flags, launches, the flash decode
     combine's step, a wait on a set flag, and the workloads' own kernels alone: the tile GEMM against cuBLAS by M,
-    the copy kernel beside it, LL pushes and merges, the reduction program) into a hardware file."""
+    the copy kernel beside it, GEMM+RS's GEMM pushing, LL pushes and merges, the reduction program) into a
+    hardware file."""
+    if refit:
+        from taxmodel.model.calibration import refit_file
+
+        if only or update:
+            raise click.UsageError("--refit measures nothing: it takes neither --only nor --update")
+        _echo(f"wrote {refit_file(refit, output)}: every number refit from {refit}'s raw measurements")
+        return
     from taxmodel.runtime.calibrate import run_calibration
 
     spec = run_calibration(output, world_size=world_size, timeout_s=timeout_s, only=only, update=update, device=device,

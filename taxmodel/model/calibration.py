@@ -11,9 +11,15 @@ from __future__ import annotations
 import statistics
 
 from taxmodel.errors import InputError
+from taxmodel.model.analytic.costs import RESIDENT_FRACTION, STREAMED_FRACTION
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.hardware import find_preset, normalized_name
 from taxmodel.trace.vocabulary import ALLGATHER
+
+
+def _l2_of(preset) -> int:
+    """The L2 size of the GPU's datasheet preset (calibrate does not measure it); 0 when unknown."""
+    return int(getattr(preset, "l2_bytes", 0) or 0) if preset is not None else 0
 
 
 def _first(*values):
@@ -88,7 +94,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "triton_gemm_speed_by_m": gemm_speed_by_m(meas.get("tile_gemm")),
         "rs_gemm_speed_by_m": gemm_speed_by_m(meas.get("rs_gemm"), "rs_s"),
         **copy_share_fit(meas.get("copy_share")),
-        **split_kv_fit(meas.get("combine"), meas["hbm"]["bytes_per_s"]),
+        **split_kv_fit(meas.get("combine"), meas["hbm"]["bytes_per_s"], _l2_of(preset)),
         "ll_push_bytes_per_s": ll_push_rate(meas.get("ll_push")),
         "ll_merge_step_s": ll_merge_step(meas.get("ll_merge")),
         "reduce_program_bytes_per_s": reduce_rate(meas.get("reduce"),
@@ -229,36 +235,55 @@ def copy_share_fit(measured: dict | None) -> dict:
     return out
 
 
-def split_kv_fit(measured: dict | None, hbm_bytes_per_s: float) -> dict:
-    """``triton_stream_efficiency`` and ``split_kv_fixed_s`` from the combine step's split-KV times:
-    the line t = fixed + bytes / (efficiency x HBM bandwidth) through the grid's points, bytes as the
-    model counts them (K and V, and the partials written), fitted on relative error (weights 1/t^2)
-    so that the short KV's fixed cost and the long KV's rate both count; {} with fewer than 2 points."""
+def split_kv_fit(measured: dict | None, hbm_bytes_per_s: float, l2_bytes: int = 0) -> dict:
+    """The split-KV kernel's lines from the combine step's rows (the same K/V read every call, as the
+    workloads read it every step), bytes as the model counts them (K and V, and the partials
+    written), each fitted on relative error (weights 1/t^2) so that a short KV's fixed cost and a
+    long one's rate both count; {} with fewer than 2 points.
+
+    With the L2's size known (``l2_bytes``), rows up to ``RESIDENT_FRACTION`` of it give the
+    L2-resident line (``split_kv_resident_bytes_per_s``, ``split_kv_resident_fixed_s``) and rows from
+    ``STREAMED_FRACTION`` of it the HBM line (``triton_stream_efficiency``, ``split_kv_fixed_s``),
+    each where it has 2 distinct sizes; otherwise one line through every row, as without the L2."""
     m = measured or {}
     try:
         hq, hkv, d = int(m["q_heads"]), int(m["kv_heads"]), int(m["head_dim"])
     except (KeyError, TypeError, ValueError):
         return {}
-    xs, ts = [], []
+    points = []
     for r in _rows(m):
         if not _positive(r.get("batch"), r.get("kv_len"), r.get("splits"), r.get("split_s")):
             continue
         b, kv_len, s = int(r["batch"]), int(r["kv_len"]), int(r["splits"])
-        xs.append(2.0 * b * hkv * kv_len * d * 2 + b * hq * s * (d + 1) * 4)
-        ts.append(float(r["split_s"]))
-    if len(xs) < 2 or len(set(xs)) < 2:
-        return {}
-    w = [1.0 / t ** 2 for t in ts]
+        points.append((2.0 * b * hkv * kv_len * d * 2 + b * hq * s * (d + 1) * 4, float(r["split_s"])))
+    resident = [p for p in points if l2_bytes > 0 and p[0] <= RESIDENT_FRACTION * l2_bytes]
+    streamed = [p for p in points if l2_bytes > 0 and p[0] >= STREAMED_FRACTION * l2_bytes]
+    res_line, hbm_line = _line(resident), _line(streamed)
+    if res_line is None or hbm_line is None:
+        line = _line(points)
+        if line is None:
+            return {}
+        return {"triton_stream_efficiency": round(line[0] / float(hbm_bytes_per_s), 4), "split_kv_fixed_s": line[1]}
+    return {"triton_stream_efficiency": round(hbm_line[0] / float(hbm_bytes_per_s), 4), "split_kv_fixed_s": hbm_line[1],
+            "split_kv_resident_bytes_per_s": res_line[0], "split_kv_resident_fixed_s": res_line[1]}
+
+
+def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(bytes per second, fixed seconds) of t = fixed + bytes / rate through ``points`` (bytes, t),
+    weighted by 1/t^2; None with fewer than 2 distinct sizes or a line that does not rise."""
+    if len(points) < 2 or len({x for x, _ in points}) < 2:
+        return None
+    w = [1.0 / t ** 2 for _, t in points]
+    xs, ts = [x for x, _ in points], [t for _, t in points]
     sw, sx, st = sum(w), sum(wi * x for wi, x in zip(w, xs)), sum(wi * t for wi, t in zip(w, ts))
     sxx, sxt = sum(wi * x * x for wi, x in zip(w, xs)), sum(wi * x * t for wi, x, t in zip(w, xs, ts))
     det = sw * sxx - sx * sx
     if det <= 0:
-        return {}
+        return None
     slope, fixed = (sw * sxt - sx * st) / det, (sxx * st - sx * sxt) / det
     if slope <= 0:
-        return {}
-    return {"triton_stream_efficiency": round(1.0 / slope / float(hbm_bytes_per_s), 4),
-            "split_kv_fixed_s": max(float(fixed), 0.0)}
+        return None
+    return 1.0 / slope, max(float(fixed), 0.0)
 
 
 def ll_push_rate(measured: dict | None) -> float | None:
@@ -383,12 +408,40 @@ def update_spec(existing: dict, new_meas: dict, steps: tuple[str, ...], *, devic
                 merged[key] = new_meas[key]
     if errors:
         merged["errors"] = errors
-    spec = fit(merged, device_name or measured.get("device") or existing["name"], int(num_sms or existing["num_sms"]),
+    device = device_name or measured.get("device") or next(
+        (u["device"] for u in reversed(measured.get("updates") or []) if isinstance(u, dict) and u.get("device")),
+        existing["name"])
+    spec = fit(merged, device, int(num_sms or existing["num_sms"]),
                own_world, vendor=existing.get("vendor"))
     entry = {**(info or {}), **({"world_size": world} if world != own_world else {}), "steps": list(steps),
              **({"failed": failed} if failed else {})}
     spec["measured"] = {**measured, "raw": merged, "updates": [*measured.get("updates", []), entry]}
     return spec
+
+
+def refit_file(path: str, output: str) -> str:
+    """Refit every number of the hardware file at ``path`` (written by ``taxmodel calibrate``) from
+    the raw measurements it keeps, with this taxmodel's fits, and write it atomically to ``output``
+    (which may be ``path``); its update log says so. InputError when it keeps no raw measurements."""
+    import json
+    from pathlib import Path
+
+    from taxmodel.fsutil import atomic_write
+    from taxmodel.model.hardware import load_hardware
+
+    try:
+        existing = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--refit {path}: not a readable hardware JSON file ({exc})") from exc
+    if not isinstance(existing, dict):
+        raise InputError(f"--refit {path}: not a hardware file (a JSON object)")
+    from taxmodel.version import __version__
+
+    spec = update_spec(existing, {}, (), info={"refit": True, "taxmodel": __version__,
+                                              "note": "every number refit from the raw measurements; nothing measured"})
+    out = atomic_write(output, json.dumps(spec, indent=2, default=float) + "\n", what="hardware file")
+    load_hardware(out)
+    return str(out)
 
 
 def curve_table(meas: dict) -> str:

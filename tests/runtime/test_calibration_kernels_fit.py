@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+from taxmodel.errors import InputError
+
 from taxmodel.model import calibration as calfit
 
 
@@ -43,6 +45,69 @@ def test_the_split_kv_line_comes_back_from_points_on_it():
     assert fit["split_kv_fixed_s"] == pytest.approx(fixed, rel=1e-6)
     assert calfit.split_kv_fit({"q_heads": hq, "kv_heads": hkv, "head_dim": d, "rows": rows[:1]}, hbm) == {}
     assert calfit.split_kv_fit({"rows": rows}, hbm) == {}  # no heads: not the combine step's rows
+
+
+def test_rows_that_fit_the_l2_give_their_own_line_and_the_streamed_rows_the_hbm_line():
+    """Points on two lines, as one H100 showed them: up to 0.75 of a 50 MB L2 at 5 TB/s + 2.5 us
+    (the K/V stays in the L2 between calls), from 1.5 of it at 1.0 x HBM + 5 us; one point in the
+    band between is in neither fit."""
+    hbm, l2 = 3.0e12, 50 << 20
+    hq, hkv, d = 32, 4, 128
+    rows = []
+    for b, kv, s in ((1, 1024, 16), (1, 4096, 64), (1, 16384, 86), (16, 1024, 6), (1, 32768, 90),
+                     (1, 65536, 94), (16, 4096, 6), (16, 16384, 6), (1, 262144, 98)):
+        n = 2 * b * hkv * kv * d * 2 + b * hq * s * (d + 1) * 4
+        t = 2.5e-6 + n / 5e12 if n <= 0.75 * l2 else (5e-6 + n / hbm if n >= 1.5 * l2 else 1.0)
+        rows.append({"batch": b, "kv_len": kv, "splits": s, "split_s": t})
+    fit = calfit.split_kv_fit({"q_heads": hq, "kv_heads": hkv, "head_dim": d, "rows": rows}, hbm, l2)
+    assert fit["split_kv_resident_bytes_per_s"] == pytest.approx(5e12, rel=1e-6)
+    assert fit["split_kv_resident_fixed_s"] == pytest.approx(2.5e-6, rel=1e-6)
+    assert fit["triton_stream_efficiency"] == pytest.approx(1.0, abs=1e-4)
+    assert fit["split_kv_fixed_s"] == pytest.approx(5e-6, rel=1e-6)
+    # without the L2's size: one line through every row, as before
+    assert "split_kv_resident_bytes_per_s" not in calfit.split_kv_fit(
+        {"q_heads": hq, "kv_heads": hkv, "head_dim": d, "rows": [r for r in rows if r["split_s"] < 1]}, hbm)
+
+
+def test_the_split_kv_time_follows_the_resident_line_then_the_hbm_line_continuously():
+    from dataclasses import replace
+
+    from taxmodel.model.analytic.costs import split_kv_time
+    from taxmodel.model.analytic.params import ModelParams
+    from taxmodel.model.hardware import HardwareSpec
+
+    hw = HardwareSpec(name="toy", vendor="nvidia", source="calibrated", peak_flops={"bf16": 1e15}, hbm_bytes_per_s=3e12,
+                      link_bytes_per_s=4e11, num_sms=132, l2_bytes=50 << 20)
+    p = replace(ModelParams(), triton_stream_efficiency=1.0, split_kv_fixed_s=5e-6, split_kv_resident_bytes_per_s=5e12,
+                split_kv_resident_fixed_s=2.5e-6)
+    l2 = 50 << 20
+    assert split_kv_time(10e6, hw, p) == pytest.approx(2.5e-6 + 10e6 / 5e12)
+    assert split_kv_time(2 * l2, hw, p) == pytest.approx(5e-6 + 2 * l2 / 3e12)
+    lo, hi = 0.75 * l2, 1.5 * l2
+    mid = split_kv_time((lo + hi) / 2, hw, p)
+    assert mid == pytest.approx((split_kv_time(lo, hw, p) + split_kv_time(hi, hw, p)) / 2)
+    # not calibrated: the HBM line everywhere
+    assert split_kv_time(10e6, hw, replace(p, split_kv_resident_bytes_per_s=0.0)) == pytest.approx(5e-6 + 10e6 / 3e12)
+
+
+def test_refit_rewrites_a_files_numbers_from_its_raw_rows_and_logs_it(tmp_path):
+    import json
+
+    from shipped_calibration import shipped_four_ranks
+
+    shipped = shipped_four_ranks()
+    src = tmp_path / "cal.json"
+    src.write_text(json.dumps(shipped))
+    out = calfit.refit_file(str(src), str(tmp_path / "new.json"))
+    new = json.loads(open(out).read())
+    assert new["measured"]["updates"][-1]["refit"] is True and new["measured"]["updates"][-1]["steps"] == []
+    assert new["name"] == shipped["name"] and new["aliases"] == shipped["aliases"]
+    assert new["measured"]["raw"] == shipped["measured"]["raw"]
+    assert "split_kv_resident_bytes_per_s" in new  # the shipped H200 rows span both sides of its L2
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(InputError, match="not a hardware file"):
+        calfit.refit_file(str(tmp_path / "bad.json"), str(tmp_path / "x.json"))
+    assert not (tmp_path / "x.json").exists()
 
 
 def test_ll_pushes_are_the_peer_bytes_per_push_over_the_time_a_push_adds():

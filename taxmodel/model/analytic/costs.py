@@ -90,12 +90,36 @@ def stream_time(nbytes: float, hw: HardwareSpec, params: ModelParams, *, triton:
     return float(nbytes) / (hw.hbm_bytes_per_s * eff) + params.kernel_overhead_s
 
 
+#: Bytes of a split-KV kernel that stay in the L2 from one step to the next: up to this fraction of
+#: the L2 (the rest of the step's traffic needs room too); from ``STREAMED_FRACTION`` of it on, the
+#: K/V comes from HBM; in between, the time goes linearly from one line to the other.
+RESIDENT_FRACTION, STREAMED_FRACTION = 0.75, 1.5
+
+
 def split_kv_time(nbytes: float, hw: HardwareSpec, params: ModelParams) -> float:
     """The split-KV work streaming ``nbytes`` (K and V read, partials written): at the Triton
-    streaming efficiency, plus its own fixed cost where calibrated (``split_kv_fixed_s``), else the
-    kernel overhead."""
+    streaming efficiency of the HBM bandwidth plus its own fixed cost where calibrated
+    (``split_kv_fixed_s``, else the kernel overhead); where its bytes stay in the L2 between steps
+    (at most ``RESIDENT_FRACTION`` of it) and the L2-resident line was calibrated, on that line."""
     fixed = params.kernel_overhead_s if params.split_kv_fixed_s is None else params.split_kv_fixed_s
-    return float(nbytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency) + fixed
+
+    def streamed(n: float) -> float:
+        return float(n) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency) + fixed
+
+    l2 = l2_bytes(hw)
+    rate = params.split_kv_resident_bytes_per_s
+    if rate <= 0 or l2 <= 0 or nbytes >= STREAMED_FRACTION * l2:
+        return streamed(nbytes)
+    res_fixed = fixed if params.split_kv_resident_fixed_s is None else params.split_kv_resident_fixed_s
+
+    def resident(n: float) -> float:
+        return float(n) / rate + res_fixed
+
+    lo, hi = RESIDENT_FRACTION * l2, STREAMED_FRACTION * l2
+    if nbytes <= lo:
+        return resident(nbytes)
+    f = (nbytes - lo) / (hi - lo)
+    return (1 - f) * resident(lo) + f * streamed(hi)
 
 
 def arrival_waves_time(gemm_s: float, overhead_s: float, tiles: int, slots: int, own_tiles: int, rounds: int,

@@ -51,6 +51,12 @@ class ModelParams:
     #: streaming: the intercept of its time against its bytes (``taxmodel calibrate``'s combine rows,
     #: batch 1 and 16, KV 1K-256K). None: ``kernel_overhead_s``.
     split_kv_fixed_s: float | None = None
+    #: The split-KV kernel's line where its bytes fit the L2 (``costs.RESIDENT_FRACTION`` of it): the
+    #: workloads read one layer's K/V every step, which then stays in the L2 between steps and streams
+    #: far faster than from HBM (one H100: 33.5 MB in 9.3 us, 134 MB in 49 us). Rate and intercept
+    #: from calibrate's combine rows of that size; 0 / None: not measured, the HBM line serves.
+    split_kv_resident_bytes_per_s: float = 0.0
+    split_kv_resident_fixed_s: float | None = None
     #: One step of a flash decode combine program: load a [rows, NB, D] fp32 tile of partials
     #: (16 KB) and merge it. The steps of one program are serial (each waits for its loads), so a
     #: combine with few programs and many partials is latency-bound, not bandwidth-bound: about one
@@ -232,6 +238,7 @@ CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "gemm_share_loss": (),
     "triton_stream_efficiency": (),
     "split_kv_fixed_s": (),
+    "split_kv_resident_bytes_per_s": (),
     "ll_push_bytes_per_s": (),
     "ll_merge_step_s": (),
     "reduce_program_bytes_per_s": (),
