@@ -30,7 +30,7 @@ COMPARE="$REPO/benchmarks/compare_command_capture.py"
 JOB=(--loop 20 --layers 4 --hidden 1024 --seq 512 --batch 4)
 SKIP=5
 STEPS=5
-HW=${HW:-h200}
+HW=${HW:-}  # a hardware key for the ledgers; empty: each bundle's own GPU
 BUDGET_S=${BUDGET_S:-540}  # every step ends by then, so that the results are always written
 RUNS=${RUNS:-3}            # hook and hand-written runs per GPU count, alternated
 PARTS=${PARTS:-1gpu 2gpu counters}  # which parts run ("counters": the early-end check and --counters)
@@ -82,7 +82,7 @@ check_pair() {  # check_pair TAG NPROC: RUNS hook and hand-written captures, alt
     echo "== compare_$tag: nothing to compare" | tee -a "$S"; status=1; return
   fi
   step "compare_$tag" 120 0 python "$COMPARE" --hook "${hooks[@]}" --hand "${hands[@]}" \
-    --hardware "$HW" --markdown "$OUT/compare_$tag.md" --json "$W/compare_$tag.json"
+    ${HW:+--hardware "$HW"} --markdown "$OUT/compare_$tag.md" --json "$W/compare_$tag.json"
   cat "$OUT/compare_$tag.md" >>"$S" 2>/dev/null
 }
 
@@ -105,7 +105,7 @@ import json, sys
 m = json.load(open('$W/b/counters_1gpu/meta.json')).get('counters') or {}
 print('counters:', json.dumps({k: m.get(k) for k in ('match', 'kernels_with_counters', 'counter_rows', 'counted_step', 'pass_wall_s')}))
 sys.exit(0 if m.get('kernels_with_counters', 0) > 0 else 1)"
-step analyze_counters 60 0 python -m taxmodel analyze "$W/b/counters_1gpu" --hardware "$HW"
+step analyze_counters 60 0 python -m taxmodel analyze "$W/b/counters_1gpu" ${HW:+--hardware "$HW"}
 fi
 
 python - "$W" "$OUT/compare.json" <<'EOF'
