@@ -530,6 +530,8 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
             missing.append(pred.missing)
         elif pred.model and pred.sign_uncertain:
             missing.append("the saving's sign (the model's error band spans 0)")
+        if pred.model and pred.range_borrowed_from:
+            missing.append(f"a validation on this GPU (the saving's range is {pred.range_borrowed_from}'s error band)")
         estimated = ((r["locality_source"] == "declared" or INTERMEDIATES in r["locality_source"]) and r["locality_ns"] > 0
                      or bool(pred.model))
         rows.append({

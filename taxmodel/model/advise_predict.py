@@ -49,6 +49,8 @@ class FusionPrediction:
     missing: str = ""
     saving_lo_us: float = math.nan
     saving_hi_us: float = math.nan
+    #: the GPU whose error band gave the range, where this hardware has none of its own
+    range_borrowed_from: str | None = None
 
     @property
     def sign_uncertain(self) -> bool:
@@ -103,21 +105,24 @@ def predict_fusion(workload: str, variants: tuple[str, ...], shape: Mapping[str,
 
     bsp = window_us(REFERENCE)
     fused, best = min((window_us(v), v) for v in variants)
-    lo, hi = saving_range(workload, best, bsp, fused, hw.name, settings) if use_fitted else (math.nan, math.nan)
-    return FusionPrediction(f"{workload}/{best}", fused, bsp, bsp - fused, saving_lo_us=lo, saving_hi_us=hi)
+    lo, hi, lender = saving_range(workload, best, bsp, fused, hw.name, settings) if use_fitted \
+        else (math.nan, math.nan, None)
+    return FusionPrediction(f"{workload}/{best}", fused, bsp, bsp - fused, saving_lo_us=lo, saving_hi_us=hi,
+                            range_borrowed_from=lender)
 
 
 def saving_range(workload: str, variant: str, bsp_us: float, fused_us: float, hardware_name: str,
-                 settings: CaptureSettings) -> tuple[float, float]:
+                 settings: CaptureSettings) -> tuple[float, float, str | None]:
     """The saving the measured latencies could show, given the model's latency error band for
     ``bsp`` and ``variant`` (``validate``'s out-of-sample CUDA-graph cases, 10th-90th percentile
     of predicted / measured - 1): a prediction ``p`` with error ``e`` measures ``p / (1 + e)``, so
     the saving lies between bsp at its lowest minus the fused at its highest and the reverse.
-    NaN for an eager capture (the band comes from graph captures) or where no band is recorded."""
+    NaN for an eager capture (the band comes from graph captures) or where no band is recorded. A
+    GPU with no band of its own takes another's (``fitted.error_bands_for``), named third (else None)."""
     if not settings.graph_launch:
-        return math.nan, math.nan
-    bands = fitted.latency_error_bands(hardware_name)
+        return math.nan, math.nan, None
+    bands, lender = fitted.error_bands_for(hardware_name)
     b, f = bands.get(f"{workload}/{REFERENCE}"), bands.get(f"{workload}/{variant}")
     if b is None or f is None:
-        return math.nan, math.nan
-    return bsp_us / (1 + b[1]) - fused_us / (1 + f[0]), bsp_us / (1 + b[0]) - fused_us / (1 + f[1])
+        return math.nan, math.nan, None
+    return bsp_us / (1 + b[1]) - fused_us / (1 + f[0]), bsp_us / (1 + b[0]) - fused_us / (1 + f[1]), lender

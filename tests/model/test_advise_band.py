@@ -37,7 +37,8 @@ def test_the_saving_range_by_hand(tmp_path, monkeypatch):
                              "latency_error": {"ag_gemm/bsp": {"n": 9, "p10": -0.05, "p90": 0.05},
                                                "ag_gemm/pull": {"n": 9, "p10": -0.10, "p90": 0.10}}}))
     monkeypatch.setattr(fitted, "FITTED_FILE", f)
-    lo, hi = advise_predict.saving_range("ag_gemm", "pull", 100.0, 90.0, "GPU", CaptureSettings(graph_launch=True))
+    lo, hi, lender = advise_predict.saving_range("ag_gemm", "pull", 100.0, 90.0, "GPU", CaptureSettings(graph_launch=True))
+    assert lender is None
     assert lo == pytest.approx(100 / 1.05 - 90 / 0.9) and hi == pytest.approx(100 / 0.95 - 90 / 1.1)
     pred = advise_predict.FusionPrediction("ag_gemm/pull", 90.0, 100.0, 10.0, saving_lo_us=lo, saving_hi_us=hi)
     assert pred.sign_uncertain
@@ -45,5 +46,24 @@ def test_the_saving_range_by_hand(tmp_path, monkeypatch):
     for args in (("pull", "GPU", CaptureSettings(graph_launch=False)), ("pull", "Other", CaptureSettings(graph_launch=True)),
                  ("push", "GPU", CaptureSettings(graph_launch=True))):
         v, hw, st = args
-        lo, hi = advise_predict.saving_range("ag_gemm", v, 100.0, 90.0, hw, st)
+        lo, hi, _ = advise_predict.saving_range("ag_gemm", v, 100.0, 90.0, hw, st)
         assert lo != lo and hi != hi  # NaN
+
+
+def test_a_gpu_without_a_band_borrows_the_widest_covering_one_and_says_whose(tmp_path, monkeypatch):
+    """A GPU the model was never validated on takes the band of the GPU whose bands cover the most
+    workload/variants; the prediction names it. Its own band, once recorded, wins."""
+    band = {"ag_gemm/bsp": {"n": 9, "p10": -0.05, "p90": 0.05}, "ag_gemm/pull": {"n": 9, "p10": -0.10, "p90": 0.10}}
+    doc = {"by_hardware": {"Big": {"fitted": {}, "latency_error": band},
+                           "Small": {"fitted": {}, "latency_error": {"ag_gemm/bsp": band["ag_gemm/bsp"]}}}}
+    f = tmp_path / "fitted.json"
+    f.write_text(json.dumps(doc))
+    monkeypatch.setattr(fitted, "FITTED_FILE", f)
+    graph = CaptureSettings(graph_launch=True)
+    lo, hi, lender = advise_predict.saving_range("ag_gemm", "pull", 100.0, 90.0, "New GPU", graph)
+    assert lender == "Big" and lo == pytest.approx(100 / 1.05 - 90 / 0.9) and hi == pytest.approx(100 / 0.95 - 90 / 1.1)
+    assert advise_predict.saving_range("ag_gemm", "pull", 100.0, 90.0, "Big", graph)[2] is None
+    doc["by_hardware"]["New GPU"] = {"fitted": {}, "latency_error": {k: {"n": 9, "p10": 0.0, "p90": 0.0} for k in band}}
+    f.write_text(json.dumps(doc))
+    lo, hi, lender = advise_predict.saving_range("ag_gemm", "pull", 100.0, 90.0, "New GPU", graph)
+    assert lender is None and lo == pytest.approx(10.0) and hi == pytest.approx(10.0)

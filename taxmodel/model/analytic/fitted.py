@@ -119,3 +119,23 @@ def latency_error_bands(hardware_name: str, path: str | os.PathLike | None = Non
         return {k: (float(v["p10"]), float(v["p90"])) for k, v in bands.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"{p}: not a fitted-parameters file of `taxmodel validate --update-docs` ({exc})") from None
+
+
+
+def error_bands_for(hardware_name: str, path: str | os.PathLike | None = None) -> tuple[dict[str, tuple[float, float]], str | None]:
+    """``latency_error_bands`` of ``hardware_name``, or where that GPU has none recorded, those of
+    the GPU whose bands cover the most workload/variants (then by name), and that GPU's name: a
+    GPU the model was never validated on is at least as uncertain as the one it was."""
+    own = latency_error_bands(hardware_name, path)
+    if own:
+        return own, None
+    p = Path(path) if path is not None else FITTED_FILE
+    if not p.is_file():
+        return {}, None
+    doc = _read(p)
+    names = list(doc.get("by_hardware") or {}) if isinstance(doc.get("by_hardware"), dict) else []
+    lenders = [(len(b), n, b) for n in names if n != hardware_name and (b := latency_error_bands(n, p))]
+    if not lenders:
+        return {}, None
+    _, name, bands = max(lenders, key=lambda t: (t[0], t[1]))
+    return bands, name
