@@ -4,8 +4,9 @@ same steps measures? The two captures' ledgers, part by part, within noise (issu
 The captures are runs of one program, so their kernels must be the same (checked exactly: kernels
 per step and rank, by name) and their floors too (``useful`` depends on the kernels' shapes, not
 on timing: within 0.5%). Timed parts differ by noise only. A host-bound job's host time moves
-from one run to the next by far more than its steps vary within a run (its launch tax moved by 2x
-between two hand-written runs on one H200), so the unit is the run: give several runs of each,
+from one run to the next by far more than its steps vary within a run (the same one-GPU capture's
+host-starved time: 5.3 ms per step in one run, 13.2 in another, on 2x H200 machines), so the unit
+is the run: give several runs of each,
 alternated (``--hook H1 H2 H3 --hand P1 P2 P3``). A part agrees when the difference of the two
 groups' means (each run's mean over its steps) is within ``max(3 x its standard error over runs,
 --floor-pct of the hand-written step)``; with one run of each, the standard error is over steps.
