@@ -40,11 +40,12 @@ def test_a_combine_update_sets_the_models_step_and_changes_nothing_else():
     assert new["combine_step_s"] == pytest.approx(0.9e-6)
     # the combine step's rows feed the split-KV kernel's line too (issue 33); these rows have no
     # heads, so they give none, and the model falls back for it
-    fed = ("measured", "combine_step_s", "notes", "aliases", "triton_stream_efficiency", "split_kv_fixed_s")
+    fed = ("measured", "combine_step_s", "notes", "aliases", "triton_stream_efficiency", "split_kv_fixed_s",
+           "split_kv_resident_bytes_per_s", "split_kv_resident_fixed_s")
     for key, value in shipped.items():
         if key not in fed:
             assert new[key] == value, key
-    assert "triton_stream_efficiency" not in new
+    assert "triton_stream_efficiency" not in new and "split_kv_resident_bytes_per_s" not in new
     p = ModelParams.from_hardware(HardwareSpec.from_dict(new))
     assert p.combine_step_s == pytest.approx(0.9e-6) and "calibrated" in p.sources["combine_step_s"]
 
