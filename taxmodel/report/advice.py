@@ -10,20 +10,19 @@ from __future__ import annotations
 
 import math
 import textwrap
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import matplotlib
 import pandas as pd
-from matplotlib.figure import Figure
 
 from taxmodel.errors import AnalysisError
 from taxmodel.model.advise import Inputs, advise
 from taxmodel.model.advise_regions import MAX_CHAIN_KERNELS
 from taxmodel.model.categories import LABELS
 from taxmodel.report import blocks as d
-from taxmodel.report import style
-from taxmodel.report.figures import _new_figure
 from taxmodel.report.terminal import TERMINAL_WIDTH, _text_table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 TAX_COLUMNS = (("launch_tax_us", "launch_tax"), ("bsp_tax_us", "bsp_tax"), ("locality_tax_us", "locality_tax"))
 TERMINAL_COLUMNS = ["kind", "action", "kernels", "ops", "per_iteration", "launch_tax_us", "locality_tax_us", "bsp_tax_us",
@@ -102,7 +101,13 @@ def advice_document(table: pd.DataFrame, label: str, window_us: float) -> dict[s
 
 def fusion_figure(tables: Sequence[tuple[str, pd.DataFrame]]) -> Figure:
     """Horizontal stacked bars of the candidates' bounds by tax (the ``FIGURE_ROWS`` largest), the
-    predicted saving as a mark; candidates of several bundles are labelled with their bundle."""
+    predicted saving as a mark; candidates of several bundles are labelled with their bundle.
+    (matplotlib is imported here, not for ``taxmodel advise``'s table.)"""
+    import matplotlib
+
+    from taxmodel.report import style
+    from taxmodel.report.figures import _new_figure
+
     rows = [(label, r) for label, t in tables for r in t.to_dict(orient="records")]
     if not rows:
         raise AnalysisError("no fusion candidates to draw")

@@ -8,10 +8,12 @@ import io
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import pandas as pd
-from matplotlib.figure import Figure as MplFigure
+
+if TYPE_CHECKING:  # the figures come from report.figures; this module does not draw
+    from matplotlib.figure import Figure as MplFigure
 
 
 @dataclass

@@ -1,5 +1,9 @@
 """From bundle paths to a written report or trace: what ``taxmodel report`` and
-``taxmodel export-trace`` do, kept here so the CLI only handles arguments."""
+``taxmodel export-trace`` do, kept here so the CLI only handles arguments.
+
+The renderers (matplotlib's figures, the HTML/Markdown writers, the Perfetto export) are imported
+where a report or trace is written: ``taxmodel show``, ``analyze`` and ``advise`` take only
+``expand_bundle_paths`` and ``load_cases`` from here and start without them."""
 from __future__ import annotations
 
 import os
@@ -9,10 +13,6 @@ from typing import Callable, Iterable, Sequence
 from taxmodel.errors import InputError, TaxmodelError
 from taxmodel.fsutil import atomic_write, check_output_file
 from taxmodel.report.compare import LedgerLike
-from taxmodel.report.document import build_document
-from taxmodel.report.html import render_html
-from taxmodel.report.markdown import render_markdown
-from taxmodel.report.perfetto import write_chrome_trace
 from taxmodel.trace.bundle import Bundle, bundle_inputs, find_bundles
 
 FORMATS = ("html", "md")
@@ -96,6 +96,10 @@ def write_report(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.Pa
 def write_report_files(cases: Sequence[tuple[Bundle, LedgerLike]], output: str | os.PathLike,
                        fmt: str | None = None) -> list[Path]:
     """``write_report``, returning every file written: the report, then its figures (Markdown)."""
+    from taxmodel.report.document import build_document
+    from taxmodel.report.html import render_html
+    from taxmodel.report.markdown import render_markdown
+
     # before the work: a device, link or directory is refused, and so is a path inside an input bundle
     output = check_output_file(output, "report", [b.path for b, _ in cases if b.path is not None])
     fmt = report_format(output, fmt)
@@ -108,6 +112,8 @@ def write_report_files(cases: Sequence[tuple[Bundle, LedgerLike]], output: str |
 def export_trace(path: str | os.PathLike, output: str | os.PathLike, *, hardware: str | None = None,
                  lenient: bool = False) -> Path:
     """One bundle's events plus its ledger's tax tracks as a Chrome/Perfetto JSON trace."""
+    from taxmodel.report.perfetto import write_chrome_trace
+
     check_output_file(output, "trace", bundle_inputs([path]))
     cases = load_cases([path], hardware=hardware, lenient=lenient)
     if len(cases) != 1:
