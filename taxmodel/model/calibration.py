@@ -78,7 +78,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "flag_roundtrip_s": _first((meas.get("flag") or {}).get("roundtrip_s"), 0.0),
         "notes": (f"measured by `taxmodel calibrate` on {world} x {device_name}: GEMM peaks are cuBLAS rates on 8192^3 "
                   "(4096^3 for fp32), HBM a device copy, link the all-gather bandwidth at the largest size. "
-                  + _curve_note(curves) + _by_world_note(by_world) + link_note),
+                  + _curve_note(curves) + _by_world_note(by_world) + link_note + _not_measured_note(meas)),
         # model parameters (taxmodel.model.analytic.params.ModelParams names)
         "host_launch_torch_s": _first(launch.get("host_launch_torch_s"), launch.get("host_launch_s")),
         "p2p_copy_bytes_per_s": statistics.median(p2p) if p2p else None,
@@ -164,6 +164,32 @@ def _by_world_note(by_world: dict) -> str:
         return ""
     return (f" Curves measured on other numbers of ranks (collectives_by_world, each used at its own world size): "
             f"{', '.join(by_world)} ranks.")
+
+
+#: The hardware-file fields each raw step feeds (what a step's provenance note names).
+RAW_FEEDS: dict[str, tuple[str, ...]] = {
+    "hbm": ("hbm_bytes_per_s",), "gemm": ("peak_flops",),
+    "collectives": ("collectives", "link_bytes_per_s", "link_latency_s"), "peer_copy": ("p2p_copy_bytes_per_s",),
+    "launch": ("launch_latency_s", "kernel_gap_s", "host_launch_s", "host_launch_torch_s"),
+    "barrier": ("barrier_skew_s",), "flag": ("flag_roundtrip_s",), "sync": ("flag_wait_s", "flag_wait_gpu_s"),
+    "peer": ("peer_load_bytes_per_s", "peer_load_latency_s", "peer_store_bytes_per_s", "peer_store_bytes_per_s_per_sm"),
+    "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s"),
+    "tile_gemm": ("triton_gemm_speed_by_m",), "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss"),
+    "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
+}
+
+
+def _not_measured_note(meas: dict) -> str:
+    """The raw steps this calibration did not measure itself: a step whose raw dict names its own
+    ``source`` (rows entered by hand from a measurement made elsewhere) is said in the notes, with
+    the fields it feeds, so that the file's "measured by `taxmodel calibrate`" does not claim them."""
+    named = [(k, v["source"]) for k, v in sorted(meas.items())
+             if isinstance(v, dict) and isinstance(v.get("source"), str) and v["source"].strip()]
+    if not named:
+        return ""
+    return " Not measured by `taxmodel calibrate`: " + "; ".join(
+        f"measured.raw.{k}" + (f" (feeds {', '.join(RAW_FEEDS[k])})" if k in RAW_FEEDS else "") + f": {src}"
+        for k, src in named) + "."
 
 
 def _curve_note(curves: dict | None) -> str:

@@ -171,3 +171,34 @@ def test_one_gpu_calibrates_with_the_datasheets_link_and_says_so():
     assert spec["link_bytes_per_s"] == find_preset("h100").link_bytes_per_s and "One GPU: link_bytes_per_s" in spec["notes"]
     with pytest.raises(ValueError, match="no link measurement"):
         calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 2)  # two GPUs must measure theirs
+
+
+def test_raw_rows_entered_by_hand_are_named_in_the_notes_with_the_fields_they_feed():
+    """A raw step that names its own ``source`` was not measured by this calibration: the file's
+    "measured by `taxmodel calibrate`" must not claim it; a measured step is not named."""
+    meas = {"hbm": {"bytes_per_s": 3e12}, "gemm": {"bf16": {"flops_per_s": 7e14}}, "peer_copy": [{"bytes_per_s": 3e11}],
+            "tile_gemm": {"rows": [{"m": 1024, "tile_s": 2e-4, "vendor_s": 1.9e-4}], "source": "my notes, by hand"},
+            "copy_share": {"rows": [{"items": 24, "programs": 24, "item_bytes": 524288, "copy_shared_s": 6e-5}]}}
+    notes = calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 1)["notes"]
+    assert ("Not measured by `taxmodel calibrate`: measured.raw.tile_gemm (feeds triton_gemm_speed_by_m): "
+            "my notes, by hand.") in notes
+    assert "copy_share" not in notes
+    measured_only = {k: v for k, v in meas.items() if k != "tile_gemm"}
+    assert "Not measured" not in calfit.fit(measured_only, "NVIDIA H100 80GB HBM3", 132, 1)["notes"]
+
+
+def test_the_shipped_calibration_is_its_raw_numbers_fitted_and_says_what_was_entered_by_hand():
+    """Every field of the shipped H200 file (its notes included) is what ``fit`` makes of the raw
+    numbers it keeps: no fitted number was edited by hand, and the hand-entered tile GEMM rows
+    (DEVICE_NOTES' one-H200 measurements) are said in the notes, not only in the update log."""
+    import json
+
+    from shipped_calibration import SHIPPED
+
+    shipped = json.loads(SHIPPED.read_text())
+    m = shipped["measured"]
+    refit = calfit.fit(m["raw"], "NVIDIA H200", shipped["num_sms"], int(m["world_size"]), vendor=shipped["vendor"])
+    assert {k: v for k, v in shipped.items() if k != "measured"} == refit
+    assert "measured.raw.tile_gemm (feeds triton_gemm_speed_by_m)" in shipped["notes"]
+    assert "entered by hand" in shipped["notes"]
+    assert any(u.get("steps") == ["tile_gemm"] and "by hand" in u.get("note", "") for u in m["updates"])
