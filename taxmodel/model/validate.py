@@ -54,6 +54,11 @@ class Validation:
     notes: list[str] = field(default_factory=list)
     #: GPU name -> its fitted values (``taxmodel validate`` fits each GPU's parameters on its own bundles)
     fitted_by_hardware: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the directory the bundles were found under, and the hardware every bundle was measured and
+    #: predicted with when one was given (``validate``'s ``root`` and ``hardware``): what the fitted
+    #: file says it was fitted on
+    root: str = "profiles"
+    hardware: str | None = None
 
     @property
     def validated(self) -> pd.DataFrame:
@@ -124,6 +129,11 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
             per_case = [(by_hw.get(c.hardware.name, {}), None) for c in cases]
             fitted = _primary(cases, by_hw)
         predicted = store.predicted_taxes(cases, per_case)
+    # as given when relative (what the user typed); an absolute path by its last folder only (no
+    # machine's paths in the committed fitted.json)
+    where = Path(root)
+    source = {"root": where.name if where.is_absolute() else where.as_posix(),
+              "hardware": None if hardware is None else (Path(hardware).name if Path(hardware).is_file() else str(hardware))}
     rows = [r for c, p in zip(cases, predicted) for r in compare_rows(c, p)]
     table = pd.DataFrame(rows, columns=["workload", "variant", "shape", "world_size", "hardware", "quantity",
                                         "measured_us", "predicted_us", "error_us", "error_pct", "ok", "sample", "bundle",
@@ -134,14 +144,14 @@ def validate(root: str | os.PathLike = "profiles", *, fit: bool = True,
                  + "; ".join(f"{h}: " + (", ".join(f"{k} = {v:.3g}" for k, v in vals.items()) or "none")
                              for h, vals in sets.items()) + "; every bundle is out of sample"]
         notes += [f"{line} (fitted there; what this GPU's calibration measured is its own)" for line in lent]
-        return Validation(cases, table, skipped, dict(fitted), notes + caveats, by_hw)
+        return Validation(cases, table, skipped, dict(fitted), notes + caveats, by_hw, **source)
     notes = [f"fitting subset: {IN_SAMPLE_RULE}"]
     for h, values in by_hw.items():
         if values:
             notes.append(f"fitted ({h}): " + ", ".join(f"{k} = {v:.3g}" for k, v in values.items()))
     if fit and not any(by_hw.values()):
         notes.append("fitted: nothing (no in-sample case whose latency the fitted parameter explains); defaults used")
-    return Validation(cases, table, skipped, fitted, notes + caveats, by_hw)
+    return Validation(cases, table, skipped, fitted, notes + caveats, by_hw, **source)
 
 
 def _primary(cases: list[Case], by_hw: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
@@ -196,7 +206,9 @@ def fitted_document(v: Validation) -> dict[str, Any]:
     return {"fitted": dict(sorted(v.fitted_by_hardware.get(first, {}).items())) if first else {},
             "hardware": [first] if first else [],
             "by_hardware": by_hw,
-            "how": f"taxmodel validate on {len(v.cases)} bundles under profiles/: {IN_SAMPLE_RULE}",
+            "how": (f"taxmodel validate on {len(v.cases)} bundles under {v.root}/"
+                    + (f", each measured and predicted with --hardware {v.hardware}" if v.hardware else "")
+                    + f": {IN_SAMPLE_RULE}"),
             "latency_error": by_hw[first]["latency_error"] if first else {},
             "latency_error_how": ("per workload/variant: 10th and 90th percentile of predicted / measured - 1 over "
                                   f"its out-of-sample cases captured as CUDA graphs ({', '.join(BAND_LAUNCHES)}), "

@@ -142,6 +142,20 @@ def test_fitting_subset_is_marked_and_reported(tmp_path):
     assert any("fitting subset" in n for n in v.notes)
 
 
+def test_the_fitted_file_says_where_its_bundles_were_and_the_hardware_given(tmp_path, monkeypatch):
+    """fitted.json's ``how`` names the directory validate read (it said "profiles/" whatever it
+    was) and a --hardware that replaced each bundle's own; no absolute path of this machine."""
+    root = tmp_path / "h200x8"
+    _model_bundle(root / "push8k", "push", {**AG, "M": 8192}, 2)
+    _model_bundle(root / "push4k", "push", AG, 2)
+    how = val.fitted_document(val.validate(root))["how"]
+    assert how.startswith("taxmodel validate on 2 bundles under h200x8/: ") and str(tmp_path) not in how
+    monkeypatch.chdir(tmp_path)
+    v = val.validate("h200x8", hardware="h200-calibrated")
+    assert val.fitted_document(v)["how"].startswith(
+        "taxmodel validate on 2 bundles under h200x8/, each measured and predicted with --hardware h200-calibrated: ")
+
+
 def test_a_bundle_can_be_in_the_subsets_of_two_rules(tmp_path, monkeypatch):
     """Each rule keeps its own subset: a rule picking the smallest M and one picking the largest over
     the same bundles both fit (one rule's marks once overwrote the other's)."""
