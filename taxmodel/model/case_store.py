@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import sys
 from concurrent.futures import Executor
 from pathlib import Path
@@ -31,6 +32,10 @@ from taxmodel.model.hardware import HardwareSpec, calibrated_files
 
 CACHE_ENV = "TAXMODEL_CACHE_DIR"
 """Where the cache lives (default ``$XDG_CACHE_HOME/taxmodel``, else ``~/.cache/taxmodel``)."""
+
+#: what the name of a cache directory of one taxmodel version looks like (``code_fingerprint``); the
+#: pruning removes nothing else, whatever else $TAXMODEL_CACHE_DIR holds
+FINGERPRINT_NAME = re.compile(r"^[0-9a-f]{16}$")
 
 #: fewest cases to compute before worker processes pay for their start (each imports torch for the
 #: kernels' plans: seconds)
@@ -260,10 +265,14 @@ class CaseStore:
 
     def _prune_versions(self) -> None:
         """Remove the cache directories of all but the ``KEEP_VERSIONS`` newest other versions of
-        taxmodel (a new one starts with every code change)."""
+        taxmodel (a new one starts with every code change): only directories named as a version's
+        (``FINGERPRINT_NAME``), never anything else the cache's folder holds (``$TAXMODEL_CACHE_DIR``
+        may name a folder of the user's own)."""
         import shutil
 
-        others = [d for d in self.dir.parent.iterdir() if d.is_dir() and d != self.dir] if self.dir.parent.is_dir() else []
+        parent = self.dir.parent
+        others = [d for d in parent.iterdir() if d != self.dir and FINGERPRINT_NAME.match(d.name)
+                  and d.is_dir() and not d.is_symlink()] if parent.is_dir() else []
         for d in sorted(others, key=lambda d: d.stat().st_mtime, reverse=True)[self.KEEP_VERSIONS:]:
             shutil.rmtree(d, ignore_errors=True)
 

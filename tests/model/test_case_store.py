@@ -106,10 +106,26 @@ def test_an_unwritable_cache_costs_time_not_the_run(bundles, tmp_path, monkeypat
 
 def test_old_versions_caches_are_pruned(bundles, cache):
     for i in range(case_store.CaseStore.KEEP_VERSIONS + 2):
-        (cache / f"old{i}").mkdir(parents=True)
+        (cache / f"{i:016x}").mkdir(parents=True)
     val.validate(bundles)
     left = sorted(d.name for d in cache.iterdir())
     assert case_store.code_fingerprint() in left and len(left) == case_store.CaseStore.KEEP_VERSIONS + 1
+
+
+def test_pruning_leaves_what_is_not_a_versions_cache(bundles, cache):
+    """$TAXMODEL_CACHE_DIR may name a folder that holds the user's own directories: only the
+    caches of other taxmodel versions (named by their code fingerprint) are ever removed."""
+    mine = [cache / "results", cache / "old0", cache / "0123456789abcdeF"]
+    for d in mine:
+        d.mkdir(parents=True)
+        (d / "keep.txt").write_text("mine")
+    for i in range(case_store.CaseStore.KEEP_VERSIONS + 2):
+        (cache / f"{i:016x}").mkdir()
+    val.validate(bundles)
+    assert all((d / "keep.txt").read_text() == "mine" for d in mine)
+    versions = [d for d in cache.iterdir() if case_store.FINGERPRINT_NAME.match(d.name)]
+    assert case_store.code_fingerprint() in {d.name for d in versions}
+    assert len(versions) == case_store.CaseStore.KEEP_VERSIONS + 1
 
 
 def test_worker_processes_give_what_one_process_gives(bundles, monkeypatch):
