@@ -84,6 +84,9 @@ class ProfileSpec:
             raise InputError("--timeout must be positive")
         if self.spin_timeout_s <= 0:
             raise InputError("--spin-timeout must be positive")
+        if self.heap_bytes is not None and int(self.heap_bytes) < 1:
+            raise InputError(f"--heap-size {self.heap_bytes}: give the bytes of symmetric heap per rank (1 or more), "
+                             "or leave it out (4 GiB on GPUs, 256 MiB on CPU)")
 
     def gate_hold_total_us(self, traced_warmup_steps: int) -> float:
         """The device gate's hold in this capture (``capture_meta.gate_hold_for``): per step, or for
@@ -182,7 +185,9 @@ def bundle_path(out: str | os.PathLike, workload: str, variant: str, shape: Mapp
 
 
 def import_workload_modules(modules: list[str]) -> None:
-    """Import the user's workload modules (names on sys.path, or .py files) so that they register."""
+    """Import the user's workload modules (names on sys.path, or .py files) so that they register.
+    A module that cannot be found, or that fails while it runs (a syntax error, an exception of its
+    own), is the user's input: an InputError naming it and what it raised, not taxmodel's bug."""
     import importlib
     import importlib.util
     import sys
@@ -196,9 +201,27 @@ def import_workload_modules(modules: list[str]) -> None:
                 raise InputError(f"{mod}: cannot be imported as a workload module")
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except Exception as exc:  # noqa: BLE001 - the user's code: whatever it raises is bad input
+                sys.modules.pop(name, None)
+                raise InputError(f"--workload-module {mod}: importing it raised {_raised(exc)}") from exc
         else:
             try:
                 importlib.import_module(mod)
             except ImportError as exc:
                 raise InputError(f"--workload-module {mod}: cannot import it ({exc}); give a module name on sys.path or a .py file") from exc
+            except Exception as exc:  # noqa: BLE001 - the user's code: whatever it raises is bad input
+                raise InputError(f"--workload-module {mod}: importing it raised {_raised(exc)}") from exc
+
+
+def _raised(exc: BaseException) -> str:
+    """An exception as one line with the place it was raised (``RuntimeError: boom at wl.py:3``; a
+    SyntaxError's own text names its file and line)."""
+    import traceback
+
+    text = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames and not isinstance(exc, SyntaxError):
+        text += f" at {frames[-1].filename}:{frames[-1].lineno}"
+    return text

@@ -74,3 +74,40 @@ def test_torchrun_ranks_check_their_request_and_profile(tmp_path):
     assert good.returncode == 0, good.stderr[:4000] + "\n...\n" + good.stderr[-2000:]  # the cause, and torchrun's summary
     (meta,) = tmp_path.glob("toy/bsp-*/meta.json")
     assert json.loads(meta.read_text())["world_size"] == 2
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_a_heap_size_below_one_byte_is_refused(size):
+    """--heap-size 0 fell back to the default silently, and -1 reached the heap."""
+    with pytest.raises(InputError, match=f"--heap-size {size}: give the bytes"):
+        ProfileSpec(workload="toy", heap_bytes=size).check()
+    ProfileSpec(workload="toy", heap_bytes=1 << 20).check()
+
+
+@pytest.mark.parametrize("source, says", [
+    ("raise RuntimeError('boom')\n", r"importing it raised RuntimeError: boom at .*wl_\w+\.py:1$"),
+    ("x = (\n", r"importing it raised SyntaxError: .* \(wl_\w+\.py, line 1\)$"),
+])
+def test_a_workload_module_that_fails_is_one_line_of_bad_input(tmp_path, source, says):
+    """The user's module raising is their input, not taxmodel's bug: one line naming the module and
+    where it failed, exit 2 (was: 'internal error', exit 70)."""
+    from cli_runner import stderr_runner
+
+    from taxmodel.cli import cli
+    from taxmodel.runtime.spec import import_workload_modules
+
+    mod = tmp_path / f"wl_{'syntax' if 'x = (' in source else 'raises'}.py"
+    mod.write_text(source)
+    with pytest.raises(InputError, match=says):
+        import_workload_modules([str(mod)])
+    assert not any(name.startswith("taxmodel_user_workload_wl_") for name in sys.modules)
+    r = stderr_runner().invoke(cli, ["workloads", "--workload-module", str(mod)])
+    assert r.exit_code == 2 and r.stderr.startswith("taxmodel: error: --workload-module ") and \
+        len(r.stderr.strip().splitlines()) == 1, r.stderr
+    sys.path.insert(0, str(tmp_path))
+    try:  # the same module by name
+        with pytest.raises(InputError, match=f"--workload-module {mod.stem}: importing it raised"):
+            import_workload_modules([mod.stem])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(mod.stem, None)
