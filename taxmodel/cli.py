@@ -519,7 +519,8 @@ def advise_cmd(bundles, top, as_json, wide, hardware, lenient) -> None:
 @click.option("--update", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="An earlier calibration's hardware JSON: the steps not run keep its measurements and every number is "
                    "refit, e.g. --only collectives --update taxmodel/data/hardware/h200-calibrated.json "
-                   "(add -n 2 on a 2-GPU machine to add the 2-rank curve beside the file's own).")
+                   "(add -n 2 on a 2-GPU machine to add the 2-rank curve beside the file's own). The result goes to "
+                   "-o, which must be another file: FILE itself is never overwritten.")
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", hidden=True,
               help="cpu: the collectives step on gloo ranks (what the CPU tests run).")
 @click.option("--sizes", default=None, hidden=True, metavar="B[,B]", help="Collective message sizes in bytes.")

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 
 import iris
-from taxmodel.fsutil import atomic_write
+from taxmodel.fsutil import atomic_write, check_not_input
 from taxmodel.kernels.device import sync
 from taxmodel.model.calibration import STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
 from taxmodel.errors import Interrupted, RunError
@@ -678,6 +678,11 @@ def _calibrate(argv: list[str] | None = None) -> None:
     if cpu and set(steps) != {"collectives"}:
         parser.error("--device cpu measures the collectives step only: pass --only collectives")
     sizes = tuple(int(float(x)) for x in args.sizes.split(",")) if args.sizes else COLLECTIVE_SIZES
+    if args.update:
+        try:
+            check_not_input(args.output, [args.update], "hardware file")
+        except Exception as exc:  # noqa: BLE001 - an argument error
+            parser.error(str(exc))
     existing = json.loads(Path(args.update).read_text()) if args.update else None
     if not cpu and not torch.cuda.is_available():
         raise SystemExit("taxmodel calibrate: no GPU here; calibration measures a GPU machine (datasheet presets serve elsewhere)")
@@ -862,7 +867,8 @@ def run_calibration(output: str | os.PathLike, *, world_size: int | None = None,
         n = world_size or torch.cuda.device_count()
         if n < 1 or n > torch.cuda.device_count():
             raise UnavailableError(f"--world-size {n}: this machine has {torch.cuda.device_count()} GPU(s)")
-    out = check_output_file(Path(output).resolve(), "hardware file")
+    # never over the file it updates: the earlier calibration stays as it was (write beside it, compare, then move)
+    out = check_output_file(Path(output).resolve(), "hardware file", [update] if update is not None else [])
     before = out.stat().st_mtime_ns if out.exists() else None
     cmd = calibration_command(out, only=",".join(steps) if only else None, update=update, sizes=sizes, device=device)
     with run_directory() as run_dir:

@@ -517,3 +517,20 @@ def test_main_adds_a_curve_for_another_world_size_on_cpu_ranks(tmp_path, capfd):
     assert new["measured"]["raw"]["collectives"] == old["measured"]["raw"]["collectives"]
     assert new["measured"]["updates"][-1]["world_size"] == 2 and new["measured"]["world_size"] == 4
 
+
+
+def test_an_update_never_writes_over_the_file_it_updates(tmp_path):
+    """-o FILE --update FILE was accepted and replaced the earlier calibration, the command's input:
+    refused before any rank starts, by the command and by a rank started by hand; the file stays."""
+    from taxmodel.cli import cli
+
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(shipped_four_ranks()))
+    before = old.read_bytes()
+    r = CliRunner().invoke(cli, ["calibrate", "--device", "cpu", "--only", "collectives", "-n", "2", "-o", str(old),
+                                 "--update", str(old)])
+    assert r.exit_code == 2 and "is the input" in r.output and "write the hardware file outside" in r.output, r.output
+    with pytest.raises(SystemExit) as exc:
+        cal._calibrate(["-o", str(old), "--update", str(old), "--only", "collectives", "--device", "cpu"])
+    assert exc.value.code == 2
+    assert old.read_bytes() == before
