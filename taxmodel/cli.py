@@ -412,12 +412,12 @@ def _profile_command(command, out, steps, skip, step_fn, force, counters, timeou
     if outcome.stopped:
         _note("stopped the command once every rank's trace was written (--run-to-end lets it finish)")
     if outcome.bundle is not None:
-        click.echo(f"wrote {outcome.out}" + (" (replaced the bundle that was there: --force)" if outcome.replaced else ""))
+        _echo(f"wrote {outcome.out}" + (" (replaced the bundle that was there: --force)" if outcome.replaced else ""))
         if outcome.counters:
-            click.echo(f"--counters: {outcome.counters}")
-        click.echo(summary.describe(outcome.bundle, outcome.fmt) + "\n")
+            _echo(f"--counters: {outcome.counters}")
+        _echo(summary.describe(outcome.bundle, outcome.fmt) + "\n")
         try:
-            click.echo(render_analysis([led for _, led in load_cases([str(outcome.out)])]), nl=False)
+            _echo(render_analysis([led for _, led in load_cases([str(outcome.out)])]), nl=False)
         except TaxmodelError as exc:
             _note(f"the ledger of {outcome.out} cannot be computed: {' '.join(str(exc).split())}")
             outcome.exit_code = outcome.exit_code or exc.exit_code
@@ -581,10 +581,17 @@ def predict_cmd(workload, variants_, world_size, hardware, shape, preset, sweep_
     """Predicted ledger (latency and each tax) of WORKLOAD from shapes and hardware, with its assumptions."""
     import json
 
+    from pathlib import Path
+
+    from taxmodel.fsutil import check_output_file
     from taxmodel.model import analytic
     from taxmodel.model.analytic.report import plot_sweep, render_prediction, render_sweep
     from taxmodel.workload import get_workload
 
+    if plot and not sweep_:
+        raise click.UsageError("--plot draws the curve of a --sweep: give --sweep KEY=LO:HI[:STEP] too")
+    if plot:  # before the work
+        check_output_file(plot, "figure", [hardware] if Path(hardware).is_file() else [])
     wl = get_workload(workload)
     shp = wl.shape(preset, **_shape_option(shape))
     hw, note = analytic.resolve_model_hardware(hardware)
@@ -683,10 +690,8 @@ def scaling_cmd(profile_dirs, markdown) -> None:
     \b
     taxmodel scaling profiles/h200x4-graph-gate profiles/h200x8-graph-gate
     """
-    from taxmodel.fsutil import atomic_write
+    from taxmodel.fsutil import atomic_write, check_output_file
     from taxmodel.model.scaling import markdown as scaling_markdown, scaling_rows
-
-    from taxmodel.fsutil import check_output_file
     from taxmodel.trace.bundle import bundle_inputs
 
     if markdown:  # before the work
@@ -719,10 +724,9 @@ def report_cmd(bundles, output, fmt, hardware, lenient) -> None:
     Bundles are compared by (workload, shape) against the `bsp` variant and swept by
     (workload, variant) across shapes.
     """
+    from taxmodel.fsutil import check_output_file
     from taxmodel.report.build import load_cases, write_report_files
     from taxmodel.report.headline import headlines
-
-    from taxmodel.fsutil import check_output_file
     from taxmodel.trace.bundle import bundle_inputs
 
     check_output_file(output, "report", bundle_inputs(bundles))  # before the work
@@ -785,9 +789,9 @@ def compare_cmd(baseline, candidate, config, markdown, junit, json_file, allow_m
     """
     from taxmodel.regress import compare_paths
     from taxmodel.regress.outputs import check_outputs, error_outputs, terminal_text, write_outputs
+    from taxmodel.trace.bundle import bundle_inputs
 
     outputs = dict(markdown=markdown, junit=junit, json_path=json_file)
-    from taxmodel.trace.bundle import bundle_inputs
 
     check_outputs(outputs, inputs=bundle_inputs([baseline, candidate]) + ([config] if config else []))  # before any work
     try:
