@@ -655,12 +655,13 @@ def open_profiles(root: PathLike, *, workload: str | None = None, fallback: Path
 
 def predict(workload: str, variant: str, shape: Mapping[str, int], world_size: int = 4, hardware: Any = "h200-calibrated",
             fitted: Mapping[str, float] | None = None, graph_launch: bool | None = None, transport: str | None = None,
-            align: str = "host", **params: Any):
+            align: str = "back-to-back", **params: Any):
     """The analytic model's predicted ledger (``taxmodel.model.analytic.predict``), with the same
-    parameters as ``taxmodel predict``: the hardware's calibration, the parameters `taxmodel
-    validate` fitted for it (``fitted``: others; ``{}``: none), how the iterations are launched
-    (``graph_launch``, ``transport``, ``align``), and keyword ``params`` over ``ModelParams``
-    fields (e.g. ``triton_gemm_efficiency=0.9``)."""
+    parameters and defaults as ``taxmodel predict``: the hardware's calibration, the parameters
+    `taxmodel validate` fitted for it (``fitted``: others; ``{}``: none), how the iterations are
+    launched (``graph_launch``, ``transport``, ``align``: back to back behind one device gate, as
+    ``taxmodel profile`` captures on GPUs, unless given), and keyword ``params`` over
+    ``ModelParams`` fields (e.g. ``triton_gemm_efficiency=0.9``)."""
     from taxmodel.model import analytic
     from taxmodel.trace.capture_meta import CaptureSettings
 

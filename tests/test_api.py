@@ -181,7 +181,7 @@ def test_traces_with_declared_meta_and_prediction():
     direct = analytic.predict("ag_gemm", "bsp", shape, 4, hw, analytic.ModelParams.from_hardware(hw), cost=d.meta["cost"])
     assert pred.window_ns == pytest.approx(direct.window_ns)
     assert isinstance(d.plot_vs_prediction(pred), Figure)
-    assert taxmodel.predict("ag_gemm", "bsp", shape, 4, "h200-calibrated").window_ns == pytest.approx(
-        analytic.predict("ag_gemm", "bsp", shape, 4, "h200-calibrated").window_ns)
+    assert taxmodel.predict("ag_gemm", "bsp", shape, 4, "h200-calibrated", fitted={}, align="host").window_ns == \
+        pytest.approx(analytic.predict("ag_gemm", "bsp", shape, 4, "h200-calibrated").window_ns)
     with pytest.raises(InputError, match="needs workload, variant and shape"):
         p.predict()

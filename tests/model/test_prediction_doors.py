@@ -52,6 +52,20 @@ def test_every_door_gives_the_same_prediction_for_one_bundle():
     assert by_cli["predicted_window_ns"] == pytest.approx(by_validate["window"], rel=1e-9)
 
 
+def test_the_api_and_the_cli_give_the_same_prediction_with_their_defaults():
+    """taxmodel.predict promises taxmodel predict's parameters; its start alignment defaulted to
+    'host' while the command's is 'back-to-back' (as `taxmodel profile` captures on GPUs), so the
+    same call gave other numbers from Python than from the shell."""
+    shape = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}
+    for variant in ("bsp", "pull"):
+        res = CliRunner().invoke(cli, ["predict", "ag_gemm", "--variant", variant, "--shape",
+                                       ",".join(f"{k}={v}" for k, v in shape.items()), "--json"])
+        assert res.exit_code == 0, res.output
+        by_cli = json.loads(res.output)[0]["predicted_window_ns"]
+        by_api = taxmodel.predict("ag_gemm", variant, shape).window_ns
+        assert by_api == pytest.approx(by_cli, rel=1e-9), variant
+
+
 def test_fitted_parameters_change_the_prediction_and_can_be_left_out():
     hw, _ = analytic.resolve_model_hardware("h200-calibrated")
     settings = CaptureSettings(graph_launch=True, transport="sm", align="device")
