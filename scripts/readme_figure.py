@@ -1,9 +1,9 @@
-"""Regenerate the README's figures from the committed H200 bundles:
+"""Regenerate the README's figures from the committed H200 bundles (run from the repository root):
 
 - docs/img/flash_decode_h200x4.png: Flash Decode, eager captures (`profiles/h200x4/flash_decode`),
   batch 1 and KV 1K;
-- docs/img/graph_h200x4.png: CUDA-graph captures (`profiles/h200x4-graph`), AG+GEMM at M=1024 and
-  8192 and Flash Decode at batch 1 (fused with in-kernel records).
+- docs/img/ag_gemm_graph_h200x4.png: AG+GEMM captured as CUDA graphs (`profiles/h200x4-graph/ag_gemm`),
+  M=1024 and 8192.
 """
 import matplotlib
 
