@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # figures are rendered to files, never to a screen
 from matplotlib import colors as mcolors  # noqa: E402
 
 from taxmodel import safetext  # noqa: E402
-from taxmodel.model.categories import CATEGORIES, LABELS, PARENT, SUBCATEGORY_ORDER  # noqa: E402
+from taxmodel.model.categories import CATEGORIES, LABELS, SUBCATEGORY_ORDER  # noqa: E402
 
 OKABE_ITO: dict[str, str] = {
     "black": "#000000",
@@ -114,10 +114,6 @@ def part_style(name: str) -> PartStyle:
     if name in CATEGORY_COLORS:
         return PartStyle(CATEGORY_COLORS[name], "", LABELS[name])
     raise KeyError(f"no style for ledger part {name!r}; known: {', '.join(SUBCATEGORY_ORDER)}")
-
-
-def category_of(subcategory: str) -> str:
-    return PARENT[subcategory]
 
 
 def variant_style(variant: str, others: list[str]) -> dict[str, object]:

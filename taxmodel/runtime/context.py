@@ -12,10 +12,9 @@ thread of this process with a ``ThreadHeap``, kernels run in Triton's interprete
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -229,17 +228,3 @@ def run_in_threads(world_size: int, fn: Callable[[RankContext], T], heap_bytes: 
     if hung:
         raise RunError(f"rank(s) {hung} still running after {timeout_s:g} s (a spin-wait that never ends?)")
     return results
-
-
-@contextlib.contextmanager
-def interpreter_env() -> Iterator[None]:
-    """Set ``TRITON_INTERPRET=1`` for the block (for kernels defined inside it)."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = old
