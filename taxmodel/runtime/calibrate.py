@@ -656,33 +656,10 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 
 
 def _calibrate(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", required=True, help="hardware JSON file to write (rank 0)")
-    parser.add_argument("--only", default=None, metavar="STEP[,STEP]",
-                        help=f"run only these steps ({', '.join(STEP_KEYS)}); needs --update unless hbm and gemm are among them")
-    parser.add_argument("--update", default=None, metavar="FILE",
-                        help="an earlier calibration's hardware JSON: the steps not run keep its raw measurements, "
-                             "every number is refit")
-    parser.add_argument("--sizes", default=None, metavar="BYTES[,BYTES]",
-                        help="collective message sizes per rank (default: 8 KB .. 128 MB)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: gloo ranks, collectives step only (tests the CPU path; the numbers describe CPU gloo)")
-    args = parser.parse_args(argv)
-    try:
-        steps = parse_steps(args.only)
-    except Exception as exc:  # noqa: BLE001 - an argument error
-        parser.error(str(exc))
-    if set(steps) != set(STEP_KEYS) and not args.update and not {"hbm", "gemm"} <= set(steps):
-        parser.error("--only without the hbm and gemm steps needs --update EXISTING.json (the other numbers come from it)")
+    """One rank's calibration: check the arguments, join the ranks, run the steps (``_measure``),
+    and on rank 0 fit and write the hardware file (``_write``)."""
+    args, steps, sizes = _parse_args(argv)
     cpu = args.device == "cpu"
-    if cpu and set(steps) != {"collectives"}:
-        parser.error("--device cpu measures the collectives step only: pass --only collectives")
-    sizes = tuple(int(float(x)) for x in args.sizes.split(",")) if args.sizes else COLLECTIVE_SIZES
-    if args.update:
-        try:
-            check_not_input(args.output, [args.update], "hardware file")
-        except Exception as exc:  # noqa: BLE001 - an argument error
-            parser.error(str(exc))
     existing = json.loads(Path(args.update).read_text()) if args.update else None
     if not cpu and not torch.cuda.is_available():
         raise SystemExit("taxmodel calibrate: no GPU here; calibration measures a GPU machine (datasheet presets serve elsewhere)")
@@ -701,6 +678,52 @@ def _calibrate(argv: list[str] | None = None) -> None:
             raise SystemExit(f"taxmodel calibrate: {exc}") from exc
     props = None if cpu else torch.cuda.get_device_properties(device)
     t_start = time.perf_counter()
+    meas = _measure(steps, device, rank, world, distributed, sizes, props)
+    if distributed:
+        dist.barrier()
+    if rank == 0:
+        _write(args.output, steps, meas, existing, props=props, world=world, seconds=time.perf_counter() - t_start)
+    if distributed:
+        dist.destroy_process_group()
+
+
+def _parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, tuple[str, ...], tuple[int, ...]]:
+    """(the rank's arguments, the steps to run, the collective message sizes); a wrong argument
+    ends the rank with argparse's usage error before anything starts."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("-o", "--output", required=True, help="hardware JSON file to write (rank 0)")
+    parser.add_argument("--only", default=None, metavar="STEP[,STEP]",
+                        help=f"run only these steps ({', '.join(STEP_KEYS)}); needs --update unless hbm and gemm are among them")
+    parser.add_argument("--update", default=None, metavar="FILE",
+                        help="an earlier calibration's hardware JSON: the steps not run keep its raw measurements, "
+                             "every number is refit (written to --output, another file)")
+    parser.add_argument("--sizes", default=None, metavar="BYTES[,BYTES]",
+                        help="collective message sizes per rank (default: 8 KB .. 128 MB)")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: gloo ranks, collectives step only (tests the CPU path; the numbers describe CPU gloo)")
+    args = parser.parse_args(argv)
+    try:
+        steps = parse_steps(args.only)
+    except Exception as exc:  # noqa: BLE001 - an argument error
+        parser.error(str(exc))
+    if set(steps) != set(STEP_KEYS) and not args.update and not {"hbm", "gemm"} <= set(steps):
+        parser.error("--only without the hbm and gemm steps needs --update EXISTING.json (the other numbers come from it)")
+    if args.device == "cpu" and set(steps) != {"collectives"}:
+        parser.error("--device cpu measures the collectives step only: pass --only collectives")
+    if args.update:
+        try:
+            check_not_input(args.output, [args.update], "hardware file")
+        except Exception as exc:  # noqa: BLE001 - an argument error
+            parser.error(str(exc))
+    sizes = tuple(int(float(x)) for x in args.sizes.split(",")) if args.sizes else COLLECTIVE_SIZES
+    return args, steps, sizes
+
+
+def _measure(steps: tuple[str, ...], device: torch.device, rank: int, world: int, distributed: bool,
+             sizes: tuple[int, ...], props) -> dict:
+    """The raw measurements of ``steps``, in run order: the single-GPU basics on every rank, the
+    multi-rank steps between barriers, then rank 0's own steps (a failed step is recorded under
+    ``errors`` by ``_step``, not raised)."""
     meas: dict = {}
     if "hbm" in steps:
         _step("HBM copy", lambda: hbm_bandwidth(device), meas, "hbm", rank)
@@ -711,101 +734,118 @@ def _calibrate(argv: list[str] | None = None) -> None:
         _step("launch costs", lambda: launch_costs(device), meas, "launch", rank)
     meas["collectives"] = []
     if distributed and world > 1:
-        if "collectives" in steps:
-            _step("collectives", lambda: _measure_collectives(device, world, sizes, rank), meas, "collectives", rank)
-            if isinstance(meas.get("collectives"), dict):  # the step's keys, flattened into the raw measurements
-                meas.update(meas.pop("collectives"))
-        dist.barrier()
-        if "barrier" in steps:
-            _step("barrier skew", lambda: barrier_skew(device), meas, "barrier", rank)
-        if "peer" in steps:
-            _step("peer loads/stores", lambda: peer_access(device, world, props.multi_processor_count), meas, "peer", rank)
-        if "flag" in steps:
-            _step("flag round trip", lambda: flag_roundtrip(device), meas, "flag", rank)
-        if "copy_share" in steps:
-            _step("copy kernel beside the GEMM", lambda: _copy_share(device, world, rank), meas, "copy_share", rank)
-        if "rs_gemm" in steps:
-            _step("GEMM+RS's GEMM, every rank pushing", lambda: _rs_gemm(device, world, rank), meas, "rs_gemm", rank)
-        if "ll" in steps:
-            _step("LL pushes", lambda: _ll_push(device, world, rank), meas, "ll_push", rank)
-        dist.barrier()
+        _measure_ranks_together(steps, device, rank, world, sizes, props, meas)
     if not isinstance(meas.get("collectives"), list):
         meas["collectives"] = []
     meas["peer_copy"] = []
-    if rank == 0 and "p2p" in steps:
+    if rank == 0:
+        _measure_rank0(steps, device, world, meas)
+    return meas
+
+
+def _measure_ranks_together(steps: tuple[str, ...], device: torch.device, rank: int, world: int,
+                            sizes: tuple[int, ...], props, meas: dict) -> None:
+    """The steps every rank runs at once (collectives, barrier, peer access, flags, the copy
+    kernel beside the GEMM, LL pushes, GEMM+RS's GEMM pushing), between two barriers."""
+    if "collectives" in steps:
+        _step("collectives", lambda: _measure_collectives(device, world, sizes, rank), meas, "collectives", rank)
+        if isinstance(meas.get("collectives"), dict):  # the step's keys, flattened into the raw measurements
+            meas.update(meas.pop("collectives"))
+    dist.barrier()
+    if "barrier" in steps:
+        _step("barrier skew", lambda: barrier_skew(device), meas, "barrier", rank)
+    if "peer" in steps:
+        _step("peer loads/stores", lambda: peer_access(device, world, props.multi_processor_count), meas, "peer", rank)
+    if "flag" in steps:
+        _step("flag round trip", lambda: flag_roundtrip(device), meas, "flag", rank)
+    if "copy_share" in steps:
+        _step("copy kernel beside the GEMM", lambda: _copy_share(device, world, rank), meas, "copy_share", rank)
+    if "ll" in steps:
+        _step("LL pushes", lambda: _ll_push(device, world, rank), meas, "ll_push", rank)
+    if "rs_gemm" in steps:
+        _step("GEMM+RS's GEMM, every rank pushing", lambda: _rs_gemm(device, world, rank), meas, "rs_gemm", rank)
+    dist.barrier()
+
+
+def _measure_rank0(steps: tuple[str, ...], device: torch.device, world: int, meas: dict) -> None:
+    """The steps rank 0 runs alone (P2P copies to each peer, and one GPU's microbenchmarks)."""
+    rank = 0
+    if "p2p" in steps:
         _step("P2P copies", lambda: peer_copy_bandwidth(device, world), meas, "peer_copy", rank)
-    if rank == 0 and "combine" in steps:
+    if "combine" in steps:
         from taxmodel.runtime import calibrate_combine
 
         _step("flash decode combine step", lambda: calibrate_combine.measure(device), meas, "combine", rank)
-    if rank == 0 and "sync" in steps:
+    if "sync" in steps:
         from taxmodel.runtime import calibrate_sync
 
         _step("flag wait on a set flag", lambda: calibrate_sync.measure(device), meas, "sync", rank)
-    if rank == 0 and "tile_gemm" in steps:
+    if "tile_gemm" in steps:
         from taxmodel.runtime import calibrate_gemm
 
         _step("tile GEMM against the vendor GEMM", lambda: calibrate_gemm.measure_tile_gemm(device), meas, "tile_gemm",
               rank)
-    if rank == 0 and "copy_share" in steps and world == 1:
+    if "copy_share" in steps and world == 1:
         _step("copy kernel beside the GEMM (one GPU)", lambda: _copy_share(device, 1, 0), meas, "copy_share", rank)
-    if rank == 0 and "rs_gemm" in steps and world == 1:
+    if "rs_gemm" in steps and world == 1:
         _step("GEMM+RS's GEMM (one GPU)", lambda: _rs_gemm(device, 1, 0), meas, "rs_gemm", rank)
-    if rank == 0 and "ll" in steps:
+    if "ll" in steps:
         from taxmodel.runtime import calibrate_decode
 
         _step("LL merges", lambda: calibrate_decode.measure_merge(device), meas, "ll_merge", rank)
-    if rank == 0 and "reduce" in steps:
+    if "reduce" in steps:
         from taxmodel.runtime import calibrate_reduce
 
         _step("GEMM+RS reduction program", lambda: calibrate_reduce.measure(device, (max(world, 2), 8)), meas,
               "reduce", rank)
-    if distributed:
-        dist.barrier()
-    if rank == 0:
-        if _STATE is not None:
-            _STATE.enter("write")
-        device_name = "cpu (gloo)" if cpu else props.name
-        info = {
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "world_size": world,
-            "device": device_name,
-            "seconds": round(time.perf_counter() - t_start, 1),
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "cuda": torch.version.cuda,
-            "hip": torch.version.hip,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda and not cpu else None,
-            "repetitions": REPS,
-            "taxmodel": _taxmodel_version(),
-        }
-        if existing is not None:
-            failed = {k: v for k, v in (meas.get("errors") or {}).items() if k in steps}
-            if failed:
-                raise SystemExit(f"taxmodel calibrate: step(s) failed: {failed}; {args.output} not written")
-            spec = update_spec(existing, meas, steps, device_name=None if cpu else props.name,
-                               num_sms=None if cpu else props.multi_processor_count, world=world, info=info)
-        else:
-            for key in ("hbm", "gemm"):
-                if key not in meas:
-                    raise SystemExit(f"taxmodel calibrate: the {key} measurement failed ({meas.get('errors', {}).get(key)}); nothing written")
-            spec = fit(meas, props.name, props.multi_processor_count, world,
-                       vendor="amd" if getattr(torch.version, "hip", None) else "nvidia")
-            spec["measured"] = {**info, "raw": meas}
-        out = atomic_write(args.output, json.dumps(spec, indent=2, default=float) + "\n", what="hardware file")
-        from taxmodel.model.hardware import load_hardware
 
-        load_hardware(out)  # the file must load as a HardwareSpec
-        hidden = ("measured", "collectives", "collectives_eager", "collectives_by_world")
-        print(json.dumps({k: v for k, v in spec.items() if k not in hidden}, indent=2, default=float))
-        if "collectives" in steps and meas.get("collectives"):
-            print(curve_table(meas), flush=True)
-            own_world = int((spec.get("measured") or {}).get("world_size") or world)
-            if world != own_world:
-                print(f"calibrate: this curve ({world} ranks) is collectives_by_world[\"{world}\"] in {out}; the file's "
-                      f"own curve (collectives, {own_world} ranks) and the link numbers fitted to it stay", flush=True)
-    if distributed:
-        dist.destroy_process_group()
+
+def _write(output: str, steps: tuple[str, ...], meas: dict, existing: dict | None, *, props, world: int,
+           seconds: float) -> None:
+    """Rank 0: fit ``meas`` (or merge it into ``existing``, an update) into a hardware file, write
+    it atomically, check that it loads, and print its numbers (and the collective curve)."""
+    if _STATE is not None:
+        _STATE.enter("write")
+    cpu = props is None
+    device_name = "cpu (gloo)" if cpu else props.name
+    info = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "world_size": world,
+        "device": device_name,
+        "seconds": round(seconds, 1),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "hip": torch.version.hip,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda and not cpu else None,
+        "repetitions": REPS,
+        "taxmodel": _taxmodel_version(),
+    }
+    if existing is not None:
+        failed = {k: v for k, v in (meas.get("errors") or {}).items() if k in steps}
+        if failed:
+            raise SystemExit(f"taxmodel calibrate: step(s) failed: {failed}; {output} not written")
+        spec = update_spec(existing, meas, steps, device_name=None if cpu else props.name,
+                           num_sms=None if cpu else props.multi_processor_count, world=world, info=info)
+    else:
+        for key in ("hbm", "gemm"):
+            if key not in meas:
+                raise SystemExit(f"taxmodel calibrate: the {key} measurement failed ({meas.get('errors', {}).get(key)}); nothing written")
+        spec = fit(meas, props.name, props.multi_processor_count, world,
+                   vendor="amd" if getattr(torch.version, "hip", None) else "nvidia")
+        spec["measured"] = {**info, "raw": meas}
+    out = atomic_write(output, json.dumps(spec, indent=2, default=float) + "\n", what="hardware file")
+    from taxmodel.model.hardware import load_hardware
+
+    load_hardware(out)  # the file must load as a HardwareSpec
+    hidden = ("measured", "collectives", "collectives_eager", "collectives_by_world")
+    print(json.dumps({k: v for k, v in spec.items() if k not in hidden}, indent=2, default=float))
+    if "collectives" in steps and meas.get("collectives"):
+        print(curve_table(meas), flush=True)
+        own_world = int((spec.get("measured") or {}).get("world_size") or world)
+        if world != own_world:
+            print(f"calibrate: this curve ({world} ranks) is collectives_by_world[\"{world}\"] in {out}; the file's "
+                  f"own curve (collectives, {own_world} ranks) and the link numbers fitted to it stay", flush=True)
 
 
 def _taxmodel_version() -> str:

@@ -82,3 +82,52 @@ def test_the_flag_probe_waits_on_each_flag_and_a_missing_one_gives_up(gpu_scope)
     flags[3] = 0
     calibrate_sync._wait_set_flags_kernel[(1,)](flags, err, out, 5, 1000, GPU_SCOPE=gpu_scope, MODE=0)
     assert int(out) == 4 and int(err[0]) == 1 and int(err[3]) == 3  # gave up on flag 3 and said which
+
+
+# --- one rank's steps and its file, without a GPU ---------------------------------------------------
+
+
+def test_one_gpu_rank_runs_its_steps_in_order_and_writes_a_file_that_loads(tmp_path, monkeypatch):
+    """``_measure`` and ``_write`` of a one-GPU calibration (the rank's code that only a GPU runs),
+    with each measurement replaced by a recorded stand-in: every asked step runs once, in run
+    order, a failing step is recorded and the others go on, and rank 0 writes a file that loads."""
+    import json
+    import sys
+    import types
+
+    import taxmodel.runtime
+    from taxmodel.model.hardware import load_hardware
+    from taxmodel.runtime import calibrate as cal
+
+    ran: list[str] = []
+
+    def stand_in(name, value):
+        def fn(*_a, **_k):
+            ran.append(name)
+            if isinstance(value, Exception):
+                raise value
+            return value
+        return fn
+
+    monkeypatch.setattr(cal, "hbm_bandwidth", stand_in("hbm", {"bytes": 1, "ms": 1.0, "bytes_per_s": 3e12}))
+    monkeypatch.setattr(cal, "gemm_rate", stand_in("gemm", {"flops_per_s": 7e14}))
+    monkeypatch.setattr(cal, "launch_costs", stand_in("launch", {"launch_latency_s": 2e-6, "kernel_gap_s": 1e-6}))
+    monkeypatch.setattr(cal, "peer_copy_bandwidth", stand_in("p2p", []))
+    for mod, fn, value in (("calibrate_combine", "measure", RuntimeError("no GPU")),
+                           ("calibrate_sync", "measure", {"flag_wait_sys_s": 4e-7, "flag_wait_gpu_s": 4e-7}),
+                           ("calibrate_gemm", "measure_tile_gemm",
+                            {"rows": [{"m": 1024, "tile_s": 2e-4, "vendor_s": 1.9e-4}]})):
+        fake = types.SimpleNamespace(**{fn: stand_in(mod, value)})
+        monkeypatch.setitem(sys.modules, f"taxmodel.runtime.{mod}", fake)
+        monkeypatch.setattr(taxmodel.runtime, mod, fake, raising=False)  # `from taxmodel.runtime import mod`
+    steps = calfit.parse_steps("hbm,gemm,launch,p2p,combine,sync,tile_gemm")
+    meas = cal._measure(steps, torch.device("cpu"), 0, 1, False, (8192,), None)
+    assert ran == ["hbm", "gemm", "gemm", "gemm", "launch", "p2p", "calibrate_combine", "calibrate_sync",
+                   "calibrate_gemm"]  # gemm: bf16, fp16, fp32
+    assert meas["errors"] == {"combine": "RuntimeError: no GPU"} and meas["collectives"] == []
+    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", multi_processor_count=132)
+    out = tmp_path / "hw.json"
+    cal._write(str(out), steps, meas, None, props=props, world=1, seconds=1.0)
+    spec = json.loads(out.read_text())
+    assert spec["measured"]["device"] == props.name and spec["triton_gemm_speed_by_m"] == [[1024.0, 0.95]]
+    assert load_hardware(out).source == "calibrated"
