@@ -43,40 +43,10 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
         graph = dict(graph or {"graph": False, "graph_mode": "off"})
         records_info = None
         if gathered_records is not None:
-            from taxmodel.runtime.records import merge_gathered
-
-            per_rank = [g[0] for g in gathered_records]
-            unplaced = 0
-            if graph["graph"]:  # one buffer per repetition: iterations told apart by time
-                from taxmodel.runtime.graph import assign_graph_record_iterations
-
-                placed = []
-                for frames in per_rank:
-                    row = []
-                    for frame in frames:
-                        frame, n = assign_graph_record_iterations(events, frame)
-                        unplaced += n
-                        row.append(frame)
-                    placed.append(row)
-                per_rank = placed
-            events, records_info = merge_gathered(events, per_rank, [g[1] for g in gathered_records])
-            if graph["graph"]:
-                records_info["iterations_from"] = ("one buffer per repetition under a graph: each record placed in the traced "
-                                                   "launch it fits at its rank's clock offset")
-                records_info["unplaced"] = unplaced
+            events, records_info = _merge_records(events, gathered_records, bool(graph["graph"]))
         hardware = {**(imported_meta.get("hardware") or {}), **_hardware(device, world)}
         software = {**(imported_meta.get("software") or {}), **_versions()}
-        notes = list(imported_meta.get("notes") or []) + (injector.notes if injector is not None else [])
-        if emulated:
-            notes.append("CPU capture: kernel rows are the host ranges of kernels run synchronously in Triton's "
-                          "interpreter or torch on CPU, collectives are gloo's; times say nothing about GPUs")
-        if graph["graph"]:
-            from taxmodel.runtime.graph import GRAPH_NOTE, graph_trace_notes
-
-            notes.append(GRAPH_NOTE)
-            notes.extend(graph_trace_notes(events, str(graph.get("graph_backend"))))
-        elif graph.get("graph_note"):
-            notes.append(f"profiled with eager launches although --graph was given: {graph['graph_note']}")
+        notes = _notes(imported_meta, injector, events, graph, emulated)
         meta = {
             "source": "capture",
             "workload": workload.name,
@@ -123,3 +93,49 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
         if records_info is not None:
             meta["records"] = records_info
         return write_bundle(out, events, meta, raw_files=raw_files if spec.keep_raw else (), overwrite=spec.force)
+
+
+def _merge_records(events: Any, gathered_records: list[Any], graph: bool) -> tuple[Any, dict[str, Any]]:
+    """The ranks' in-kernel records merged into ``events`` (``records.merge_gathered``), and the
+    bundle's ``meta.records``. Under a CUDA graph a rank keeps one record buffer per repetition, so
+    each record is first placed in the traced launch it fits at its rank's clock offset."""
+    from taxmodel.runtime.records import merge_gathered
+
+    per_rank = [g[0] for g in gathered_records]
+    unplaced = 0
+    if graph:  # one buffer per repetition: iterations told apart by time
+        from taxmodel.runtime.graph import assign_graph_record_iterations
+
+        placed = []
+        for frames in per_rank:
+            row = []
+            for frame in frames:
+                frame, n = assign_graph_record_iterations(events, frame)
+                unplaced += n
+                row.append(frame)
+            placed.append(row)
+        per_rank = placed
+    events, records_info = merge_gathered(events, per_rank, [g[1] for g in gathered_records])
+    if graph:
+        records_info["iterations_from"] = ("one buffer per repetition under a graph: each record placed in the traced "
+                                           "launch it fits at its rank's clock offset")
+        records_info["unplaced"] = unplaced
+    return events, records_info
+
+
+def _notes(imported_meta: Mapping[str, Any], injector: Any, events: Any, graph: Mapping[str, Any],
+           emulated: bool) -> list[str]:
+    """The bundle's ``meta.notes``: the tracer's, the injector's, and what a reader must know of
+    how it was captured (a CPU capture, a CUDA graph, --graph that fell back to eager launches)."""
+    notes = list(imported_meta.get("notes") or []) + (injector.notes if injector is not None else [])
+    if emulated:
+        notes.append("CPU capture: kernel rows are the host ranges of kernels run synchronously in Triton's "
+                     "interpreter or torch on CPU, collectives are gloo's; times say nothing about GPUs")
+    if graph["graph"]:
+        from taxmodel.runtime.graph import GRAPH_NOTE, graph_trace_notes
+
+        notes.append(GRAPH_NOTE)
+        notes.extend(graph_trace_notes(events, str(graph.get("graph_backend"))))
+    elif graph.get("graph_note"):
+        notes.append(f"profiled with eager launches although --graph was given: {graph['graph_note']}")
+    return notes
