@@ -35,6 +35,7 @@ def markdown_table(v: Validation) -> str:
         n_ok = int(t["ok"].sum())
         lines.append("")
         lines.append(f"{n_ok} of {len(t)} comparisons within target (latency 15%; each tax 25% or 20 us).")
+        lines.append(_tally_parts(t))
         est = v.table[~v.table["validated"]]
         if len(est):
             lines.append(f"{len(est)} locality_tax rows are not counted: their bundles carry no DRAM counters, so the "
@@ -51,6 +52,17 @@ def markdown_table(v: Validation) -> str:
     hws = sorted({c.hardware_note for c in v.cases})
     lines.extend(f"- {h}" for h in hws)
     return "\n".join(lines) + "\n"
+
+
+def _tally_parts(t) -> str:
+    """What the tally holds besides out-of-sample checks: in-sample rows (a parameter was fitted on
+    their bundle, to make one of its quantities match) and rows where both sides are exactly 0 (a
+    tax neither the trace nor the model has, e.g. the launch tax of one kernel in a CUDA graph)."""
+    out = t[t["sample"] != "in"]
+    zero = t[(t["measured_us"] == 0) & (t["predicted_us"] == 0)]
+    return (f"Out of sample (no parameter fitted on their bundle): {int(out['ok'].sum())} of {len(out)}; the other "
+            f"{len(t) - len(out)} rows above are of bundles a parameter was fitted on. {len(zero)} of the {len(t)} "
+            "compare a measured 0 with a predicted 0 (a tax neither side has).")
 
 
 def update_docs(doc: str | os.PathLike, v: Validation) -> Path:

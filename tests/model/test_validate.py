@@ -421,3 +421,18 @@ def test_cli_predict_names_a_part_once_when_its_category_has_one():
     assert [row[0] for row in rows][:3] == ["useful", "compute_inefficiency", "locality_tax"]
     assert all(row[0] != row[1] for row in rows), r.output  # "useful useful" was printed
     assert any(row[:2] == ["bsp_tax", "skew_wait"] for row in rows)
+
+
+def test_the_tally_says_how_much_of_it_is_in_sample_or_zero_against_zero():
+    """The headline tally counts in-sample rows (a parameter was fitted on their bundle to match
+    one of its quantities) and 0-vs-0 rows (a tax neither side has); the line after it says how
+    many, and the out-of-sample tally alone."""
+    import pandas as pd
+
+    from taxmodel.model.validation_markdown import _tally_parts
+
+    rows = [("in", 100.0, 100.0, True), ("out", 100.0, 130.0, False), ("out", 0.0, 0.0, True), ("out", 50.0, 52.0, True)]
+    t = pd.DataFrame([{"sample": s, "measured_us": m, "predicted_us": p, "ok": ok} for s, m, p, ok in rows])
+    assert _tally_parts(t) == ("Out of sample (no parameter fitted on their bundle): 2 of 3; the other 1 rows above are "
+                               "of bundles a parameter was fitted on. 1 of the 4 compare a measured 0 with a predicted 0 "
+                               "(a tax neither side has).")
