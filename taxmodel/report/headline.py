@@ -13,6 +13,7 @@ from typing import Sequence
 import pandas as pd
 
 from taxmodel.model.categories import CATEGORIES, CATEGORY_ORDER, LABELS, TAXES
+from taxmodel.model.ledger_kernels import LOCALITY_ABSENT, LOCALITY_ESTIMATED
 from taxmodel.report import compare
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.capture_meta import emulated_gpu
@@ -34,6 +35,9 @@ class Comparison:
     candidate_ns: float
     category_saved_ns: dict[str, float]  # reference minus candidate, per category (positive = candidate pays less)
     cpu_run: bool = False  # either side ran in Triton's interpreter (trace.capture_meta.emulated_gpu): no GPU verdict
+    #: the weaker basis of the two ledgers' locality tax (``ledger_kernels``: "estimated" from declared
+    #: intermediates, "not measured"; "" where both measured it or a ledger does not say)
+    locality_basis: str = ""
 
     @property
     def saved_ns(self) -> float:
@@ -70,7 +74,25 @@ def compare_ledgers(reference: LedgerLike, candidate: LedgerLike) -> Comparison:
         candidate_ns=compare.mean_window_ns(candidate),
         category_saved_ns={c: float(ref_cat[c] - cand_cat[c]) for c in CATEGORY_ORDER},
         cpu_run=emulated_gpu(reference.meta) or emulated_gpu(candidate.meta),
+        locality_basis=_weaker_locality(reference, candidate),
     )
+
+
+def _weaker_locality(*ledgers: LedgerLike) -> str:
+    """"not measured" if any ledger's locality tax was not measured, else "estimated" if any was
+    estimated (a formula over declared intermediates, not DRAM counters), else ""."""
+    bases = {getattr(led, "locality", "") for led in ledgers}
+    return next((b for b in (LOCALITY_ABSENT, LOCALITY_ESTIMATED) if b in bases), "")
+
+
+def _tax_text(tax: str, ns: float, basis: str, pct: str = "") -> str:
+    """``locality tax 4.0 us`` with what the number is when the locality tax was not measured: ``n/m``
+    (no DRAM counters, no declared intermediates) or the value marked ``estimated``."""
+    if tax == "locality_tax" and basis == LOCALITY_ABSENT:
+        return f"{_SHORT[tax]} n/m"
+    if tax == "locality_tax" and basis == LOCALITY_ESTIMATED:
+        return f"{_SHORT[tax]} {_us(ns)} ({pct + ', ' if pct else ''}estimated, not measured)"
+    return f"{_SHORT[tax]} {_us(ns)}" + (f" ({pct})" if pct else "")
 
 
 def comparisons(ledgers: Sequence[LedgerLike]) -> list[Comparison]:
@@ -104,7 +126,7 @@ def comparison_sentence(c: Comparison) -> str:
         lead = f"{c.candidate} saves {_us(c.saved_ns)} ({c.saved_pct:.1f}%) per iteration over {c.reference}"
     else:
         lead = f"{c.candidate} is {_us(-c.saved_ns)} ({-c.saved_pct:.1f}%) slower per iteration than {c.reference}"
-    parts = ", ".join(f"{_SHORT[t]} {_us(c.category_saved_ns[t])}" for t in _TAX_ORDER)
+    parts = ", ".join(_tax_text(t, c.category_saved_ns[t], c.locality_basis) for t in _TAX_ORDER)
     lost = c.efficiency_lost_ns
     if lost >= 0:
         eff = f"it loses {_us(lost)} to compute efficiency"
@@ -123,9 +145,8 @@ def ledger_sentence(ledger: LedgerLike) -> str:
     ident = compare.identity(ledger)
     window = compare.mean_window_ns(ledger)
     cats = compare.category_means_ns(ledger)
-    unmeasured = {"locality_tax"} if getattr(ledger, "locality", "") == "not measured" else set()
-    parts = ", ".join(f"{_SHORT[t]} n/m" if t in unmeasured else f"{_SHORT[t]} {_us(cats[t])} ({100 * cats[t] / window:.1f}%)"
-                      for t in _TAX_ORDER) if window else ""
+    basis = getattr(ledger, "locality", "")
+    parts = ", ".join(_tax_text(t, cats[t], basis, f"{100 * cats[t] / window:.1f}%") for t in _TAX_ORDER) if window else ""
     name = ledger.label if not (ledger.meta or {}).get("workload") else f"{ident.workload}/{ident.variant} at {ident.shape_label}"
     if emulated_gpu(ledger.meta):
         name += " (on CPU: interpreter times, not GPU times)"

@@ -95,3 +95,21 @@ def test_a_shape_reads_in_its_bundles_order_and_is_one_shape_whatever_the_order(
     old = ledger_from_parts("fg_pull", FG, shape={"K": 40, "M": 96, "N": 40})
     (sentence,) = headline.headlines([new, old])
     assert sentence.startswith("ag_gemm at M=96 N=40 K=40: fg_pull saves 22.0 us")
+
+
+def test_a_locality_tax_that_was_not_measured_says_so_in_the_headline():
+    """The headline named an estimated locality tax (declared intermediates x 2 / HBM bandwidth: a
+    formula) like a measured one; it now says 'estimated', and 'n/m' where neither exists."""
+    ref, fg = ledger_from_parts("bsp", BSP), ledger_from_parts("fg_pull", FG)
+    ref.locality, fg.locality = "measured", "estimated"
+    (sentence,) = headline.headlines([fg, ref])
+    assert "locality tax 4.0 us (estimated, not measured); it loses" in sentence
+    fg.locality = "not measured"
+    (sentence,) = headline.headlines([fg, ref])
+    assert "launch tax 3.0 us, locality tax n/m; it loses" in sentence
+    alone = ledger_from_parts("fg_pull", FG)
+    alone.locality = "estimated"
+    assert "locality tax 0.0 us (0.0%, estimated, not measured)" in headline.ledger_sentence(alone)
+    ref.locality = fg.locality = "measured"
+    (sentence,) = headline.headlines([fg, ref])
+    assert "locality tax 4.0 us; it loses" in sentence
