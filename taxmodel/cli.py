@@ -653,15 +653,21 @@ def validate_cmd(profiles_dir, markdown, update_docs, docs_file, no_fit, fitted_
     from taxmodel.fsutil import atomic_write, check_output_file
     from taxmodel.model import validate as val
     from taxmodel.model.analytic.fitted import FITTED_FILE
-    from taxmodel.model.validation_markdown import markdown_table, update_docs as update_table
+    from taxmodel.errors import InputError
+    from taxmodel.model.validation_markdown import docs_table, markdown_table, update_docs as update_table
     from taxmodel.trace.bundle import bundle_inputs
 
     if fitted_from and (no_fit or update_docs):
         raise click.UsageError("--fitted-from fits nothing: it goes with neither --no-fit nor --update-docs")
     if markdown:  # before the work
         check_output_file(markdown, "Markdown table", bundle_inputs([profiles_dir]) + [docs_file])
+    if update_docs:  # before the work: the document must hold the markers the table goes between
+        docs_table(docs_file)
     v = val.validate(profiles_dir, fit=not no_fit, fitted_from=fitted_from, hardware=hardware, jobs=jobs or None,
                      cache=cache, progress=True)
+    if update_docs and v.table.empty:
+        raise InputError(f"--update-docs: no bundle under {profiles_dir} could be validated, so neither {docs_file} nor "
+                         f"{FITTED_FILE.name} was rewritten (they would lose every row and fit); check the directory")
     text = markdown_table(v)
     _echo(text, nl=False)
     for s in v.skipped:

@@ -436,3 +436,24 @@ def test_the_tally_says_how_much_of_it_is_in_sample_or_zero_against_zero():
     assert _tally_parts(t) == ("Out of sample (no parameter fitted on their bundle): 2 of 3; the other 1 rows above are "
                                "of bundles a parameter was fitted on. 1 of the 4 compare a measured 0 with a predicted 0 "
                                "(a tax neither side has).")
+
+
+def test_update_docs_refuses_an_empty_validation_and_a_document_without_markers(tmp_path, monkeypatch):
+    """`validate EMPTY_DIR --update-docs` rewrote the committed table with no rows and fitted.json
+    with no fits; a document without the markers was found out only after the whole validation."""
+    from taxmodel.model.analytic import fitted as fitted_mod
+
+    fitted = tmp_path / "fitted.json"
+    fitted.write_text('{"fitted": {"x": 1}}\n')
+    monkeypatch.setattr(fitted_mod, "FITTED_FILE", fitted)  # never the shipped file, whatever happens
+    doc = tmp_path / "model.md"
+    doc.write_text(f"# x\n{MARK_START}\nold\n{MARK_END}\n")
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(cli, ["validate", str(tmp_path / "empty"), "--update-docs", "--docs", str(doc), "--no-cache"])
+    assert r.exit_code == 2 and "no bundle under" in r.output and "was rewritten" in r.output, r.output
+    assert "old" in doc.read_text() and fitted.read_text() == '{"fitted": {"x": 1}}\n'
+    bare = tmp_path / "bare.md"
+    bare.write_text("# no markers\n")
+    _model_bundle(tmp_path / "b" / "bsp", "bsp", AG, 2)
+    r = CliRunner().invoke(cli, ["validate", str(tmp_path / "b"), "--update-docs", "--docs", str(bare), "--no-cache"])
+    assert r.exit_code == 2 and "no validation markers" in r.output and "ag_gemm/bsp" not in r.output, r.output
