@@ -174,7 +174,8 @@ RAW_FEEDS: dict[str, tuple[str, ...]] = {
     "barrier": ("barrier_skew_s",), "flag": ("flag_roundtrip_s",), "sync": ("flag_wait_s", "flag_wait_gpu_s"),
     "peer": ("peer_load_bytes_per_s", "peer_load_latency_s", "peer_store_bytes_per_s", "peer_store_bytes_per_s_per_sm"),
     "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s"),
-    "tile_gemm": ("triton_gemm_speed_by_m",), "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss"),
+    "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m",),
+    "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss"),
     "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
 }
 

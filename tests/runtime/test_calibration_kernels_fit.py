@@ -185,6 +185,9 @@ def test_raw_rows_entered_by_hand_are_named_in_the_notes_with_the_fields_they_fe
     assert "copy_share" not in notes
     measured_only = {k: v for k, v in meas.items() if k != "tile_gemm"}
     assert "Not measured" not in calfit.fit(measured_only, "NVIDIA H100 80GB HBM3", 132, 1)["notes"]
+    # every raw key a step writes says which fields it feeds (a new step adds its own)
+    raw_keys = {k for keys in calfit.STEP_KEYS.values() for k in keys} - {"collectives_graph", "collectives_graph_note"}
+    assert raw_keys <= set(calfit.RAW_FEEDS)
 
 
 def test_the_shipped_calibration_is_its_raw_numbers_fitted_and_says_what_was_entered_by_hand():
