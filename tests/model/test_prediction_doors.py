@@ -89,3 +89,17 @@ def test_settings_read_from_meta_and_explicit_overrides_win():
     assert p.triton_gemm_efficiency == 0.5 and p.sources["triton_gemm_efficiency"] == "given"
     assert p.graph_launch and p.ag_transport == "ce" and p.start_alignment == "device"
     assert p.gate_hold_s == pytest.approx(5e-6)
+
+
+@pytest.mark.parametrize("workload,shape", [
+    ("ag_gemm", {"M": 0, "N": 8192, "K": 8192}),
+    ("gemm_rs", {"M": 1024, "N": 0, "K": 8192}),
+    ("flash_decode", {"batch": 0, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}),
+    ("flash_decode", {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 0}),
+])
+def test_a_zero_dimension_is_bad_input_not_a_crash(workload, shape):
+    from taxmodel.errors import InputError
+    from taxmodel.model.analytic import predict
+
+    with pytest.raises(InputError, match="positive|at least 1"):
+        predict(workload, "bsp", shape, 2, "h200")

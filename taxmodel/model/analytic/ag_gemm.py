@@ -49,6 +49,8 @@ COPY_PROGRAMS, COPY_CHUNK_K = 32, 2048
 def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int, str]:
     """(M, M per rank, N per rank, K, element bytes, dtype) after checking the split."""
     m, n, k = int(shape["M"]), int(shape["N"]), int(shape["K"])
+    if min(m, n, k) < 1:
+        raise InputError(f"ag_gemm: M, N and K must be positive (got M={m}, N={n}, K={k})")
     tp = bool(int(shape.get("tp", 0)))
     if m % world:
         raise InputError(f"ag_gemm: M={m} must be a multiple of the world size {world}")

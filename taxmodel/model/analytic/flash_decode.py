@@ -51,9 +51,13 @@ FUSED = FLASH_DECODE_FUSED
 
 def _dims(shape: Mapping[str, int]) -> tuple[int, int, int, int]:
     try:
-        return tuple(int(shape[k]) for k in ("batch", "q_heads", "kv_heads", "head_dim"))  # type: ignore[return-value]
+        dims = tuple(int(shape[k]) for k in ("batch", "q_heads", "kv_heads", "head_dim", "kv_len"))
     except KeyError as exc:
         raise InputError(f"flash_decode shape needs batch, q_heads, kv_heads, head_dim and kv_len; missing {exc}") from exc
+    bad = [f"{k}={v}" for k, v in zip(("batch", "q_heads", "kv_heads", "head_dim", "kv_len"), dims) if v < 1]
+    if bad:
+        raise InputError(f"flash_decode: {', '.join(bad)}: every dimension must be at least 1")
+    return dims[:4]  # type: ignore[return-value]
 
 
 def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, params: ModelParams,
