@@ -12,7 +12,7 @@ import statistics
 
 from taxmodel.errors import InputError
 from taxmodel.model.analytic.costs import RESIDENT_FRACTION, STREAMED_FRACTION
-from taxmodel.model.analytic.params import ModelParams
+from taxmodel.model.analytic.params import RAW_FEEDS, ModelParams
 from taxmodel.model.hardware import find_preset, normalized_name
 from taxmodel.trace.vocabulary import ALLGATHER
 
@@ -164,21 +164,6 @@ def _by_world_note(by_world: dict) -> str:
         return ""
     return (f" Curves measured on other numbers of ranks (collectives_by_world, each used at its own world size): "
             f"{', '.join(by_world)} ranks.")
-
-
-#: The hardware-file fields each raw step feeds (what a step's provenance note names).
-RAW_FEEDS: dict[str, tuple[str, ...]] = {
-    "hbm": ("hbm_bytes_per_s",), "gemm": ("peak_flops",),
-    "collectives": ("collectives", "link_bytes_per_s", "link_latency_s"), "peer_copy": ("p2p_copy_bytes_per_s",),
-    "launch": ("launch_latency_s", "kernel_gap_s", "host_launch_s", "host_launch_torch_s"),
-    "barrier": ("barrier_skew_s",), "flag": ("flag_roundtrip_s",), "sync": ("flag_wait_s", "flag_wait_gpu_s"),
-    "peer": ("peer_load_bytes_per_s", "peer_load_latency_s", "peer_store_bytes_per_s", "peer_store_bytes_per_s_per_sm"),
-    "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s", "split_kv_resident_bytes_per_s",
-                "split_kv_resident_fixed_s"),
-    "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m",),
-    "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss"),
-    "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
-}
 
 
 def _not_measured_note(meas: dict) -> str:

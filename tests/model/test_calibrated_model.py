@@ -149,3 +149,14 @@ def test_a_calibrated_mechanism_is_neither_borrowed_nor_fitted_and_its_stand_ins
     case = Case(path=None, workload="ag_gemm", variant="pull", shape={"M": 8192, "N": 8192, "K": 8192, "tp": 0},
                 world_size=4, cost=None, hardware=hw, hardware_note="", measured={"latency": 1.0})
     assert "triton_gemm_efficiency" not in {r.param for r in fitting._rules_of(case)}
+
+
+def test_a_parameter_fitted_from_rows_entered_by_hand_says_so():
+    """The shipped H200 file's tile_gemm rows were typed in from measurements made outside
+    `taxmodel calibrate` (their raw dict names its source): the parameter they feed says so, the
+    others read as calibrated."""
+    from taxmodel.model.hardware import find_preset
+
+    p = ModelParams.from_hardware(find_preset("h200-calibrated"))
+    assert "entered by hand" in p.sources["triton_gemm_speed_by_m"]
+    assert p.sources["combine_step_s"] == "hardware extra (calibrated)"

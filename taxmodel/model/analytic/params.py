@@ -160,9 +160,11 @@ class ModelParams:
             if val and float(val) > 0:
                 values[name] = float(val)
                 src[name] = f"hardware ({hw.source})"
+        entered = entered_by_hand(hw)
         for name, val in hardware_values(hw)[0].items():
             values[name] = val
-            src[name] = f"hardware extra ({hw.source})"
+            src[name] = f"hardware extra ({hw.source})" if name not in entered else \
+                f"hardware extra ({hw.source}; its raw rows entered by hand: {entered[name]})"
         if hw.vendor == "amd":
             values.setdefault("domain_size", 8)
             src["domain_size"] = "MI300X: 8 GPUs fully connected by xGMI"
@@ -209,6 +211,20 @@ class ModelParams:
         return d
 
 
+def entered_by_hand(hw: HardwareSpec) -> dict[str, str]:
+    """Parameter -> the source of the raw rows it was fitted from, for the rows of ``hw``'s file that
+    carry a ``source`` of their own (entered by hand, not measured by ``taxmodel calibrate``)."""
+    raw = ((hw.extra or {}).get("measured") or {}).get("raw") or {}
+    out = {}
+    for step, fields in RAW_FEEDS.items():
+        rows = raw.get(step) if isinstance(raw, dict) else None
+        if isinstance(rows, dict) and rows.get("source"):
+            text = str(rows["source"])
+            for name in fields:
+                out[name] = text if len(text) <= 120 else text[:117] + "..."
+    return out
+
+
 def speed_at_m(points: tuple[tuple[float, float], ...], m: int) -> float | None:
     """A speed measured at a few M (pairs (M, speed)) at ``m`` rows: linear in log2 M between the
     measured points, the end values beyond them; None without points."""
@@ -243,6 +259,21 @@ CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "ll_merge_step_s": (),
     "reduce_program_bytes_per_s": (),
     "combine_step_s": (),
+}
+
+
+#: The hardware-file fields each raw step feeds (what a step's provenance note names).
+RAW_FEEDS: dict[str, tuple[str, ...]] = {
+    "hbm": ("hbm_bytes_per_s",), "gemm": ("peak_flops",),
+    "collectives": ("collectives", "link_bytes_per_s", "link_latency_s"), "peer_copy": ("p2p_copy_bytes_per_s",),
+    "launch": ("launch_latency_s", "kernel_gap_s", "host_launch_s", "host_launch_torch_s"),
+    "barrier": ("barrier_skew_s",), "flag": ("flag_roundtrip_s",), "sync": ("flag_wait_s", "flag_wait_gpu_s"),
+    "peer": ("peer_load_bytes_per_s", "peer_load_latency_s", "peer_store_bytes_per_s", "peer_store_bytes_per_s_per_sm"),
+    "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s", "split_kv_resident_bytes_per_s",
+                "split_kv_resident_fixed_s"),
+    "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m",),
+    "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss"),
+    "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
 }
 
 
