@@ -17,6 +17,9 @@ rank holds A_r [M, K/world] and B_r [K/world, N] and keeps M/world rows of the s
    send), reduce_scatter alone. A time is the mean per iteration of a batch of back-to-back
    iterations started after a barrier (after warm-up runs that also compile every kernel), the
    maximum over ranks (the slowest rank sets the pace), median over ``--reps`` batches.
+   With ``--graph``, every graph-safe variant and config (bsp, fused) also as iterations captured
+   in one CUDA graph and replayed, checked on fresh inputs after the replays (bench_ag_gemm's timer
+   and check; ``<variant>@graph`` rows). On CPU the "graph" runs eagerly (a smoke test of the flow).
 3. ``--records``: the best fused config once more, plain and with in-kernel records (a second
    state compiled with ``INSTRUMENT=True``; per-iteration record buffers armed before each batch,
    as ``taxmodel profile --instrument`` does, and drained after it), batches interleaved
@@ -43,7 +46,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import check, results_frames, run_sizes, speed_cell, time_batches  # noqa: E402
+from bench_ag_gemm import (check, check_after_replays, graph_timer, results_frames, run_sizes, speed_cell,  # noqa: E402
+                           time_batches, time_graph)
 from harness import all_max, init  # noqa: E402
 
 from taxmodel.runtime.heap import make_heap  # noqa: E402
@@ -74,6 +78,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tune-set", default="quick",
                    help=f"one of {sorted(TUNE_SETS)} or 'TILES:REDUCES' (comma-separated keys of {sorted(TILES)} "
                         f"and {list(REDUCES)})")
+    p.add_argument("--graph", action="store_true",
+                   help="also time every graph-safe variant and config (bsp, fused) as iterations captured in one CUDA "
+                        "graph and replayed, checked on fresh inputs after the replays (as bench_ag_gemm --graph)")
     p.add_argument("--records", action="store_true",
                    help="also time the best fused config plain vs with in-kernel records (interleaved batches)")
     p.add_argument("--spin-timeout", type=float, default=30.0)
@@ -110,7 +117,8 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
     variants = wl.variants()
     configs = fused_configs(args, ctx.device)
     rows: list[dict] = []
-    ref = None
+    ref = ref2 = None
+    timer = graph_timer(ctx, iters, reps) if args.graph else None
 
     def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None,
                note: str = "") -> None:
@@ -135,7 +143,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             rows.append(dict(size=preset, variant=vname, ms=None, note=f"unavailable: {why}"))
             log(f"  {preset:12s} {vname:24s} unavailable: {why}")
             continue
-        best = None
+        best = best_graph = None
         best_cfg = None
         for cfg in (configs if vname == "fused" else [None]):
             st = fresh_state(variant, cfg)
@@ -147,6 +155,15 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             ms = time_batches(ctx, lambda: variant.run(st), iters, reps, warmup) if ok else float("nan")
             if ok and (best is None or ms < best[0]):
                 best, best_cfg = (ms, label, err), cfg
+            if timer is not None and ok and variant.graph_safe:
+                gms, gok, gnote = time_graph(ctx, st, variant, timer)
+                if gok:
+                    ref2 = ref2 if ref2 is not None else wl.reference(ctx, {**shape, "seed": 2}, st)
+                    gok, gerr = check_after_replays(ctx, wl, st, variant, ref2)
+                    gnote = gnote if gok else "WRONG after a graph replay with fresh inputs"
+                    if gok and (best_graph is None or gms < best_graph[0]):
+                        best_graph = (gms, label, gerr)
+                log(f"  {preset:12s} {vname + '@graph(config)':24s} {gms:9.4f} ms  {'ok' if gok else gnote} {label}")
             if vname == "fused" and len(configs) > 1:
                 rows.append(dict(size=preset, variant="fused@tune", ms=ms, config=label, correct=ok, max_abs_err=err,
                                  note=note))
@@ -158,6 +175,10 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             record(vname, best[0], best[1], True, best[2])
         else:
             record(vname, float("nan"), "", False, None, "no config was correct")
+        if best_graph is not None:
+            record(f"{vname}@graph", best_graph[0], best_graph[1], True, best_graph[2])
+        elif timer is not None and variant.graph_safe:
+            record(f"{vname}@graph", float("nan"), "", False, None, "no config was right after graph replays")
         if vname == "fused" and args.records and best_cfg is not None:
             rows.extend(records_overhead(ctx, wl, shape, preset, variant, best_cfg, ref, heap, iters, reps, warmup,
                                          log))
@@ -297,13 +318,18 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
              f"world size {meta['world_size']}, device {meta['device']}, torch {meta['torch']}, "
              f"triton {meta['triton']}, {meta['seconds']} s", ""]
     cols = list(table.columns)
-    lines.append("| size | " + " | ".join(cols) + " | fused vs bsp |")
-    lines.append("|---" * (len(cols) + 2) + "|")
+    graphs = any(str(c).endswith("@graph") for c in cols)
+    extra = ["fused vs bsp"] + (["graph: fused vs bsp"] if graphs else [])
+    lines.append("| size | " + " | ".join(cols + extra) + " |")
+    lines.append("|---" * (len(cols) + len(extra) + 1) + "|")
     for size, r in table.iterrows():
-        speed = speed_cell(r, ("fused",), "bsp")
+        speeds = [speed_cell(r, ("fused",), "bsp")] + ([speed_cell(r, ("fused@graph",), "bsp@graph")] if graphs else [])
         cells = ["" if v is None or v != v else f"{v:.4f}" for v in (r[c] for c in cols)]
-        lines.append(f"| {size} | " + " | ".join(cells) + f" | {speed} |")
-    best = df[df["variant"] == "fused"][["size", "config"]]
+        lines.append(f"| {size} | " + " | ".join(cells + speeds) + " |")
+    if graphs:
+        lines += ["", "`@graph`: iterations captured in one CUDA graph and replayed (graph-safe variants: bsp and "
+                  "fused; torch_fused is eager only), each config checked on fresh inputs after the replays."]
+    best = df[df["variant"] == "fused"][["size", "config"]] if "config" in df else df.iloc[:0]
     if len(best):
         lines += ["", "Best fused config per size: " + "; ".join(f"{s}: {c}" for s, c in best.itertuples(index=False))]
     notes = df[df["note"].astype(str).str.len() > 0][["size", "variant", "note"]] if "note" in df else df.iloc[:0]

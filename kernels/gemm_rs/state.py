@@ -130,6 +130,14 @@ class GemmRsState(RankBound):
         """Fill the output with NaN so that a row the variant never wrote fails the reference check."""
         self.out.fill_(float("nan"))
 
+    def reseed(self, seed: int) -> None:
+        """Refill this rank's A and B shards in place with the inputs of ``seed`` (same buffers, so a
+        captured CUDA graph reads them); the workload's reference of ``seed`` then holds."""
+        self.shape["seed"] = int(seed)
+        device = self.a.device
+        self.a.copy_(make_a_shard(seed, self.rank, self.m, self.k_loc, self.dtype, device))
+        self.b.copy_(make_b_shard(seed, self.rank, self.k_loc, self.n, self.k, self.dtype, device))
+
     def enable_debug_counters(self) -> None:
         """Count reductions per output tile and record the flags each saw (tests of the protocol)."""
         n = own_tiles(self.m_loc, self.n, self.cfg.gemm)

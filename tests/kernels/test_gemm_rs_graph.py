@@ -43,8 +43,7 @@ def _fresh_inputs(st, seed: int) -> torch.Tensor:
     """Write new shards of A and B into this rank's input buffers in place (as a graph's user does)
     and return this rank's rows of C = sum_r A_r @ B_r in fp64, rebuilt from every rank's shards."""
     cpu = torch.device("cpu")
-    st.a.copy_(make_a_shard(seed, st.rank, st.m, st.k_loc, st.dtype, cpu))
-    st.b.copy_(make_b_shard(seed, st.rank, st.k_loc, st.n, st.k, st.dtype, cpu))
+    st.reseed(seed)
     rows = slice(st.rank * st.m_loc, (st.rank + 1) * st.m_loc)
     ref = torch.zeros(st.m_loc, st.n, dtype=torch.float64)
     for r in range(st.world):
