@@ -553,26 +553,33 @@ def _step(name: str, fn: Callable[[], object], meas: dict, key: str, rank: int) 
 KERNEL_HEAP_BYTES = 192 << 20
 
 
-def _kernel_heap(device: torch.device, world: int):
+def _kernel_heap(device: torch.device, world: int, nbytes: int = KERNEL_HEAP_BYTES):
     """The ranks' symmetric heap for the kernel microbenchmarks, or on one GPU its pseudo-peer
     stand-in (``microbench.PseudoPeerHeap``: a second half of its own memory as rank 1)."""
     if world > 1:
-        return _heap(device, KERNEL_HEAP_BYTES)
+        return _heap(device, nbytes)
     from taxmodel.runtime.microbench import PseudoPeerHeap
 
-    return PseudoPeerHeap(KERNEL_HEAP_BYTES, device)
+    return PseudoPeerHeap(nbytes, device)
+
+
+def _on_peers(measure: Callable[..., dict], device: torch.device, world: int, rank: int,
+              nbytes: int = KERNEL_HEAP_BYTES) -> dict:
+    """``measure(device, heap, rank, world, barrier)`` on the ranks' heap (one GPU: rank 0 of 2 on the
+    pseudo-peer heap), the heap closed after, and where the peers were."""
+    heap = _kernel_heap(device, world, nbytes)
+    try:
+        res = measure(device, heap, rank if world > 1 else 0, max(world, 2), heap.barrier)
+    finally:
+        heap.close()
+    res["peers"] = "NVLink/xGMI peers" if world > 1 else "one GPU: a second half of its own memory as the peer"
+    return res
 
 
 def _copy_share(device: torch.device, world: int, rank: int) -> dict:
     from taxmodel.runtime import calibrate_gemm
 
-    heap = _kernel_heap(device, world)
-    try:
-        res = calibrate_gemm.measure_copy_share(device, heap, rank if world > 1 else 0, max(world, 2), heap.barrier)
-    finally:
-        heap.close()
-    res["peers"] = "NVLink/xGMI peers" if world > 1 else "one GPU: a second half of its own memory as the peer"
-    return res
+    return _on_peers(calibrate_gemm.measure_copy_share, device, world, rank)
 
 
 #: Symmetric heap for the rs_gemm step: the receive slots at M = 8192 (two halves of M x N bf16:
@@ -583,18 +590,7 @@ RS_HEAP_BYTES = 272 << 20
 def _rs_gemm(device: torch.device, world: int, rank: int) -> dict:
     from taxmodel.runtime import calibrate_gemm
 
-    if world > 1:
-        heap = _heap(device, RS_HEAP_BYTES)
-    else:
-        from taxmodel.runtime.microbench import PseudoPeerHeap
-
-        heap = PseudoPeerHeap(RS_HEAP_BYTES, device)
-    try:
-        res = calibrate_gemm.measure_rs_gemm(device, heap, rank if world > 1 else 0, max(world, 2), heap.barrier)
-    finally:
-        heap.close()
-    res["peers"] = "NVLink/xGMI peers" if world > 1 else "one GPU: a second half of its own memory as the peer"
-    return res
+    return _on_peers(calibrate_gemm.measure_rs_gemm, device, world, rank, RS_HEAP_BYTES)
 
 
 def _ll_push(device: torch.device, world: int, rank: int) -> dict:
