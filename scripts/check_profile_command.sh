@@ -90,8 +90,7 @@ case " $PARTS " in *" 1gpu "*) check_pair 1gpu 1 ;; esac
 case " $PARTS " in *" 2gpu "*)
   if [ "$GPUS" -ge 2 ]; then check_pair 2gpu 2; else echo "== 2gpu: skipped, $GPUS GPU(s) here" | tee -a "$S"; fi ;;
 esac
-case " $PARTS " in *" counters "*) ;; *) PARTS_DONE=1 ;; esac
-if [ -z "${PARTS_DONE:-}" ]; then
+if [[ " $PARTS " == *" counters "* ]]; then
 step ends_early 120 3 python -m taxmodel profile --skip 50 --steps $STEPS -o "$W/b/never" -- python "$TRAIN" "${JOB[@]}"
 [ -e "$W/b/never" ] && { echo "   UNEXPECTED: $W/b/never was written" | tee -a "$S"; status=1; }
 step counters_1gpu 400 0 python -m taxmodel profile --counters --skip $SKIP --steps $STEPS -o "$W/b/counters_1gpu" -- \

@@ -86,7 +86,6 @@ def prepare(st: AgGemmState, nbytes: int) -> None:
 
 
 def run(st: AgGemmState) -> None:
-    st.epoch += 1  # the host's count of iterations (the kernels count on the device)
     cfg, bases = st.cfg, st.cache["heap_bases"]
     common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, cfg=cfg, err=st.err, sync=st.sync,
                   heap_bases=bases, budget=st.budget, count=st.count, seen=st.seen)

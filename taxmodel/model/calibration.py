@@ -8,12 +8,16 @@ refits; the collective curve helpers choose between eager and graph timing per o
 """
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 from taxmodel.errors import InputError
+from taxmodel.fsutil import atomic_write
 from taxmodel.model.analytic.costs import RESIDENT_FRACTION, STREAMED_FRACTION
 from taxmodel.model.analytic.params import RAW_FEEDS, ModelParams
-from taxmodel.model.hardware import find_preset, normalized_name
+from taxmodel.model.hardware import find_preset, load_hardware, normalized_name
+from taxmodel.version import __version__
 from taxmodel.trace.vocabulary import ALLGATHER
 
 
@@ -436,20 +440,12 @@ def refit_file(path: str, output: str) -> str:
     """Refit every number of the hardware file at ``path`` (written by ``taxmodel calibrate``) from
     the raw measurements it keeps, with this taxmodel's fits, and write it atomically to ``output``
     (which may be ``path``); its update log says so. InputError when it keeps no raw measurements."""
-    import json
-    from pathlib import Path
-
-    from taxmodel.fsutil import atomic_write
-    from taxmodel.model.hardware import load_hardware
-
     try:
         existing = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise InputError(f"--refit {path}: not a readable hardware JSON file ({exc})") from exc
     if not isinstance(existing, dict):
         raise InputError(f"--refit {path}: not a hardware file (a JSON object)")
-    from taxmodel.version import __version__
-
     spec = update_spec(existing, {}, (), info={"refit": True, "taxmodel": __version__,
                                               "note": "every number refit from the raw measurements; nothing measured"})
     out = atomic_write(output, json.dumps(spec, indent=2, default=float) + "\n", what="hardware file")

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from taxmodel.kernels.names import GATE_KERNEL
 from taxmodel.kernels.revisions import KERNEL_REVISION, revision_at
+from taxmodel.trace.ints import whole
 
 START_ALIGNMENTS = ("host", "device", "back-to-back")
 #: Alignments whose steps start behind the device gate (each step, or each repetition's first).
@@ -94,13 +95,8 @@ def kernel_revision(meta: Mapping[str, Any]) -> int:
     """The kernels' revision a bundle ran: ``meta.capture.kernel_revision`` where the capture wrote
     it, else the one current at its capture time (``meta.created``; ``kernels/revisions.py``)."""
     capture = meta.get("capture")
-    recorded = capture.get("kernel_revision") if isinstance(capture, Mapping) else None
-    try:
-        if recorded is not None and int(recorded) >= 1:
-            return int(recorded)
-    except (TypeError, ValueError):
-        pass
-    return revision_at(meta.get("created"))
+    recorded = whole(capture.get("kernel_revision")) if isinstance(capture, Mapping) else None
+    return recorded if recorded is not None and recorded >= 1 else revision_at(meta.get("created"))
 
 
 def read_alignment(capture: Mapping[str, Any]) -> tuple[str, float | None]:

@@ -49,6 +49,30 @@ def test_the_gemms_first_wave_waits_for_the_copys_first_round():
     assert arrival_waves_time(1600e-6, 2e-6, 2048, 132, 512, 6, 60e-6, 1e-6) == pytest.approx(1600e-6)
 
 
+def test_the_closed_form_is_the_programs_chains_simulated_tile_by_tile():
+    """Each program's tiles one after another, a remote one starting no earlier than its round +
+    the flag: the slowest program's end, simulated directly, on random grids."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(200):
+        slots, tiles = rng.randint(1, 40), rng.randint(1, 300)
+        own, rounds = rng.randint(0, tiles), rng.randint(1, 9)
+        gemm, t0, round_s, flag = rng.uniform(1e-4, 1e-3), 2e-6, rng.uniform(1e-6, 2e-4), 1e-6
+        waves = -(-tiles // slots)
+        per_tile = (gemm - t0) / waves
+        end = 0.0
+        for p in range(min(slots, tiles)):
+            t = 0.0
+            for i in range(p, tiles, slots):
+                if i >= own:
+                    t = max(t, -(-(i - own + 1) * rounds // (tiles - own)) * round_s + flag)
+                t += per_tile
+            end = max(end, t)
+        want = gemm if own >= tiles else max(gemm, t0 + end)
+        assert arrival_waves_time(gemm, t0, tiles, slots, own, rounds, round_s, flag) == pytest.approx(want)
+
+
 def test_only_the_programs_whose_first_tile_is_remote_wait_for_the_round():
     """2 ranks at M=1024: 128 own tiles of 256 on 132 programs. Programs 128-131 wait 61 us for one
     tile each (151 us); the others reach their remote second tile after 90 us, when it has landed:

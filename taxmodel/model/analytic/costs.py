@@ -135,20 +135,20 @@ def arrival_waves_time(gemm_s: float, overhead_s: float, tiles: int, slots: int,
     before their first tile and the GEMM ends that much after its two waves' work; on 2 GPUs (128
     own tiles) only programs 128-131 wait, for one tile each, and the others' second tiles find
     their rows landed: the GEMM ends with its own work."""
-    waves = cdiv(tiles, max(1, slots))
+    slots = max(1, slots)
+    waves = cdiv(tiles, slots)
     remote = tiles - own_tiles
     if remote <= 0 or rounds <= 0 or waves <= 0:
         return gemm_s
     per_tile = max(gemm_s - overhead_s, 0.0) / waves
-    end = 0.0
-    for program in range(min(slots, tiles)):
-        t = 0.0
-        for tile in range(program, tiles, slots):
-            if tile >= own_tiles:
-                t = max(t, cdiv((tile - own_tiles + 1) * rounds, remote) * round_s + flag_s)
-            t += per_tile
-        end = max(end, t)
-    return max(gemm_s, overhead_s + end)
+    # A program's chain t_k = max(t_(k-1), arrival_k) + per_tile ends at the largest
+    # arrival_k + (tiles from its k-th on) x per_tile (its own work alone when nothing waits),
+    # so the slowest program ends at that maximum over every remote tile.
+    idx = np.arange(own_tiles, tiles)
+    arrival = -(-(idx - own_tiles + 1) * rounds // remote) * round_s + flag_s
+    program, position = idx % slots, idx // slots
+    left = -(-(tiles - program) // slots) - position  # this tile and those after it, in its program
+    return max(gemm_s, overhead_s + float(np.max(arrival + left * per_tile)))
 
 
 def push_wave_time(bytes_per_program: float, programs: int, per_sm_bytes_per_s: float, store_bytes_per_s: float,

@@ -105,9 +105,31 @@ def latency_error_bands(hardware_name: str, path: str | os.PathLike | None = Non
     latency on the hardware its fit was made on, as ``validate --update-docs`` recorded it
     (out-of-sample CUDA-graph cases); empty for other hardware or no file."""
     p = Path(path) if path is not None else FITTED_FILE
+    return _bands(_read(p), hardware_name, p) if p.is_file() else {}
+
+
+def error_bands_for(hardware_name: str, path: str | os.PathLike | None = None) -> tuple[dict[str, tuple[float, float]], str | None]:
+    """``latency_error_bands`` of ``hardware_name``, or where that GPU has none recorded, those of
+    the GPU whose bands cover the most workload/variants (then by name), and that GPU's name: a
+    GPU the model was never validated on is at least as uncertain as the one it was."""
+    p = Path(path) if path is not None else FITTED_FILE
     if not p.is_file():
-        return {}
+        return {}, None
     doc = _read(p)
+    own = _bands(doc, hardware_name, p)
+    if own:
+        return own, None
+    by_hw = doc.get("by_hardware")
+    lenders = [(len(b), n, b) for n in (by_hw if isinstance(by_hw, dict) else {})
+               if n != hardware_name and (b := _bands(doc, n, p))]
+    if not lenders:
+        return {}, None
+    _, name, bands = max(lenders, key=lambda t: (t[0], t[1]))
+    return bands, name
+
+
+def _bands(doc: dict[str, Any], hardware_name: str, p: Path) -> dict[str, tuple[float, float]]:
+    """``hardware_name``'s latency error bands in the fitted-parameters document ``doc`` (read from ``p``)."""
     try:
         if isinstance(doc.get("by_hardware"), dict) and doc["by_hardware"]:
             entry = doc["by_hardware"].get(hardware_name)
@@ -119,23 +141,3 @@ def latency_error_bands(hardware_name: str, path: str | os.PathLike | None = Non
         return {k: (float(v["p10"]), float(v["p90"])) for k, v in bands.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InputError(f"{p}: not a fitted-parameters file of `taxmodel validate --update-docs` ({exc})") from None
-
-
-
-def error_bands_for(hardware_name: str, path: str | os.PathLike | None = None) -> tuple[dict[str, tuple[float, float]], str | None]:
-    """``latency_error_bands`` of ``hardware_name``, or where that GPU has none recorded, those of
-    the GPU whose bands cover the most workload/variants (then by name), and that GPU's name: a
-    GPU the model was never validated on is at least as uncertain as the one it was."""
-    own = latency_error_bands(hardware_name, path)
-    if own:
-        return own, None
-    p = Path(path) if path is not None else FITTED_FILE
-    if not p.is_file():
-        return {}, None
-    doc = _read(p)
-    names = list(doc.get("by_hardware") or {}) if isinstance(doc.get("by_hardware"), dict) else []
-    lenders = [(len(b), n, b) for n in names if n != hardware_name and (b := latency_error_bands(n, p))]
-    if not lenders:
-        return {}, None
-    _, name, bands = max(lenders, key=lambda t: (t[0], t[1]))
-    return bands, name
