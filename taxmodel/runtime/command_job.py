@@ -8,7 +8,8 @@ torch registered itself with the step hook (``procs/<pid>.json``, with its kerne
 that a reused pid is never signalled), and a stop signals those too.
 
 Stopping: SIGTERM (SIGINT for Ctrl-C, which the command would have had from the terminal) to the
-command's group and to every registered process, a grace period, then SIGKILL; once every rank's
+command's group and to every registered process (each process once: ``once_per_group``), a grace
+period, then SIGKILL; once every rank's
 trace is written, SIGKILL at once (``run_job``). The command's processes never outlive the call,
 however it ended.
 """
@@ -70,12 +71,28 @@ def _signal(pid: int, sig: int, *, group: bool) -> None:
         pass
 
 
+def once_per_group(pids: Sequence[int]) -> list[int]:
+    """``pids`` less repeats and less those a listed group leader's signal already reaches
+    (``_signal`` signals a leader's whole group), so that each process gets the stop signal once: a
+    second SIGINT arriving while a rank writes its trace interrupted the writing, and nothing was
+    kept (the command, a group leader, is also a registered process). Gone processes are left out."""
+    groups = {}
+    for pid in dict.fromkeys(pids):
+        try:
+            groups[pid] = os.getpgid(pid)
+        except ProcessLookupError:
+            continue
+    ours = os.getpgid(0)
+    leaders = {pid for pid, pgid in groups.items() if pgid == pid and pid != ours}
+    return [pid for pid, pgid in groups.items() if pid in leaders or pgid not in leaders]
+
+
 def stop_job(child: subprocess.Popen, capture_dir: Path, sig: int, grace_s: float, *, spare_child: bool = False) -> None:
     """Stop the job: ``sig`` to the command's group (unless ``spare_child``: then the command, a
     tool such as ncu, is left to end by itself once its target processes are gone) and to every
     registered process; after ``grace_s``, SIGKILL to all of them; then reap the command."""
     with signals_held():
-        for target in ([] if spare_child else [child.pid]) + registered(capture_dir):
+        for target in once_per_group(([] if spare_child else [child.pid]) + registered(capture_dir)):
             _signal(target, sig, group=True)
             _signal(target, signal.SIGCONT, group=True)  # a stopped process must run to act on it
         deadline = time.monotonic() + grace_s

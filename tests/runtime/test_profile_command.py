@@ -390,3 +390,25 @@ def test_counters_of_a_cpu_job_are_refused_in_one_line_after_its_bundle_is_writt
         "is written without counters")
     assert f"wrote {out}" in r.output and json.loads((out / "meta.json").read_text()).get("counters") is None
     assert not (tmp_path / "ncu.ran").exists()  # refused before ncu ran
+
+
+def test_a_stop_signals_each_process_once_through_its_group():
+    """The command leads its process group and is also registered (it imported torch): the stop
+    signal goes to its group once, not to it a second time, nor to a member of that group."""
+    from taxmodel.runtime.command_job import once_per_group
+
+    proc = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        member = int(proc.stdout.readline())
+        other = subprocess.Popen(["sleep", "30"], start_new_session=True)
+        try:
+            assert once_per_group([proc.pid, member, proc.pid, other.pid, other.pid]) == [proc.pid, other.pid]
+            assert once_per_group([member, proc.pid]) == [proc.pid]  # the leader's group reaches the member
+        finally:
+            other.kill()
+            other.wait()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert once_per_group([proc.pid]) == []  # gone
