@@ -122,8 +122,8 @@ def make_interpreter_thread_safe() -> None:
     patches ``triton.language`` for the duration of each launch, restoring it when the launch
     ends. With ranks as threads, one rank's kernel finishing would unpatch the language under a
     peer still spinning on a flag, and program ids would leak between ranks. This makes the
-    grid state thread-local and the patching reference-counted (patched while any launch runs).
-    Idempotent; a no-op when the interpreter's internals are not the ones this was written for.
+    grid state thread-local and the patching reference-counted (patched while any launch runs),
+    and rewrites kernels' source one thread at a time (``_serialize_rewrites``). Idempotent; a no-op when the interpreter's internals are not the ones this was written for.
     """
     try:
         from triton.runtime import interpreter as interp
@@ -178,7 +178,26 @@ def make_interpreter_thread_safe() -> None:
                 return _SharedScope()
 
         interp._patch_lang = patch_lang
+        _serialize_rewrites(interp)
         interp._taxmodel_thread_safe = True
+
+
+def _serialize_rewrites(interp: Any) -> None:
+    """One thread at a time rewrites a kernel's source for the interpreter (``ast.parse`` and
+    ``compile`` on its first call): CPython 3.11 keeps the AST constructor's recursion depth in
+    interpreter-wide state, and two threads parsing at once failed a thread-rank test in CI with
+    "AST constructor recursion depth mismatch"."""
+    rewriter = getattr(interp, "FunctionRewriter", None)
+    real = getattr(rewriter, "rewrite_ast", None)
+    if real is None:
+        return
+    lock = threading.Lock()
+
+    def rewrite_ast(self: Any) -> Any:
+        with lock:
+            return real(self)
+
+    rewriter.rewrite_ast = rewrite_ast
 
 
 def thread_contexts(world_size: int, heap_bytes: int = 1 << 20, *, interpret: bool = True,
