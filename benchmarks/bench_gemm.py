@@ -9,6 +9,8 @@ launches it, with the configuration ``config_for_shape`` gives (the committed pe
 - ``taxmodel_wait``: ``A_WAIT``, as pull, push and the copy-engine variant run it on ``--world``
   ranks, here rank 0 on one GPU with every remote block's flag already set: each remote tile's
   wait (acquire, fence) runs and passes, so the time is the fused GEMM's without the link;
+- ``taxmodel_wait_spin``: ``taxmodel_wait`` as it waited before the horizon and the vote (a bounded
+  spin per remote tile: ``wait_horizon`` and ``wait_vote`` off): what they save;
 - ``taxmodel_rs``: GEMM+RS's ``gemm_rs_kernel`` on ``--world`` ranks, here rank 0 on one GPU whose
   peers' heaps are other parts of this GPU's memory: every tile is pushed to its owner's receive
   slot and flagged as on the real ranks, without the link. Its shape is the shard GEMM's
@@ -81,7 +83,9 @@ CANDIDATES: list[dict[str, Any]] = [
 ]
 
 #: Impls beside ``cublas`` (see the module docstring).
-ENGINE_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs")
+ENGINE_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs", "taxmodel_wait_spin")
+#: The impls timed unless ``--impls`` says otherwise.
+DEFAULT_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,7 +104,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="launch from Python in every sample instead of replaying a CUDA graph of the calls")
     p.add_argument("--tune", action="store_true", help="time CANDIDATES per shape first and use the winners")
     p.add_argument("--tune-samples", type=int, default=16, help="samples per candidate with --tune")
-    p.add_argument("--impls", default=",".join(ENGINE_IMPLS),
+    p.add_argument("--candidate-set", choices=["all", "table"], default="all",
+                   help="with --tune: 'all' times CANDIDATES; 'table' the distinct entries of the committed family "
+                        "tables (a shorter tuning for a new GPU of a known architecture), plus at the AG shapes the "
+                        "device's own entry with a spinning wait per tile (wait_vote, wait_horizon off)")
+    p.add_argument("--impls", default=",".join(DEFAULT_IMPLS),
                    help=f"comma-separated engine impls to time beside cuBLAS (of {', '.join(ENGINE_IMPLS)})")
     p.add_argument("--table-out", type=Path, default=None, help="with --tune: where the table JSON goes")
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parent / "results")
@@ -268,6 +276,8 @@ def impl_fn(impl: str, cfg: Any, world: int) -> Callable[[Operands], Callable[[]
         return lambda o: taxmodel_fn(o, cfg)
     if impl == "taxmodel_wait":
         return lambda o: wait_fn(o, cfg, world)
+    if impl == "taxmodel_wait_spin":
+        return lambda o: wait_fn(o, replace(cfg, wait_vote=False, wait_horizon=False), world)
     if impl == "taxmodel_rs":
         return lambda o: rs_fn(o, cfg, world)
     raise ValueError(f"unknown impl {impl!r}")
@@ -356,6 +366,25 @@ def tune_impl(m: int, n: int, k: int, args: argparse.Namespace) -> str:
     return want if want in args.impls else args.impls[0]
 
 
+def candidates(m: int, n: int, k: int, impl: str, family: str | None, which: str) -> list[dict[str, Any]]:
+    """The tile fields ``--tune`` times at one shape: ``CANDIDATES`` ("all"), or ("table") every
+    distinct entry of the committed family tables and, where the shape's impl waits on flags, GPU
+    family ``family``'s own entry for the shape with the spinning wait beside it."""
+    from taxmodel.kernels.ag_gemm import gemm_table
+
+    if which == "all":
+        return [dict(f) for f in CANDIDATES]
+    out: list[dict[str, Any]] = []
+    for table in gemm_table.FAMILY_TABLES.values():
+        for entry in table.values():
+            if dict(entry) not in out:
+                out.append(dict(entry))
+    own = gemm_table.tile_fields(m, n, k, family)
+    if impl == "taxmodel_wait" and own is not None:
+        out.append({**own, "wait_vote": False, "wait_horizon": False})
+    return out
+
+
 def tune_shape(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, args: argparse.Namespace,
                log: Callable[[str], None]) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
     """Time every fitting, correct candidate against each other and cuBLAS; (winner's fields, records)."""
@@ -365,7 +394,10 @@ def tune_shape(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device,
     ops = Operands(m, n, k, dtype, device, seed=1)
     fns: dict[str, Callable[[], None]] = {"cublas": cublas_fn(ops)}
     fields_of: dict[str, dict[str, Any]] = {}
-    for fields in CANDIDATES:
+    from taxmodel.kernels.ag_gemm import gemm_table
+
+    family = gemm_table.device_family(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    for fields in candidates(m, n, k, impl, family, args.candidate_set):
         cfg = replace(GPU_CONFIG, **fields)
         if smem_bytes(fields) > SMEM_LIMIT:
             log(f"  tune {m}x{n}x{k} {cfg.tile_label()}: skipped, needs {smem_bytes(fields)} B of shared memory")
@@ -399,7 +431,8 @@ def markdown(records: list[dict[str, Any]], device: str, args: argparse.Namespac
     lines = [f"# GEMM engine vs cuBLAS on {device}", "",
              f"{args.dtype} in and out, fp32 accumulate; one GPU. Impls: `taxmodel` the engine alone (`A_LOCAL`), "
              f"`taxmodel_wait` as the AG variants run it (`A_WAIT`, rank 0 of {args.world}, every flag set), "
-             f"`taxmodel_rs` GEMM+RS's kernel (rank 0 of {args.world}, the owners' heaps on this GPU). Per impl "
+             f"`taxmodel_rs` GEMM+RS's kernel (rank 0 of {args.world}, the owners' heaps on this GPU)"
+             f"{', `taxmodel_wait_spin` taxmodel_wait with a bounded spin per remote tile (wait_horizon, wait_vote off)' if 'taxmodel_wait_spin' in args.impls else ''}. Per impl "
              f"{args.samples} samples of {args.calls} back-to-back calls "
              f"({'perf_counter, interpreter' if args.cpu else 'CUDA events'}"
              f"{'' if args.cpu or args.eager else ', one CUDA graph replay per sample: no host launch cost'}), "

@@ -3,6 +3,8 @@
 #
 #   PHASE=tune  OUT=/tmp/o bash scripts/gpu_gemm_call.sh   # tune the per-shape table (bench_gemm.py --tune)
 #   PHASE=all   OUT=/tmp/o bash scripts/gpu_gemm_call.sh   # tune, then the benchmark with the new table
+#   PHASE=all CANDIDATE_SET=table OUT=/tmp/o bash scripts/gpu_gemm_call.sh
+#       # a shorter tuning: the committed tables' entries only, and the voting wait against the spin
 #   PHASE=bench OUT=/tmp/o TABLE=path bash scripts/gpu_gemm_call.sh
 #       # the benchmark (every engine impl beside cuBLAS, SAMPLES per impl) with TABLE (default: the
 #       # committed table of this GPU's family), then shapes outside the table (M=1, M=1000, K not a
@@ -26,14 +28,16 @@ D=$(python -c "import sys; sys.path.insert(0, 'benchmarks'); import bench_gemm, 
 t0=$(date +%s)
 if [ "${PHASE:-bench}" = tune ] || [ "${PHASE:-bench}" = all ]; then
   timeout -k 5 "${TUNE_LIMIT:-540}" python benchmarks/bench_gemm.py --tune --table-out "$OUT/table_$D.json" \
-    --tune-samples "${TUNE_SAMPLES:-16}" --samples 1 --warmup 0 --out-dir "$OUT" --impls taxmodel_wait,taxmodel_rs >>"$L" 2>&1
+    --tune-samples "${TUNE_SAMPLES:-16}" --samples 1 --warmup 0 --out-dir "$OUT" --impls taxmodel_wait,taxmodel_rs \
+    --candidate-set "${CANDIDATE_SET:-all}" >>"$L" 2>&1
   echo "== tune: exit $? in $(( $(date +%s) - t0 )) s" >>"$L"
   rm -f "$OUT/gemm_$D.json" "$OUT/gemm_$D.md"   # the one-sample benchmark after the tuning is not a result
   [ "$PHASE" = all ] && [ -s "$OUT/table_$D.json" ] && TABLE="$OUT/table_$D.json"
 fi
 if [ "${PHASE:-bench}" != tune ]; then
   [ -n "${TABLE:-}" ] && export TAXMODEL_GEMM_TABLE="$TABLE"
-  timeout -k 5 "${BENCH_LIMIT:-420}" python benchmarks/bench_gemm.py --samples "${SAMPLES:-40}" --out-dir "$OUT" >>"$L" 2>&1
+  timeout -k 5 "${BENCH_LIMIT:-420}" python benchmarks/bench_gemm.py --samples "${SAMPLES:-40}" --out-dir "$OUT" \
+    --impls "${IMPLS:-taxmodel,taxmodel_wait,taxmodel_rs,taxmodel_wait_spin}" >>"$L" 2>&1
   echo "== bench: exit $? in $(( $(date +%s) - t0 )) s" >>"$L"
   timeout -k 5 120 python benchmarks/bench_gemm.py --ms 1,1000 --n 4096 --k 4136 --world 4 --samples 30 \
     --device-name "$D-outside" --out-dir "$OUT" >>"$L" 2>&1

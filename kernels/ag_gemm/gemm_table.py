@@ -30,7 +30,7 @@ TABLE_ENV = "TAXMODEL_GEMM_TABLE"
 
 #: The GemmConfig fields a table entry may set.
 TILE_FIELDS = ("block_m", "block_n", "block_k", "group_m", "num_stages", "num_warps", "tma_store", "epi_split",
-               "flatten")
+               "flatten", "wait_vote", "wait_horizon")
 
 #: Tuned on one H100, Triton 3.6, with the engine's flattened loop (issue 34; ``bench_gemm.py --tune``: 10
 #: candidates per shape, 16 interleaved samples each, with the impl that ships at the shape; the
@@ -47,11 +47,25 @@ _H100: dict[str, dict[str, Any]] = {
     "m8192-n8192-k2048": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3, "num_warps": 8, "group_m": 16, "tma_store": True, "epi_split": 2, "flatten": True},
 }
 
-#: One table per GPU family (``device_family``); a family missing here runs the default. The H200
-#: (the same SM as the H100, more and faster memory) runs the H100 table until an H200 tunes its
-#: own: the table tuned on an H200 for issue 25 predates the flattened loop, and no H200 was lent
-#: for issue 34 (calls for one were served by H100s).
-FAMILY_TABLES: dict[str, dict[str, dict[str, Any]]] = {"h100": _H100, "h200": _H100}
+#: Tuned on one H200, Triton 3.6, 2026-11-28 (``bench_gemm.py --tune --candidate-set table``: the
+#: H100 table's distinct entries, and at the AG shapes the per-tile spinning wait beside the voting
+#: one, 16 interleaved samples each; the benchmark after it: benchmarks/results/gemm_h200.md, the
+#: tuning records gemm_tune_h200.json). One class chose the spinning wait (``wait_vote`` off), by
+#: 0.4% in 16 samples: within the noise; kept as tuned.
+_H200: dict[str, dict[str, Any]] = {
+    "m1024-n8192-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2, "flatten": True},
+    "m1024-n2048-k8192": {"block_m": 128, "block_n": 128, "block_k": 64, "num_stages": 6, "num_warps": 4, "group_m": 8, "tma_store": True, "epi_split": 1, "flatten": True, "wait_vote": False},
+    "m1024-n8192-k2048": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2, "flatten": True},
+    "m4096-n8192-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2, "flatten": True},
+    "m4096-n2048-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2, "flatten": True},
+    "m4096-n8192-k2048": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2, "flatten": True},
+    "m8192-n8192-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2, "flatten": True},
+    "m8192-n2048-k8192": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 4, "num_warps": 8, "group_m": 8, "tma_store": True, "epi_split": 2, "flatten": True},
+    "m8192-n8192-k2048": {"block_m": 128, "block_n": 256, "block_k": 64, "num_stages": 3, "num_warps": 8, "group_m": 16, "tma_store": True, "epi_split": 2, "flatten": True},
+}
+
+#: One table per GPU family (``device_family``); a family missing here runs the default.
+FAMILY_TABLES: dict[str, dict[str, dict[str, Any]]] = {"h100": _H100, "h200": _H200}
 
 #: How far the default (``GPU_CONFIG``) was from cuBLAS where it was last measured.
 DEFAULT_NOTE = ("default tiles (no table for this GPU): 0.976-1.025x of cuBLAS for the engine alone on one H100 "

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from taxmodel.kernels.ag_gemm import gemm_table
 from taxmodel.kernels.device import trace
-from taxmodel.kernels.device.sync import interpreting
+from taxmodel.kernels.device.sync import SYNC_NVIDIA, interpreting
 from taxmodel.kernels.device.tile_gemm import A_LOCAL, A_PULL, A_WAIT, ROLE_AG, flatten_ok, persistent_gemm  # noqa: F401  (the modes are this module's API too)
 
 
@@ -72,7 +72,7 @@ def ag_gemm_kernel(
     NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
     K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
-    FLATTEN: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False, WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
@@ -90,7 +90,7 @@ def ag_gemm_kernel(
         rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
         remote_shift, rank, epoch, budget, kernel_id,
         ROLE_AG, WORLD, A_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
-        COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE, INSTRUMENT, FLATTEN, False)
+        COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE, INSTRUMENT, FLATTEN, False, WAIT_VOTE, WAIT_HORIZON)
     t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:
@@ -119,7 +119,11 @@ class GemmConfig:
     ``ce_signal`` picks the flag write after a copy-engine block: "mem" (stream memory operation)
     or "kernel" (one-program Triton kernel). ``flatten`` asks for the engine's flattened tile loop
     (the next tile's loads overlap this tile's epilogue; ``tile_gemm.flatten_ok`` says when a launch
-    can have it).
+    can have it). ``wait_vote`` lets a remote tile whose flag already holds the epoch pass with one
+    acquire load per thread and a voting barrier (``sync.wait_geq``'s ``VOTE``; GPU only: the
+    interpreter always spins). ``wait_horizon`` (one flag per block): a program scans the remote
+    blocks' flags in delivery order and remembers how far they were all ready, so a tile whose
+    block lies below that horizon waits on nothing (``tile_gemm.ready_prefix``).
     """
 
     block_m: int = 128
@@ -141,6 +145,8 @@ class GemmConfig:
     push_warps: int = 4
     reserve_sms: bool = False
     flatten: bool = True
+    wait_vote: bool = True
+    wait_horizon: bool = True
 
     def tile_label(self) -> str:
         """The GEMM's part of ``label``: tile, pipeline, warps, grouping, loads/stores."""
@@ -150,6 +156,10 @@ class GemmConfig:
         gemm = f"{self.block_m}x{self.block_n}x{self.block_k}-s{self.num_stages}-w{self.num_warps}-g{self.group_m}-{tma}"
         if self.flatten:
             gemm += "-fl"
+        if not self.wait_vote:
+            gemm += "-spin"
+        if not self.wait_horizon:
+            gemm += "-tilewait"
         return gemm
 
     def label(self) -> str:
@@ -316,5 +326,5 @@ def launch_ag_gemm(
         K_PIECES=pieces, KT_PER_PIECE=piece_cols(cfg, k) // cfg.block_k if pieces > 1 else triton.cdiv(k, cfg.block_k),
         INSTRUMENT=trace.instrument_code(records),
         FLATTEN=cfg.flatten and flatten_ok(pieces, bool(trace.instrument_code(records)), use_tma),
-        num_warps=cfg.num_warps,
+        WAIT_VOTE=cfg.wait_vote and sync == SYNC_NVIDIA, WAIT_HORIZON=cfg.wait_horizon, num_warps=cfg.num_warps,
     )

@@ -22,7 +22,8 @@ at least that epoch, so flags never need a reset between iterations (no host bar
 
 Device functions (call them from your own ``@triton.jit`` kernels):
     now(MODE) -> int64 timestamp: ns (NVIDIA), 10-ns ticks (AMD), host ns (interpreter)
-    wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE) -> ok (int1)
+    wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE[, GPU_SCOPE, VOTE])
+        -> ok (int1)
     signal(flag_ptr, value, from_rank, to_rank, heap_bases, MODE)  # release-set on a peer's heap (sys scope)
     cta_barrier(MODE)                                           # __syncthreads that keeps loops pipelined
     signal_add(flag_ptr, value, from_rank, to_rank, heap_bases) # release-add (arrival counters)
@@ -160,14 +161,60 @@ def cta_barrier(MODE: tl.constexpr):
 
 
 @triton.jit
+def acquire_load(flag_ptr, GPU_SCOPE: tl.constexpr):
+    """``*flag_ptr`` (a 32-bit flag) read by every thread with its own acquire (``ld.acquire``, system
+    or GPU scope; NVIDIA only): a load, not a read-modify-write, so it costs one trip to L2."""
+    tl.static_assert(flag_ptr.dtype.element_ty.primitive_bitwidth == 32, "acquire_load reads 32-bit flags")
+    if GPU_SCOPE:
+        v = tl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [flag_ptr], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    else:
+        v = tl.inline_asm_elementwise("ld.acquire.sys.global.b32 $0, [$1];", "=r,l", [flag_ptr], dtype=tl.int32,
+                                      is_pure=False, pack=1)
+    return v
+
+
+@triton.jit
+def cta_all(pred):
+    """1 in every thread if ``pred`` (an int32, per thread) is non-zero in every thread of the
+    program, else 0: one CTA barrier that also votes (``bar.red.and``, CUDA's ``__syncthreads_and``;
+    NVIDIA only). Every thread's memory operations before it are ordered before everything after."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred vote_in, vote_all; setp.ne.s32 vote_in, $1, 0; bar.red.and.pred vote_all, 0, vote_in; "
+        "selp.s32 $0, 1, 0, vote_all; }",
+        "=r,r", [pred], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def wait_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE: tl.constexpr,
-             GPU_SCOPE: tl.constexpr = False):
+             GPU_SCOPE: tl.constexpr = False, VOTE: tl.constexpr = False):
     """Spin until ``*flag_ptr >= target`` with acquire semantics (system scope, or GPU scope with
     ``GPU_SCOPE`` for a flag only this GPU's programs release); bounded by ``budget``.
 
     Returns 1 if the flag arrived, 0 if this wait (or an earlier one of this launch sharing
     ``err_ptr``) gave up; on a give-up the first failure is recorded in ``err_ptr``.
+
+    ``VOTE`` (NVIDIA, 32-bit flags): first every thread reads the flag once with its own acquire
+    load and the program votes in one barrier (``cta_all``); when every thread saw it, the wait is
+    over: one L2 trip and one barrier, where the spin below costs two trips (the volatile reads,
+    then the acquire atomic) and two barriers. The GEMM engine waits once per remote tile, mostly on
+    flags that already hold the epoch, so that difference is paid per tile. Otherwise (or without
+    ``VOTE``) the bounded spin decides.
     """
+    if VOTE and MODE == 1:
+        arrived = cta_all((acquire_load(flag_ptr, GPU_SCOPE) >= target).to(tl.int32)) != 0
+        ok = arrived
+        if not arrived:  # the vote's outcome is the same in every thread: no divergent barriers
+            ok = _spin_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE, GPU_SCOPE)
+    else:
+        ok = _spin_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE, GPU_SCOPE)
+    return ok
+
+
+@triton.jit
+def _spin_geq(flag_ptr, target, budget, err_ptr, rank, peer, flag_index, kernel_id, MODE: tl.constexpr,
+              GPU_SCOPE: tl.constexpr):
+    """``wait_geq``'s bounded spin (its docstring)."""
     failed = tl.load(err_ptr, volatile=True)
     seen = tl.load(flag_ptr, volatile=True).to(tl.int64)
     target64 = tl.cast(target, tl.int64)

@@ -46,7 +46,20 @@ changes nothing there (benchmarks/results/gemm_notes.md).
 Ordering under ``A_WAIT``: the wait's acquire is followed by ``fence.proxy.async`` before the TMA
 loads of the guarded rows, and the row offset the loads use is computed from the wait's outcome
 (``wait_piece``), so no compiler schedule (the flattened loop's pipeliner included) can issue the
-loads of a tile before its wait.
+loads of a tile before its wait. ``WAIT_VOTE`` (on a GPU, ``GemmConfig.wait_vote``): a flag that
+already holds the epoch costs one acquire load per thread and one voting barrier
+(``sync.wait_geq``'s ``VOTE``) instead of the bounded spin's two L2 trips and two barriers.
+
+The ready horizon (``WAIT_HORIZON``, ``GemmConfig.wait_horizon``; one flag per block): remote
+blocks arrive in the order the tile order takes them (block 0 of every peer, then block 1, ...),
+so a program keeps ``horizon``, the number of remote blocks in that order that it has seen ready
+without a gap. A remote tile below the horizon waits on nothing; one at or past it scans up to
+``HORIZON_SCAN`` flags from the horizon on (``ready_prefix``: an acquire load per flag, a
+CTA-wide minimum), advances the horizon and fences once for TMA; only if its own block is still
+past the horizon does it wait on its flag as before. When the blocks are all in (the GEMM alone,
+or a late program), a program scans once instead of waiting per tile; while they stream in, one
+scan covers every block that arrived since the last. The loads' row is selected by the tile's
+coverage, so they depend on the scan as on a wait.
 
 Records (``INSTRUMENT``, kernels/device/trace.py) at phase changes only (a record costs a CTA
 barrier and a clock read): AG records ``compute`` before a wait that will spin and ``flag_wait``
@@ -63,7 +76,7 @@ import triton
 import triton.language as tl
 
 from taxmodel.kernels.device import trace
-from taxmodel.kernels.device.sync import fence_tma_after_acquire, signal, wait_geq
+from taxmodel.kernels.device.sync import acquire_load, fence_tma_after_acquire, signal, wait_geq
 
 #: The engine's roles (constexpr globals: kernels pass them as ``ROLE``).
 ROLE_AG: tl.constexpr = tl.constexpr(0)
@@ -175,7 +188,7 @@ def store_local(acc, c_ptr, c_desc, row0, rows, row_ok, offs_n, col_ok, col0, st
 @triton.jit
 def wait_piece(flags_ptr, flag, waits, a_row0, seen_min, rec_ptr, pid, t_rec, err_ptr, rank, src, epoch, budget,
                kernel_id, SYNC_MODE: tl.constexpr, USE_TMA: tl.constexpr, COUNT: tl.constexpr,
-               INSTRUMENT: tl.constexpr):
+               INSTRUMENT: tl.constexpr, WAIT_VOTE: tl.constexpr):
     """If ``waits``: wait (acquire, bounded) until flag ``flag`` holds ``epoch``, with records around a
     wait that spins. Returns (A's first row for the loads, the record clock, the least flag seen).
 
@@ -189,7 +202,7 @@ def wait_piece(flags_ptr, flag, waits, a_row0, seen_min, rec_ptr, pid, t_rec, er
             late = tl.atomic_add(flags_ptr + flag, 0, sem="relaxed", scope="sys") < epoch
             if late:
                 t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
-        ok = wait_geq(flags_ptr + flag, epoch, budget, err_ptr, rank, src, flag, kernel_id, SYNC_MODE)
+        ok = wait_geq(flags_ptr + flag, epoch, budget, err_ptr, rank, src, flag, kernel_id, SYNC_MODE, False, WAIT_VOTE)
         if INSTRUMENT:
             if late:
                 t_rec = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
@@ -198,6 +211,26 @@ def wait_piece(flags_ptr, flag, waits, a_row0, seen_min, rec_ptr, pid, t_rec, er
         if COUNT:
             seen_min = tl.minimum(seen_min, tl.load(flags_ptr + flag, volatile=True).to(tl.int32))
     return a_row0 + tl.where(ok, 0, 1), t_rec, seen_min
+
+
+@triton.jit
+def ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD: tl.constexpr, K_PIECES: tl.constexpr,
+                 SCAN: tl.constexpr, SYNC_MODE: tl.constexpr):
+    """AG ``A_WAIT``, one flag per block: the new horizon after one scan, i.e. ``horizon`` plus how
+    many remote blocks from position ``horizon`` on (delivery order, ``SCAN`` at most) already
+    hold ``epoch``, without a gap. Every thread reads its share of the flags with an acquire load
+    (``sync.acquire_load``; plain volatile loads in the interpreter); the count is a CTA-wide
+    reduction, so every thread gets the same horizon."""
+    pos = horizon + tl.arange(0, SCAN)
+    in_range = pos < (WORLD - 1) * blocks_per_rank
+    src = (rank + pos % (WORLD - 1) + 1) % WORLD
+    idx = tl.where(in_range, (src * blocks_per_rank + pos // (WORLD - 1)) * K_PIECES, 0)
+    if SYNC_MODE == 1:
+        vals = acquire_load(flags_ptr + idx, False)
+    else:
+        vals = tl.load(flags_ptr + idx, volatile=True).to(tl.int32)
+    ready = in_range & (vals >= epoch)
+    return horizon + tl.min(tl.where(ready, SCAN, tl.arange(0, SCAN)), axis=0)
 
 
 @triton.jit
@@ -211,6 +244,7 @@ def persistent_gemm(
     NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr, SYNC_MODE: tl.constexpr,
     COUNT: tl.constexpr, TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr, K_PIECES: tl.constexpr,
     KT_PER_PIECE: tl.constexpr, INSTRUMENT: tl.constexpr, FLATTEN: tl.constexpr, VEC_HINT: tl.constexpr,
+    WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False, HORIZON_SCAN: tl.constexpr = 64,
 ):
     """Every tile of this program (``pid``), in the role's order; returns the record clock ``t_rec``.
 
@@ -224,6 +258,7 @@ def persistent_gemm(
     n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = WORLD * blocks_per_rank * n_tiles
     k_tiles = tl.cdiv(K, BLOCK_K)
+    horizon = tl.cast(0, tl.int32)  # remote blocks (delivery order) known ready: WAIT_HORIZON
     for t in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
         slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE, WORLD, GROUP_M)
         offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the slab
@@ -241,9 +276,31 @@ def persistent_gemm(
             flag_idx = (slab * blocks_per_rank + j) * K_PIECES
             seen_min = tl.cast(epoch, tl.int32)
             if K_PIECES == 1:
-                a_row, t_rec, seen_min = wait_piece(flags_ptr, flag_idx, waits, a_row0, seen_min, rec_ptr, pid, t_rec,
-                                                    err_ptr, rank, slab, epoch, budget, kernel_id, SYNC_MODE,
-                                                    USE_TMA, COUNT, INSTRUMENT)
+                if WAIT_HORIZON and (WORLD > 1):
+                    # Remote blocks arrive in delivery order (position r: block r // (WORLD-1) of peer
+                    # rank + 1 + r % (WORLD-1)); positions below ``horizon`` were seen ready by an
+                    # earlier scan of this program (acquired, then fenced for TMA): no wait at all.
+                    r_pos = j * (WORLD - 1) + (slab - rank - 1 + WORLD) % WORLD
+                    if waits & (r_pos >= horizon):
+                        horizon = ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD, K_PIECES,
+                                               HORIZON_SCAN, SYNC_MODE)
+                        if USE_TMA:
+                            fence_tma_after_acquire(SYNC_MODE)
+                    covered = waits & (r_pos < horizon)
+                    a_wait, t_rec, seen_min = wait_piece(flags_ptr, flag_idx, waits & (r_pos >= horizon), a_row0,
+                                                         seen_min, rec_ptr, pid, t_rec, err_ptr, rank, slab, epoch,
+                                                         budget, kernel_id, SYNC_MODE, USE_TMA, COUNT, INSTRUMENT,
+                                                         WAIT_VOTE)
+                    # The loads' row depends on the scan's outcome (as on a wait's): no schedule can
+                    # issue them before it.
+                    a_row = tl.where(covered, a_row0, a_wait)
+                    if COUNT:
+                        if covered:
+                            seen_min = tl.minimum(seen_min, tl.load(flags_ptr + flag_idx, volatile=True).to(tl.int32))
+                else:
+                    a_row, t_rec, seen_min = wait_piece(flags_ptr, flag_idx, waits, a_row0, seen_min, rec_ptr, pid,
+                                                        t_rec, err_ptr, rank, slab, epoch, budget, kernel_id,
+                                                        SYNC_MODE, USE_TMA, COUNT, INSTRUMENT, WAIT_VOTE)
                 acc = k_steps(acc, a_ptr, b_ptr, a_desc, b_desc, a_row, a_row - j * BLOCK_M + offs_r, row_ok, offs_n,
                               col_ok, pid_n * BLOCK_N, 0, k_tiles, K, stride_am, stride_ak, stride_bk, stride_bn,
                               rank, slab, heap_bases, BLOCK_K, NUM_STAGES, USE_TMA, False)
@@ -253,7 +310,7 @@ def persistent_gemm(
                 for kp in range(0, n_pieces):
                     a_row, t_rec, seen_min = wait_piece(flags_ptr, flag_idx + kp, waits, a_row0, seen_min, rec_ptr,
                                                         pid, t_rec, err_ptr, rank, slab, epoch, budget, kernel_id,
-                                                        SYNC_MODE, USE_TMA, COUNT, INSTRUMENT)
+                                                        SYNC_MODE, USE_TMA, COUNT, INSTRUMENT, WAIT_VOTE)
                     kt0 = kp * kt_piece
                     kt1 = tl.minimum(kt0 + kt_piece, k_tiles)
                     acc = k_steps(acc, a_ptr, b_ptr, a_desc, b_desc, a_row, a_row - j * BLOCK_M + offs_r, row_ok,

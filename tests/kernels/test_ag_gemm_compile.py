@@ -19,7 +19,8 @@ from taxmodel.kernels.ag_gemm import gemm_tiles as gt, transport
 PATTERNS = {"globaltimer": r"%globaltimer", "tma_loads": r"cp\.async\.bulk\.tensor", "wgmma": r"wgmma\.mma_async",
             "sys_release": r"atom[\w.]*\.sys[\w.]*\.release|atom[\w.]*\.release[\w.]*\.sys",
             "st_v4": r"st\.global[\w.]*\.v4", "ld_v4": r"ld\.global[\w.]*\.v4", "scalar_b16_st": r"st\.global\.b16",
-            "acquire": r"(ld|atom)\.global[\w.]*\.acquire"}
+            "acquire": r"(ld|atom)\.global[\w.]*\.acquire", "vote": r"bar\.red\.and\.pred",
+            "acquire_load": r"ld\.acquire\.sys\.global\.b32"}
 BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b", "volatile_loads": r"isVolatile = true"}
 
 
@@ -38,11 +39,11 @@ def gemm_args(block_m, block_n, block_k, tma_store, epi):
             ("kernel_id", "i32", 0)]
 
 def gemm(tag, block_m=128, block_n=256, block_k=64, stages=3, warps=8, tma_store=False, epi=1, pieces=4,
-         inst=False, flatten=False):
+         inst=False, flatten=False, vote=False, horizon=False):
     consts = dict(WORLD=4, A_MODE=2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, NUM_PROGS=132,
                   NUM_STAGES=stages, USE_TMA=True, SYNC_MODE=1, COUNT=False, TMA_STORE=tma_store,
                   EPI_SPLIT=epi, K_PIECES=pieces, KT_PER_PIECE=K // pieces // block_k, INSTRUMENT=inst,
-                  FLATTEN=flatten)
+                  FLATTEN=flatten, WAIT_VOTE=vote, WAIT_HORIZON=horizon)
     return build(gt.ag_gemm_kernel, gemm_args(block_m, block_n, block_k, tma_store, epi), consts, warps, stages, tag)
 
 copy_args = [("gathered_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0), ("heap_bases", "*i64", 0),
@@ -59,6 +60,9 @@ report = dict(
     gemm_inst=gemm("gemm_inst", inst=True),
     gemm_n128_st=gemm("gemm_n128_st", block_n=128, stages=4, tma_store=True, epi=2, pieces=1),
     gemm_flat=gemm("gemm_flat", tma_store=True, epi=2, pieces=1, flatten=True),
+    gemm_flat_vote=gemm("gemm_flat_vote", tma_store=True, epi=2, pieces=1, flatten=True, vote=True),
+    gemm_flat_horizon=gemm("gemm_flat_horizon", tma_store=True, epi=2, pieces=1, flatten=True, vote=True,
+                           horizon=True),
     copy_push=copy("copy_push", False, False),
     copy_push_inst=copy("copy_push_inst", False, True),
     copy_pull=copy("copy_pull", True, False),
@@ -74,7 +78,7 @@ def report(tmp_path_factory):
     return compile_report(SCRIPT, tmp_path_factory)
 
 
-KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "copy_push", "copy_push_inst", "copy_pull", "copy_pull_inst"]
+KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "gemm_flat_vote", "gemm_flat_horizon", "copy_push", "copy_push_inst", "copy_pull", "copy_pull_inst"]
 
 
 @pytest.mark.slow
@@ -94,7 +98,8 @@ def test_plain_build_holds_no_record_code(report, plain, inst):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat"])
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "gemm_flat_vote",
+                                    "gemm_flat_horizon"])
 def test_gemm_uses_tma_and_wgmma_and_bounded_waits(report, kernel):
     r = report[kernel]
     assert r["tma_loads"] > 0 and r["wgmma"] > 0, r
@@ -111,7 +116,8 @@ def test_copy_kernel_moves_16_byte_vectors_and_releases_flags_system_wide(report
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat"])
+@pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "gemm_flat_vote",
+                                    "gemm_flat_horizon"])
 def test_flag_wait_keeps_its_acquire(report, kernel):
     """Triton 3.6 dropped an acquire atomic whose result nobody used: the GEMM then read pushed rows
     after a relaxed poll only. wait_geq now uses the acquired value (its CTA-wide outcome)."""
@@ -124,3 +130,25 @@ def test_record_precheck_adds_no_per_thread_flag_load(report):
     (the records behind it hold CTA barriers): a scalar atomic, broadcast, not one more volatile load
     per thread (which could straddle the flag's arrival, split the CTA and hang it)."""
     assert report["gemm_inst"]["volatile_loads"] == report["gemm"]["volatile_loads"] > 0, report
+
+
+@pytest.mark.slow
+def test_voting_wait_keeps_the_flattened_pipeline(report):
+    """``wait_vote``: the remote tile's wait reads its flag with one acquire load per thread and
+    votes in one barrier (``bar.red.and``), the bounded spin behind it. A barrier written as
+    ``tl.debug_barrier`` in this loop once left Triton's pipeliner with one stage of loads: the
+    voting build must keep the plain flattened build's shared memory (every stage in flight)."""
+    vote, plain = report["gemm_flat_vote"], report["gemm_flat"]
+    assert vote["vote"] >= 1 and vote["acquire_load"] >= 1, vote
+    assert plain["vote"] == 0 and plain["acquire_load"] == 0, plain
+    assert vote["shared"] == plain["shared"], (vote, plain)
+
+
+@pytest.mark.slow
+def test_horizon_scan_keeps_the_flattened_pipeline(report):
+    """``wait_horizon``: the scan of the remote blocks' flags (acquire loads, a CTA-wide minimum)
+    sits in the flattened loop too; the load pipeline keeps every stage (the reduction's scratch
+    aside: at most 1 KB more shared memory than the plain build)."""
+    hz, plain = report["gemm_flat_horizon"], report["gemm_flat"]
+    assert hz["acquire_load"] >= 1, hz
+    assert plain["shared"] <= hz["shared"] <= plain["shared"] + 1024, (hz, plain)

@@ -59,7 +59,8 @@ def test_interpreter_run_writes_records_and_table(tmp_path: Path, monkeypatch: p
     interleaved with torch.matmul, and the output has the issue's record format."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     rc = bench_gemm.main(["--cpu", "--ms", "1,34", "--n", "40", "--k", "48", "--world", "2", "--samples", "2",
-                          "--calls", "1", "--warmup", "0", "--out-dir", str(tmp_path)])
+                          "--calls", "1", "--warmup", "0", "--out-dir", str(tmp_path),
+                          "--impls", ",".join(bench_gemm.ENGINE_IMPLS)])
     assert rc == 0
     recs = json.loads((tmp_path / "gemm_cpu.json").read_text())
     assert {(r["M"], r["N"], r["K"]) for r in recs} == {(m, n, k) for m in (1, 34) for n, k in ((40, 48), (20, 48), (40, 24))}
@@ -120,3 +121,21 @@ def test_config_for_shape_uses_the_table_on_a_gpu_only(tmp_path: Path, monkeypat
     path.write_text(json.dumps({"m1024-n1024-k1024": {"block_mm": 1}}))
     with pytest.raises(ValueError, match="unknown fields"):
         config_for_shape(1, 1, 1, cuda)
+
+
+def test_table_candidate_set_is_the_committed_entries_and_the_spinning_wait_at_ag_shapes() -> None:
+    """``--candidate-set table`` (a new GPU of a known architecture): every distinct committed entry
+    once, and at a shape whose impl waits on flags the family's own entry with ``wait_vote`` off,
+    so the tuning times the voting wait against the spin it replaced."""
+    distinct = []
+    for table in gemm_table.FAMILY_TABLES.values():
+        for entry in table.values():
+            if entry not in distinct:
+                distinct.append(entry)
+    own = gemm_table.FAMILY_TABLES["h100"]["m1024-n8192-k2048"]
+    ag = bench_gemm.candidates(1024, 8192, 2048, "taxmodel_wait", "h100", "table")
+    assert ag[:-1] == distinct and ag[-1] == {**own, "wait_vote": False, "wait_horizon": False}
+    assert bench_gemm.candidates(1024, 8192, 2048, "taxmodel_rs", "h100", "table") == distinct
+    assert bench_gemm.candidates(1024, 8192, 2048, "taxmodel_wait", None, "table") == distinct
+    assert bench_gemm.candidates(1024, 8192, 2048, "taxmodel_wait", "h100", "all") == bench_gemm.CANDIDATES
+    assert all(set(c) <= set(gemm_table.TILE_FIELDS) for c in ag)

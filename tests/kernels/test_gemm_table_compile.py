@@ -45,7 +45,8 @@ for entry in entries:
         consts = dict(WORLD=4, A_MODE=gt.A_WAIT, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       GROUP_M=cfg.group_m, NUM_PROGS=132, NUM_STAGES=cfg.num_stages, USE_TMA=True, SYNC_MODE=1,
                       COUNT=False, TMA_STORE=cfg.tma_store, EPI_SPLIT=epi, K_PIECES=pieces,
-                      KT_PER_PIECE=K // pieces // cfg.block_k, INSTRUMENT=inst, FLATTEN=flat)
+                      KT_PER_PIECE=K // pieces // cfg.block_k, INSTRUMENT=inst, FLATTEN=flat,
+                      WAIT_VOTE=cfg.wait_vote, WAIT_HORIZON=cfg.wait_horizon)
         name = tag + ("-inst" if inst else "") + ("-p1" if pieces == 1 else "")
         report[name] = build(gt.ag_gemm_kernel, args(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tma_store, epi),
                              consts, cfg.num_warps, cfg.num_stages, name.replace("x", "_"))
