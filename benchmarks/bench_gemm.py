@@ -11,6 +11,11 @@ launches it, with the configuration ``config_for_shape`` gives (the committed pe
   wait (acquire, fence) runs and passes, so the time is the fused GEMM's without the link;
 - ``taxmodel_wait_spin``: ``taxmodel_wait`` as it waited before the horizon and the vote (a bounded
   spin per remote tile: ``wait_horizon`` and ``wait_vote`` off): what they save;
+- ``taxmodel_epoch``: ``A_WAIT`` on one rank: every tile is its own, so nothing waits, but the
+  launch reads the device epoch and publishes it at its end (``advance_epoch``: every program's
+  atomic on the done counter) as the AG variants' launches do: with ``taxmodel`` and
+  ``taxmodel_wait`` it splits the AG kernel's gap to the engine alone into the epoch's share and
+  the remote tiles' (waits, horizon scans);
 - ``taxmodel_rs``: GEMM+RS's ``gemm_rs_kernel`` on ``--world`` ranks, here rank 0 on one GPU whose
   peers' heaps are other parts of this GPU's memory: every tile is pushed to its owner's receive
   slot and flagged as on the real ranks, without the link. Its shape is the shard GEMM's
@@ -83,7 +88,7 @@ CANDIDATES: list[dict[str, Any]] = [
 ]
 
 #: Impls beside ``cublas`` (see the module docstring).
-ENGINE_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs", "taxmodel_wait_spin")
+ENGINE_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs", "taxmodel_wait_spin", "taxmodel_epoch")
 #: The impls timed unless ``--impls`` says otherwise.
 DEFAULT_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs")
 
@@ -276,6 +281,8 @@ def impl_fn(impl: str, cfg: Any, world: int) -> Callable[[Operands], Callable[[]
         return lambda o: taxmodel_fn(o, cfg)
     if impl == "taxmodel_wait":
         return lambda o: wait_fn(o, cfg, world)
+    if impl == "taxmodel_epoch":
+        return lambda o: wait_fn(o, cfg, 1)
     if impl == "taxmodel_wait_spin":
         return lambda o: wait_fn(o, replace(cfg, wait_vote=False, wait_horizon=False), world)
     if impl == "taxmodel_rs":
@@ -432,7 +439,8 @@ def markdown(records: list[dict[str, Any]], device: str, args: argparse.Namespac
              f"{args.dtype} in and out, fp32 accumulate; one GPU. Impls: `taxmodel` the engine alone (`A_LOCAL`), "
              f"`taxmodel_wait` as the AG variants run it (`A_WAIT`, rank 0 of {args.world}, every flag set), "
              f"`taxmodel_rs` GEMM+RS's kernel (rank 0 of {args.world}, the owners' heaps on this GPU)"
-             f"{', `taxmodel_wait_spin` taxmodel_wait with a bounded spin per remote tile (wait_horizon, wait_vote off)' if 'taxmodel_wait_spin' in args.impls else ''}. Per impl "
+             f"{', `taxmodel_wait_spin` taxmodel_wait with a bounded spin per remote tile (wait_horizon, wait_vote off)' if 'taxmodel_wait_spin' in args.impls else ''}"
+             f"{', `taxmodel_epoch` A_WAIT on one rank (the device epoch and its publication, no remote tile)' if 'taxmodel_epoch' in args.impls else ''}. Per impl "
              f"{args.samples} samples of {args.calls} back-to-back calls "
              f"({'perf_counter, interpreter' if args.cpu else 'CUDA events'}"
              f"{'' if args.cpu or args.eager else ', one CUDA graph replay per sample: no host launch cost'}), "

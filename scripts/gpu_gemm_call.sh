@@ -37,7 +37,7 @@ fi
 if [ "${PHASE:-bench}" != tune ]; then
   [ -n "${TABLE:-}" ] && export TAXMODEL_GEMM_TABLE="$TABLE"
   timeout -k 5 "${BENCH_LIMIT:-420}" python benchmarks/bench_gemm.py --samples "${SAMPLES:-40}" --out-dir "$OUT" \
-    --impls "${IMPLS:-taxmodel,taxmodel_wait,taxmodel_rs,taxmodel_wait_spin}" >>"$L" 2>&1
+    --impls "${IMPLS:-taxmodel,taxmodel_wait,taxmodel_rs,taxmodel_wait_spin,taxmodel_epoch}" >>"$L" 2>&1
   echo "== bench: exit $? in $(( $(date +%s) - t0 )) s" >>"$L"
   timeout -k 5 120 python benchmarks/bench_gemm.py --ms 1,1000 --n 4096 --k 4136 --world 4 --samples 30 \
     --device-name "$D-outside" --out-dir "$OUT" >>"$L" 2>&1
