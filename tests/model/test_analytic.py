@@ -217,6 +217,40 @@ def test_calibrated_file_is_preferred_over_the_preset(tmp_path):
     assert spec.source == "datasheet"
 
 
+def test_a_measured_graph_gap_lands_in_the_hardware_file_and_the_params():
+    from taxmodel.model.analytic.params import RAW_FEEDS
+    from taxmodel.model.calibration import fit
+    from taxmodel.model.hardware import HardwareSpec
+
+    meas = _fake_measurements()
+    meas["launch"]["graph_kernel_gap_s"] = 0.3e-6
+    d = fit(meas, "NVIDIA H200", 132, 4, vendor="nvidia")
+    spec = HardwareSpec.from_dict(json.loads(json.dumps(d)))
+    assert d["graph_kernel_gap_s"] == 0.3e-6 and spec.graph_kernel_gap_s == 0.3e-6
+    assert "graph_kernel_gap_s" not in spec.extra and "graph_kernel_gap_s" in RAW_FEEDS["launch"]
+    graph = ModelParams.from_hardware(spec, graph_launch=True)
+    assert graph.graph_kernel_gap_s == 0.3e-6 and graph.sources["graph_kernel_gap_s"] == "hardware (calibrated)"
+    assert graph.queued_gap_s == 0.3e-6  # in a graph: the graph gap
+    assert ModelParams.from_hardware(spec).queued_gap_s == spec.kernel_gap_s == 2.5e-6  # eager: as before
+    with pytest.raises(InputError, match="graph_kernel_gap_s"):
+        HardwareSpec.from_dict({**d, "graph_kernel_gap_s": "fast"})
+
+
+def test_a_file_without_the_graph_gap_loads_as_before():
+    """Every calibration written before the graph gap was measured: the field is 0 (not measured),
+    and graph launches keep kernel_gap_s between their kernels."""
+    from taxmodel.model.calibration import fit
+    from taxmodel.model.hardware import HardwareSpec
+
+    d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
+    assert "graph_kernel_gap_s" not in d
+    for spec in (HardwareSpec.from_dict(d), find_preset("h200-calibrated")):
+        assert spec.graph_kernel_gap_s == 0.0
+        params = ModelParams.from_hardware(spec, graph_launch=True)
+        assert params.graph_kernel_gap_s == 0.0 and params.sources["graph_kernel_gap_s"] == "default"
+        assert params.queued_gap_s == params.kernel_gap_s == spec.kernel_gap_s
+
+
 def test_calibrate_without_gpu_says_what_to_do(monkeypatch, tmp_path):
     import torch
 

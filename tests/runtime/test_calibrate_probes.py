@@ -84,6 +84,20 @@ def test_the_flag_probe_waits_on_each_flag_and_a_missing_one_gives_up(gpu_scope)
     assert int(out) == 4 and int(err[0]) == 1 and int(err[3]) == 3  # gave up on flag 3 and said which
 
 
+# --- the launch step's gap between the kernels of a replayed graph ---------------------------------
+
+
+def test_a_launch_update_adds_the_graph_gap_and_changes_nothing_else():
+    from taxmodel.model.hardware import HardwareSpec
+
+    shipped = shipped_four_ranks()
+    assert "graph_kernel_gap_s" not in shipped  # written before the graph gap was measured
+    launch = {**shipped["measured"]["raw"]["launch"], "graph_kernel_gap_s": 3e-7}
+    new = calfit.update_spec(shipped, {"launch": launch}, ("launch",), device_name="NVIDIA H200", num_sms=132, world=4)
+    assert new["graph_kernel_gap_s"] == 3e-7 and HardwareSpec.from_dict(new).graph_kernel_gap_s == 3e-7
+    assert {k for k in shipped if new.get(k) != shipped[k]} <= {"measured", "notes"}
+
+
 # --- one rank's steps and its file, without a GPU ---------------------------------------------------
 
 
