@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taxmodel.api import predict as api_predict
 from taxmodel.errors import InputError
 from taxmodel.model.analytic import parse_range, predict, resolve_model_hardware
 from taxmodel.model.analytic.collective_model import CollectiveModel
@@ -312,6 +314,43 @@ def test_a_gated_graph_iteration_starts_at_the_release_with_no_launch_cost_in_th
         b = predict(wl, var, shape, 4, hw, gated).taxes_ns()
         assert b["window"] < a["window"]
         assert b["launch_tax"] <= a["launch_tax"] + 1e-6
+
+
+def _kernel_gaps_ns(hw, graph_launch: bool) -> list[int]:
+    """Start less the previous kernel's end, per kernel after the first, of one predicted iteration
+    of bsp flash decode (three kernels) on one GPU."""
+    p = api_predict("flash_decode", "bsp", {**FD, "batch": 16, "kv_len": 1024}, world_size=1, hardware=hw,
+                    fitted={}, graph_launch=graph_launch)
+    e = p.timeline.events
+    k = e[(e["kind"] == "kernel") & (e["iteration"] == 0)].sort_values("start_ns")
+    return (k["start_ns"].to_numpy()[1:] - k["end_ns"].to_numpy()[:-1]).tolist()
+
+
+def test_a_graph_launch_queues_its_kernels_the_measured_graph_gap_apart():
+    base = find_preset("h200-calibrated")
+    gap_ns = round(base.kernel_gap_s * 1e9)
+    measured = replace(base, graph_kernel_gap_s=0.3e-6)
+    assert _kernel_gaps_ns(measured, graph_launch=True) == [300, 300]
+    assert _kernel_gaps_ns(measured, graph_launch=False) == [gap_ns, gap_ns]  # eager: kernel_gap_s
+    assert _kernel_gaps_ns(base, graph_launch=True) == [gap_ns, gap_ns]  # not measured: kernel_gap_s
+    notes = api_predict("flash_decode", "bsp", FD, world_size=1, hardware=measured, fitted={}, graph_launch=True).assumptions
+    assert any("0.30 us between the kernels of a CUDA graph" in a for a in notes if a.startswith("launch:"))
+    notes = api_predict("flash_decode", "bsp", FD, world_size=1, hardware=base, fitted={}, graph_launch=True).assumptions
+    assert any("graph_kernel_gap_s not measured" in a for a in notes if a.startswith("launch:"))
+
+
+def test_in_a_graph_the_gate_is_followed_by_kernel_gap_and_a_cross_stream_wait_by_the_graph_gap():
+    """The gate kernel is launched apart from the graph: the graph's first kernel starts kernel_gap_s
+    after the release. Inside the graph a kernel behind its stream, or behind another stream's
+    kernel (``after``), waits the graph gap."""
+    params = ModelParams(kernel_gap_s=1e-6, graph_kernel_gap_s=0.25e-6, graph_launch=True, start_alignment="device",
+                         gate_hold_s=30e-6)
+    plans = [[KernelPlan("a", "compute", 5e-6, 0.0), KernelPlan("b", "compute", 5e-6, 0.0),
+              KernelPlan("c", "copy", 1e-6, 0.0, stream=1, after=1)]]
+    starts = [r["start"] for r in simulate(as_graph_launch(plans, params), params).rows]
+    assert starts == pytest.approx([1e-6, 6.25e-6, 11.5e-6])
+    eager = replace(params, graph_launch=False)
+    assert [r["start"] for r in simulate(plans, eager).rows] == pytest.approx([1e-6, 7e-6, 13e-6])
 
 
 def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bound_steps():
