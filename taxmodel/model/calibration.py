@@ -78,6 +78,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "link_latency_s": link_lat or 0.0,
         "launch_latency_s": _first(launch.get("launch_latency_s"), launch.get("graph_per_kernel_s"), 0.0),
         "kernel_gap_s": _first(launch.get("kernel_gap_s"), launch.get("graph_per_kernel_s"), 0.0),
+        "graph_kernel_gap_s": launch.get("graph_kernel_gap_s"),  # absent where not measured
         "host_launch_s": _first(launch.get("host_launch_triton_s"), launch.get("host_launch_s"), 0.0),
         "flag_roundtrip_s": _first((meas.get("flag") or {}).get("roundtrip_s"), 0.0),
         "notes": (f"measured by `taxmodel calibrate` on {world} x {device_name}: GEMM peaks are cuBLAS rates on 8192^3 "

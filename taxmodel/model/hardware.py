@@ -64,6 +64,9 @@ class HardwareSpec:
     link_latency_s: float = 0.0
     launch_latency_s: float = 0.0
     kernel_gap_s: float = 0.0
+    #: GPU-side gap between consecutive kernels of one replayed CUDA graph (``taxmodel calibrate``'s
+    #: launch step); 0 when not measured (the model then uses ``kernel_gap_s`` in graphs too).
+    graph_kernel_gap_s: float = 0.0
     host_launch_s: float = 0.0
     flag_roundtrip_s: float = 0.0
     num_sms: int = 0
@@ -170,7 +173,8 @@ class HardwareSpec:
 HARDWARE_FIELDS = {
     "name": types.text, "vendor": types.text, "source": types.text, "peak_flops": types.values(types.number(0)),
     "hbm_bytes_per_s": types.number(0), "link_bytes_per_s": types.number(0), "link_latency_s": types.number(0),
-    "launch_latency_s": types.number(0), "kernel_gap_s": types.number(0), "host_launch_s": types.number(0),
+    "launch_latency_s": types.number(0), "kernel_gap_s": types.number(0), "graph_kernel_gap_s": types.number(0),
+    "host_launch_s": types.number(0),
     "flag_roundtrip_s": types.number(0), "num_sms": types.integer(0), "l2_bytes": types.integer(0), "aliases": types.list_of(types.text),
     "notes": types.text, "extra": types.optional(types.mapping), "key": types.text, "arch": types.text,
     "memory_gb": types.number(0), "host_link": types.text, "pcie_gen": types.integer(0, 6), "pcie_lanes": types.integer(0, 32),

@@ -19,8 +19,9 @@ Besides vendor GEMMs, HBM and NCCL, it measures what the analytic model of the f
 variants needs (docs/model.md): a Triton kernel's peer-load and peer-store bandwidth and the
 latency of one peer load through the symmetric heap (``TorchSymmetricHeap``), the cross-GPU flag
 round trip (a ping-pong kernel on ranks 0 and 1 with ``kernels/device/sync.py``'s release-set and
-acquire-wait), launch costs as the profiler sees them (GPU gap between queued kernels, idle
-launch latency, host time per Triton and per torch launch), the spread of the ranks' release
+acquire-wait), launch costs as the profiler sees them (GPU gap between queued kernels and between
+the kernels of a replayed CUDA graph, idle launch latency, host time per Triton and per torch
+launch), the spread of the ranks' release
 from a host barrier, the serial step of the flash decode combine (``calibrate_combine``) and
 what one wait on an already-set flag costs a program (``calibrate_sync``); and, with microbenchmarks
 of the workloads' own kernels (issue 33), what the model took from fits on other GPUs before: the
@@ -47,6 +48,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import pandas as pd
 import torch
 import torch.distributed as dist
 import triton
@@ -436,8 +438,9 @@ def flag_roundtrip(device: torch.device, timeout_s: float = 30.0) -> dict:
 
 def launch_costs(device: torch.device, n: int = 200) -> dict:
     """Host time per launch (torch op and Triton kernel) while the GPU is busy, GPU time per kernel
-    in a CUDA graph, and, from a torch.profiler trace read by taxmodel's own Kineto importer, the GPU
-    gap between queued kernels and the idle launch latency as the ledger measures them."""
+    in a CUDA graph, and, from torch.profiler traces read by taxmodel's own Kineto importer, the GPU
+    gap between queued kernels, the idle launch latency as the ledger measures them, and the GPU gap
+    between consecutive kernels of a replayed CUDA graph."""
     x = torch.zeros(1, device=device)
     big = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
     for _ in range(20):
@@ -469,11 +472,50 @@ def launch_costs(device: torch.device, n: int = 200) -> dict:
     graph_ms = _median_ms(graph.replay, inner=1) / n
     out = {"host_launch_torch_s": host_torch, "host_launch_triton_s": host_triton, "graph_per_kernel_s": graph_ms * 1e-3,
            "kernels": n}
-    try:
-        out.update(_profiled_gaps(device, x, big))
-    except Exception as exc:  # the profiler is optional: keep the other numbers
-        out["profiler_error"] = f"{type(exc).__name__}: {exc}"
+    out.update(_optional(lambda: _profiled_gaps(device, x, big), "profiler_error"))
+    out.update(_optional(lambda: _graph_gaps(graph), "graph_profiler_error"))
     return out
+
+
+def _optional(probe: Callable[[], dict], error_key: str) -> dict:
+    """``probe()``'s numbers, or its failure in one line under ``error_key``: the profiler is
+    optional, a failure keeps the other numbers."""
+    try:
+        return probe()
+    except Exception as exc:  # noqa: BLE001 - any failure of the profiler is one line
+        return {error_key: f"{type(exc).__name__}: {exc}"}
+
+
+def consecutive_gaps_s(kernels: pd.DataFrame, by: str | None = None) -> pd.Series:
+    """Per kernel of ``kernels`` (events of one stream), its start less the end of the kernel
+    before it (seconds; NaN for the first, of its ``by`` group when given), in start order. The
+    difference is taken in integer ns: epoch timestamps (~1.7e18 ns) are not exact as floats."""
+    k = kernels.sort_values("start_ns", kind="stable")
+    rows = k.groupby(by, sort=False) if by else k
+    first = rows.cumcount() == 0 if by else pd.Series(range(len(k)), index=k.index) == 0
+    gaps = k["start_ns"] - rows["end_ns"].shift(fill_value=0)
+    return (gaps * 1e-9).mask(first)
+
+
+def graph_kernel_gap(events: pd.DataFrame) -> dict:
+    """The median GPU-side gap between consecutive kernels of one replay of a CUDA graph, from a
+    trace of replays (``traced_events``): a graph's kernels carry a graph id, and the kernels of one
+    replay share their graph launch's correlation, so the gap between one replay's last kernel and
+    the next replay's first (a new launch) is left out."""
+    k = events[(events["kind"] == "kernel") & (events["graph_id"] >= 0)]
+    gaps = consecutive_gaps_s(k, by="correlation").dropna()
+    return {"graph_kernel_gap_s": float(gaps.median()) if len(gaps) else None, "graph_pairs": int(len(gaps)),
+            "graph_replays": int(k["correlation"].nunique())}
+
+
+def _graph_gaps(graph, replays: int = 5) -> dict:
+    """``graph_kernel_gap`` of ``replays`` replays of ``graph`` (one at a time on an idle GPU)."""
+    def body() -> None:
+        for _ in range(replays):
+            graph.replay()
+            torch.cuda.synchronize()
+
+    return graph_kernel_gap(traced_events(body, host=True))
 
 
 def _profiled_gaps(device: torch.device, x: torch.Tensor, big: torch.Tensor, n: int = 50) -> dict:
@@ -499,7 +541,7 @@ def _profiled_gaps(device: torch.device, x: torch.Tensor, big: torch.Tensor, n: 
     # Only pairs the ledger would call kernel_gap: the second kernel's launch call had returned
     # before the first one ended (it was queued), so the gap is the GPU's own.
     queued = launch_end[1:n] <= ends[:n - 1]
-    queued_gaps = ((starts[1:n] - ends[:n - 1]) * 1e-9)[queued]
+    queued_gaps = consecutive_gaps_s(k.iloc[:n]).to_numpy()[1:][queued]
     idle = k.iloc[n:]
     lat = (idle["start_ns"] - idle["correlation"].map(launches)).dropna() * 1e-9
     return {"kernel_gap_s": float(statistics.median(queued_gaps)) if len(queued_gaps) else None,

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from taxmodel.api import predict as api_predict
 from taxmodel.errors import InputError
 from taxmodel.model.analytic import parse_range, predict, resolve_model_hardware
 from taxmodel.model.analytic.collective_model import CollectiveModel
@@ -217,6 +219,40 @@ def test_calibrated_file_is_preferred_over_the_preset(tmp_path):
     assert spec.source == "datasheet"
 
 
+def test_a_measured_graph_gap_lands_in_the_hardware_file_and_the_params():
+    from taxmodel.model.analytic.params import RAW_FEEDS
+    from taxmodel.model.calibration import fit
+    from taxmodel.model.hardware import HardwareSpec
+
+    meas = _fake_measurements()
+    meas["launch"]["graph_kernel_gap_s"] = 0.3e-6
+    d = fit(meas, "NVIDIA H200", 132, 4, vendor="nvidia")
+    spec = HardwareSpec.from_dict(json.loads(json.dumps(d)))
+    assert d["graph_kernel_gap_s"] == 0.3e-6 and spec.graph_kernel_gap_s == 0.3e-6
+    assert "graph_kernel_gap_s" not in spec.extra and "graph_kernel_gap_s" in RAW_FEEDS["launch"]
+    graph = ModelParams.from_hardware(spec, graph_launch=True)
+    assert graph.graph_kernel_gap_s == 0.3e-6 and graph.sources["graph_kernel_gap_s"] == "hardware (calibrated)"
+    assert graph.queued_gap_s == 0.3e-6  # in a graph: the graph gap
+    assert ModelParams.from_hardware(spec).queued_gap_s == spec.kernel_gap_s == 2.5e-6  # eager: as before
+    with pytest.raises(InputError, match="graph_kernel_gap_s"):
+        HardwareSpec.from_dict({**d, "graph_kernel_gap_s": "fast"})
+
+
+def test_a_file_without_the_graph_gap_loads_as_before():
+    """Every calibration written before the graph gap was measured: the field is 0 (not measured),
+    and graph launches keep kernel_gap_s between their kernels."""
+    from taxmodel.model.calibration import fit
+    from taxmodel.model.hardware import HardwareSpec
+
+    d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
+    assert "graph_kernel_gap_s" not in d
+    for spec in (HardwareSpec.from_dict(d), find_preset("h200-calibrated")):
+        assert spec.graph_kernel_gap_s == 0.0
+        params = ModelParams.from_hardware(spec, graph_launch=True)
+        assert params.graph_kernel_gap_s == 0.0 and params.sources["graph_kernel_gap_s"] == "default"
+        assert params.queued_gap_s == params.kernel_gap_s == spec.kernel_gap_s
+
+
 def test_calibrate_without_gpu_says_what_to_do(monkeypatch, tmp_path):
     import torch
 
@@ -278,6 +314,43 @@ def test_a_gated_graph_iteration_starts_at_the_release_with_no_launch_cost_in_th
         b = predict(wl, var, shape, 4, hw, gated).taxes_ns()
         assert b["window"] < a["window"]
         assert b["launch_tax"] <= a["launch_tax"] + 1e-6
+
+
+def _kernel_gaps_ns(hw, graph_launch: bool) -> list[int]:
+    """Start less the previous kernel's end, per kernel after the first, of one predicted iteration
+    of bsp flash decode (three kernels) on one GPU."""
+    p = api_predict("flash_decode", "bsp", {**FD, "batch": 16, "kv_len": 1024}, world_size=1, hardware=hw,
+                    fitted={}, graph_launch=graph_launch)
+    e = p.timeline.events
+    k = e[(e["kind"] == "kernel") & (e["iteration"] == 0)].sort_values("start_ns")
+    return (k["start_ns"].to_numpy()[1:] - k["end_ns"].to_numpy()[:-1]).tolist()
+
+
+def test_a_graph_launch_queues_its_kernels_the_measured_graph_gap_apart():
+    base = find_preset("h200-calibrated")
+    gap_ns = round(base.kernel_gap_s * 1e9)
+    measured = replace(base, graph_kernel_gap_s=0.3e-6)
+    assert _kernel_gaps_ns(measured, graph_launch=True) == [300, 300]
+    assert _kernel_gaps_ns(measured, graph_launch=False) == [gap_ns, gap_ns]  # eager: kernel_gap_s
+    assert _kernel_gaps_ns(base, graph_launch=True) == [gap_ns, gap_ns]  # not measured: kernel_gap_s
+    notes = api_predict("flash_decode", "bsp", FD, world_size=1, hardware=measured, fitted={}, graph_launch=True).assumptions
+    assert any("0.30 us between the kernels of a CUDA graph" in a for a in notes if a.startswith("launch:"))
+    notes = api_predict("flash_decode", "bsp", FD, world_size=1, hardware=base, fitted={}, graph_launch=True).assumptions
+    assert any("graph_kernel_gap_s not measured" in a for a in notes if a.startswith("launch:"))
+
+
+def test_in_a_graph_the_gate_is_followed_by_kernel_gap_and_a_cross_stream_wait_by_the_graph_gap():
+    """The gate kernel is launched apart from the graph: the graph's first kernel starts kernel_gap_s
+    after the release. Inside the graph a kernel behind its stream, or behind another stream's
+    kernel (``after``), waits the graph gap."""
+    params = ModelParams(kernel_gap_s=1e-6, graph_kernel_gap_s=0.25e-6, graph_launch=True, start_alignment="device",
+                         gate_hold_s=30e-6)
+    plans = [[KernelPlan("a", "compute", 5e-6, 0.0), KernelPlan("b", "compute", 5e-6, 0.0),
+              KernelPlan("c", "copy", 1e-6, 0.0, stream=1, after=1)]]
+    starts = [r["start"] for r in simulate(as_graph_launch(plans, params), params).rows]
+    assert starts == pytest.approx([1e-6, 6.25e-6, 11.5e-6])
+    eager = replace(params, graph_launch=False)
+    assert [r["start"] for r in simulate(plans, eager).rows] == pytest.approx([1e-6, 7e-6, 13e-6])
 
 
 def test_a_combine_with_few_programs_and_many_partials_is_a_chain_of_latency_bound_steps():

@@ -84,6 +84,74 @@ def test_the_flag_probe_waits_on_each_flag_and_a_missing_one_gives_up(gpu_scope)
     assert int(out) == 4 and int(err[0]) == 1 and int(err[3]) == 3  # gave up on flag 3 and said which
 
 
+# --- the launch step's gap between the kernels of a replayed graph ---------------------------------
+
+
+def _replays(gaps_ns: list[int], replays: int = 2, kernel_ns: int = 1000, between_ns: int = 5000) -> "pd.DataFrame":
+    """Trace events of ``replays`` replays of one graph (kernels ``gaps_ns`` apart; each replay's
+    kernels carry its graph launch's correlation), an eager kernel between them, in shuffled order,
+    on an epoch clock in ns (beyond float64's exact integers, as some traces' timestamps are)."""
+    import pandas as pd
+
+    rows, t = [], 1_700_000_000_000_000_000
+    for rep in range(replays):
+        corr = 10 * (rep + 1)
+        rows.append({"kind": "launch", "name": "cudaGraphLaunch", "correlation": corr, "graph_id": -1,
+                     "start_ns": t, "end_ns": t + 500})
+        for gap in [0, *gaps_ns]:
+            t += gap
+            rows.append({"kind": "kernel", "name": "fill", "correlation": corr, "graph_id": corr,
+                         "start_ns": t, "end_ns": t + kernel_ns})
+            t += kernel_ns
+        t += 100
+        rows.append({"kind": "kernel", "name": "eager", "correlation": corr + 1, "graph_id": -1,
+                     "start_ns": t, "end_ns": t + kernel_ns})
+        t += kernel_ns + between_ns
+    return pd.DataFrame(rows).sample(frac=1.0, random_state=0)
+
+
+def test_the_graph_gap_is_the_median_inside_one_replay_without_the_gaps_between_replays():
+    from taxmodel.runtime import calibrate as cal
+
+    got = cal.graph_kernel_gap(_replays([300, 400, 300], replays=3))
+    assert got == {"graph_kernel_gap_s": pytest.approx(300e-9, rel=1e-9), "graph_pairs": 9, "graph_replays": 3}
+    assert cal.graph_kernel_gap(_replays([], replays=2))["graph_kernel_gap_s"] is None  # one kernel a replay
+
+
+def test_consecutive_gaps_follow_start_order_within_each_group():
+    from taxmodel.runtime import calibrate as cal
+
+    k = _replays([300, 400])
+    k = k[k["kind"] == "kernel"]
+    flat = cal.consecutive_gaps_s(k)
+    assert flat.isna().sum() == 1 and flat.dropna().min() == pytest.approx(100e-9, rel=1e-9)  # the eager kernel's
+    grouped = cal.consecutive_gaps_s(k[k["graph_id"] >= 0], by="correlation").dropna()
+    assert sorted(grouped * 1e9) == pytest.approx([300, 300, 400, 400], rel=1e-9)
+
+
+def test_a_launch_update_adds_the_graph_gap_and_changes_nothing_else():
+    from taxmodel.model.hardware import HardwareSpec
+
+    shipped = shipped_four_ranks()
+    assert "graph_kernel_gap_s" not in shipped  # written before the graph gap was measured
+    launch = {**shipped["measured"]["raw"]["launch"], "graph_kernel_gap_s": 3e-7}
+    new = calfit.update_spec(shipped, {"launch": launch}, ("launch",), device_name="NVIDIA H200", num_sms=132, world=4)
+    assert new["graph_kernel_gap_s"] == 3e-7 and HardwareSpec.from_dict(new).graph_kernel_gap_s == 3e-7
+    assert {k for k in shipped if new.get(k) != shipped[k]} <= {"measured", "notes"}
+
+
+def test_a_failing_profiler_probe_is_one_line_and_the_others_stay():
+    from taxmodel.runtime import calibrate as cal
+
+    def broken() -> dict:
+        raise RuntimeError("CUPTI busy")
+
+    out = {"graph_per_kernel_s": 1e-6}
+    out.update(cal._optional(broken, "graph_profiler_error"))
+    out.update(cal._optional(lambda: {"kernel_gap_s": 1e-6}, "profiler_error"))
+    assert out == {"graph_per_kernel_s": 1e-6, "graph_profiler_error": "RuntimeError: CUPTI busy", "kernel_gap_s": 1e-6}
+
+
 # --- one rank's steps and its file, without a GPU ---------------------------------------------------
 
 

@@ -161,7 +161,7 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                 "reduce": reduce_work, "reduce_program": program, "flag": flag, "push_per_program": comm})
     # The reduction waits for the slowest peer's last push, which landed (kernel - push_done)
     # before that peer's GEMM ended, i.e. before its own reduction started (less the kernel gap).
-    sync_after = (finish + latency) - kernel - params.kernel_gap_s
+    sync_after = (finish + latency) - kernel - params.queued_gap_s
     # DRAM bytes: the GEMM reads its operands and writes its own slab here (peer tiles are stored
     # into the peers); the reduction reads the W slots, less what the L2 still holds of them after
     # the GEMM streamed its operands, and writes the slab

@@ -74,6 +74,11 @@ class ModelParams:
     #: between back-to-back queued kernels (both as the profiler sees them).
     launch_latency_s: float = 4e-6
     kernel_gap_s: float = 1.1e-6
+    #: GPU-side gap between consecutive kernels of one replayed CUDA graph, where the GPU already
+    #: holds the next kernel (one H100: 0.3 us, against 1.2 us between eagerly queued kernels).
+    #: Used between the kernels of one rank when ``graph_launch``; 0: not measured, ``kernel_gap_s``
+    #: serves (``queued_gap_s``).
+    graph_kernel_gap_s: float = 0.0
     #: Scale of the ranks' release times after a host barrier (exponential order statistics).
     barrier_skew_s: float = 5e-6
     #: How ranks start an iteration: "host" (they leave a host barrier, spread by barrier_skew_s) or
@@ -155,7 +160,8 @@ class ModelParams:
         values: dict[str, Any] = {}
         src: dict[str, str] = {f: "default" for f in _PARAM_FIELDS}
         direct = {"host_launch_triton_s": hw.host_launch_s, "launch_latency_s": hw.launch_latency_s,
-                  "kernel_gap_s": hw.kernel_gap_s, "flag_roundtrip_s": hw.flag_roundtrip_s}
+                  "kernel_gap_s": hw.kernel_gap_s, "graph_kernel_gap_s": hw.graph_kernel_gap_s,
+                  "flag_roundtrip_s": hw.flag_roundtrip_s}
         for name, val in direct.items():
             if val and float(val) > 0:
                 values[name] = float(val)
@@ -182,6 +188,12 @@ class ModelParams:
         how = f"borrowed from {borrowed_from} (fitted there by taxmodel validate)" if borrowed_from \
             else "fitted (taxmodel validate)"
         return replace(self, **dict(fitted), sources={**dict(self.sources), **{k: how for k in fitted}})
+
+    @property
+    def queued_gap_s(self) -> float:
+        """The GPU-side gap between two kernels of one rank queued one after the other: in a CUDA
+        graph (``graph_launch``) ``graph_kernel_gap_s`` where measured, else ``kernel_gap_s``."""
+        return self.graph_kernel_gap_s if self.graph_launch and self.graph_kernel_gap_s > 0 else self.kernel_gap_s
 
     def triton_gemm_speed(self, m: int) -> float | None:
         """The tile GEMM's speed relative to the vendor GEMM at ``m`` rows (``speed_at_m`` of
@@ -266,7 +278,7 @@ CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
 RAW_FEEDS: dict[str, tuple[str, ...]] = {
     "hbm": ("hbm_bytes_per_s",), "gemm": ("peak_flops",),
     "collectives": ("collectives", "link_bytes_per_s", "link_latency_s"), "peer_copy": ("p2p_copy_bytes_per_s",),
-    "launch": ("launch_latency_s", "kernel_gap_s", "host_launch_s", "host_launch_torch_s"),
+    "launch": ("launch_latency_s", "kernel_gap_s", "graph_kernel_gap_s", "host_launch_s", "host_launch_torch_s"),
     "barrier": ("barrier_skew_s",), "flag": ("flag_roundtrip_s",), "sync": ("flag_wait_s", "flag_wait_gpu_s"),
     "peer": ("peer_load_bytes_per_s", "peer_load_latency_s", "peer_store_bytes_per_s", "peer_store_bytes_per_s_per_sm"),
     "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s", "split_kv_resident_bytes_per_s",

@@ -116,6 +116,16 @@ def split_predicted(bundle: Any, hw: HardwareSpec) -> Any:
     return ledger
 
 
+def graph_gap_note(params: ModelParams) -> str:
+    """For graph launches, the gap used between the kernels of one graph (the launch note's tail)."""
+    if not params.graph_launch:
+        return ""
+    if not params.graph_kernel_gap_s > 0:
+        return ", the same in a CUDA graph (graph_kernel_gap_s not measured)"
+    return (f", {params.queued_gap_s * 1e6:.2f} us between the kernels of a CUDA graph "
+            f"({params.sources.get('graph_kernel_gap_s', 'default')})")
+
+
 def standard_assumptions(hw: HardwareSpec, topo: Topology, params: ModelParams) -> list[str]:
     scaled = (f"; datasheet peaks scaled by {params.vendor_fraction_of_datasheet:.2f} for vendor GEMMs"
               if hw.source == "datasheet" else "")
@@ -129,7 +139,8 @@ def standard_assumptions(hw: HardwareSpec, topo: Topology, params: ModelParams) 
          f"latency later ({params.flag_roundtrip_s / 2 * 1e6:.1f} us, half the flag round trip); hosts enqueue "
          f"{params.gate_hold_s * 1e6:.0f} us before the release"),
         f"launch: {params.host_launch_triton_s * 1e6:.1f} us host per Triton launch, {params.host_launch_torch_s * 1e6:.1f} us per "
-        f"torch/NCCL call, {params.launch_latency_s * 1e6:.1f} us launch latency, {params.kernel_gap_s * 1e6:.1f} us between queued kernels",
+        f"torch/NCCL call, {params.launch_latency_s * 1e6:.1f} us launch latency, {params.kernel_gap_s * 1e6:.1f} us between queued kernels"
+        + graph_gap_note(params),
     ]
     if not params.instrumented:
         out.append("fused kernels without in-kernel trace records: their flag waits count as compute time (as the ledger "

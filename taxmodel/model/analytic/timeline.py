@@ -102,7 +102,9 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
     Host: rank r is released from the barrier at ``start_offsets(W)[r]`` and returns from kernel
     k's launch call ``host_s`` later than from kernel k-1's. GPU: a kernel starts at
     max(its stream free + kernel gap, launch end + launch latency, its ``after`` kernel's end +
-    kernel gap); a collective ends ``duration``
+    kernel gap), the kernel gap being ``params.queued_gap_s`` (the graph gap for graph launches; the
+    first kernel after a device gate, launched apart from the graph, waits ``kernel_gap_s``); a
+    collective ends ``duration``
     after its last member started; a synced fused kernel ends at
     max(start + work, last peer's work done + flag latency) + post.
     """
@@ -115,6 +117,7 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
     offs = release_offsets(world, params)
     gated = params.start_alignment in GATED_ALIGNMENTS
     host = [o - params.gate_hold_s for o in offs] if gated else list(offs)
+    gap = params.queued_gap_s  # between kernels of one rank (of one graph, for graph launches)
     free: list[dict[int, float]] = [{} for _ in range(world)]
     ends: list[list[float]] = [[] for _ in range(world)]  # per rank, every placed kernel's end
     rows: list[dict] = []
@@ -130,11 +133,11 @@ def simulate(plans: Sequence[Sequence[KernelPlan]], params: ModelParams) -> Pred
             if gated:  # queued behind the gate: not before its release
                 s = max(s, offs[r] + params.kernel_gap_s)
             if f is not None:
-                s = max(s, f + params.kernel_gap_s)
+                s = max(s, f + gap)
             if p.after is not None:
                 if not 0 <= p.after < k:
                     raise ValueError(f"kernel {k} ({p.name}) waits on kernel {p.after}, which is not an earlier one")
-                s = max(s, ends[r][p.after] + params.kernel_gap_s)
+                s = max(s, ends[r][p.after] + gap)
             starts.append(s)
         coll_id = ""
         if plans[0][k].collective:
