@@ -73,6 +73,7 @@ def ag_gemm_kernel(
     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
     K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
     FLATTEN: tl.constexpr = False, WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False,
+    HORIZON_SCAN: tl.constexpr = 64,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
@@ -90,7 +91,8 @@ def ag_gemm_kernel(
         rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
         remote_shift, rank, epoch, budget, kernel_id,
         ROLE_AG, WORLD, A_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
-        COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE, INSTRUMENT, FLATTEN, False, WAIT_VOTE, WAIT_HORIZON)
+        COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE, INSTRUMENT, FLATTEN, False, WAIT_VOTE, WAIT_HORIZON,
+        HORIZON_SCAN)
     t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:
@@ -123,7 +125,8 @@ class GemmConfig:
     acquire load per thread and a voting barrier (``sync.wait_geq``'s ``VOTE``; GPU only: the
     interpreter always spins). ``wait_horizon`` (one flag per block): a program scans the remote
     blocks' flags in delivery order and remembers how far they were all ready, so a tile whose
-    block lies below that horizon waits on nothing (``tile_gemm.ready_prefix``).
+    block lies below that horizon waits on nothing (``tile_gemm.ready_prefix``); one scan reads at
+    most ``horizon_scan`` flags (a power of two).
     """
 
     block_m: int = 128
@@ -147,6 +150,7 @@ class GemmConfig:
     flatten: bool = True
     wait_vote: bool = True
     wait_horizon: bool = True
+    horizon_scan: int = 64
 
     def tile_label(self) -> str:
         """The GEMM's part of ``label``: tile, pipeline, warps, grouping, loads/stores."""
@@ -301,6 +305,8 @@ def launch_ag_gemm(
     """
     if mode == A_WAIT and epochs is None:
         raise ValueError("launch_ag_gemm: A_WAIT needs the device epoch words (epochs=)")
+    if cfg.horizon_scan < 1 or cfg.horizon_scan & (cfg.horizon_scan - 1):
+        raise ValueError(f"launch_ag_gemm: horizon_scan must be a power of two, got {cfg.horizon_scan}")
     n = b.shape[1]
     k = b.shape[0]
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
@@ -326,5 +332,6 @@ def launch_ag_gemm(
         K_PIECES=pieces, KT_PER_PIECE=piece_cols(cfg, k) // cfg.block_k if pieces > 1 else triton.cdiv(k, cfg.block_k),
         INSTRUMENT=trace.instrument_code(records),
         FLATTEN=cfg.flatten and flatten_ok(pieces, bool(trace.instrument_code(records)), use_tma),
-        WAIT_VOTE=cfg.wait_vote and sync == SYNC_NVIDIA, WAIT_HORIZON=cfg.wait_horizon, num_warps=cfg.num_warps,
+        WAIT_VOTE=cfg.wait_vote and sync == SYNC_NVIDIA, WAIT_HORIZON=cfg.wait_horizon, HORIZON_SCAN=cfg.horizon_scan,
+        num_warps=cfg.num_warps,
     )

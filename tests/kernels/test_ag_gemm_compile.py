@@ -43,7 +43,7 @@ def gemm(tag, block_m=128, block_n=256, block_k=64, stages=3, warps=8, tma_store
     consts = dict(WORLD=4, A_MODE=2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, NUM_PROGS=132,
                   NUM_STAGES=stages, USE_TMA=True, SYNC_MODE=1, COUNT=False, TMA_STORE=tma_store,
                   EPI_SPLIT=epi, K_PIECES=pieces, KT_PER_PIECE=K // pieces // block_k, INSTRUMENT=inst,
-                  FLATTEN=flatten, WAIT_VOTE=vote, WAIT_HORIZON=horizon)
+                  FLATTEN=flatten, WAIT_VOTE=vote, WAIT_HORIZON=horizon, HORIZON_SCAN=64)
     return build(gt.ag_gemm_kernel, gemm_args(block_m, block_n, block_k, tma_store, epi), consts, warps, stages, tag)
 
 copy_args = [("gathered_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0), ("heap_bases", "*i64", 0),

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "Int
 SHAPE = {**AgGemm.presets["tiny"], "M": 72, "seed": 5}  # M_loc 24 at 3 ranks: a partial block per slab
 
 
-def _protocol_run(variant: str, transport: str, world: int, delay_rank: int | None, delay_s: float, iterations: int):
-    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport))
+def _protocol_run(variant: str, transport: str, world: int, delay_rank: int | None, delay_s: float, iterations: int,
+                  **cfg):
+    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport, **cfg))
     target = wait_target  # push and pull: the same flag protocol
 
     def body(ctx: RankContext):
@@ -63,10 +64,14 @@ def test_flags_per_block_follow_the_transport() -> None:
         gemm_tiles.piece_cols(replace(sm, push_chunk_k=24), 40)
 
 
-@pytest.mark.parametrize("variant,transport", [("push", "ce"), ("push", "sm"), ("pull", "ce"), ("pull", "sm")])
-def test_each_tile_once_and_only_after_its_flag_with_a_late_peer(variant: str, transport: str) -> None:
+@pytest.mark.parametrize("variant,transport,cfg", [
+    ("push", "ce", {}), ("push", "sm", {}), ("pull", "ce", {}), ("pull", "sm", {}),
+    # The ready horizon (one flag per block: the copy engines) rescanning two flags at a time past a
+    # late peer's blocks, and the per-tile wait it replaced.
+    ("push", "ce", {"horizon_scan": 2}), ("pull", "ce", {"wait_horizon": False})])
+def test_each_tile_once_and_only_after_its_flag_with_a_late_peer(variant: str, transport: str, cfg: dict) -> None:
     iterations = 2
-    results = _protocol_run(variant, transport, 3, delay_rank=1, delay_s=1.0, iterations=iterations)
+    results = _protocol_run(variant, transport, 3, delay_rank=1, delay_s=1.0, iterations=iterations, **cfg)
     for count, seen, targets in results:
         assert count.tolist() == [iterations] * count.numel()  # every tile once per iteration
         for s, target in zip(seen, targets):
