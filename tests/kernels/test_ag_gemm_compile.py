@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from aot import assert_fits_an_sm, compile_report
+from aot import assert_fits_an_sm, compile_report, tritons
 
 SCRIPT = r'''
 from taxmodel.kernels.ag_gemm import gemm_tiles as gt, transport
@@ -73,9 +73,9 @@ print(json.dumps(report))
 
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    return compile_report(SCRIPT, tmp_path_factory)
+@pytest.fixture(scope="module", params=tritons())
+def report(request, tmp_path_factory):
+    return compile_report(SCRIPT, tmp_path_factory, request.param)
 
 
 KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "gemm_flat_vote", "gemm_flat_horizon", "copy_push", "copy_push_inst", "copy_pull", "copy_pull_inst"]
