@@ -18,7 +18,9 @@ results.csv, results.md. Rank 0 prints the table.
 ``--graph`` also times, for every variant and config that is graph-safe (``Variant.graph_safe``:
 bsp, pull with any transport, push with the ``sm`` one; not push on the copy engines), ``--iters``
 iterations captured in one CUDA graph and replayed (the same timer as bench_flash_decode: max
-over ranks, median over ``--reps`` replays), beside the eager time of the same config. After the
+over ranks, median over ``--reps`` replays), beside the eager time of the same config, and the
+floors too (``floor:...@graph``: the GEMM or the collective alone, replayed the same way, so that a
+graph variant is compared with a floor timed as it is). After the
 replays every rank refills its inputs in place with a new seed, poisons C, replays the graph once
 more and checks C against the new reference. Graph rows are ``<variant>@graph``; with several
 transports tried, the best per transport is also a ``<variant>[<transport>]`` row. On CPU there
@@ -224,6 +226,26 @@ def time_graph(ctx: RankContext, st: Any, variant: Any, timer: Any) -> tuple[flo
     return statistics.median(times), ok, "" if ok else "in-kernel wait gave up during graph replays"
 
 
+def floor_in_graph(timer: Any, fn: Callable[[], Any]) -> tuple[float, str]:
+    """A floor (a GEMM or a collective alone) timed as the ``@graph`` variants are: ``fn`` captured
+    ``iters`` times in one CUDA graph, the median of the replays' per-iteration times (max over
+    ranks); (nan, why) when the capture failed. On CPU the timer runs ``fn`` eagerly."""
+    times, _, error = timer.graph(fn)
+    if times is None:
+        return float("nan"), f"graph capture failed: {error}"
+    return statistics.median(times), ""
+
+
+def record_floor(record: Callable[..., None], ctx: RankContext, timer: Any, name: str, fn: Callable[[], Any],
+                 iters: int, reps: int, warmup: int, cfg: str = "") -> None:
+    """Floor ``name`` (``fn`` alone) timed in eager batches, and with a graph ``timer`` (``--graph``)
+    also replayed in a CUDA graph as ``name@graph``, through the benchmark's ``record``."""
+    record(name, time_batches(ctx, fn, iters, reps, warmup), cfg)
+    if timer is not None:
+        gms, note = floor_in_graph(timer, fn)
+        record(f"{name}@graph", gms, cfg, note=note)
+
+
 def check_after_replays(ctx: RankContext, wl: Any, st: Any, variant: Any, ref: torch.Tensor) -> tuple[bool, float]:
     """Fresh inputs written in place (seed 2; the graph reads the same buffers), C poisoned, the
     captured graph replayed once, C checked against ``ref`` (the reference of seed 2)."""
@@ -335,7 +357,8 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     from taxmodel.kernels.ag_gemm.state import make_shard
 
     gathered = torch.cat([make_shard(1, r, st.m_loc, st.k, st.dtype, ctx.device) for r in range(ctx.world_size)])
-    record("floor:matmul(cublas)", time_batches(ctx, lambda: torch.matmul(gathered, st.b, out=st.c), iters, reps, warmup))
+    record_floor(record, ctx, timer, "floor:matmul(cublas)", lambda: torch.matmul(gathered, st.b, out=st.c), iters,
+                 reps, warmup)
     best_triton = None
     for cfg in gemm_only(configs):
         descs = {}
@@ -349,12 +372,15 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
         ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
         log(f"  {preset:14s} {'gemm(triton)@tune':22s} {ms:9.4f} ms  {cfg.label()}")
         if best_triton is None or ms < best_triton[0]:
-            best_triton = (ms, cfg.label())
+            best_triton = (ms, cfg.label(), triton_gemm)
     record("floor:gemm(triton)", best_triton[0], best_triton[1])
+    if timer is not None:
+        gms, note = floor_in_graph(timer, best_triton[2])
+        record("floor:gemm(triton)@graph", gms, best_triton[1], note=note)
     if ctx.world_size > 1 and ctx.backend != "threads":
         out = torch.empty(st.m, st.k, dtype=st.dtype, device=ctx.device)
-        ms = time_batches(ctx, lambda: dist.all_gather_into_tensor(out, st.a_local, group=ctx.group), iters, reps, warmup)
-        record("floor:all_gather", ms)
+        record_floor(record, ctx, timer, "floor:all_gather",
+                     lambda: dist.all_gather_into_tensor(out, st.a_local, group=ctx.group), iters, reps, warmup)
     st = None
     return rows
 

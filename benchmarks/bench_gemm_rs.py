@@ -19,7 +19,8 @@ rank holds A_r [M, K/world] and B_r [K/world, N] and keeps M/world rows of the s
    maximum over ranks (the slowest rank sets the pace), median over ``--reps`` batches.
    With ``--graph``, every graph-safe variant and config (bsp, fused) also as iterations captured
    in one CUDA graph and replayed, checked on fresh inputs after the replays (bench_ag_gemm's timer
-   and check; ``<variant>@graph`` rows). On CPU the "graph" runs eagerly (a smoke test of the flow).
+   and check; ``<variant>@graph`` rows), and the floors replayed the same way (``floor:...@graph``).
+   On CPU the "graph" runs eagerly (a smoke test of the flow).
 3. ``--records``: the best fused config once more, plain and with in-kernel records (a second
    state compiled with ``INSTRUMENT=True``; per-iteration record buffers armed before each batch,
    as ``taxmodel profile --instrument`` does, and drained after it), batches interleaved
@@ -46,8 +47,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import (check, check_after_replays, graph_timer, results_frames, run_sizes, speed_cell,  # noqa: E402
-                           time_batches, time_graph)
+from bench_ag_gemm import (check, check_after_replays, floor_in_graph, graph_timer, record_floor, results_frames,  # noqa: E402
+                           run_sizes, speed_cell, time_batches, time_graph)
 from harness import all_max, init  # noqa: E402
 
 from taxmodel.runtime.heap import make_heap  # noqa: E402
@@ -186,8 +187,8 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
     # Floors: the partial-product GEMM alone (cuBLAS; the fused GEMM kernel with every tile kept
     # local, nothing sent or waited on) and the reduce-scatter alone.
     st = fresh_state(variants["bsp"])
-    record("floor:matmul(cublas)", time_batches(ctx, lambda: torch.matmul(st.a, st.b, out=st.partial), iters, reps,
-                                                warmup))
+    record_floor(record, ctx, timer, "floor:matmul(cublas)", lambda: torch.matmul(st.a, st.b, out=st.partial), iters,
+                 reps, warmup)
     scratch = torch.empty(2, 1, st.m, st.n, dtype=st.dtype, device=ctx.device)  # both epoch halves, one rank
     epochs = torch.zeros(2, dtype=torch.int32, device=ctx.device)
     flags = torch.zeros(triton_tiles(st.m, st.n, configs), dtype=torch.int32, device=ctx.device)
@@ -201,12 +202,14 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
         ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
         log(f"  {preset:12s} {'gemm(triton)@tune':24s} {ms:9.4f} ms  {cfg.label()}")
         if best_triton is None or ms < best_triton[0]:
-            best_triton = (ms, cfg.label())
+            best_triton = (ms, cfg.label(), triton_gemm)
     record("floor:gemm(triton)", best_triton[0], best_triton[1])
+    if timer is not None:
+        gms, note = floor_in_graph(timer, best_triton[2])
+        record("floor:gemm(triton)@graph", gms, best_triton[1], note=note)
     if ctx.world_size > 1:
-        ms = time_batches(ctx, lambda: dist.reduce_scatter_tensor(st.out, st.partial, group=ctx.group), iters, reps,
-                          warmup)
-        record("floor:reduce_scatter", ms)
+        record_floor(record, ctx, timer, "floor:reduce_scatter",
+                     lambda: dist.reduce_scatter_tensor(st.out, st.partial, group=ctx.group), iters, reps, warmup)
     st = None
     return rows
 
