@@ -99,6 +99,19 @@ def _grouped(seg_t, seg_first, seg_blocks, n_tiles, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def peer_block(r, rank, WORLD: tl.constexpr):
+    """Position ``r`` of the peers' blocks in interleaved order (block 0 of rank+1, rank+2, ..., then
+    block 1, ...) -> (the peer's rank, the block within its slab). ``WORLD`` > 1."""
+    return (rank + r % (WORLD - 1) + 1) % WORLD, r // (WORLD - 1)
+
+
+@triton.jit
+def peer_position(slab, j, rank, WORLD: tl.constexpr):
+    """``peer_block``'s inverse: block ``j`` of peer ``slab`` -> its position in the interleaved order."""
+    return j * (WORLD - 1) + (slab - rank - 1 + WORLD) % WORLD
+
+
+@triton.jit
 def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
     """Tile number ``t`` -> (slab rank, block within the slab, N-tile index) in the role's order."""
     if ROLE == 0:
@@ -120,8 +133,9 @@ def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl
         is_own = s < blocks_per_rank
         r = s - blocks_per_rank
         if WORLD > 1:
-            slab = tl.where(is_own, rank, (rank + r % (WORLD - 1) + 1) % WORLD)
-            j = tl.where(is_own, s, r // (WORLD - 1))
+            peer, peer_j = peer_block(r, rank, WORLD)
+            slab = tl.where(is_own, rank, peer)
+            j = tl.where(is_own, s, peer_j)
         else:
             slab = rank + 0 * s
             j = s
@@ -129,8 +143,9 @@ def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl
         # Peers interleaved block by block (rank+1 first), own slab last.
         peer_blocks = (WORLD - 1) * blocks_per_rank
         if WORLD > 1:
-            slab = tl.where(in_first, (rank + s % (WORLD - 1) + 1) % WORLD, rank)
-            j = tl.where(in_first, s // (WORLD - 1), s - peer_blocks)
+            peer, peer_j = peer_block(s, rank, WORLD)
+            slab = tl.where(in_first, peer, rank)
+            j = tl.where(in_first, peer_j, s - peer_blocks)
         else:
             slab = rank + 0 * s
             j = s
@@ -214,17 +229,17 @@ def wait_piece(flags_ptr, flag, waits, a_row0, seen_min, rec_ptr, pid, t_rec, er
 
 
 @triton.jit
-def ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD: tl.constexpr, K_PIECES: tl.constexpr,
-                 SCAN: tl.constexpr, SYNC_MODE: tl.constexpr):
-    """AG ``A_WAIT``, one flag per block: the new horizon after one scan, i.e. ``horizon`` plus how
+def ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD: tl.constexpr, SCAN: tl.constexpr,
+                 SYNC_MODE: tl.constexpr):
+    """AG ``A_WAIT``, one flag per block (``K_PIECES`` 1): the new horizon after one scan, i.e. ``horizon`` plus how
     many remote blocks from position ``horizon`` on (delivery order, ``SCAN`` at most) already
     hold ``epoch``, without a gap. Every thread reads its share of the flags with an acquire load
     (``sync.acquire_load``; plain volatile loads in the interpreter); the count is a CTA-wide
     reduction, so every thread gets the same horizon."""
     pos = horizon + tl.arange(0, SCAN)
     in_range = pos < (WORLD - 1) * blocks_per_rank
-    src = (rank + pos % (WORLD - 1) + 1) % WORLD
-    idx = tl.where(in_range, (src * blocks_per_rank + pos // (WORLD - 1)) * K_PIECES, 0)
+    src, j = peer_block(pos, rank, WORLD)
+    idx = tl.where(in_range, src * blocks_per_rank + j, 0)
     if SYNC_MODE == 1:
         vals = acquire_load(flags_ptr + idx, False)
     else:
@@ -277,13 +292,13 @@ def persistent_gemm(
             seen_min = tl.cast(epoch, tl.int32)
             if K_PIECES == 1:
                 if WAIT_HORIZON and (WORLD > 1):
-                    # Remote blocks arrive in delivery order (position r: block r // (WORLD-1) of peer
-                    # rank + 1 + r % (WORLD-1)); positions below ``horizon`` were seen ready by an
-                    # earlier scan of this program (acquired, then fenced for TMA): no wait at all.
-                    r_pos = j * (WORLD - 1) + (slab - rank - 1 + WORLD) % WORLD
+                    # Remote blocks arrive in delivery order (``peer_block``); positions below
+                    # ``horizon`` were seen ready by an earlier scan of this program (acquired, then
+                    # fenced for TMA): no wait at all.
+                    r_pos = peer_position(slab, j, rank, WORLD)
                     if waits & (r_pos >= horizon):
-                        horizon = ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD, K_PIECES,
-                                               HORIZON_SCAN, SYNC_MODE)
+                        horizon = ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD, HORIZON_SCAN,
+                                               SYNC_MODE)
                         if USE_TMA:
                             fence_tma_after_acquire(SYNC_MODE)
                     covered = waits & (r_pos < horizon)
