@@ -98,6 +98,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         # the workloads' own kernels' microbenchmarks (issue 33; each None when its step did not run)
         "triton_gemm_speed_by_m": gemm_speed_by_m(meas.get("tile_gemm")),
         "rs_gemm_speed_by_m": gemm_speed_by_m(meas.get("rs_gemm"), "rs_s"),
+        "rs_push_s_per_byte_by_m": rs_push_cost_by_m(meas.get("rs_gemm")),
         **copy_share_fit(meas.get("copy_share")),
         **split_kv_fit(meas.get("combine"), meas["hbm"]["bytes_per_s"], _l2_of(preset)),
         "ll_push_bytes_per_s": ll_push_rate(meas.get("ll_push")),
@@ -230,6 +231,29 @@ def gemm_speed_by_m(measured: dict | None, key: str = "tile_s") -> list[list[flo
     pts = sorted([float(r["m"]), float(r["vendor_s"]) / float(r[key])] for r in _rows(measured)
                  if _positive(r.get("m"), r.get("vendor_s"), r.get(key)))
     return [[m, round(s, 4)] for m, s in pts] or None
+
+
+#: Where a kernel step's "peers" were when it ran on one GPU (rank 0 of 2, the second rank's memory
+#: a second half of its own): its stores cross no link.
+ONE_GPU_PEERS = "one GPU: a second half of its own memory as the peer"
+
+
+def rs_push_cost_by_m(measured: dict | None) -> list[list[float]] | None:
+    """``rs_push_s_per_byte_by_m`` from the rs_gemm step: per M, GEMM+RS's GEMM kernel's time beyond
+    the vendor GEMM on the same shard (never below 0) over the bytes each rank pushed into its peers
+    ((W-1)/W of its M x N partial product, ``element_bytes`` each, bf16 where a row does not say);
+    rows of one rank, and a step run on one GPU (its "peer" its own memory: no link crossed), give
+    no point; None without points."""
+    if isinstance(measured, dict) and measured.get("peers") == ONE_GPU_PEERS:
+        return None
+    pts = []
+    for r in _rows(measured):
+        if not _positive(r.get("m"), r.get("n"), r.get("world"), r.get("rs_s"), r.get("vendor_s")) or int(r["world"]) < 2:
+            continue
+        w = int(r["world"])
+        pushed = float(r["m"]) * float(r["n"]) * float(r.get("element_bytes") or 2) * (w - 1) / w
+        pts.append([float(r["m"]), float(f"{max(float(r['rs_s']) - float(r['vendor_s']), 0.0) / pushed:.4g}")])
+    return sorted(pts) or None
 
 
 def copy_share_fit(measured: dict | None) -> dict:

@@ -57,7 +57,7 @@ import triton.language as tl
 import iris
 from taxmodel.fsutil import atomic_write, check_not_input
 from taxmodel.kernels.device import sync
-from taxmodel.model.calibration import STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
+from taxmodel.model.calibration import ONE_GPU_PEERS, STEP_KEYS, check_update, curve_table, fit, parse_steps, update_spec
 from taxmodel.errors import Interrupted, RunError
 from taxmodel.runtime.bootstrap import join_process_group, rank_device
 from taxmodel.runtime.heap import disable_multicast
@@ -614,7 +614,7 @@ def _on_peers(measure: Callable[..., dict], device: torch.device, world: int, ra
         res = measure(device, heap, rank if world > 1 else 0, max(world, 2), heap.barrier)
     finally:
         heap.close()
-    res["peers"] = "NVLink/xGMI peers" if world > 1 else "one GPU: a second half of its own memory as the peer"
+    res["peers"] = "NVLink/xGMI peers" if world > 1 else ONE_GPU_PEERS
     return res
 
 

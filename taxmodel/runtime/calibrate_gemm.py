@@ -231,7 +231,7 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
         v = kernel_seconds(device, _repeat(vendor, reps), {"vendor": "."})
         sync.check_errors(err, "calibration GEMM+RS", None, mode)
         rows.append({"m": m, "n": nk, "k": nk, "k_loc": k_loc, "world": world, "config": cfg.tile_label(),
-                     "rs_s": median_seconds(t, "rs", "GEMM+RS GEMM"),
+                     "element_bytes": a.element_size(), "rs_s": median_seconds(t, "rs", "GEMM+RS GEMM"),
                      "vendor_s": median_seconds(v, "vendor", "vendor GEMM")})
         a = b = ref = recv = flags = out = None  # drop the buffers before the next size
     return {"rows": rows}

@@ -246,11 +246,15 @@ def test_a_file_without_the_graph_gap_loads_as_before():
 
     d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
     assert "graph_kernel_gap_s" not in d
-    for spec in (HardwareSpec.from_dict(d), find_preset("h200-calibrated")):
+    shipped = find_preset("h200-calibrated").to_dict()
+    assert shipped.pop("graph_kernel_gap_s") > 0  # measured on a 4x H200 since
+    for spec in (HardwareSpec.from_dict(d), HardwareSpec.from_dict(shipped)):
         assert spec.graph_kernel_gap_s == 0.0
         params = ModelParams.from_hardware(spec, graph_launch=True)
         assert params.graph_kernel_gap_s == 0.0 and params.sources["graph_kernel_gap_s"] == "default"
         assert params.queued_gap_s == params.kernel_gap_s == spec.kernel_gap_s
+    measured = ModelParams.from_hardware(find_preset("h200-calibrated"), graph_launch=True)
+    assert 0 < measured.queued_gap_s == measured.graph_kernel_gap_s < measured.kernel_gap_s
 
 
 def test_calibrate_without_gpu_says_what_to_do(monkeypatch, tmp_path):
@@ -283,7 +287,9 @@ def test_a_graph_launch_has_one_host_launch_and_no_host_starved_gaps():
     eager = predict("flash_decode", "bsp", shape, 4, hw, ModelParams.from_hardware(hw)).taxes_ns()
     graph = predict("flash_decode", "bsp", shape, 4, hw, ModelParams.from_hardware(hw, graph_launch=True)).taxes_ns()
     assert graph["host_starved"] == 0.0 and graph["launch_latency"] == 0.0
-    assert graph["kernel_gap"] == pytest.approx(3 * hw.kernel_gap_s * 1e9, rel=1e-6)  # three queued gaps per rank
+    queued = ModelParams.from_hardware(hw, graph_launch=True).queued_gap_s  # the measured graph gap
+    assert queued == hw.graph_kernel_gap_s > 0
+    assert graph["kernel_gap"] == pytest.approx(3 * queued * 1e9, rel=1e-6)  # three queued gaps per rank
     assert eager["launch_tax"] > graph["launch_tax"]
     assert graph["window"] < eager["window"]
 
@@ -327,7 +333,7 @@ def _kernel_gaps_ns(hw, graph_launch: bool) -> list[int]:
 
 
 def test_a_graph_launch_queues_its_kernels_the_measured_graph_gap_apart():
-    base = find_preset("h200-calibrated")
+    base = replace(find_preset("h200-calibrated"), graph_kernel_gap_s=0.0)  # as before it was measured
     gap_ns = round(base.kernel_gap_s * 1e9)
     measured = replace(base, graph_kernel_gap_s=0.3e-6)
     assert _kernel_gaps_ns(measured, graph_launch=True) == [300, 300]

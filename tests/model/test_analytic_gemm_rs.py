@@ -341,3 +341,17 @@ def test_a_measured_rs_gemm_speed_sets_the_kernels_gemm_before_any_fitted_effici
     speed = 0.8 + 0.1 * (13 - 10) / (14 - 10)  # log2 M = 13 between the points at 10 and 14
     assert det["triton_gemm"] - T0 == pytest.approx((vendor["gemm"] - T0) / speed, rel=1e-9)
     assert "rs_gemm_speed_by_m" in notes[-1]
+
+
+def test_a_measured_push_cost_scales_with_the_bytes_each_world_size_pushes():
+    """rs_push_s_per_byte_by_m: the vendor GEMM on the shard plus the cost per pushed byte times the
+    (W-1)/W of the M x N partial product a rank pushes; it wins over a speed measured at one world
+    size, and at one rank (nothing pushed) the kernel takes the vendor GEMM's time."""
+    cost = 1.5e-12
+    m, n, elt = BIG["M"], BIG["N"], 2
+    for world in (1, 2, 4, 8):
+        _, vendor, _, _ = _plans("bsp", BIG, world)
+        _, det, notes, _ = _plans("fused", BIG, world, rs_gemm_speed_by_m=((8192, 0.5),),
+                                  rs_push_s_per_byte_by_m=((1024, cost), (16384, cost)))
+        assert det["triton_gemm"] == pytest.approx(vendor["gemm"] + m * n * elt * (world - 1) / world * cost, rel=1e-9)
+        assert "rs_push_s_per_byte_by_m" in notes[-1]

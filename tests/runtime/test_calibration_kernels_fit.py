@@ -131,6 +131,22 @@ def test_a_reduction_programs_rate_is_charged_as_the_model_charges_it():
     assert calfit.reduce_rate({"rows": [{**row, "reduce_s": 1e-6}]}, 0.5e-6) is None  # shorter than its fixed cost
 
 
+def test_the_push_cost_is_the_time_beyond_the_vendor_gemm_per_byte_pushed_and_never_negative():
+    """(rs_s - vendor_s) over (W-1)/W of M x N elements of element_bytes (2 where a row has none);
+    a row of one rank pushed nothing and gives no point; a kernel faster than the vendor GEMM costs 0."""
+    rows = [{"m": 1024, "n": 8192, "world": 4, "rs_s": 7.6e-5, "vendor_s": 4.6e-5},
+            {"m": 8192, "n": 8192, "world": 2, "element_bytes": 4, "rs_s": 9e-4, "vendor_s": 8e-4},
+            {"m": 4096, "n": 8192, "world": 4, "rs_s": 1e-4, "vendor_s": 2e-4},
+            {"m": 2048, "n": 8192, "world": 1, "rs_s": 2e-4, "vendor_s": 1e-4}]
+    pts = calfit.rs_push_cost_by_m({"rows": rows})
+    assert [p[0] for p in pts] == [1024.0, 4096.0, 8192.0]
+    assert pts[0][1] == pytest.approx(3.0e-5 / (1024 * 8192 * 2 * 3 / 4), rel=1e-3)
+    assert pts[1][1] == 0.0
+    assert pts[2][1] == pytest.approx(1e-4 / (8192 * 8192 * 4 / 2), rel=1e-3)
+    assert calfit.rs_push_cost_by_m({"rows": rows[3:]}) is None
+    assert calfit.rs_push_cost_by_m({"rows": rows, "peers": calfit.ONE_GPU_PEERS}) is None  # no link crossed
+
+
 def test_fit_writes_every_measured_mechanism_under_its_model_parameter_name():
     from taxmodel.model.analytic.params import CALIBRATED_MECHANISMS, ModelParams
 

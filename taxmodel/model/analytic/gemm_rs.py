@@ -120,7 +120,7 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                          "symmetric heap need one domain; out of the model's scope")
     slab = m_loc * n * elt
     ht = params.host_launch_triton_s
-    gemm, eff, eff_key = _rs_gemm_time(m, n, k_loc, elt, dtype, hw, params)
+    gemm, eff, eff_key = _rs_gemm_time(m, n, k_loc, elt, dtype, world, hw, params)
     tm, tn = params.triton_tile
     tiles = world * cdiv(m_loc, tm) * cdiv(n, tn)  # an M-block never straddles two ranks' slabs
     store_bw = params.peer_store_bytes_per_s or hw.link_bytes_per_s
@@ -187,12 +187,19 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     return [list(one) for _ in range(world)], det, notes
 
 
-def _rs_gemm_time(m: int, n: int, k_loc: int, elt: int, dtype: str, hw: HardwareSpec,
+def _rs_gemm_time(m: int, n: int, k_loc: int, elt: int, dtype: str, world: int, hw: HardwareSpec,
                   params: ModelParams) -> tuple[float, float, str]:
     """GEMM+RS's GEMM kernel's time, its speed against the vendor GEMM and where that came from:
-    the speed measured on this machine (rs_gemm_speed_by_m, the pushes included), else its fitted
-    efficiency (rs_gemm_efficiency), else the tile GEMM's measured speed by M, else the Triton
-    efficiency factor."""
+    the vendor GEMM plus the measured cost of each byte pushed to the peers (rs_push_s_per_byte_by_m:
+    it scales with the world size, where a speed measured at one world size does not), else the
+    speed measured on this machine (rs_gemm_speed_by_m, the pushes included, rows of one rank), else
+    its fitted efficiency (rs_gemm_efficiency), else the tile GEMM's measured speed by M, else the
+    Triton efficiency factor."""
+    cost = params.rs_push_cost(m)
+    if cost is not None:
+        vendor = gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
+        kernel = vendor + m * n * elt * (world - 1) / world * cost
+        return kernel, vendor / kernel, "rs_push_s_per_byte_by_m"
     speed = params.rs_gemm_speed(m)
     if speed is not None:
         vendor = gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)

@@ -37,6 +37,14 @@ class ModelParams:
     #: rank K/W). Where given it sets that kernel's time (its pushes included) in place of
     #: ``rs_gemm_efficiency``. Empty: not measured.
     rs_gemm_speed_by_m: tuple[tuple[float, float], ...] = ()
+    #: What the pushes cost GEMM+RS's GEMM kernel, by M: pairs (M, seconds per pushed byte), the
+    #: rs_gemm step's kernel time beyond the vendor GEMM on the same shard over the bytes each rank
+    #: pushed ((W-1)/W of its M x N partial product), measured at the calibrating machine's world
+    #: size. Where given (rows of two or more ranks) the kernel takes the vendor GEMM's time plus
+    #: that cost per byte it pushes at the world size predicted, in place of ``rs_gemm_speed_by_m``
+    #: (a speed holds only at the world size it was measured at: at W = 2 a rank computes twice the
+    #: products of W = 4 and pushes two thirds of the bytes). Empty: not measured.
+    rs_push_s_per_byte_by_m: tuple[tuple[float, float], ...] = ()
     #: Vendor GEMM rate as a fraction of a *datasheet* peak (cuBLAS reached ~0.8 of the H200's
     #: 989 TFLOP/s); 1.0 for calibrated peaks, which are measured cuBLAS rates.
     vendor_fraction_of_datasheet: float = 0.80
@@ -205,6 +213,11 @@ class ModelParams:
         when the rs_gemm step did not run on this hardware."""
         return speed_at_m(self.rs_gemm_speed_by_m, m)
 
+    def rs_push_cost(self, m: int) -> float | None:
+        """Seconds per byte GEMM+RS's pushes add to its GEMM kernel at ``m`` rows (``rs_push_s_per_byte_by_m``,
+        interpolated as ``speed_at_m``); None when the rs_gemm step did not run on two or more ranks here."""
+        return speed_at_m(self.rs_push_s_per_byte_by_m, m, positive=False)
+
     def borrowed(self) -> dict[str, str]:
         """Parameter -> the GPU its value was borrowed from (fitted there, not measured here)."""
         out = {}
@@ -237,10 +250,11 @@ def entered_by_hand(hw: HardwareSpec) -> dict[str, str]:
     return out
 
 
-def speed_at_m(points: tuple[tuple[float, float], ...], m: int) -> float | None:
+def speed_at_m(points: tuple[tuple[float, float], ...], m: int, positive: bool = True) -> float | None:
     """A speed measured at a few M (pairs (M, speed)) at ``m`` rows: linear in log2 M between the
-    measured points, the end values beyond them; None without points."""
-    pts = sorted((float(a), float(b)) for a, b in points if float(a) > 0 and float(b) > 0)
+    measured points, the end values beyond them; None without points. ``positive``: values of 0
+    are not points (a speed); else they are (a cost that may be nil)."""
+    pts = sorted((float(a), float(b)) for a, b in points if float(a) > 0 and (float(b) > 0 if positive else float(b) >= 0))
     if not pts:
         return None
     x = math.log2(max(float(m), 1.0))
@@ -262,6 +276,7 @@ _PARAM_FIELDS = [f for f in ModelParams.__dataclass_fields__ if f != "sources"]
 CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "triton_gemm_speed_by_m": ("triton_gemm_efficiency",),
     "rs_gemm_speed_by_m": ("rs_gemm_efficiency",),
+    "rs_push_s_per_byte_by_m": ("rs_gemm_efficiency",),
     "copy_program_bytes_per_s": (),
     "gemm_share_loss": (),
     "triton_stream_efficiency": (),
@@ -283,7 +298,7 @@ RAW_FEEDS: dict[str, tuple[str, ...]] = {
     "peer": ("peer_load_bytes_per_s", "peer_load_latency_s", "peer_store_bytes_per_s", "peer_store_bytes_per_s_per_sm"),
     "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s", "split_kv_resident_bytes_per_s",
                 "split_kv_resident_fixed_s"),
-    "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m",),
+    "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m"),
     "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss"),
     "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
 }
