@@ -17,7 +17,7 @@ results.csv, results.md. Rank 0 prints the table.
 
 ``--graph`` also times, for every variant and config that is graph-safe (``Variant.graph_safe``:
 bsp, pull with any transport, push with the ``sm`` one; not push on the copy engines), ``--iters``
-iterations captured in one CUDA graph and replayed (the same timer as bench_flash_decode: max
+iterations captured in one CUDA graph and replayed (``harness.rank_timer``, as bench_flash_decode: max
 over ranks, median over ``--reps`` replays), beside the eager time of the same config, and the
 floors too (``floor:...@graph``: the GEMM or the collective alone, replayed the same way, so that a
 graph variant is compared with a floor timed as it is). After the
@@ -46,7 +46,9 @@ from taxmodel.runtime.context import RankContext
 from taxmodel.runtime.heap import make_heap
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import all_max, init  # noqa: E402
+from harness import all_max, init, rank_timer  # noqa: E402
+
+from taxmodel.runtime import timing  # noqa: E402
 
 GPU_SIZES = ["m1024", "m4096", "m8192", "m16384", "m1024_n4096", "m8192_n4096", "m1024_tp", "m8192_tp"]
 CPU_SIZES = ["tiny", "tiny_tp"]
@@ -137,37 +139,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def time_batches(ctx: RankContext, fn: Callable[[], Any], iters: int, reps: int, warmup: int) -> float:
     """Median over ``reps`` of (max over ranks of the per-iteration time of a batch), in ms."""
-    for _ in range(warmup):
-        fn()
+    timing.warm_up(fn, warmup)
     ctx.barrier()
-    meds = []
-    for _ in range(reps):
-        ctx.barrier()
-        if ctx.is_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end) / iters
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            ms = (time.perf_counter() - t0) * 1e3 / iters
-        meds.append(all_max(ctx, ms))
-    return statistics.median(meds)
+    return statistics.median(rank_timer(ctx, iters, reps).samples_of(timing.repeat(fn, iters)))
 
 
 def host_ms(ctx: RankContext, fn: Callable[[], Any], iters: int) -> float:
     """Host time per iteration of enqueueing ``fn`` (max over ranks): when it reaches the GPU time,
     the variant is launch-bound, not GPU-bound."""
     ctx.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    ms = (time.perf_counter() - t0) * 1e3 / iters
+    ms = timing.time_ms(timing.repeat(fn, iters), "cpu", iters)  # the host clock: enqueueing, not running
     ctx.synchronize()
     return all_max(ctx, ms)
 
@@ -197,15 +178,7 @@ def check(ctx: RankContext, wl: Any, shape: dict, st: Any, variant: Any, ref: to
     return ok_all, all_max(ctx, err if not math.isnan(err) else float("inf"))
 
 
-def graph_timer(ctx: RankContext, iters: int, reps: int) -> Any:
-    """bench_flash_decode's timer: ``iters`` iterations in one CUDA graph, replays timed (max over
-    ranks), the same method for every workload."""
-    from bench_flash_decode import Timer
-
-    return Timer(ctx, iters, reps)
-
-
-def time_graph(ctx: RankContext, st: Any, variant: Any, timer: Any) -> tuple[float, bool | None, str]:
+def time_graph(ctx: RankContext, st: Any, variant: Any, timer: timing.SampleTimer) -> tuple[float, bool | None, str]:
     """(median ms per iteration of graph replays, whether they left no in-kernel error on any rank
     (None when capture failed), note). Keeps the replay in ``st.cache`` for ``check_after_replays``."""
     from taxmodel.errors import RunError
@@ -226,7 +199,7 @@ def time_graph(ctx: RankContext, st: Any, variant: Any, timer: Any) -> tuple[flo
     return statistics.median(times), ok, "" if ok else "in-kernel wait gave up during graph replays"
 
 
-def floor_in_graph(timer: Any, fn: Callable[[], Any]) -> tuple[float, str]:
+def floor_in_graph(timer: timing.SampleTimer, fn: Callable[[], Any]) -> tuple[float, str]:
     """A floor (a GEMM or a collective alone) timed as the ``@graph`` variants are: ``fn`` captured
     ``iters`` times in one CUDA graph, the median of the replays' per-iteration times (max over
     ranks); (nan, why) when the capture failed. On CPU the timer runs ``fn`` eagerly."""
@@ -236,7 +209,7 @@ def floor_in_graph(timer: Any, fn: Callable[[], Any]) -> tuple[float, str]:
     return statistics.median(times), ""
 
 
-def record_floor(record: Callable[..., None], ctx: RankContext, timer: Any, name: str, fn: Callable[[], Any],
+def record_floor(record: Callable[..., None], ctx: RankContext, timer: timing.SampleTimer | None, name: str, fn: Callable[[], Any],
                  iters: int, reps: int, warmup: int, cfg: str = "") -> None:
     """Floor ``name`` (``fn`` alone) timed in eager batches, and with a graph ``timer`` (``--graph``)
     also replayed in a CUDA graph as ``name@graph``, through the benchmark's ``record``."""
@@ -284,7 +257,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
                          max_abs_err=err, note=note))
         log(f"  {preset:14s} {name:22s} {ms:9.4f} ms  {tflops:7.1f} TF/s/rank  {'' if ok is None else ('ok' if ok else 'WRONG')} {cfg}")
 
-    timer = graph_timer(ctx, iters, reps) if args.graph else None
+    timer = rank_timer(ctx, iters, reps) if args.graph else None
     ref2 = None  # the reference of the fresh inputs used after graph replays
     for vname in args.variants.split(","):
         variant = variants[vname]

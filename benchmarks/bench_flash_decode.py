@@ -43,7 +43,9 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import all_max, init as harness_init  # noqa: E402
+from harness import all_max, init as harness_init, rank_timer  # noqa: E402
+
+from taxmodel.runtime import timing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,97 +141,21 @@ def broadcast_int(value: int, ctx: Any) -> int:
 # --- timing ------------------------------------------------------------------------------------
 
 
-class Timer:
-    """Per-step times of ``step`` (ms), max over ranks, one value per rep."""
-
-    def __init__(self, ctx: Any, iters: int, reps: int) -> None:
-        self.ctx, self.iters, self.reps = ctx, iters, reps
-        self.cuda = ctx.is_cuda
-
-    def _elapsed(self, run: Callable[[], None]) -> float:
-        if not self.cuda:
-            t0 = time.perf_counter()
-            run()
-            return (time.perf_counter() - t0) * 1e3
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
-
-    def _reps(self, run: Callable[[], None]) -> list[float]:
-        out = []
-        for _ in range(self.reps):
-            self.ctx.barrier()
-            ms = self._elapsed(run) / self.iters
-            out.append(all_max(self.ctx, ms))
-        return out
-
-    def eager(self, step: Callable[[], None]) -> list[float]:
-        def run() -> None:
-            for _ in range(self.iters):
-                step()
-
-        run()  # warm-up batch
-        return self._reps(run)
-
-    def graph(self, step: Callable[[], None]) -> tuple[list[float] | None, Callable[[], None], str]:
-        """Capture ``iters`` steps in one CUDA graph and time its replays.
-
-        Returns (times or None if capture failed on any rank, a callable that runs the steps once
-        more the same way, the capture error). On CPU there are no graphs: eager timings instead.
-        """
-        if not self.cuda:
-            return self.eager(step), step, ""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):  # warm-up on the capture stream (NCCL, allocator)
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        self.ctx.barrier()
-        graph, error = torch.cuda.CUDAGraph(), ""
-        try:
-            # thread_local: NCCL's watchdog thread may query events while this thread captures.
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                for _ in range(self.iters):
-                    step()
-        except Exception as exc:  # noqa: BLE001 - reported in the results, the eager timings still stand
-            error = f"{type(exc).__name__}: {exc}"[:300]
-        if all_max(self.ctx, 1.0 if error else 0.0) > 0:
-            torch.cuda.synchronize()
-            self.ctx.barrier()
-            return None, step, error or "capture failed on another rank"
-        graph.replay()  # warm-up replay
-        return self._reps(graph.replay), graph.replay, ""
-
-
 def copy_bandwidth(ctx: Any, nbytes: int = 4 << 30) -> float:
     """HBM bandwidth (bytes/s) of a device-to-device copy: every byte read once and written once."""
     if not ctx.is_cuda:
         return float("nan")
     src = torch.empty(nbytes, dtype=torch.uint8, device=ctx.device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del src, dst
+    bandwidth = timing.copy_bandwidth(src, reps=10)
+    del src
     torch.cuda.empty_cache()
-    return 2 * nbytes / (statistics.median(times) * 1e-3)
+    return bandwidth
 
 
 # --- one size ----------------------------------------------------------------------------------
 
 
-def tune(ctx: Any, shape: dict, timer: Timer, args: argparse.Namespace) -> tuple[dict, list[dict]]:
+def tune(ctx: Any, shape: dict, timer: timing.SampleTimer, args: argparse.Namespace) -> tuple[dict, list[dict]]:
     """Fastest (tile, wave) for split-KV + local combine alone; rank 0's choice for every rank."""
     from taxmodel.kernels.flash_decode import combine as cb
     from taxmodel.kernels.flash_decode import split_kv as sk
@@ -298,7 +224,7 @@ def check(wl: Any, ctx: Any, shape: dict, state: Any, ref: torch.Tensor) -> tupl
     return ok, err, problem
 
 
-def run_variant(ctx: Any, wl: Any, variant: Any, shape: dict, timer: Timer, args: argparse.Namespace,
+def run_variant(ctx: Any, wl: Any, variant: Any, shape: dict, timer: timing.SampleTimer, args: argparse.Namespace,
                 seeds: tuple[int, int], refs: dict, lens: list[int], name: str,
                 log: Callable[[str], None]) -> dict:
     """Correctness (eager, seed A), eager and graph timings, correctness after graph replays
@@ -373,7 +299,7 @@ def bench_size(ctx: Any, preset: str, args: argparse.Namespace, hbm_bw: float, l
     wl = FlashDecode()
     seeds = tuple(broadcast_int(random.randrange(2**31 - 1), ctx) for _ in range(2))
     shape = wl.shape(preset, seed=seeds[0])
-    timer = Timer(ctx, args.iters, args.reps)
+    timer = rank_timer(ctx, args.iters, args.reps)
     t0 = time.monotonic()
     tuned, tune_rows = tune(ctx, shape, timer, args)
     shape.update(tuned)

@@ -59,12 +59,13 @@ import os
 import re
 import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+
+from taxmodel.runtime import timing
 
 #: Largest accepted ``max |C - ref| / max |ref|`` (bf16 output rounding is 2^-8 of each element).
 TOLERANCE = 1e-2
@@ -314,48 +315,19 @@ def time_interleaved(fns: dict[str, Callable[[], None]], samples: int, calls: in
     CUDA graph and a sample is one replay: the host's launch cost (tens of microseconds for a
     Triton launch from Python, as long as a whole GEMM at the small shapes) is out of both
     measurements, as in the variants' graph captures. Without ``graph`` a sample launches
-    ``calls`` times from Python (what an eager caller sees)."""
-    names = list(fns)
-    cuda = device.type == "cuda"
-    for _ in range(max(1, warmup)):  # compiles, and fills the descriptor caches before any capture
-        for name in names:
-            for _ in range(calls):
-                fns[name]()
-    runs: dict[str, Callable[[], None]] = {}
-    for name in names:
-        if cuda and graph:
-            torch.cuda.synchronize(device)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for _ in range(calls):
-                    fns[name]()
-            g.replay()
-            runs[name] = g.replay
-        else:
-            def eager(fn: Callable[[], None] = fns[name]) -> None:
-                for _ in range(calls):
-                    fn()
-            runs[name] = eager
-    if cuda:
-        torch.cuda.synchronize(device)
-    marks: dict[str, list[Any]] = {name: [] for name in names}
-    for s in range(samples):
-        order = names[s % len(names):] + names[:s % len(names)]
-        for name in order:
-            if cuda:
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                runs[name]()
-                e1.record()
-                marks[name].append((e0, e1))
-            else:
-                t0 = time.perf_counter()
-                runs[name]()
-                marks[name].append((time.perf_counter() - t0) * 1e3)
-    if cuda:
-        torch.cuda.synchronize(device)
-        return {name: [e0.elapsed_time(e1) / calls for e0, e1 in marks[name]] for name in names}
-    return {name: [t / calls for t in marks[name]] for name in names}
+    ``calls`` times from Python (what an eager caller sees). Samples are queued back to back and
+    read at the end (``timing.time_interleaved``, rotating which impl goes first)."""
+    batches = {name: timing.repeat(fn, calls) for name, fn in fns.items()}
+    # compiles, and fills the descriptor caches before any capture
+    timing.warm_up(list(batches.values()), max(1, warmup))
+    runs: dict[str, Callable[[], None]] = dict(batches)
+    if device.type == "cuda" and graph:
+        for name, batch in batches.items():
+            replay = timing.capture_graph(batch, device=device).replay
+            replay()
+            runs[name] = replay
+    timing.synchronize(device)
+    return timing.time_interleaved(runs, samples, device=device, calls=calls, rotate=True, deferred=True)
 
 
 def smem_bytes(fields: dict[str, Any], elt: int = 2) -> int:
@@ -462,9 +434,9 @@ def markdown(records: list[dict[str, Any]], device: str, args: argparse.Namespac
                              f"{tx.get('rel_error', '-')} |")
                 continue
             c_med, t_med = statistics.median(cb["times_ms"]), statistics.median(tx["times_ms"])
-            q = statistics.quantiles(tx["times_ms"], n=10) if len(tx["times_ms"]) > 1 else [t_med] * 9
+            p10, p90 = timing.decile_range(tx["times_ms"])
             lines.append(f"| {m} | {n} | {k} | {impl} | {c_med:.4f} | {t_med:.4f} | {c_med / t_med:.3f}x | "
-                         f"{q[0]:.4f}-{q[-1]:.4f} | `{tx['config']}` | {tx.get('rel_error', float('nan')):.2g} |")
+                         f"{p10:.4f}-{p90:.4f} | `{tx['config']}` | {tx.get('rel_error', float('nan')):.2g} |")
     return "\n".join(lines) + "\n"
 
 

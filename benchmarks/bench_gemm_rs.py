@@ -36,7 +36,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -47,9 +46,11 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import (check, check_after_replays, floor_in_graph, graph_timer, record_floor, results_frames,  # noqa: E402
+from bench_ag_gemm import (check, check_after_replays, floor_in_graph, record_floor, results_frames,  # noqa: E402
                            run_sizes, speed_cell, time_batches, time_graph)
-from harness import all_max, init  # noqa: E402
+from harness import all_max, init, rank_timer, recorded_batch  # noqa: E402
+
+from taxmodel.runtime import timing  # noqa: E402
 
 from taxmodel.runtime.heap import make_heap  # noqa: E402
 
@@ -119,7 +120,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
     configs = fused_configs(args, ctx.device)
     rows: list[dict] = []
     ref = ref2 = None
-    timer = graph_timer(ctx, iters, reps) if args.graph else None
+    timer = rank_timer(ctx, iters, reps) if args.graph else None
 
     def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None,
                note: str = "") -> None:
@@ -234,38 +235,17 @@ def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, 
     ok, err = check(ctx, wl, shape, inst, variant, ref)
     expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm)
 
-    def batch(st: Any, instrumented: bool) -> tuple[float, Any]:
-        if instrumented:
-            book.arm(iters)  # zeroed per-iteration buffers, allocated before the timing starts
-        ctx.barrier()
-        if ctx.is_cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        for i in range(iters):
-            if instrumented:
-                book.set_iteration(i)
-            variant.run(st)
-        if ctx.is_cuda:
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end) / iters
-        else:
-            ms = (time.perf_counter() - t0) * 1e3 / iters
-        drained = book.drain(ctx.rank) if instrumented else None
-        return all_max(ctx, ms), drained
+    timer = rank_timer(ctx, iters, 1)
 
-    for _ in range(warmup):
-        variant.run(plain)
-        variant.run(inst)
-    times: dict[bool, list[float]] = {False: [], True: []}
+    def batch(instrumented: bool) -> float:
+        ms, rec = recorded_batch(ctx, timer, variant, inst if instrumented else plain, book if instrumented else None)
+        if rec is not None:
+            bad.extend(records_problems(rec, expect, iters))
+        return ms
+
+    timing.warm_up([lambda: variant.run(plain), lambda: variant.run(inst)], warmup)
     bad: list[str] = []
-    for _ in range(reps):
-        for instrumented in (False, True):
-            ms, rec = batch(inst if instrumented else plain, instrumented)
-            times[instrumented].append(ms)
-            if rec is not None:
-                bad += records_problems(rec, expect, iters)
+    times = timing.interleave({False: lambda: batch(False), True: lambda: batch(True)}, reps)
     if book.dropped:
         bad.append(f"dropped for capacity: {book.dropped}")
     bad_all = all_max(ctx, float(len(bad)))

@@ -64,9 +64,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_flash_decode import Timer, _ensure_taxmodel_kernels, init  # noqa: E402
-from harness import all_max  # noqa: E402
+from bench_flash_decode import _ensure_taxmodel_kernels, init  # noqa: E402
+from harness import all_max, rank_timer, recorded_batch  # noqa: E402
 
+from taxmodel.runtime import timing  # noqa: E402
 from taxmodel.runtime.timing import SLEEP_KERNEL_PATTERN  # noqa: E402
 
 GPU_SIZES = ["b16-kv16k", "b1-kv16k", "b16-kv64k", "b16-kv1k"]
@@ -155,48 +156,20 @@ def heap_bytes_needed(ag_sizes: list[str], variants: list[str], world: int, devi
 # --- timing ----------------------------------------------------------------------------------
 
 
-def _batch_ms(ctx: Any, variant: Any, state: Any, iters: int, instrumented: bool) -> float:
-    """Per-step time of ``iters`` back-to-back eager steps (ms), the maximum over ranks."""
-    book = ctx.records if instrumented else None
-    if book is not None:
-        book.arm(iters)  # the per-step buffers the profile uses, allocated outside the timing
-    ctx.barrier()
-    if ctx.is_cuda:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-    else:
-        t0 = time.perf_counter()
-    for i in range(iters):
-        if book is not None:
-            book.set_iteration(i)
-        variant.run(state)
-    if ctx.is_cuda:
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end) / iters
-    else:
-        ms = (time.perf_counter() - t0) * 1e3 / iters
-    if book is not None:
-        book.drain(ctx.rank)
-    return all_max(ctx, ms)
-
-
 def _graph_overhead(ctx: Any, variant: Any, plain: Any, inst: Any, iters: int, reps: int) -> dict:
     """Plain and instrumented ``iters`` steps, each captured in one CUDA graph, replays interleaved
     (medians, ms per step); an empty dict on CPU or when a capture failed."""
     if not ctx.is_cuda:
         return {}
-    timer = Timer(ctx, iters, 1)
+    timer = rank_timer(ctx, iters, 1)
     replays = {}
     for name, st in (("plain", plain), ("instrumented", inst)):
-        times, replay, error = timer.graph(lambda st=st: variant.run(st))
+        times, replay, error = timer.graph(lambda st=st: variant.run(st))  # its one sample: a warm-up
         if times is None:
             return {"graph_error": error}
         replays[name] = replay
-    times: dict[str, list[float]] = {"plain": [], "instrumented": []}
-    for _ in range(reps):
-        for name, replay in replays.items():
-            times[name].append(timer._reps(replay)[0])
+    times = timing.interleave({name: (lambda replay=replay: timer.sample(replay)) for name, replay in replays.items()},
+                              reps)
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"graph_plain_ms": med["plain"], "graph_instrumented_ms": med["instrumented"],
             "graph_overhead_pct": (med["instrumented"] / med["plain"] - 1.0) * 100.0}
@@ -358,10 +331,9 @@ def _phase_errors(ctx: Any, states: dict[str, Any], case: Case, phase: str) -> s
 
 def _eager_overhead(ctx: Any, variant: Any, plain: Any, inst: Any, iters: int, reps: int) -> dict:
     """Back-to-back eager batches, plain and instrumented interleaved (medians, ms per step)."""
-    times: dict[str, list[float]] = {"plain": [], "instrumented": []}
-    for _ in range(reps):
-        times["plain"].append(_batch_ms(ctx, variant, plain, iters, False))
-        times["instrumented"].append(_batch_ms(ctx, variant, inst, iters, True))
+    timer = rank_timer(ctx, iters, 1)
+    times = timing.interleave({"plain": lambda: recorded_batch(ctx, timer, variant, plain)[0],
+                               "instrumented": lambda: recorded_batch(ctx, timer, variant, inst, ctx.records)[0]}, reps)
     med = {k: statistics.median(x) for k, x in times.items()}
     return {"plain_ms": med["plain"], "instrumented_ms": med["instrumented"],
             "overhead_pct": (med["instrumented"] / med["plain"] - 1.0) * 100.0,

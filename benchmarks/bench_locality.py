@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import torch
 import triton
+
+from taxmodel.runtime import timing
 import triton.language as tl
 
 BLOCK = 4096
@@ -101,45 +102,19 @@ def sizes_from(text: str) -> list[int]:
 
 def copy_bandwidth(device: torch.device, nbytes: int = 2 * 2**30, reps: int = 20) -> float:
     """Achievable HBM bandwidth (bytes read + written per second) of a large device copy, median."""
-    src = torch.randn(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return 2 * nbytes / statistics.median(times)
+    return timing.copy_bandwidth(torch.randn(nbytes // 4, device=device), reps=reps)
 
 
 def time_case(case: Case, calls: int, rounds: int, warmup: int) -> dict:
     graphs = {}
     for v in VARIANTS:
         case.run(v, calls)  # compile + warm
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            case.run(v, calls)
-        graphs[v] = g
-    for _ in range(warmup):
-        for g in graphs.values():
-            g.replay()
-    per = {v: [] for v in VARIANTS}
-    for _ in range(rounds):
-        for v, g in graphs.items():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            per[v].append(a.elapsed_time(b) * 1e6 / calls)  # ns per chain
+        graphs[v] = timing.capture_graph(lambda v=v: case.run(v, calls), device=case.y.device)
+    timing.warm_up([g.replay for g in graphs.values()], warmup)
+    per = timing.time_interleaved({v: g.replay for v, g in graphs.items()}, rounds, device=case.y.device)
+    per = {v: [ms * 1e6 / calls for ms in t] for v, t in per.items()}  # ns per chain
     diffs = [u - f for u, f in zip(per["unfused"], per["fused"])]
-    return {v: {"median_ns": statistics.median(t), "min_ns": min(t), "max_ns": max(t)} for v, t in per.items()} | {
-        "diff_median_ns": statistics.median(diffs), "diff_min_ns": min(diffs), "diff_max_ns": max(diffs),
+    return {v: timing.spread(t, "ns") for v, t in per.items()} | timing.spread(diffs, "ns", prefix="diff_") | {
         "rounds": rounds, "calls_per_round": calls}
 
 

@@ -1,9 +1,11 @@
-"""What every GPU benchmark script starts from: one rank context per torchrun process, and the
-maximum of a number over ranks (a step is as slow as its slowest rank)."""
+"""What every GPU benchmark script starts from: one rank context per torchrun process, the maximum
+of a number over ranks (a step is as slow as its slowest rank), and the project's timer
+(``taxmodel.runtime.timing``) set up for the ranks."""
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -11,6 +13,7 @@ import torch.distributed as dist
 from taxmodel.runtime.bootstrap import join_process_group, rank_device
 from taxmodel.runtime.context import RankContext
 from taxmodel.runtime.heap import disable_multicast
+from taxmodel.runtime.timing import SampleTimer
 
 
 def init(args: argparse.Namespace) -> RankContext:
@@ -41,3 +44,38 @@ def all_max(ctx: RankContext, value: float) -> float:
     t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
     return float(t.item())
+
+
+def agreed_error(ctx: RankContext, error: str | None) -> str | None:
+    """This rank's capture error (or None) made every rank's: when a capture failed anywhere, every
+    rank gets an error (its own, or "capture failed on another rank")."""
+    if all_max(ctx, 1.0 if error else 0.0) > 0:
+        return error or "capture failed on another rank"
+    return None
+
+
+def rank_timer(ctx: RankContext, iters: int, reps: int) -> SampleTimer:
+    """``reps`` samples of ``iters`` iterations (eager batches or graph replays), ms per iteration:
+    each sample after a barrier, the maximum over ranks; a graph capture failing on any rank fails
+    on every rank."""
+    return SampleTimer(ctx.device, calls=iters, samples=reps, between=ctx.barrier,
+                       reduce=lambda ms: all_max(ctx, ms), agree=lambda error: agreed_error(ctx, error))
+
+
+def recorded_batch(ctx: RankContext, timer: SampleTimer, variant: Any, state: Any, book: Any = None) -> tuple[float, Any]:
+    """One sample of ``timer.calls`` back-to-back iterations of ``variant`` on ``state``: (ms per
+    iteration, max over ranks; the drained records or None). With ``book`` (a RecordBook: in-kernel
+    records) its per-iteration buffers are armed before the sample (allocated outside the timing),
+    every iteration is told its index, and the records are drained after."""
+    iters = timer.calls
+    if book is not None:
+        book.arm(iters)
+
+    def steps() -> None:
+        for i in range(iters):
+            if book is not None:
+                book.set_iteration(i)
+            variant.run(state)
+
+    ms = timer.sample(steps)
+    return ms, (book.drain(ctx.rank) if book is not None else None)

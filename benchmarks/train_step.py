@@ -29,7 +29,6 @@ import gzip
 import json
 import os
 import shutil
-import statistics
 import time
 from pathlib import Path
 
@@ -106,6 +105,8 @@ def make_step(model, opt, ids, labels):
 
 def prepare(mode: str, args: argparse.Namespace, device: torch.device):
     """The mode's step callable after warm-up (compiles and captures happen here)."""
+    from taxmodel.runtime import timing  # the harness's, not the job's: train_loop.py imports this file
+
     model, opt = build(args, device, capturable=(mode == "graph"))
     g = torch.Generator(device="cpu").manual_seed(1)
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(device)
@@ -114,21 +115,13 @@ def prepare(mode: str, args: argparse.Namespace, device: torch.device):
         model = torch.compile(model)
     step = make_step(model, opt, ids, labels)
     if mode != "graph":
-        for _ in range(args.warmup):
-            step()
-        sync(device)
+        timing.warm_up(step, args.warmup)
+        timing.synchronize(device)
         return step
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(args.warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    timing.side_stream_warm_up(step, args.warmup, device=device)
+    graph = timing.capture_graph(step, device=device)
     graph.replay()
-    sync(device)
+    timing.synchronize(device)
     keep = (model, opt, ids, labels, step, graph)  # the graph reads these tensors' memory: keep them alive
 
     def replay() -> None:
@@ -136,12 +129,9 @@ def prepare(mode: str, args: argparse.Namespace, device: torch.device):
     return replay
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def trace(mode: str, step, args: argparse.Namespace, device: torch.device, out: Path) -> Path:
+    from taxmodel.runtime import timing
+
     acts = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
@@ -149,7 +139,7 @@ def trace(mode: str, step, args: argparse.Namespace, device: torch.device, out: 
     with torch.profiler.profile(activities=acts, schedule=sched, record_shapes=True, with_flops=True) as prof:
         for _ in range(1 + args.traced):
             step()
-            sync(device)
+            timing.synchronize(device)
             prof.step()
     raw = out / f"trace_{mode}_b{args.batch}.json"
     prof.export_chrome_trace(str(raw))
@@ -162,24 +152,11 @@ def trace(mode: str, step, args: argparse.Namespace, device: torch.device, out: 
 
 def time_steps(steps: dict, args: argparse.Namespace, device: torch.device) -> dict:
     """Median per-step ms per mode over ``--rounds`` interleaved rounds of ``--per-round`` steps."""
-    per = {m: [] for m in steps}
-    for _ in range(args.rounds):
-        for mode, step in steps.items():
-            if device.type == "cuda":
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                for _ in range(args.per_round):
-                    step()
-                b.record()
-                b.synchronize()
-                per[mode].append(a.elapsed_time(b) / args.per_round)
-            else:
-                t = time.perf_counter()
-                for _ in range(args.per_round):
-                    step()
-                per[mode].append((time.perf_counter() - t) * 1e3 / args.per_round)
-    return {m: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "rounds": len(v),
-                "steps_per_round": args.per_round} for m, v in per.items()}
+    from taxmodel.runtime import timing
+
+    per = timing.time_interleaved({m: timing.repeat(step, args.per_round) for m, step in steps.items()}, args.rounds,
+                                  device=device, calls=args.per_round)
+    return {m: timing.spread(v, "ms") | {"rounds": len(v), "steps_per_round": args.per_round} for m, v in per.items()}
 
 
 def main() -> None:
@@ -203,8 +180,8 @@ def main() -> None:
         if device.type == "cuda":
             torch.cuda.profiler.start()
         step()
-        sync(device)
         if device.type == "cuda":
+            torch.cuda.synchronize()
             torch.cuda.profiler.stop()
         print(f"train_step: one eager step profiled (batch {args.batch}, seq {args.seq})", flush=True)
         return
@@ -220,7 +197,7 @@ def main() -> None:
         steps[mode] = prepare(mode, args, device)
         setup_s[mode] = round(time.perf_counter() - t, 2)
         print(f"train_step: {mode} b{args.batch} ready in {setup_s[mode]} s", flush=True)
-    timing = time_steps(steps, args, device)
+    unprofiled = time_steps(steps, args, device)
     traces = {}
     if not args.no_trace:
         for mode, step in steps.items():
@@ -229,14 +206,14 @@ def main() -> None:
     info = {"batch": args.batch, "seq": args.seq, "d": args.d, "layers": args.layers, "heads": args.heads,
             "vocab": args.vocab, "dtype": str(args.dtype), "warmup": args.warmup, "traced_steps": args.traced,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "torch": torch.__version__, "setup_s": setup_s, "unprofiled": timing, "traces": traces}
+            "torch": torch.__version__, "setup_s": setup_s, "unprofiled": unprofiled, "traces": traces}
     try:
         import triton
         info["triton"] = triton.__version__
     except ImportError:
         pass
     (args.out / f"timing_b{args.batch}.json").write_text(json.dumps(info, indent=1) + "\n")
-    for mode, t in timing.items():
+    for mode, t in unprofiled.items():
         print(f"train_step: {mode:8s} b{args.batch}: {t['median_ms']:.3f} ms/step (min {t['min_ms']:.3f}, "
               f"max {t['max_ms']:.3f}, {t['rounds']} rounds)", flush=True)
 

@@ -8,6 +8,7 @@ GPU (2 ranks, under a minute):
 Results: printed by rank 0 and written to $OUT/coll_trace.json (or /tmp)."""
 import os, json, torch, torch.distributed as dist
 from torch.profiler import profile, ProfilerActivity
+from taxmodel.runtime import timing
 dist.init_process_group("nccl")
 r = dist.get_rank(); w = dist.get_world_size()
 torch.cuda.set_device(r); dev = torch.device("cuda", r)
@@ -30,9 +31,7 @@ for nbytes in (8192, 524288, 4194304):
             dist.all_gather_into_tensor(y, x)
     torch.cuda.synchronize(); dist.barrier()
     g.replay(); torch.cuda.synchronize(); dist.barrier()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    e0.record(); g.replay(); e1.record(); torch.cuda.synchronize()
-    wall = e0.elapsed_time(e1) * 1e3 / 20
+    wall = timing.time_ms(g.replay, dev, calls=20) * 1e3  # us per call
     dist.barrier()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         g.replay(); torch.cuda.synchronize()

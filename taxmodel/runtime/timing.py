@@ -1,35 +1,69 @@
-"""Timing helpers shared by the capture harness and the workloads' benchmark scripts.
+"""How this project times work: the one place where a benchmark script, ``taxmodel calibrate`` and
+the capture harness get a time from.
 
-GPU work is timed with CUDA events (device time, not host time); CPU work with the host's
-monotonic clock. ``bench`` reports the median of many timed repetitions, the statistic every
-benchmark table in this project uses, with the spread beside it so that a reader can judge
-the noise. ``gpu_sleep`` makes a GPU busy-wait for a given time (the tax-injection harness uses
-it to make one rank late) and is calibrated once per device.
+The method, piece by piece (each caller composes the pieces its results were always measured with,
+so that the numbers stay comparable with the committed ones):
+
+- **a sample**: ``calls`` back-to-back calls of a body between two CUDA events (device time, not
+  host time; the host's monotonic clock on CPU), divided by ``calls`` (``Stopwatch``, ``time_ms``).
+  ``Stopwatch(wait=False)`` leaves the end event unread until asked, so that samples can be queued
+  back to back without the host waiting between them.
+- **warm-up**: untimed calls before the first sample (``warm_up``; compiles, caches, lazy
+  initializations), never counted.
+- **interleaving**: the things compared take turns sample by sample (``interleave``,
+  ``time_interleaved``; ``rotate`` also changes which goes first), so that drifts of clocks or
+  temperature hit them alike.
+- **CUDA-graph replays**: the body's calls captured once in a graph (``capture_graph``, after a
+  warm-up on a side stream, ``side_stream_warm_up``) and a sample is one replay, so the host's
+  launch cost is out of the time; eager batches where a caller measures what an eager loop sees.
+- **several ranks**: a barrier before every sample and the maximum over ranks after it (the
+  slowest rank sets the pace), a capture failing on any rank failing on all (``SampleTimer``).
+- **the statistic**: the median of the samples, with their spread beside it (``spread``,
+  ``decile_range``) so that a reader can judge the noise.
+- **kernel time from a trace**: what a torch.profiler trace of a call saw (``traced_events``).
+
+``gpu_sleep`` makes a GPU busy-wait for a given time (the tax-injection harness uses it to make one
+rank late) and is calibrated once per device.
 """
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 import torch
+
+from taxmodel.runtime.graph import GraphBackend, GraphCaptureError
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
 
 
 def _is_cuda(device: torch.device | str | None) -> bool:
     return device is not None and torch.device(device).type == "cuda"
 
 
+# --- one sample --------------------------------------------------------------------------------
+
+
 class Stopwatch:
-    """Elapsed time of a block, in seconds: CUDA events on a GPU, the monotonic clock on CPU.
+    """Elapsed time of a block: CUDA events on a GPU, the monotonic clock on CPU.
+
+    With ``wait`` (the default) the block's end is waited for when it exits; with ``wait=False``
+    only the end event is recorded, and reading ``ms``/``seconds`` waits for it (samples queued
+    back to back, read once the GPU has run them all).
 
     >>> with Stopwatch("cpu") as sw: ...
     >>> sw.seconds
     """
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    def __init__(self, device: torch.device | str | None = None, *, wait: bool = True) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self._seconds: float | None = None
+        self.wait = wait
+        self._ms: float | None = None  # GPU: CUDA events give milliseconds
+        self._s: float | None = None  # CPU: the host clock gives seconds
+        self._unread = False  # the end event is recorded but not yet read
 
     def __enter__(self) -> "Stopwatch":
         if _is_cuda(self.device):
@@ -43,16 +77,144 @@ class Stopwatch:
     def __exit__(self, *exc: Any) -> None:
         if _is_cuda(self.device):
             self._end.record()
-            self._end.synchronize()
-            self._seconds = self._start.elapsed_time(self._end) / 1e3
+            self._unread = True
+            if self.wait:
+                self._read_events()
         else:
-            self._seconds = time.perf_counter() - self._t0
+            self._s = time.perf_counter() - self._t0
+
+    def _read_events(self) -> None:
+        if self._unread:
+            self._end.synchronize()
+            self._ms = self._start.elapsed_time(self._end)
+            self._unread = False
+        if self._ms is None and self._s is None:
+            raise RuntimeError("Stopwatch read before its block ended")
+
+    @property
+    def ms(self) -> float:
+        self._read_events()
+        return self._ms if self._ms is not None else self._s * 1e3
 
     @property
     def seconds(self) -> float:
-        if self._seconds is None:
-            raise RuntimeError("Stopwatch read before its block ended")
-        return self._seconds
+        self._read_events()
+        return self._ms / 1e3 if self._ms is not None else self._s
+
+
+def repeat(fn: Callable[[], object], n: int) -> Callable[[], None]:
+    """One callable that calls ``fn`` ``n`` times back to back (a batch, or the body of a graph)."""
+    def calls() -> None:
+        for _ in range(n):
+            fn()
+    return calls
+
+
+def time_ms(run: Callable[[], object], device: torch.device | str | None, calls: int = 1) -> float:
+    """One sample: ``run()`` between two CUDA events (the host clock on CPU), waited for, in ms per
+    call (``run`` makes ``calls`` calls)."""
+    with Stopwatch(device) as sw:
+        run()
+    return sw.ms / calls
+
+
+def warm_up(runs: Callable[[], object] | Iterable[Callable[[], object]], rounds: int) -> None:
+    """``rounds`` untimed rounds, each calling every one of ``runs`` once, in order (nothing is
+    waited for: the first sample's start event comes after them on the stream)."""
+    runs = [runs] if callable(runs) else list(runs)
+    for _ in range(rounds):
+        for run in runs:
+            run()
+
+
+def synchronize(device: torch.device | str | None) -> None:
+    """Wait for the work queued on ``device`` (nothing to wait for on CPU)."""
+    if _is_cuda(device):
+        torch.cuda.synchronize(device)
+
+
+# --- several samples, several things compared ---------------------------------------------------
+
+
+def sample_order(names: Sequence[K], samples: int, *, rotate: bool = False) -> Iterator[K]:
+    """The order in which ``names`` take their ``samples`` turns: round-robin, one sample each per
+    round; with ``rotate`` round ``s`` starts at ``names[s % len(names)]`` (the first one alternates
+    too)."""
+    n = len(names)
+    for s in range(samples):
+        first = s % n if rotate and n else 0
+        yield from list(names[first:]) + list(names[:first])
+
+
+def interleave(samplers: Mapping[K, Callable[[], T]], samples: int, *, rotate: bool = False,
+               discard: int = 0) -> dict[K, list[T]]:
+    """Per name, ``samples`` results of its sampler, the samplers taking turns (``sample_order``).
+    The first ``discard`` rounds run the same way and are dropped (warm-up samples)."""
+    out: dict[K, list[T]] = {name: [] for name in samplers}
+    for name in sample_order(list(samplers), discard + samples, rotate=rotate):
+        out[name].append(samplers[name]())
+    return {name: values[discard:] for name, values in out.items()}
+
+
+def time_interleaved(runs: Mapping[K, Callable[[], object]], samples: int, *, device: torch.device | str | None,
+                     calls: int = 1, rotate: bool = False, deferred: bool = False) -> dict[K, list[float]]:
+    """Per name, ``samples`` times (ms per call; each run makes ``calls`` calls) of its run, the runs
+    taking turns (``interleave``). With ``deferred`` the samples are queued back to back and their
+    events read after the last (no host wait between samples), else each is waited for."""
+    if not deferred:
+        return interleave({name: (lambda run=run: time_ms(run, device, calls)) for name, run in runs.items()},
+                          samples, rotate=rotate)
+
+    def queued(run: Callable[[], object]) -> Stopwatch:
+        with Stopwatch(device, wait=False) as sw:
+            run()
+        return sw
+
+    marks = interleave({name: (lambda run=run: queued(run)) for name, run in runs.items()}, samples, rotate=rotate)
+    return {name: [sw.ms / calls for sw in watches] for name, watches in marks.items()}
+
+
+def sample_ms(fn: Callable[[], object], *, device: torch.device | str | None, reps: int, calls: int = 1,
+              warmup: int = 0, between: Callable[[], object] | None = None) -> list[float]:
+    """``warmup`` untimed calls of ``fn``, then ``reps`` samples of ``calls`` back-to-back calls (ms
+    per call), each after ``between`` (a barrier, a cache flush) when given."""
+    warm_up(fn, warmup)
+    synchronize(device)
+    return SampleTimer(device, calls=calls, samples=reps, between=between or _nothing).samples_of(repeat(fn, calls))
+
+
+def median_ms(fn: Callable[[], object], *, device: torch.device | str | None, reps: int, calls: int = 1,
+              warmup: int = 0) -> float:
+    """The median of ``sample_ms``: ms per call of ``fn``."""
+    return statistics.median(sample_ms(fn, device=device, reps=reps, calls=calls, warmup=warmup))
+
+
+def copy_bandwidth(src: torch.Tensor, *, reps: int, calls: int = 1, warmup: int = 3) -> float:
+    """Achievable memory bandwidth (bytes read + written per second) of device-to-device copies of
+    ``src`` into a tensor like it: every byte read once and written once, median over ``reps``."""
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), device=src.device, reps=reps, calls=calls, warmup=warmup)
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+# --- the statistic -----------------------------------------------------------------------------
+
+
+def spread(values: Sequence[float], unit: str, prefix: str = "") -> dict[str, float]:
+    """The median of ``values`` with their minimum and maximum, keyed ``<prefix>median_<unit>``,
+    ``<prefix>min_<unit>``, ``<prefix>max_<unit>`` (the form of the results files)."""
+    return {f"{prefix}median_{unit}": statistics.median(values), f"{prefix}min_{unit}": min(values),
+            f"{prefix}max_{unit}": max(values)}
+
+
+def decile_range(values: Sequence[float]) -> tuple[float, float]:
+    """(10th, 90th percentile) of ``values`` (``statistics.quantiles``' default method); the median
+    twice for a single value."""
+    if len(values) < 2:
+        med = statistics.median(values)
+        return med, med
+    q = statistics.quantiles(values, n=10)
+    return q[0], q[-1]
 
 
 @dataclass(frozen=True)
@@ -94,21 +256,101 @@ def bench(fn: Callable[[], Any], *, device: torch.device | str | None = None, re
     if reps < 1 or inner < 1:
         raise ValueError("bench needs reps >= 1 and inner >= 1")
     dev = torch.device(device) if device is not None else torch.device("cpu")
-    for _ in range(warmup):
-        fn()
-    if _is_cuda(dev):
-        torch.cuda.synchronize(dev)
-    times = []
-    for _ in range(reps):
-        if between is not None:
-            between()
-        with Stopwatch(dev) as sw:
-            for _ in range(inner):
-                fn()
-        times.append(sw.seconds / inner)
-    times.sort()
+    times = sorted(ms / 1e3 for ms in sample_ms(fn, device=dev, reps=reps, calls=inner, warmup=warmup,
+                                                between=between))
     return BenchResult(median_s=statistics.median(times), min_s=times[0], p10_s=_quantile(times, 0.1),
                        p90_s=_quantile(times, 0.9), reps=reps, inner=inner, device=str(dev))
+
+
+# --- CUDA graphs and ranks ---------------------------------------------------------------------
+
+
+def _nothing() -> None:
+    return None
+
+
+def _same(value: T) -> T:
+    return value
+
+
+def side_stream_warm_up(body: Callable[[], object], times: int, *, device: torch.device | str | None = None,
+                        backend: GraphBackend | None = None) -> None:
+    """``times`` calls of ``body`` on a side stream, as a capture needs before it (lazy initializations
+    of NCCL, the allocator or cuBLAS must not happen during a capture)."""
+    with (backend or GraphBackend(device)).side_stream():
+        warm_up(body, times)
+
+
+def capture_graph(body: Callable[[], object], *, device: torch.device | str | None = None,
+                  backend: GraphBackend | None = None) -> Any:
+    """``body``'s launches captured once in a CUDA graph (after the queued work is done); a sample is
+    then one ``replay()``. Raises GraphCaptureError where there are no graphs (a CPU run), saying so."""
+    backend = backend or GraphBackend(device)
+    why = backend.unavailable_reason()
+    if why:
+        raise GraphCaptureError(f"no CUDA graph to time: {why}")
+    backend.synchronize()
+    return backend.capture(body)
+
+
+@dataclass
+class SampleTimer:
+    """Samples of a body: each ``calls`` back-to-back calls, after ``between`` (a barrier between
+    ranks), its ms per call passed through ``reduce`` (the maximum over ranks), ``samples`` of them.
+
+    ``eager`` times host-launched batches, ``graph`` replays of the batch captured in one CUDA graph;
+    ``agree`` turns this rank's capture error (or None) into every rank's, so that a capture failing
+    on any rank fails on all and no rank waits in a barrier for the others.
+    """
+
+    device: torch.device | str | None
+    calls: int
+    samples: int
+    between: Callable[[], object] = _nothing
+    reduce: Callable[[float], float] = _same
+    agree: Callable[[str | None], str | None] = _same
+    backend: GraphBackend | None = None
+
+    def sample(self, run: Callable[[], object]) -> float:
+        """One sample of ``run`` (which makes ``calls`` calls): ``between``, timed, ``reduce``d."""
+        self.between()
+        return self.reduce(time_ms(run, self.device, self.calls))
+
+    def samples_of(self, run: Callable[[], object]) -> list[float]:
+        """``samples`` samples of ``run``."""
+        return [self.sample(run) for _ in range(self.samples)]
+
+    def eager(self, step: Callable[[], object]) -> list[float]:
+        """Samples of ``calls`` host-launched steps, after one untimed batch of them."""
+        batch = repeat(step, self.calls)
+        batch()
+        return self.samples_of(batch)
+
+    def graph(self, step: Callable[[], object], side_warmup: int = 3) -> tuple[list[float] | None, Callable[[], object], str]:
+        """Samples of replays of ``calls`` steps captured in one CUDA graph (after ``side_warmup``
+        steps on a side stream and one untimed replay).
+
+        Returns (the samples, or None when the capture failed on any rank; a callable that runs the
+        steps once more the same way; the capture error). Where there are no graphs (CPU), eager
+        samples instead, with ``step`` as that callable.
+        """
+        backend = self.backend or GraphBackend(self.device)
+        if backend.unavailable_reason():
+            return self.eager(step), step, ""
+        side_stream_warm_up(step, side_warmup, backend=backend)
+        self.between()
+        graph, error = None, None
+        try:
+            graph = backend.capture(repeat(step, self.calls))
+        except Exception as exc:  # noqa: BLE001 - returned to the caller, whose eager timings still stand
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        error = self.agree(error)
+        if error:
+            backend.synchronize()
+            self.between()
+            return None, step, error
+        graph.replay()  # warm-up replay
+        return self.samples_of(graph.replay), graph.replay, ""
 
 
 # --- making a GPU (or a CPU rank) late on purpose ----------------------------------------------
