@@ -3,7 +3,8 @@
 Each is the name of the Triton function (or of the ``RankContext.kernel`` range a host-side step
 runs under on CPU), so that the workloads' roles, the analytic model's predicted timelines, the
 fit rules that read one kernel's duration, and the capture's roles all say the same kernel. This
-module imports nothing, so the model can name kernels without importing Triton.
+module imports nothing, so the model can name kernels without importing Triton. Other libraries'
+kernels (collectives, vendor GEMMs, copies) are named in ``taxmodel.vocabulary``.
 """
 
 #: All-Gather + GEMM: the persistent GEMM that waits on per-block flags, the SM copy kernel that

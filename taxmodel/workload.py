@@ -171,7 +171,7 @@ def load_builtin_workloads() -> None:
 
 def classify_role(name: str, roles: Mapping[str, str], default: str = "compute") -> str:
     """Role of a kernel named ``name``: the first matching regex in ``roles``, else ``default``
-    (the capture passes ``comm`` for a communication library's kernels: ``trace.vocabulary``)."""
+    (the capture passes ``comm`` for a communication library's kernels: ``taxmodel.vocabulary``)."""
     for pattern, role in roles.items():
         if re.search(pattern, name):
             return role

@@ -4,10 +4,12 @@ stays inside its own package), and no two modules import each other, directly or
 Layers, bottom to top (a module may import its own package and any package in a lower layer):
 
 0. ``errors``: the typed errors everything raises.
-1. ``version``, ``fsutil``, ``safetext``, ``limits``, ``workload``: the package version, file-system
-   helpers, how names from traces are shown safely, the one size budget of inputs, and the workload
-   protocol (``Cost``, ``Variant``, ``Workload``, the registry) that the built-in kernels implement
-   and the capture and the model read.
+1. ``version``, ``fsutil``, ``safetext``, ``limits``, ``workload``, ``vocabulary``: the package
+   version, file-system helpers, how names from traces are shown safely, the one size budget of
+   inputs, the workload protocol (``Cost``, ``Variant``, ``Workload``, the registry) that the
+   built-in kernels implement and the capture and the model read, and the names other libraries'
+   kernels have in traces with the roles they play (collectives, vendor GEMMs, copies), which the
+   kernels declare their roles with and the importers classify by.
 2. ``kernels``: the built-in workloads and their Triton device library. They get everything from
    the runtime (heap, record buffers) through the ``RankContext`` they are handed, so they import
    nothing above the protocol; the model imports them for the plans the kernels really run (tile
@@ -34,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
-    ("version", "fsutil", "safetext", "limits", "workload"),
+    ("version", "fsutil", "safetext", "limits", "workload", "vocabulary"),
     ("kernels",),
     ("trace",),
     ("model",),

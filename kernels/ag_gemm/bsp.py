@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .state import AgGemmState, AgGemmVariant, symmetric_heap
+from taxmodel.vocabulary import ALLGATHER, COLLECTIVE_KERNELS, GEMM_KERNELS
 
-#: Kernel names (regex) of the collective and of the GEMM on NVIDIA/AMD GPUs, and the names this
-#: module gives its steps on CPU (``ctx.kernel``).
-ALLGATHER_KERNELS = r"(?i)nccl|rccl|allgather|all_gather"
-GEMM_KERNELS = r"(?i)gemm|matmul|nvjet|cutlass|xmma|cublas|Cijk"
+from .state import AgGemmState, AgGemmVariant, symmetric_heap
 
 
 def prepare(st: AgGemmState, nbytes: int) -> None:
@@ -54,7 +51,7 @@ def run(st: AgGemmState) -> None:
 VARIANT = AgGemmVariant(
     name="bsp",
     run=run,
-    roles={ALLGATHER_KERNELS: "comm", GEMM_KERNELS: "compute"},
+    roles={COLLECTIVE_KERNELS[ALLGATHER]: "comm", GEMM_KERNELS: "compute"},
     needs_heap=False,
     fine_grained=False,
     description="all_gather_into_tensor (NCCL) into a buffer, then torch.matmul (cuBLAS)",

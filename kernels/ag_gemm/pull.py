@@ -37,6 +37,7 @@ import torch
 import triton
 
 from taxmodel.kernels.names import AG_GEMM_KERNEL, CE_GET
+from taxmodel.vocabulary import MEMCPY, MEMSET
 
 from .copy_engine import CopyEngine
 from .gemm_tiles import A_PULL, A_WAIT, gemm_record_layout, k_pieces, launch_ag_gemm, make_descriptor, tma_available
@@ -118,7 +119,7 @@ def run(st: AgGemmState) -> None:
 VARIANT = AgGemmVariant(
     name="pull",
     run=run,
-    roles={CE_PULL: "comm", r"(?i)memcpy": "comm", r"(?i)memset": "comm", STAGE_KERNEL: "comm", KERNEL: "fused"},
+    roles={CE_PULL: "comm", MEMCPY: "comm", MEMSET: "comm", STAGE_KERNEL: "comm", KERNEL: "fused"},
     needs_heap=True,
     fine_grained=True,
     description="each rank stages every remote A block once into its gathered buffer (copy engines or a Triton "

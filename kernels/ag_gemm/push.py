@@ -33,6 +33,7 @@ import torch
 import triton
 
 from taxmodel.kernels.names import AG_GEMM_KERNEL, CE_PUT
+from taxmodel.vocabulary import MEMCPY
 
 from .copy_engine import CopyEngine
 from .gemm_tiles import A_WAIT, gemm_record_layout, k_pieces, launch_ag_gemm, make_descriptor, tma_available
@@ -109,7 +110,7 @@ def run(st: AgGemmState) -> None:
 VARIANT = AgGemmVariant(
     name="push",
     run=run,
-    roles={CE_PUSH: "comm", r"(?i)memcpy": "comm", PUSH_KERNEL: "comm", GEMM_KERNEL: "fused"},
+    roles={CE_PUSH: "comm", MEMCPY: "comm", PUSH_KERNEL: "comm", GEMM_KERNEL: "fused"},
     needs_heap=True,
     fine_grained=True,
     description="each rank pushes its A blocks into the peers' gathered buffers (copy engines or a Triton copy "

@@ -9,10 +9,9 @@ from typing import Any
 
 import torch
 
-from .state import AgGemmState, AgGemmVariant
+from taxmodel.vocabulary import GEMM_KERNELS, SYMM_MEM_KERNELS
 
-COPY_KERNELS = r"(?i)memcpy|copy|symm|barrier"
-_MATMUL = r"(?i)gemm|matmul|nvjet|cutlass|xmma|cublas"
+from .state import AgGemmState, AgGemmVariant
 
 
 def available(ctx: Any) -> str | None:
@@ -54,7 +53,7 @@ def run(st: AgGemmState) -> None:
 VARIANT = AgGemmVariant(
     name="torch_fused",
     run=run,
-    roles={_MATMUL: "compute", COPY_KERNELS: "comm"},
+    roles={GEMM_KERNELS: "compute", SYMM_MEM_KERNELS: "comm"},
     needs_heap=False,
     fine_grained=True,
     description="torch.ops.symm_mem.fused_all_gather_matmul (PyTorch's own fused all-gather matmul)",

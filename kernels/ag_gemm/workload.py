@@ -23,6 +23,7 @@ import torch
 
 from taxmodel.errors import InputError
 from taxmodel.kernels.names import AG_GEMM_KERNEL, CE_GET, CE_PUT, COPY_BLOCKS_KERNEL
+from taxmodel.vocabulary import ALLGATHER, COLLECTIVE_KERNELS, GEMM_KERNELS, MEMCPY, SYMM_MEM_KERNELS, any_name
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 
 from . import bsp, pull, push, torch_fused
@@ -33,7 +34,7 @@ from .state import DTYPE_CODES, DTYPE_NAMES, AgGemmState, make_shard, make_weigh
 #: Kernel names (regex) that write remote rows of A into a gathered buffer in the fine-grained
 #: variants: copy-engine copies (traced as memcpy rows; ``ce_put``/``ce_get`` ranges on CPU) or the
 #: Triton copy kernel.
-COPY_PRODUCERS = rf"(?i)memcpy|{CE_PUT}|{CE_GET}|{COPY_BLOCKS_KERNEL}"
+COPY_PRODUCERS = any_name(MEMCPY, CE_PUT, CE_GET, COPY_BLOCKS_KERNEL)
 
 #: Environment variable that picks the fine-grained variants' transport for `taxmodel profile`
 #: when no GemmConfig is given: ``ce`` (default), ``sm`` or ``direct``. Only ``sm`` (and ``direct``
@@ -171,9 +172,8 @@ class AgGemm(Workload):
         remote = (world_size - 1) * m_loc * k * elt
         inter: tuple[Intermediate, ...] = ()
         if variant in ("bsp", "torch_fused"):
-            consumer = bsp.GEMM_KERNELS
-            producer = bsp.ALLGATHER_KERNELS if variant == "bsp" else torch_fused.COPY_KERNELS
-            inter = (Intermediate("gathered_A", m * k * elt, producer, consumer),)
+            producer = COLLECTIVE_KERNELS[ALLGATHER] if variant == "bsp" else SYMM_MEM_KERNELS
+            inter = (Intermediate("gathered_A", m * k * elt, producer, GEMM_KERNELS),)
         elif variant == "push" and world_size > 1:
             inter = (Intermediate("pushed_A", remote, COPY_PRODUCERS, AG_GEMM_KERNEL),)
         elif variant == "pull" and world_size > 1 and self._transport() != "direct":

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import torch
 
 from taxmodel.errors import InputError
+from taxmodel.vocabulary import ALLGATHER, COLLECTIVE_KERNELS
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 from taxmodel.kernels.flash_decode import bsp, fused
 from taxmodel.kernels.flash_decode.combine import packed_size
@@ -149,7 +150,7 @@ class FlashDecode(Workload):
             "bsp": Variant(
                 name="bsp", run=lambda st: bsp.run_bsp(st.impl, st.ctx),
                 roles={bsp.SPLIT_NAME: "compute", r"flash_decode_combine": "compute",
-                       r"(?i)nccl|all_?gather": "comm"},
+                       COLLECTIVE_KERNELS[ALLGATHER]: "comm"},
                 description="split-KV kernel, local combine, NCCL all_gather of the partials, global combine",
                 available=_bsp_available, graph_safe=True,
             ),
@@ -231,8 +232,8 @@ class FlashDecode(Workload):
         if variant == "bsp":
             inter = [Intermediate("split_partials", partials, bsp.SPLIT_NAME, bsp.COMBINE_LOCAL_NAME)]
             if world_size > 1:
-                inter += [Intermediate("rank_partial", packed, bsp.COMBINE_LOCAL_NAME, r"(?i)nccl|all_?gather"),
-                          Intermediate("gathered_partials", world_size * packed, r"(?i)nccl|all_?gather",
+                inter += [Intermediate("rank_partial", packed, bsp.COMBINE_LOCAL_NAME, COLLECTIVE_KERNELS[ALLGATHER]),
+                          Intermediate("gathered_partials", world_size * packed, COLLECTIVE_KERNELS[ALLGATHER],
                                        bsp.COMBINE_GLOBAL_NAME)]
             else:
                 inter += [Intermediate("rank_partial", packed, bsp.COMBINE_LOCAL_NAME, bsp.COMBINE_GLOBAL_NAME)]

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from .state import (GEMM_KERNELS, REDUCE_SCATTER_KERNELS, GemmRsState, GemmRsVariant, heap_bytes,
-                       symmetric_heap)
+from taxmodel.vocabulary import COLLECTIVE_KERNELS, GEMM_KERNELS, REDUCE_SCATTER
+
+from .state import GemmRsState, GemmRsVariant, heap_bytes, symmetric_heap
 
 
 def prepare(st: GemmRsState) -> None:
@@ -62,7 +63,7 @@ def run(st: GemmRsState) -> None:
 VARIANT = GemmRsVariant(
     name="bsp",
     run=run,
-    roles={REDUCE_SCATTER_KERNELS: "comm", GEMM_KERNELS: "compute"},
+    roles={COLLECTIVE_KERNELS[REDUCE_SCATTER]: "comm", GEMM_KERNELS: "compute"},
     needs_heap=False,
     fine_grained=False,
     description="torch.matmul (cuBLAS) into a partial C [M, N], then reduce_scatter_tensor (NCCL)",

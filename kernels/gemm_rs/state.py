@@ -22,10 +22,8 @@ from taxmodel.workload import RankBound, Variant
 
 from .tiles import own_tiles
 
-#: Kernel names (regex). The bulk-synchronous pair: the partial-product GEMM (cuBLAS/hipBLASLt on
-#: GPUs, "matmul" on CPU) and the collective (NCCL/RCCL, "reduce_scatter" on CPU).
-GEMM_KERNELS = r"(?i)gemm|matmul|nvjet|cutlass|xmma|cublas|Cijk"
-REDUCE_SCATTER_KERNELS = r"(?i)nccl|rccl|reduce_?scatter|reducescatter"
+#: Kernel names. (The bulk-synchronous pair, the partial-product GEMM and the collective, are other
+#: libraries' kernels: ``taxmodel.vocabulary``'s ``GEMM_KERNELS`` and ``COLLECTIVE_KERNELS``.)
 #: The fine-grained pair (``tiles.py``): the persistent GEMM that pushes tiles, and the reduction.
 FUSED_GEMM_KERNEL = GEMM_RS_KERNEL
 FUSED_REDUCE_KERNEL = RS_REDUCE_KERNEL

@@ -18,10 +18,11 @@ from typing import Any
 
 import torch
 
-from .state import GEMM_KERNELS, GemmRsState, GemmRsVariant
+from taxmodel.vocabulary import GEMM_KERNELS, SYMM_MEM_KERNELS
 
-#: Peer copies and symmetric-memory barriers of the op, and the final sum over received chunks.
-COMM_KERNELS = r"(?i)memcpy|copy|symm|barrier"
+from .state import GemmRsState, GemmRsVariant
+
+#: The final sum over received chunks (the op's peer copies and barriers: ``SYMM_MEM_KERNELS``).
 SUM_KERNELS = r"(?i)reduce_kernel"
 
 
@@ -61,7 +62,7 @@ def run(st: GemmRsState) -> None:
 VARIANT = GemmRsVariant(
     name="torch_fused",
     run=run,
-    roles={GEMM_KERNELS: "compute", COMM_KERNELS: "comm", SUM_KERNELS: "compute"},
+    roles={GEMM_KERNELS: "compute", SYMM_MEM_KERNELS: "comm", SUM_KERNELS: "compute"},
     needs_heap=False,
     fine_grained=True,
     description="torch.ops.symm_mem.fused_matmul_reduce_scatter (PyTorch's own fused matmul reduce-scatter)",

@@ -22,11 +22,12 @@ import torch
 from taxmodel.kernels.device.sync import new_error_buffer, spin_budget, sync_mode
 from taxmodel.kernels.ag_gemm.gemm_tiles import config_for_shape
 from taxmodel.kernels.ag_gemm.state import DTYPE_CODES, DTYPE_NAMES
+from taxmodel.vocabulary import COLLECTIVE_KERNELS, GEMM_KERNELS, REDUCE_SCATTER, SYMM_MEM_KERNELS, any_name
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 
 from . import bsp, fused, torch_fused
-from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GEMM_KERNELS, GPU_RS_CONFIG, REDUCE_SCATTER_KERNELS,
-                    GemmRsState, RsConfig, default_rs_config, make_a_shard, make_b_shard, pick_dtype, shape_dims)
+from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GPU_RS_CONFIG, GemmRsState, RsConfig, default_rs_config,
+                    make_a_shard, make_b_shard, pick_dtype, shape_dims)
 
 #: GPU presets: M x N x K with N = K = 8192, and the N = K = 4096 family.
 _GPU_PRESETS: dict[str, dict[str, int]] = {}
@@ -116,9 +117,9 @@ class GemmRs(Workload):
         elt = torch.empty((), dtype=dtype).element_size()
         inter: tuple[Intermediate, ...] = ()
         if variant == "bsp":
-            inter = (Intermediate("partial_C", m * n * elt, GEMM_KERNELS, REDUCE_SCATTER_KERNELS),)
+            inter = (Intermediate("partial_C", m * n * elt, GEMM_KERNELS, COLLECTIVE_KERNELS[REDUCE_SCATTER]),)
         elif variant == "torch_fused":
-            comm_and_sum = torch_fused.COMM_KERNELS + "|" + torch_fused.SUM_KERNELS.removeprefix("(?i)")
+            comm_and_sum = any_name(SYMM_MEM_KERNELS, torch_fused.SUM_KERNELS)
             inter = (Intermediate("partial_C", m * n * elt, GEMM_KERNELS, comm_and_sum),)
         elif variant == "fused":
             tail = (self.config or GPU_RS_CONFIG).reduce == "tail"  # the reduction runs in the GEMM's tail

@@ -38,9 +38,8 @@ from taxmodel.model.ledger import _matches  # the ledger's own matching of decla
 from taxmodel.trace.bundle import Bundle
 from taxmodel.trace.capture_meta import CPU_RUN_CAVEAT
 from taxmodel.trace.counter_match import function_name
-from taxmodel.trace.vocabulary import SHORT_LABELS, normalize_collective
+from taxmodel.vocabulary import GEMM_KERNELS, SHORT_LABELS, normalize_collective
 
-GEMM_PATTERN = r"(?i)gemm|matmul|nvjet|cutlass|xmma|cublas|Cijk|wgmma|hipblaslt"
 ATTENTION_PATTERN = r"(?i)flash|attn|attention|fmha|sdpa|decode"
 #: Elementwise, normalization, reduction and small data-movement kernels: memory-bound by name
 #: (a kernel's roofline floor says it better; ``kernel_costs["bound"]`` wins when given).
@@ -112,7 +111,7 @@ def _classes(names: pd.Series, role: pd.Series, op: pd.Series, costs: pd.DataFra
     codes, uniq = pd.factorize(names)  # names repeat: match each distinct one once
     uniq = pd.Series(uniq)
     gemm, attn, memory = (uniq.str.contains(p, regex=True).to_numpy(bool)[codes]
-                          for p in (GEMM_PATTERN, ATTENTION_PATTERN, MEMORY_BOUND_PATTERN))
+                          for p in (GEMM_KERNELS, ATTENTION_PATTERN, MEMORY_BOUND_PATTERN))
     if costs is not None and "bound" in costs:
         b = costs["bound"].reindex(index).astype(object).to_numpy()
         known = pd.notna(b)

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.trace.tracer import TRACERS, Tracer, get_tracer, register_tracer  # noqa: F401  (the tracers' registry)
-from taxmodel.trace.vocabulary import is_comm_kernel, normalize_collective
+from taxmodel.vocabulary import is_comm_kernel, normalize_collective
 from taxmodel.workload import classify_role
 
 KERNEL_RANGE_PREFIX = "kernel::"  # the same prefix RankContext.kernel writes

@@ -41,7 +41,7 @@ import pandas as pd
 from taxmodel.errors import InputError
 from taxmodel.trace import importers, ints, json_stream, kineto_merged, kineto_ops, memory, schema, vendor_common
 from taxmodel.trace.op_costs import COLLECTIVE_CALL_ARGS, COMM_DTYPE_BYTES, recorded_group_size
-from taxmodel.trace.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
+from taxmodel.vocabulary import COMM_KERNEL as _COMM_KERNEL, kernel_collectives, normalize_collective
 
 FORMAT = "kineto"
 

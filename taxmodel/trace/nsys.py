@@ -33,7 +33,7 @@ from taxmodel.errors import InputError
 from taxmodel.trace import ints
 from taxmodel.trace import sqlite_input as sq
 from taxmodel.trace import vendor_common as vc
-from taxmodel.trace import vocabulary
+from taxmodel import vocabulary
 
 FORMAT = "nsys"
 

@@ -22,7 +22,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from taxmodel.trace import ints, vocabulary
+from taxmodel import vocabulary
+from taxmodel.trace import ints
 from taxmodel.trace.op_costs import collective_bus_bytes, collective_bus_bytes_at_least, payload_message_bytes
 
 DEFAULT_ITERATION_PATTERN = r"(?:ProfilerStep#|\b[Ii]ter(?:ation)?[\s_#:=-]*)(\d+)"

@@ -1,4 +1,4 @@
-"""The Kineto importer speaks the one communication vocabulary (trace/vocabulary.py): the
+"""The Kineto importer speaks the one communication vocabulary (taxmodel/vocabulary.py): the
 collective of an RCCL, MSCCL or NCCL debug kernel whose event carries no collective metadata
 comes from its name as every other importer reads it; and a GPU event without an ``args`` object
 is imported with a note saying what it lost."""
@@ -8,7 +8,7 @@ import pytest
 
 from kineto_fixtures import build_trace, write_trace
 from taxmodel.trace import importers
-from taxmodel.trace.vocabulary import kernel_collectives
+from taxmodel.vocabulary import kernel_collectives
 
 NAMES = {  # a comm kernel name -> the collective it runs
     "rcclKernel_ReduceScatter_Sum_bf16_RING_LL": "reduce_scatter",

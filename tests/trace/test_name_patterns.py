@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from taxmodel.trace import kineto, vocabulary
+from taxmodel import vocabulary
+from taxmodel.trace import kineto
 
 OLD_LAUNCH = re.compile(r"(?i)(?:launch\w*kernel|graphlaunch|memcpy|memset)")
 OLD_NCCL_OP = re.compile(r"(?i)nccl\w*?Kernel_([A-Za-z]+)")

@@ -15,7 +15,7 @@ from taxmodel.errors import InputError
 from taxmodel.trace import importers, nsys
 from taxmodel.trace import sqlite_input as sq
 from taxmodel.trace import vendor_common as vc
-from taxmodel.trace import vocabulary
+from taxmodel import vocabulary
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "data" / "nsys"

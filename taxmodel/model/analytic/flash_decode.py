@@ -35,7 +35,7 @@ from taxmodel.errors import InputError
 from taxmodel.kernels.names import (FLASH_DECODE_COMBINE_GLOBAL, FLASH_DECODE_COMBINE_LOCAL, FLASH_DECODE_FUSED,
                                     FLASH_DECODE_SPLIT)
 from taxmodel.model.hardware import HardwareSpec
-from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
+from taxmodel.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
 from .costs import l2_bytes, l2_kept_fraction, push_wave_time, serial_steps_time, sm_count, split_kv_time, stream_time

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 from taxmodel.errors import InputError
 from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL, VENDOR_GEMM
 from taxmodel.model.hardware import HardwareSpec
-from taxmodel.trace.vocabulary import LIBRARY_KERNEL_NAMES, REDUCE_SCATTER
+from taxmodel.vocabulary import LIBRARY_KERNEL_NAMES, REDUCE_SCATTER
 
 from .collective_model import CollectiveModel
 from .costs import (cdiv, gemm_dram, gemm_time, l2_bytes, l2_kept_fraction, push_wave_time, shape_dtype, sm_count,

@@ -1,10 +1,14 @@
-"""The names communication has in traces, defined once: which kernels belong to a
-collective-communication library, which collective a kernel or a c10d call runs (one spelling per
-collective), and the short labels the advisor prints.
+"""The names other libraries' kernels have in traces, and the role each name plays, defined once:
+which kernels belong to a collective-communication library, which collective a kernel or a c10d
+call runs (one spelling per collective), which are a vendor library's GEMMs, which are copies, and
+the short labels the advisor prints.
 
-Every importer, the capture, the advisor and the analytic model ask here, so that "is this a comm
-kernel" has one answer whichever profiler produced the trace. Imports nothing of taxmodel: it sits
-at the bottom of ``trace/`` beside ``schema.py``.
+Every importer, the capture, the advisor, the analytic model and the built-in workloads' role
+patterns ask here, so that "is this a comm kernel" or "is this a GEMM" has one answer whichever
+profiler produced the trace and whoever asks. Imports nothing of taxmodel: it sits at the bottom of
+the package beside ``workload.py`` (whose ``Variant.roles`` these patterns fill), below the kernels
+(which declare their roles with it) and the trace layer (whose importers classify with it). The
+names of the project's own kernels are ``taxmodel.kernels.names``.
 """
 from __future__ import annotations
 
@@ -51,6 +55,34 @@ SHORT_LABELS = {ALLGATHER: "AG", REDUCE_SCATTER: "RS", ALLREDUCE: "AR"}
 #: Names the analytic model gives the library kernels it predicts (as NCCL names them on NVIDIA).
 LIBRARY_KERNEL_NAMES = {ALLGATHER: "ncclDevKernel_AllGather_RING_LL",
                         REDUCE_SCATTER: "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL"}
+
+
+
+def any_name(*patterns: str) -> str:
+    """One case-insensitive regular expression for a kernel name that any of ``patterns`` (regular
+    expressions or plain names, each with or without its own ``(?i)``) matches: role patterns are
+    combined with it (a second ``(?i)`` inside one expression is an error)."""
+    return "(?i)" + "|".join(p.removeprefix("(?i)") for p in patterns)
+
+
+#: A collective's kernels (``Variant.roles``, ``Intermediate`` producers and consumers), by
+#: collective: every kernel of a communication library, and kernels named after the collective
+#: (``all_gather_...``, ``reduce_scatter_...``: torch's, a user's own).
+COLLECTIVE_KERNELS = {ALLGATHER: any_name(COMM_KERNEL.pattern, "all_?gather"),
+                      REDUCE_SCATTER: any_name(COMM_KERNEL.pattern, "reduce_?scatter")}
+
+#: The GEMMs of vendor libraries and frameworks, by what their names contain: cuBLAS (``nvjet_...``
+#: on Hopper, ``sm90_xmma_gemm_...``, ``cutlass...``, ``...cublas...``), hipBLASLt and Tensile
+#: (``Cijk_...``, ``...hipblaslt...``), a Hopper ``wgmma`` kernel, anything called ``gemm``/``matmul``.
+GEMM_KERNELS = any_name("gemm", "matmul", "nvjet", "cutlass", "xmma", "cublas", "Cijk", "wgmma", "hipblaslt")
+
+#: Copies as the importers name them (``Memcpy DtoD (Device -> Device)``, ``Memcpy PtoP``), and memsets.
+MEMCPY = "(?i)memcpy"
+MEMSET = "(?i)memset"
+
+#: What torch's symmetric memory (``torch.ops.symm_mem``'s fused ops) runs beside the GEMM to move
+#: and synchronize: copies (its copy kernels and the copy engines') and barriers.
+SYMM_MEM_KERNELS = any_name(MEMCPY, "copy", "symm", "barrier")
 
 
 def normalize_collective(name: str) -> str:
