@@ -84,7 +84,7 @@ if [ "$DEV" = cpu ]; then
   cp "$REPO/taxmodel/data/hardware/h200-calibrated.json" "$HW"
   echo "== calibrate: skipped on CPU (the shipped H200 calibration stands in)" | tee -a "$S"
 else
-  KSTEPS=tile_gemm,copy_share,rs_gemm,ll,reduce
+  KSTEPS=tile_gemm,copy_share,rs_gemm,ll,fused_combine,reduce
   # one GPU: no steps that need peers (their numbers come from the datasheet, and nothing here crosses a link)
   BASE=$(python3 -c "from taxmodel.model.calibration import STEP_KEYS, MULTI_RANK_STEPS as M
 skip = '$KSTEPS'.split(',') + (list(M) if $N < 2 else [])

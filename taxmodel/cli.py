@@ -511,8 +511,9 @@ def advise_cmd(bundles, top, as_json, wide, hardware, lenient) -> None:
 @click.option("--timeout", "timeout_s", type=float, default=600.0, show_default=True, help="Seconds before the run is stopped.")
 @click.option("--only", default=None, metavar="STEP[,STEP]",
               help="Run only these steps: hbm, gemm, launch, collectives, barrier, peer, flag, p2p, combine, sync, "
-                   "tile_gemm, copy_share, rs_gemm, ll, reduce (default: all). Without hbm and gemm it needs --update; "
-                   "combine (the flash decode combine's serial step), sync (one wait on a set flag), tile_gemm and reduce "
+                   "tile_gemm, copy_share, rs_gemm, ll, fused_combine, reduce (default: all). Without hbm and gemm it needs "
+                   "--update; combine (the flash decode combine's serial step), sync (one wait on a set flag), tile_gemm, "
+                   "fused_combine (the fused flash decode's in-kernel local combine, at one rank) and reduce "
                    "need one GPU, e.g. -n 1 --only combine,sync --update FILE; copy_share, rs_gemm and ll measure every "
                    "rank at once "
                    "(on one GPU, a second half of its memory stands in for the peer).")

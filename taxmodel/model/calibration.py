@@ -103,6 +103,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         **split_kv_fit(meas.get("combine"), meas["hbm"]["bytes_per_s"], _l2_of(preset)),
         "ll_push_bytes_per_s": ll_push_rate(meas.get("ll_push")),
         "ll_merge_step_s": ll_merge_step(meas.get("ll_merge")),
+        **fused_combine_fit(meas.get("fused_combine")),
         "reduce_program_bytes_per_s": reduce_rate(meas.get("reduce"),
                                                   (meas.get("sync") or {}).get("flag_wait_sys_s") or ModelParams().flag_wait_s),
         "collectives": curves,
@@ -313,6 +314,17 @@ def split_kv_fit(measured: dict | None, hbm_bytes_per_s: float, l2_bytes: int = 
 def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     """(bytes per second, fixed seconds) of t = fixed + bytes / rate through ``points`` (bytes, t),
     weighted by 1/t^2; None with fewer than 2 distinct sizes or a line that does not rise."""
+    fit = _weighted_line(points)
+    if fit is None:
+        return None
+    slope, fixed = fit
+    return 1.0 / slope, max(float(fixed), 0.0)
+
+
+def _weighted_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(slope, intercept) of t = intercept + slope * x through ``points`` (x, t), weighted by 1/t^2
+    (relative error: short and long points count alike); None with fewer than 2 distinct x or a
+    line that does not rise."""
     if len(points) < 2 or len({x for x, _ in points}) < 2:
         return None
     w = [1.0 / t ** 2 for _, t in points]
@@ -325,7 +337,25 @@ def _line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     slope, fixed = (sw * sxt - sx * st) / det, (sxx * st - sx * sxt) / det
     if slope <= 0:
         return None
-    return 1.0 / slope, max(float(fixed), 0.0)
+    return float(slope), float(fixed)
+
+
+def fused_combine_fit(measured: dict | None) -> dict:
+    """``fused_local_combine_step_s`` and ``fused_local_combine_fixed_s`` from the fused_combine
+    step's rows (``runtime/calibrate_fused.py``): per shape, the fused flash decode kernel at world
+    size 1 less the split-KV kernel alone on the same inputs and plan (``tail_s``: the pair's local
+    combine, the push to its own rank, the merge of its own partial, the output rows) against the
+    local combine's serial steps; the line tail = fixed + steps x step, weighted by 1/tail^2 (a short
+    tail's fixed cost and a long one's step both count; the intercept clamped at 0). {} with fewer
+    than 2 step counts, or a line that does not rise (e.g. the interpreter's rows, whose two kernels
+    get the same host time)."""
+    points = [(float(r["steps"]), float(r["tail_s"])) for r in _rows(measured)
+              if _positive(r.get("steps"), r.get("tail_s"))]
+    fit = _weighted_line(points)
+    if fit is None:
+        return {}
+    step, fixed = fit
+    return {"fused_local_combine_step_s": step, "fused_local_combine_fixed_s": max(fixed, 0.0)}
 
 
 def ll_push_rate(measured: dict | None) -> float | None:
@@ -379,7 +409,7 @@ STEP_KEYS: dict[str, tuple[str, ...]] = {
     "barrier": ("barrier",), "peer": ("peer",), "flag": ("flag",), "p2p": ("peer_copy",),
     "combine": ("combine",), "sync": ("sync",),
     "tile_gemm": ("tile_gemm",), "copy_share": ("copy_share",), "rs_gemm": ("rs_gemm",), "ll": ("ll_push", "ll_merge"),
-    "reduce": ("reduce",),
+    "fused_combine": ("fused_combine",), "reduce": ("reduce",),
 }
 #: Steps that need at least two ranks.
 MULTI_RANK_STEPS = ("collectives", "barrier", "peer", "flag")

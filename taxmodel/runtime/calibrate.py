@@ -26,9 +26,10 @@ from a host barrier, the serial step of the flash decode combine (``calibrate_co
 what one wait on an already-set flag costs a program (``calibrate_sync``); and, with microbenchmarks
 of the workloads' own kernels (issue 33), what the model took from fits on other GPUs before: the
 tile GEMM against the vendor GEMM by M and the All-Gather copy kernel beside it (``calibrate_gemm``),
-the fused flash decode's LL pushes and merges (``calibrate_decode``), GEMM+RS's reduction program
-(``calibrate_reduce``); the split-KV kernel's streaming rate and fixed cost come from the combine
-step's rows.
+the fused flash decode's LL pushes and merges (``calibrate_decode``) and its in-kernel local combine
+(the fused kernel at one rank less the split-KV kernel alone, ``calibrate_fused``), GEMM+RS's
+reduction program (``calibrate_reduce``); the split-KV kernel's streaming rate and fixed cost come
+from the combine step's rows.
 ``fit`` turns the raw numbers into ``HardwareSpec`` fields; the extra ones (``ModelParams``
 names) land in the spec's ``extra`` and the model picks them up.
 
@@ -831,6 +832,11 @@ def _measure_rank0(steps: tuple[str, ...], device: torch.device, world: int, mea
         from taxmodel.runtime import calibrate_decode
 
         _step("LL merges", lambda: calibrate_decode.measure_merge(device), meas, "ll_merge", rank)
+    if "fused_combine" in steps:
+        from taxmodel.runtime import calibrate_fused
+
+        _step("fused flash decode's local combine (one rank)", lambda: calibrate_fused.measure(device), meas,
+              "fused_combine", rank)
     if "reduce" in steps:
         from taxmodel.runtime import calibrate_reduce
 

@@ -85,3 +85,22 @@ class PseudoPeerHeap(SymmetricHeap):
 
     def close(self) -> None:
         self._both = self._local = None  # type: ignore[assignment]
+
+
+class LocalHeap(SymmetricHeap):
+    """One rank on one GPU: a symmetric heap of a single rank (``heap_bases`` holds its own base), so
+    that a kernel written for peers runs at world size 1, as ``taxmodel profile -n 1`` runs it: its
+    pushes to "every rank" are stores into its own memory, and no wait has a peer."""
+
+    def __init__(self, nbytes: int, device: torch.device | str) -> None:
+        super().__init__()
+        self.rank, self.world_size, self.device = 0, 1, torch.device(device)
+        n = (int(nbytes) + 4095) // 4096 * 4096
+        self._local = torch.zeros(n, dtype=torch.uint8, device=self.device)
+        self.heap_bases = torch.tensor([self._local.data_ptr()], dtype=torch.int64, device=self.device)
+
+    def barrier(self) -> None:
+        synchronize(self.device)
+
+    def close(self) -> None:
+        self._local = None  # type: ignore[assignment]

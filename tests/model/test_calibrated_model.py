@@ -184,3 +184,47 @@ def test_a_parameter_fitted_from_rows_entered_by_hand_says_so():
     p = ModelParams.from_hardware(find_preset("h200-calibrated"))
     assert "entered by hand" in p.sources["triton_gemm_speed_by_m"]
     assert p.sources["combine_step_s"] == "hardware extra (calibrated)"
+
+
+def test_the_fused_local_combine_takes_the_calibrated_line_and_without_it_the_combine_kernels_step():
+    """With the fused_combine step's fields the pair's last worker's local combine is fixed + steps
+    x step (measured in the fused kernel at one rank, so at one rank no merge step follows it);
+    without them, steps x ``combine_step_s`` and the merge step as before; slice combiners (another
+    tile per step) keep ``combine_step_s``."""
+    from taxmodel.kernels.flash_decode.split_kv import plan_splits
+    from taxmodel.kernels.flash_decode.workload import split_config
+
+    hw = H200
+    base = ModelParams.from_hardware(hw, combine_step_s=0.9e-6, ll_merge_step_s=1.4e-6)
+    cal = ModelParams.from_hardware(hw, **_given(base), fused_local_combine_step_s=0.6e-6,
+                                    fused_local_combine_fixed_s=2.2e-6)
+    for batch, kv in ((1, 16384), (16, 1024)):
+        shape = {**SHAPE, "batch": batch, "kv_len": kv}
+        steps = -(-plan_splits(batch, 4, kv, hw.num_sms, split_config(shape, "cuda")).num_splits // 4)
+        for world in (1, 4):
+            old = predict("flash_decode", "fused", shape, world, hw, base)
+            new = predict("flash_decode", "fused", shape, world, hw, cal)
+            assert old.details["local_combine"] == pytest.approx(steps * 0.9e-6)
+            assert new.details["local_combine"] == pytest.approx(2.2e-6 + steps * 0.6e-6)
+            assert new.details["fused_work"] - old.details["fused_work"] == pytest.approx(
+                2.2e-6 + steps * 0.6e-6 - steps * 0.9e-6)
+            # the merge of the ranks' partials: unchanged on 4 ranks; at one rank the measured tail holds it
+            assert new.details["combine"] == (0.0 if world == 1 else old.details["combine"])
+            assert any("calibrated fused_combine step" in a for a in new.assumptions)
+            assert any("no fused_combine calibration" in a for a in old.assumptions)
+    spread = {**SHAPE, "batch": 1, "kv_len": 16384, "fused_slices": 4}
+    assert predict("flash_decode", "fused", spread, 4, hw, cal).details["local_combine"] == pytest.approx(
+        predict("flash_decode", "fused", spread, 4, hw, base).details["local_combine"])
+    assert cal.sources["fused_local_combine_step_s"] == "given"
+    # from a hardware file: its value, sourced as calibrated; a file without it: the default (None), said so
+    with_fields = replace(hw, extra={**dict(hw.extra), "fused_local_combine_step_s": 0.6e-6,
+                                     "fused_local_combine_fixed_s": 2.2e-6})
+    p = ModelParams.from_hardware(with_fields)
+    assert p.fused_local_combine_step_s == pytest.approx(0.6e-6) and "calibrated" in p.sources["fused_local_combine_step_s"]
+    assert "fused_local_combine_step_s" in calibrated_mechanisms(with_fields)
+    q = ModelParams.from_hardware(hw)
+    assert q.fused_local_combine_step_s is None and q.sources["fused_local_combine_step_s"] == "default"
+
+
+def _given(p: ModelParams) -> dict:
+    return {k: getattr(p, k) for k, src in p.sources.items() if src == "given"}

@@ -111,3 +111,25 @@ def test_a_steps_replay_time_is_the_difference_of_two_batch_lengths_per_step():
     short, long_ = REPLAY_BATCHES
     assert step_from_batches({short: 30e-6 + short * 15e-6, long_: 30e-6 + long_ * 15e-6}) == pytest.approx(15e-6)
     assert step_from_batches({short: 1e-3, long_: 0.9e-3}) == pytest.approx(0.9e-3 / long_)
+
+
+def test_the_fused_combine_step_runs_the_fused_kernel_at_one_rank_and_the_split_kernel_on_the_same_plan():
+    from taxmodel.kernels.flash_decode import fused
+    from taxmodel.kernels.flash_decode.reference import reference_output
+    from taxmodel.runtime import calibrate_fused
+
+    res = calibrate_fused.measure(CPU)
+    assert (res["q_heads"], res["kv_heads"], res["head_dim"]) == calibrate_fused.CPU_DIMS and res["world_size"] == 1
+    assert [(r["batch"], r["kv_len"]) for r in res["rows"]] == list(calibrate_fused.CPU_GRID)
+    for r in res["rows"]:
+        assert r["splits"] >= 2 and r["steps"] >= 1 and r["pairs"] == r["batch"] * res["kv_heads"]
+        assert r["fused_s"] > 0 and r["split_s"] > 0 and r["tail_s"] == pytest.approx(r["fused_s"] - r["split_s"])
+    # the interpreter gives both kernels the body's host time: no line (a GPU's rows give one)
+    assert calfit.fused_combine_fit(res) == {}
+    # the kernel it times is the workload's fused kernel at one rank: its output is the attention
+    state, args = calibrate_fused.fused_state(CPU, 2, 48, calibrate_fused.CPU_DIMS)
+    for _ in range(2):  # a second launch: the epoch advances, nothing waits
+        fused.launch_fused(state)
+    fused.check_fused(state)
+    want = reference_output(0, args.q, [48], args.kv_heads)
+    assert torch.allclose(state.out.float(), want, atol=2e-2, rtol=2e-2)

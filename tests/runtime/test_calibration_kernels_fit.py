@@ -221,3 +221,66 @@ def test_the_shipped_calibration_is_its_raw_numbers_fitted_and_says_what_was_ent
     assert "measured.raw.tile_gemm (feeds triton_gemm_speed_by_m)" in shipped["notes"]
     assert "entered by hand" in shipped["notes"]
     assert any(u.get("steps") == ["tile_gemm"] and "by hand" in u.get("note", "") for u in m["updates"])
+
+
+# --- the fused flash decode's in-kernel local combine (fused_combine step) ---------------------------
+
+
+def _fused_rows(fixed: float, step: float, shapes=((1, 512, 2, 4), (1, 2048, 8, 4), (1, 8192, 16, 4),
+                                                      (1, 131072, 25, 4), (8, 2048, 3, 32), (16, 512, 2, 64))) -> dict:
+    """Rows as ``calibrate_fused.measure`` writes them, on tail = fixed + steps x step (split 9 us)."""
+    rows = [{"batch": b, "kv_len": kv, "splits": 4 * s, "pairs": p, "rows": 8, "steps": s, "kernels": 20,
+             "split_s": 9e-6, "fused_s": 9e-6 + fixed + s * step, "tail_s": fixed + s * step}
+            for b, kv, s, p in shapes]
+    return {"q_heads": 32, "kv_heads": 4, "head_dim": 128, "world_size": 1, "rows": rows, "skipped": []}
+
+
+def test_the_fused_local_combine_line_comes_back_from_tails_on_it():
+    fit = calfit.fused_combine_fit(_fused_rows(2.2e-6, 0.6e-6))
+    assert fit["fused_local_combine_step_s"] == pytest.approx(0.6e-6, rel=1e-9)
+    assert fit["fused_local_combine_fixed_s"] == pytest.approx(2.2e-6, rel=1e-9)
+    # weighted by 1/tail^2: a noisy long tail moves the short tails' fixed cost little
+    noisy = _fused_rows(2.2e-6, 0.6e-6)
+    noisy["rows"][3] = {**noisy["rows"][3], "tail_s": noisy["rows"][3]["tail_s"] * 1.2}
+    assert calfit.fused_combine_fit(noisy)["fused_local_combine_fixed_s"] == pytest.approx(2.2e-6, rel=0.15)
+    # a negative intercept is clamped to 0; one step count, no rows or the interpreter's equal times give nothing
+    assert calfit.fused_combine_fit(_fused_rows(-0.5e-6, 1e-6))["fused_local_combine_fixed_s"] == 0.0
+    one = _fused_rows(2e-6, 1e-6, shapes=((1, 512, 2, 4), (16, 512, 2, 64)))
+    assert calfit.fused_combine_fit(one) == {} and calfit.fused_combine_fit(None) == {}
+    flat = _fused_rows(2e-6, 1e-6)
+    for r in flat["rows"]:
+        r["tail_s"] = 0.0
+    assert calfit.fused_combine_fit(flat) == {}
+
+
+def test_a_fused_combine_update_adds_its_two_fields_and_changes_nothing_else(tmp_path):
+    import json
+
+    from shipped_calibration import shipped_four_ranks
+
+    from taxmodel.model.analytic.params import ModelParams, calibrated_mechanisms
+    from taxmodel.model.hardware import HardwareSpec, load_hardware
+
+    shipped = shipped_four_ranks()
+    assert "fused_combine" in calfit.parse_steps("fused_combine") and "fused_combine" not in calfit.MULTI_RANK_STEPS
+    new = calfit.update_spec(shipped, {"fused_combine": _fused_rows(2.2e-6, 0.6e-6)}, ("fused_combine",),
+                             device_name="NVIDIA H200", num_sms=132, world=4)
+    assert new["fused_local_combine_step_s"] == pytest.approx(0.6e-6)
+    assert new["fused_local_combine_fixed_s"] == pytest.approx(2.2e-6)
+    fed = ("measured", "notes", "aliases", "fused_local_combine_step_s", "fused_local_combine_fixed_s")
+    for key, value in shipped.items():
+        if key not in fed:
+            assert new[key] == value, key
+    assert new["measured"]["raw"]["fused_combine"]["rows"][0]["tail_s"] > 0  # the raw rows are kept
+    p = ModelParams.from_hardware(HardwareSpec.from_dict(new))
+    assert p.fused_local_combine_step_s == pytest.approx(0.6e-6) and "calibrated" in p.sources["fused_local_combine_step_s"]
+    assert "fused_local_combine_step_s" in calibrated_mechanisms(HardwareSpec.from_dict(new))
+    # a refit from the raw rows gives the same numbers back (and a file without the rows, none)
+    src = tmp_path / "cal.json"
+    src.write_text(json.dumps(new))
+    out = calfit.refit_file(str(src), str(tmp_path / "refit.json"))
+    again = json.loads(open(out).read())
+    assert again["fused_local_combine_step_s"] == pytest.approx(new["fused_local_combine_step_s"])
+    assert again["fused_local_combine_fixed_s"] == pytest.approx(new["fused_local_combine_fixed_s"])
+    assert load_hardware(out).source == "calibrated"
+    assert "fused_local_combine_step_s" not in shipped and "fused_combine" not in shipped["measured"]["raw"]

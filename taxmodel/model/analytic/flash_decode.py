@@ -16,7 +16,11 @@ dominate: 20-30 us on one H200, where bandwidth alone says 1 us.
   NCCL all_gather of the packed partial (collective model; small messages are latency-bound) ->
   global combine (W packed partials in, the output out). Four launches: at small sizes the
   host's launch cost per kernel exceeds the kernels, and the launch tax dominates.
-- fused: one kernel; workers do the split and the local combine, the last worker per head group
+- fused: one kernel; workers do the split and the local combine (the pair's last worker folds the
+  S partials: with the hardware file's fused_combine calibration ``fused_local_combine_fixed_s`` +
+  steps x ``fused_local_combine_step_s``, measured in the fused kernel itself at one rank, whose
+  fixed part holds the one-rank epilogue, so at one rank no merge step follows; without it steps x
+  ``combine_step_s``, the separate kernel's step), the last worker per head group
   stores the combined partial into every peer (LL words: value and epoch in one store, no fence;
   8 bytes per 4-byte value) from one CTA, so at one SM's peer-store rate unless the pushing CTAs
   together exceed the GPU's peer-store bandwidth (``costs.push_wave_time``), and then waits for
@@ -156,11 +160,23 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         flag_waits = 0.0 if ll else world * params.flag_wait_s
         post = max((world * packed + out_bytes) / (hw.hbm_bytes_per_s * params.triton_stream_efficiency),
                    flag_waits + serial_steps_time(max(post_steps, 1), params, params.ll_merge_step_s if ll else None))
+        # The pair's last worker's local combine: calibrated in the fused kernel itself where the hardware
+        # file has the fused_combine step (a line over the steps, measured at one rank: its fixed part holds
+        # what the kernel does after the fold at one rank, so there no merge step follows); else the
+        # separate combine kernel's step (combine_step_s) per step. Slice combiners fold fewer rows
+        # per step (another NB), which the step did not measure: they keep combine_step_s.
+        in_kernel = params.fused_local_combine_step_s is not None and slices <= 0
+        if in_kernel and world == 1 and ll and own_in_registers:
+            post = 0.0
         # slice combiners first wait for their pair's workers (the pair's ready word, GPU scope)
         ready_wait = params.flag_wait_gpu_s if slices > 0 else 0.0
         out, local_steps = [], []
         for kv, partials, splits in per_rank:
-            local = serial_steps_time(steps(splits, rows), params)  # after the last split of the group
+            if in_kernel:  # after the last split of the group
+                local = (params.fused_local_combine_fixed_s or 0.0) + serial_steps_time(
+                    steps(splits, rows), params, params.fused_local_combine_step_s)
+            else:
+                local = serial_steps_time(steps(splits, rows), params)
             local_steps.append(local)
             work = split_kv_time(kv + partials, hw, params) + ready_wait + local + push
             # DRAM bytes: K/V and q read, the output written; the split partials that the kernel
@@ -175,6 +191,16 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
                     "flag": flag, "combine": post, "wait_merge": flag + post})
         notes.append("fused: each head group's combine waits for the slowest rank's partial plus a one-way "
                      "latency (half a flag round trip)")
+        if in_kernel:
+            notes.append(f"fused: the pair's local combine in the kernel: "
+                         f"{(params.fused_local_combine_fixed_s or 0.0) * 1e6:.2f} us + "
+                         f"{params.fused_local_combine_step_s * 1e6:.2f} us a step (calibrated fused_combine step, "
+                         f"{params.sources.get('fused_local_combine_step_s', 'given')})")
+        else:
+            notes.append(f"fused: the pair's local combine takes combine_step_s ({params.combine_step_s * 1e6:.2f} us) "
+                         "a step, the separate combine kernel's step"
+                         + (" (slice combiners)" if slices > 0 else
+                            ": no fused_combine calibration in this hardware file"))
         notes.append(f"fused: {pushers} CTA(s) push {unit_bytes / 1024:.1f} KiB each to the peers at once (one SM's "
                      "peer-store rate, or the GPU's peer-store bandwidth shared), then the combine of the ranks' "
                      f"partials takes {max(post_steps, 1)} serial step(s) of "

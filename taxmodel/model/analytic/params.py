@@ -71,6 +71,15 @@ class ModelParams:
     #: loaded-memory latency plus the merge. Calibrated (`taxmodel calibrate`'s combine step: the
     #: local combine kernel queued after the split-KV kernel, as the bsp variant runs them).
     combine_step_s: float = 1.0e-6
+    #: The fused flash decode kernel's in-kernel local combine (the pair's last worker folding its S
+    #: split partials, ceil(S / NB) serial steps) and what follows it at one rank (the push to its own
+    #: rank, the merge of its own partial, the output rows): fixed + steps x step. Calibrated
+    #: (`taxmodel calibrate`'s fused_combine step: the fused kernel at world size 1 less the split-KV
+    #: kernel alone on the same inputs and plan, over batch 1-16 and KV 512-128K; a line over the
+    #: steps). None: not measured; the local combine takes ``combine_step_s`` per step (the separate
+    #: combine kernel's step) and the merge steps as at any world size.
+    fused_local_combine_step_s: float | None = None
+    fused_local_combine_fixed_s: float | None = None
     #: One step of the fused flash decode kernel's merge of the ranks' partials with LL words: poll
     #: one source rank's words until they all carry this launch's epoch, then merge them. Fitted from
     #: the fused bundles' in-kernel records (fitting.FIT_RULES).
@@ -286,6 +295,8 @@ CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "ll_merge_step_s": (),
     "reduce_program_bytes_per_s": (),
     "combine_step_s": (),
+    "fused_local_combine_step_s": (),
+    "fused_local_combine_fixed_s": (),
 }
 
 
@@ -301,6 +312,7 @@ RAW_FEEDS: dict[str, tuple[str, ...]] = {
     "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m"),
     "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss"),
     "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
+    "fused_combine": ("fused_local_combine_step_s", "fused_local_combine_fixed_s"),
 }
 
 
