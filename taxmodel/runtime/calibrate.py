@@ -64,49 +64,26 @@ from taxmodel.runtime.bootstrap import join_process_group, rank_device
 from taxmodel.runtime.heap import disable_multicast
 from taxmodel.runtime.rank import RankState, rank_failure
 from taxmodel.runtime.status import STATUS_DIR_ENV, write_status
-from taxmodel.runtime.timing import Stopwatch, traced_events
+from taxmodel.runtime.timing import (CallTimer, SampleTimer, Stopwatch, capture_graph, interleave, median_ms, repeat,
+                                     side_stream_warm_up, time_ms, traced_events, traced_kernel_ms)
 
+#: Samples per measurement, and untimed calls before them.
 REPS = 7
+WARMUP = 3
 
 
-class CallTimer:
-    """Times one call of enqueued work on ``device`` (``timing.Stopwatch`` around it: CUDA events on
-    a GPU, the host clock on a CPU, where gloo's collectives return when done)."""
-
-    def __init__(self, device: torch.device | str) -> None:
-        self.device = torch.device(device)
-
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def elapsed_ms(self, fn: Callable[[], object]) -> float:
-        with Stopwatch(self.device) as sw:
-            fn()
-        return sw.seconds * 1e3
-
-
-def _median_ms(fn: Callable[[], None], inner: int = 10, reps: int = REPS, warmup: int = 3,
+def _median_ms(fn: Callable[[], None], device: torch.device | str | None, inner: int, reps: int = REPS,
                watch: CallTimer | None = None) -> float:
-    """Median over ``reps`` of the mean time (ms) of ``inner`` back-to-back calls (CUDA events by default)."""
-    watch = watch or CallTimer("cuda")
-    for _ in range(warmup):
-        fn()
-    watch.synchronize()
-    times = [watch.elapsed_ms(lambda: _repeat(fn, inner)) / inner for _ in range(reps)]
-    return statistics.median(times)
-
-
-def _repeat(fn: Callable[[], object], n: int) -> None:
-    for _ in range(n):
-        fn()
+    """Median over ``reps`` of the mean time (ms) of ``inner`` back-to-back calls after ``WARMUP``
+    untimed ones (``timing.median_ms``; ``watch`` the clock, default CUDA events on ``device``)."""
+    return median_ms(fn, device=device, reps=reps, calls=inner, warmup=WARMUP, watch=watch)
 
 
 def hbm_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> dict:
     """Device-to-device copy: every byte is read once and written once."""
     src = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = _median_ms(lambda: dst.copy_(src), inner=5)
+    ms = _median_ms(lambda: dst.copy_(src), device, inner=5)
     return {"bytes": nbytes, "ms": ms, "bytes_per_s": 2 * nbytes / (ms * 1e-3)}
 
 
@@ -114,7 +91,7 @@ def gemm_rate(device: torch.device, dtype: torch.dtype, n: int = 8192) -> dict:
     """Dense square GEMM on random data (cuBLAS/hipBLASLt through torch)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    ms = _median_ms(lambda: torch.matmul(a, b), inner=5)
+    ms = _median_ms(lambda: torch.matmul(a, b), device, inner=5)
     return {"m": n, "n": n, "k": n, "ms": ms, "flops_per_s": 2 * n**3 / (ms * 1e-3)}
 
 
@@ -170,25 +147,22 @@ def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, ba
     short, long_ = calls
     if not 0 < short < long_:
         raise ValueError(f"graph calls {calls}: need 0 < short < long")
-    with backend.side_stream():  # lazy initializations (NCCL, allocator) must not happen in a capture
-        _repeat(fn, 2)
+    side_stream_warm_up(fn, 2, backend=backend)  # lazy initializations (NCCL, allocator) must not happen in a capture
     backend.synchronize()
     graphs: dict[int, object] = {}
     try:
         error = None
         try:
             for n in calls:
-                graphs[n] = backend.capture(lambda n=n: _repeat(fn, n))
+                graphs[n] = backend.capture(repeat(fn, n))
         except Exception as exc:  # noqa: BLE001 - any capture failure becomes one message for every rank
             error = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"[:300]
         error = agree(error)
         if error:
             raise GraphCaptureError(error)
-        samples: dict[int, list[float]] = {n: [] for n in calls}
-        for _ in range(reps + 1):  # the first round warms the replays up and is dropped
-            for n in calls:
-                barrier()
-                samples[n].append(watch.elapsed_ms(graphs[n].replay))
+        timer = SampleTimer(None, calls=1, samples=reps, between=barrier, watch=watch)
+        # both lengths take turns, a barrier before each replay; the first round warms up and is dropped
+        samples = interleave({n: (lambda g=graphs[n]: timer.sample(g.replay)) for n in calls}, reps, discard=1)
         traced = None
         if kernel_time is not None:
             barrier()
@@ -197,7 +171,7 @@ def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, ba
         for g in graphs.values():
             if hasattr(g, "reset"):
                 g.reset()
-    med = {n: statistics.median(v[1:]) for n, v in samples.items()}
+    med = {n: statistics.median(v) for n, v in samples.items()}
     per_call, method = (med[long_] - med[short]) / (long_ - short), "difference"
     if not per_call > 0:
         per_call, method = med[long_] / long_, "mean"
@@ -205,19 +179,6 @@ def graph_per_call_ms(fn: Callable[[], object], *, backend, watch: CallTimer, ba
     if traced:
         row["kernel_ms"] = statistics.median(traced) * len(traced) / long_
     return row
-
-
-def traced_kernel_ms(replay: Callable[[], object]) -> list[float]:
-    """The durations (ms) of the GPU kernels that one call of ``replay`` runs, from a
-    torch.profiler trace of it (empty when the trace has none: no CUDA/ROCm profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        replay()
-        torch.cuda.synchronize()
-    us = [e.time_range.end - e.time_range.start for e in prof.events()
-          if getattr(e.device_type, "name", "") == "CUDA" and e.time_range.end > e.time_range.start]
-    return [u / 1e3 for u in us]
 
 
 def _agreed_error(error: str | None, world: int) -> str | None:
@@ -260,7 +221,7 @@ def collective_curve(device: torch.device | str, world: int, sizes: tuple[int, .
         ops = collective_ops(device, world, per_rank)
         for op, fn in ops.items():
             barrier()
-            eager.append({"op": op, "bytes_per_rank": per_rank, "ms": _median_ms(fn, inner=5, reps=5, watch=watch)})
+            eager.append({"op": op, "bytes_per_rank": per_rank, "ms": _median_ms(fn, device, inner=5, reps=5, watch=watch)})
             if graph_note is not None:
                 continue
             barrier()
@@ -290,7 +251,7 @@ def peer_copy_bandwidth(device: torch.device, world: int, nbytes: int = 1 << 30)
         if peer == device.index:
             continue
         dst = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", peer))
-        ms = _median_ms(lambda d=dst: d.copy_(src, non_blocking=True), inner=3, reps=5)
+        ms = _median_ms(lambda d=dst: d.copy_(src, non_blocking=True), device, inner=3, reps=5)
         rows.append({"src": device.index, "dst": peer, "bytes": nbytes, "ms": ms, "bytes_per_s": nbytes / (ms * 1e-3)})
         del dst
     return rows
@@ -380,11 +341,11 @@ def peer_access(device: torch.device, world: int, num_sms: int, nbytes: int = 25
 
     def read(progs: int) -> float:
         return _median_ms(lambda: _peer_read_kernel[(progs,)](src, out, heap.heap_bases, n, rank, world, BLOCK=1024,
-                                                              NUM_PROGS=progs, num_warps=4), inner=3, reps=5)
+                                                              NUM_PROGS=progs, num_warps=4), device, inner=3, reps=5)
 
     def write(progs: int) -> float:
         return _median_ms(lambda: _peer_write_kernel[(progs,)](src, heap.heap_bases, n, rank, world, BLOCK=1024,
-                                                               NUM_PROGS=progs, num_warps=4), inner=3, reps=5)
+                                                               NUM_PROGS=progs, num_warps=4), device, inner=3, reps=5)
 
     heap.barrier()
     ms = read(num_sms)
@@ -398,7 +359,8 @@ def peer_access(device: torch.device, world: int, num_sms: int, nbytes: int = 25
     heap.barrier()
     steps = 2000
     peer = (rank + 1) % world
-    ms = _median_ms(lambda: _peer_chase_kernel[(1,)](chain, out, heap.heap_bases, steps, rank, peer), inner=1, reps=5)
+    ms = _median_ms(lambda: _peer_chase_kernel[(1,)](chain, out, heap.heap_bases, steps, rank, peer), device, inner=1,
+                    reps=5)
     res["chase_steps"], res["load_latency_s"] = steps, ms * 1e-3 / steps
     heap.barrier()
     heap.close()
@@ -422,12 +384,8 @@ def flag_roundtrip(device: torch.device, timeout_s: float = 30.0) -> dict:
         for _ in range(5 if rounds > 10 else 1):
             heap.barrier()
             if rank in (0, 1):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                _pingpong_kernel[(1,)](flags, err, heap.heap_bases, base, rounds, budget, rank, MODE=mode)
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
+                samples.append(time_ms(lambda: _pingpong_kernel[(1,)](flags, err, heap.heap_bases, base, rounds, budget,
+                                                                      rank, MODE=mode), device))
             base += rounds
         times[rounds] = statistics.median(samples) if samples else None
     sync.check_errors(err, "calibration ping-pong", None, mode)
@@ -452,25 +410,16 @@ def launch_costs(device: torch.device, n: int = 200) -> dict:
     def host_per_launch(fn) -> float:
         for _ in range(3):
             big @ big  # keep the GPU busy so that launches never wait for it
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        dt = (time.perf_counter() - t0) / n
+        with Stopwatch() as sw:  # the host clock: enqueueing, not running
+            repeat(fn, n)()
         torch.cuda.synchronize()
-        return dt
+        return sw.seconds / n
 
     host_torch = statistics.median(host_per_launch(x.zero_) for _ in range(3))
     host_triton = statistics.median(host_per_launch(lambda: _empty_kernel[(1,)](x)) for _ in range(3))
 
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        x.zero_()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for _ in range(n):
-                x.zero_()
-    graph_ms = _median_ms(graph.replay, inner=1) / n
+    graph = capture_graph(repeat(x.zero_, n), device=device)
+    graph_ms = _median_ms(graph.replay, device, inner=1) / n
     out = {"host_launch_torch_s": host_torch, "host_launch_triton_s": host_triton, "graph_per_kernel_s": graph_ms * 1e-3,
            "kernels": n}
     out.update(_optional(lambda: _profiled_gaps(device, x, big), "profiler_error"))

@@ -47,7 +47,7 @@ def _point(device: torch.device, batch: int, kv_len: int, iterations: int) -> di
     from taxmodel.kernels.flash_decode.combine import combine_block, launch_combine_local, packed_size
     from taxmodel.kernels.flash_decode.split_kv import (SplitConfig, SplitKVArgs, cdiv, device_sm_count,
                                                          launch_split_kv, partial_buffers, plan_splits)
-    from taxmodel.runtime.microbench import kernel_seconds
+    from taxmodel.runtime.timing import kernel_seconds
 
     cfg = SplitConfig()
     group = Q_HEADS // KV_HEADS

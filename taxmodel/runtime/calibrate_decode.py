@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from taxmodel.kernels.flash_decode.fused import _combine_rows, _push_rows
-from taxmodel.runtime.microbench import kernel_seconds, median_seconds, on_gpu, synchronize
+from taxmodel.runtime.timing import kernel_seconds, median_seconds, on_gpu, synchronize
 
 #: Rows per program (a head group of 32 query heads over 4 KV heads) and the head dimension.
 ROWS, HEAD_DIM = 8, 128

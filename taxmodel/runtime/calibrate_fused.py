@@ -20,7 +20,7 @@ The grid is not the validated presets (batch 1 at KV 16K, batch 16 at KV 1K): ba
 once) at KV 512-128K gives 2-25 steps on a 132-SM GPU; batches 4-16 (16-64 pairs at once) at short
 KV give 1-6 steps. Each shape runs the split kernel and then the fused kernel, ``ITERATIONS`` times
 (each kernel preceded by a read of the same K/V, as in the workload's steps), after a warm-up that
-compiles both; kernel durations from a profiler trace (``microbench.kernel_seconds``), as the
+compiles both; kernel durations from a profiler trace (``timing.kernel_seconds``), as the
 combine step times its kernels. One GPU, rank 0, a few seconds after the compiles.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ import statistics
 import torch
 
 from taxmodel.kernels.names import FLASH_DECODE_FUSED, FLASH_DECODE_SPLIT
-from taxmodel.runtime.microbench import LocalHeap, kernel_seconds, on_gpu, synchronize
+from taxmodel.runtime.microbench import LocalHeap
+from taxmodel.runtime.timing import kernel_seconds, on_gpu, synchronize
 
 #: (batch, keys) of the GPU grid, with 32 query heads, 4 KV heads, head dim 128, bf16: not the
 #: validated presets' shapes (b1-kv16k, b16-kv1k), so the model is checked on shapes it was not fit on.

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from taxmodel.kernels.names import AG_GEMM_KERNEL, COPY_BLOCKS_KERNEL
-from taxmodel.runtime.microbench import kernel_seconds, median_seconds, on_gpu, synchronize
+from taxmodel.runtime.timing import kernel_seconds, median_seconds, on_gpu, repeat, synchronize
 
 #: Rows M of the tile GEMM's grid (N = K = ``GEMM_NK``), and of the copy kernel's.
 GEMM_MS = (1024, 4096, 8192, 16384)
@@ -35,13 +35,6 @@ GEMM_NK = 8192
 CPU_GEMM_MS, CPU_NK = (32, 64), 32
 #: Back-to-back calls traced per point (after a warm-up that compiles).
 REPEATS = 10
-
-
-def _repeat(fn: Callable[[], object], n: int) -> Callable[[], None]:
-    def body() -> None:
-        for _ in range(n):
-            fn()
-    return body
 
 
 def _operands(m: int, n: int, k: int, device: torch.device, a: torch.Tensor | None = None):
@@ -104,8 +97,8 @@ def _gemm_point(device: torch.device, m: int, n: int, k: int) -> dict:
     if not err < 0.05:
         raise RuntimeError(f"the tile GEMM at M={m} N={n} K={k} disagrees with torch.matmul (max relative error {err:.3g})")
     reps = REPEATS if on_gpu(device) else 1
-    t = median_seconds(kernel_seconds(device, _repeat(tile, reps), {"tile": AG_GEMM_KERNEL}), "tile", "tile GEMM")
-    v = median_seconds(kernel_seconds(device, _repeat(vendor, reps), {"vendor": "."}), "vendor", "vendor GEMM")
+    t = median_seconds(kernel_seconds(device, repeat(tile, reps), {"tile": AG_GEMM_KERNEL}), "tile", "tile GEMM")
+    v = median_seconds(kernel_seconds(device, repeat(vendor, reps), {"vendor": "."}), "vendor", "vendor GEMM")
     return {"m": m, "n": n, "k": k, "tile_s": t, "vendor_s": v, "config": cfg.tile_label()}
 
 
@@ -159,7 +152,7 @@ def measure_copy_share(device: torch.device, heap: Any, rank: int, world: int,
         timed: dict[str, dict[str, list[float]]] = {}
         for label, body in (("alone_copy", copy), ("alone_gemm", gemm), ("shared", both)):
             barrier()
-            timed[label] = kernel_seconds(device, _repeat(body, reps), names)
+            timed[label] = kernel_seconds(device, repeat(body, reps), names)
         rows.append({"m": m, "n": nk, "k": nk, "world": world, "m_loc": m_loc, "programs": programs, "items": items,
                      "item_bytes": base.block_m * piece_cols(base, nk) * gathered.element_size(), "chunk_k": chunk,
                      "copy_alone_s": median_seconds(timed["alone_copy"], "copy", "copy"),
@@ -226,9 +219,9 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
             raise RuntimeError(f"GEMM+RS's GEMM at M={m} N={nk} K/W={k_loc} disagrees with torch.matmul "
                                f"(max relative error {err_rel:.3g})")
         barrier()
-        t = kernel_seconds(device, _repeat(rs, reps), {"rs": GEMM_RS_KERNEL})
+        t = kernel_seconds(device, repeat(rs, reps), {"rs": GEMM_RS_KERNEL})
         barrier()
-        v = kernel_seconds(device, _repeat(vendor, reps), {"vendor": "."})
+        v = kernel_seconds(device, repeat(vendor, reps), {"vendor": "."})
         sync.check_errors(err, "calibration GEMM+RS", None, mode)
         rows.append({"m": m, "n": nk, "k": nk, "k_loc": k_loc, "world": world, "config": cfg.tile_label(),
                      "element_bytes": a.element_size(), "rs_s": median_seconds(t, "rs", "GEMM+RS GEMM"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from taxmodel.kernels.names import RS_REDUCE_KERNEL
-from taxmodel.runtime.microbench import kernel_seconds, median_seconds, on_gpu, synchronize
+from taxmodel.runtime.timing import kernel_seconds, median_seconds, on_gpu, synchronize
 
 #: Columns of the reduced rows (the workloads' N) and how many launches are traced per point.
 N_COLS = 8192

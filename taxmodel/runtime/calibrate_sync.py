@@ -11,13 +11,12 @@ the kernel times over the difference of ``n`` is the cost of one wait (the launc
 """
 from __future__ import annotations
 
-import statistics
-
 import torch
 import triton
 import triton.language as tl
 
 from taxmodel.kernels.device import sync
+from taxmodel.runtime.timing import median_ms
 
 #: Waits per launch of the short and the long run.
 WAITS = (16, 1040)
@@ -47,18 +46,7 @@ def measure(device: torch.device) -> dict:
             def launch() -> None:
                 _wait_set_flags_kernel[(1,)](flags, err, out, n, budget, GPU_SCOPE=gpu_scope, MODE=mode, num_warps=4)
 
-            for _ in range(3):
-                launch()
-            torch.cuda.synchronize(device)
-            samples = []
-            for _ in range(REPETITIONS):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                launch()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
-            ms[str(n)] = statistics.median(samples)
+            ms[str(n)] = median_ms(launch, device=device, reps=REPETITIONS, warmup=3)
             if int(out.item()) != n:
                 raise RuntimeError(f"the set-flag probe saw {int(out.item())} of {n} flags set")
         sync.check_errors(err, "calibration flag waits", None, mode)

@@ -1,69 +1,17 @@
-"""What the calibration's microbenchmarks of the workloads' own kernels share: each kernel's device
-time as a trace sees it, and where those kernels run.
+"""Where the calibration's microbenchmarks of the workloads' own kernels run when peers are
+missing. (Their kernels' device times come from a trace: ``timing.kernel_seconds``.)
 
-``kernel_seconds`` traces one call of a body (``timing.traced_events``: torch.profiler, read by
-taxmodel's Kineto importer) and returns the durations of the kernels whose names match each pattern,
-so a measurement is the kernel's own time, without launch latency or host gaps; two kernels that run
-at once on two streams are each timed whole. In Triton's interpreter (CPU tests: the code paths at
-tiny sizes) there is no device trace: every pattern gets the host time of the body, which says
-nothing about a GPU but lets the fits run on the same rows.
-
-``pseudo_peer_heap`` gives one GPU a two-rank symmetric heap on itself (``heap_bases`` of two halves
+``PseudoPeerHeap`` gives one GPU a two-rank symmetric heap on itself (``heap_bases`` of two halves
 of one buffer), so that a kernel written for peers (the All-Gather copy kernel) runs where no peer
 exists: its loads and stores then go through the GPU's own memory instead of a link. A calibration
-on one GPU measures what it can that way and says so.
+on one GPU measures what it can that way and says so. ``LocalHeap`` is a heap of one rank.
 """
 from __future__ import annotations
-
-import statistics
-import time
-from typing import Callable, Mapping
 
 import torch
 
 from taxmodel.runtime.heap import SymmetricHeap
-
-
-def on_gpu(device: torch.device | str) -> bool:
-    """Whether ``device`` runs kernels on a GPU (not Triton's interpreter)."""
-    from taxmodel.kernels.device.sync import interpreting
-
-    return torch.device(device).type == "cuda" and not interpreting()
-
-
-def kernel_seconds(device: torch.device | str, body: Callable[[], object],
-                   patterns: Mapping[str, str]) -> dict[str, list[float]]:
-    """Per label, the durations (s) of the kernels whose names contain ``patterns[label]`` (a regular
-    expression) in one traced call of ``body``; on CPU the host time of ``body``, once per label."""
-    if not on_gpu(device):
-        t0 = time.perf_counter()
-        body()
-        dt = time.perf_counter() - t0
-        return {label: [dt] for label in patterns}
-    from taxmodel.runtime.timing import traced_events
-
-    def traced() -> None:
-        body()
-        torch.cuda.synchronize(device)
-
-    ev = traced_events(traced)
-    ker = ev[ev["kind"] == "kernel"]
-    dur = (ker["end_ns"] - ker["start_ns"]) * 1e-9
-    name = ker["name"].astype(str)
-    return {label: dur[name.str.contains(pat, regex=True)].tolist() for label, pat in patterns.items()}
-
-
-def median_seconds(durations: Mapping[str, list[float]], label: str, what: str) -> float:
-    """The median of ``durations[label]``; RuntimeError naming ``what`` when the trace had none."""
-    values = durations.get(label) or []
-    if not values:
-        raise RuntimeError(f"the profiler trace has no {what} kernels (no GPU profiler?)")
-    return float(statistics.median(values))
-
-
-def synchronize(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
+from taxmodel.runtime.timing import synchronize
 
 
 class PseudoPeerHeap(SymmetricHeap):

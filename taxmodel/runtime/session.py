@@ -336,21 +336,13 @@ class VariantSession:
         import torch
         import torch.distributed as dist
 
-        from taxmodel.runtime.timing import Stopwatch
+        from taxmodel.runtime.timing import SampleTimer, repeat
 
         run, runner = self.run, self.runner
         if self.injector is not None or not run.ctx.is_cuda or not hasattr(runner, "launch"):
             return None
-        med = {}
-        for n in REPLAY_BATCHES:
-            times = []
-            for _ in range(REPLAY_REPS):
-                run.barrier()
-                with Stopwatch(run.device) as sw:
-                    for _ in range(n):
-                        runner.launch()
-                times.append(sw.seconds)
-            med[n] = statistics.median(times)
+        timer = SampleTimer(run.device, calls=1, samples=REPLAY_REPS, between=run.barrier)  # a batch's whole time
+        med = {n: statistics.median(timer.samples_of(repeat(runner.launch, n))) * 1e-3 for n in REPLAY_BATCHES}
         step = step_from_batches(med)
         if run.world > 1 and dist.is_initialized():
             t = torch.tensor([step], dtype=torch.float64, device=run.device)

@@ -20,7 +20,10 @@ so that the numbers stay comparable with the committed ones):
   slowest rank sets the pace), a capture failing on any rank failing on all (``SampleTimer``).
 - **the statistic**: the median of the samples, with their spread beside it (``spread``,
   ``decile_range``) so that a reader can judge the noise.
-- **kernel time from a trace**: what a torch.profiler trace of a call saw (``traced_events``).
+- **kernel time from a trace**: what a torch.profiler trace of a call saw (``traced_events``), the
+  durations of the kernels of given names in it (``kernel_seconds``, ``median_seconds``) or of all
+  its kernels (``traced_kernel_ms``): a kernel's own time, without launch latency or host gaps.
+- **the clock** a measurement is handed (``CallTimer``), so that tests can hand a fake one.
 
 ``gpu_sleep`` makes a GPU busy-wait for a given time (the tax-injection harness uses it to make one
 rank late) and is calibrated once per device.
@@ -118,6 +121,21 @@ def time_ms(run: Callable[[], object], device: torch.device | str | None, calls:
     return sw.ms / calls
 
 
+class CallTimer:
+    """The clock a measurement is handed: ``elapsed_ms(fn)`` is one call of enqueued work timed on
+    ``device`` (``time_ms``: CUDA events on a GPU, the host clock on a CPU, where gloo's collectives
+    return when done), ``synchronize`` waits for the device. Tests hand a fake one instead."""
+
+    def __init__(self, device: torch.device | str | None) -> None:
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+
+    def synchronize(self) -> None:
+        synchronize(self.device)
+
+    def elapsed_ms(self, fn: Callable[[], object]) -> float:
+        return time_ms(fn, self.device)
+
+
 def warm_up(runs: Callable[[], object] | Iterable[Callable[[], object]], rounds: int) -> None:
     """``rounds`` untimed rounds, each calling every one of ``runs`` once, in order (nothing is
     waited for: the first sample's start event comes after them on the stream)."""
@@ -175,18 +193,21 @@ def time_interleaved(runs: Mapping[K, Callable[[], object]], samples: int, *, de
 
 
 def sample_ms(fn: Callable[[], object], *, device: torch.device | str | None, reps: int, calls: int = 1,
-              warmup: int = 0, between: Callable[[], object] | None = None) -> list[float]:
+              warmup: int = 0, between: Callable[[], object] | None = None,
+              watch: CallTimer | None = None) -> list[float]:
     """``warmup`` untimed calls of ``fn``, then ``reps`` samples of ``calls`` back-to-back calls (ms
-    per call), each after ``between`` (a barrier, a cache flush) when given."""
+    per call), each after ``between`` (a barrier, a cache flush) when given; ``watch`` times them
+    (default: ``CallTimer(device)``)."""
+    timer = SampleTimer(device, calls=calls, samples=reps, between=between or _nothing, watch=watch)
     warm_up(fn, warmup)
-    synchronize(device)
-    return SampleTimer(device, calls=calls, samples=reps, between=between or _nothing).samples_of(repeat(fn, calls))
+    timer.watch.synchronize()
+    return timer.samples_of(repeat(fn, calls))
 
 
 def median_ms(fn: Callable[[], object], *, device: torch.device | str | None, reps: int, calls: int = 1,
-              warmup: int = 0) -> float:
+              warmup: int = 0, watch: CallTimer | None = None) -> float:
     """The median of ``sample_ms``: ms per call of ``fn``."""
-    return statistics.median(sample_ms(fn, device=device, reps=reps, calls=calls, warmup=warmup))
+    return statistics.median(sample_ms(fn, device=device, reps=reps, calls=calls, warmup=warmup, watch=watch))
 
 
 def copy_bandwidth(src: torch.Tensor, *, reps: int, calls: int = 1, warmup: int = 3) -> float:
@@ -300,7 +321,8 @@ class SampleTimer:
 
     ``eager`` times host-launched batches, ``graph`` replays of the batch captured in one CUDA graph;
     ``agree`` turns this rank's capture error (or None) into every rank's, so that a capture failing
-    on any rank fails on all and no rank waits in a barrier for the others.
+    on any rank fails on all and no rank waits in a barrier for the others. ``watch`` is the clock
+    (default: ``CallTimer(device)``).
     """
 
     device: torch.device | str | None
@@ -310,11 +332,15 @@ class SampleTimer:
     reduce: Callable[[float], float] = _same
     agree: Callable[[str | None], str | None] = _same
     backend: GraphBackend | None = None
+    watch: CallTimer | None = None
+
+    def __post_init__(self) -> None:
+        self.watch = self.watch or CallTimer(self.device)
 
     def sample(self, run: Callable[[], object]) -> float:
         """One sample of ``run`` (which makes ``calls`` calls): ``between``, timed, ``reduce``d."""
         self.between()
-        return self.reduce(time_ms(run, self.device, self.calls))
+        return self.reduce(self.watch.elapsed_ms(run) / self.calls)
 
     def samples_of(self, run: Callable[[], object]) -> list[float]:
         """``samples`` samples of ``run``."""
@@ -392,6 +418,16 @@ SLEEP_KERNEL_PATTERN = r"spin_kernel|taxmodel_inject_sleep"
 """Kernel names of the injected sleep (torch.cuda._sleep's kernel; the CPU stand-in)."""
 
 
+# --- kernel time from a trace -------------------------------------------------------------------
+
+
+def on_gpu(device: torch.device | str) -> bool:
+    """Whether ``device`` runs kernels on a GPU (not Triton's interpreter), so a trace has their times."""
+    from taxmodel.kernels.device.sync import interpreting
+
+    return _is_cuda(device) and not interpreting()
+
+
 def traced_events(body: Callable[[], object], *, host: bool = False):
     """What a torch.profiler trace of ``body()`` saw, as taxmodel's Kineto importer reads it (events
     with ns times; the GPU's kernels, and with ``host`` the host's launch calls too)."""
@@ -411,3 +447,48 @@ def traced_events(body: Callable[[], object], *, host: bool = False):
         prof.export_chrome_trace(path)
         events, _ = kineto.read([Path(path)])
     return events
+
+
+def kernel_seconds(device: torch.device | str, body: Callable[[], object],
+                   patterns: Mapping[str, str]) -> dict[str, list[float]]:
+    """Per label, the durations (s) of the kernels whose names contain ``patterns[label]`` (a regular
+    expression) in one traced call of ``body`` (``traced_events``): each kernel's own time, without
+    launch latency or host gaps; two kernels that run at once on two streams are each timed whole.
+    Off a GPU (Triton's interpreter) there is no device trace: every label gets the host time of
+    ``body``, which says nothing about a GPU but lets the callers' fits run on the same rows."""
+    if not on_gpu(device):
+        with Stopwatch() as sw:
+            body()
+        return {label: [sw.seconds] for label in patterns}
+
+    def traced() -> None:
+        body()
+        torch.cuda.synchronize(device)
+
+    ev = traced_events(traced)
+    ker = ev[ev["kind"] == "kernel"]
+    dur = (ker["end_ns"] - ker["start_ns"]) * 1e-9
+    name = ker["name"].astype(str)
+    return {label: dur[name.str.contains(pat, regex=True)].tolist() for label, pat in patterns.items()}
+
+
+def median_seconds(durations: Mapping[str, list[float]], label: str, what: str) -> float:
+    """The median of ``durations[label]`` (``kernel_seconds``); RuntimeError naming ``what`` when the
+    trace had none."""
+    values = durations.get(label) or []
+    if not values:
+        raise RuntimeError(f"the profiler trace has no {what} kernels (no GPU profiler?)")
+    return float(statistics.median(values))
+
+
+def traced_kernel_ms(replay: Callable[[], object]) -> list[float]:
+    """The durations (ms) of the GPU kernels that one call of ``replay`` runs, from a torch.profiler
+    trace of it, as torch reads it (empty when the trace has none: no CUDA/ROCm profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay()
+        torch.cuda.synchronize()
+    us = [e.time_range.end - e.time_range.start for e in prof.events()
+          if getattr(e.device_type, "name", "") == "CUDA" and e.time_range.end > e.time_range.start]
+    return [u / 1e3 for u in us]

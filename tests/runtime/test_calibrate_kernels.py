@@ -10,7 +10,8 @@ import torch
 
 from taxmodel.model import calibration as calfit
 from taxmodel.runtime import calibrate_decode, calibrate_gemm, calibrate_reduce
-from taxmodel.runtime.microbench import PseudoPeerHeap, kernel_seconds
+from taxmodel.runtime.microbench import PseudoPeerHeap
+from taxmodel.runtime.timing import kernel_seconds
 
 CPU = torch.device("cpu")
 

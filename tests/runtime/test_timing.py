@@ -218,3 +218,42 @@ def test_benchmark_harness_timer_is_the_ranks_sample_timer() -> None:
     assert (timer.calls, timer.samples) == (4, 3)
     assert harness.agreed_error(ctx, None) is None and harness.agreed_error(ctx, "boom") == "boom"
     assert len(timer.eager(lambda: None)) == 3
+
+
+class _Watch:
+    """A fake clock: every timed call takes ``ms`` per call of the counted function."""
+
+    def __init__(self, counter: list[int], ms: float) -> None:
+        self.counter, self.ms, self.syncs = counter, ms, 0
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+    def elapsed_ms(self, fn: Callable[[], object]) -> float:
+        before = self.counter[0]
+        fn()
+        return self.ms * (self.counter[0] - before)
+
+
+def test_a_measurement_takes_the_clock_it_is_handed() -> None:
+    counter = [0]
+    watch = _Watch(counter, 0.5)
+    ms = timing.sample_ms(lambda: counter.__setitem__(0, counter[0] + 1), device=None, reps=4, calls=3, warmup=2,
+                          watch=watch)
+    assert ms == [0.5] * 4 and counter[0] == 2 + 4 * 3 and watch.syncs == 1  # waited for the warm-up once
+    assert timing.median_ms(lambda: counter.__setitem__(0, counter[0] + 2), device=None, reps=3, watch=watch) == 1.0
+    assert timing.SampleTimer("cpu", calls=1, samples=1).watch.device == torch.device("cpu")
+
+
+def test_call_timer_times_one_call_on_the_host_clock_off_a_gpu(clock: list[float]) -> None:
+    watch = timing.CallTimer("cpu")
+    assert watch.elapsed_ms(lambda: clock.__setitem__(0, clock[0] + 0.002)) == pytest.approx(2.0)
+    watch.synchronize()  # nothing to wait for
+
+
+def test_kernel_seconds_off_a_gpu_and_an_empty_trace(clock: list[float]) -> None:
+    out = timing.kernel_seconds("cpu", lambda: clock.__setitem__(0, clock[0] + 0.25), {"a": "x", "b": "y"})
+    assert out == {"a": [0.25], "b": [0.25]}
+    assert timing.median_seconds({"a": [3.0, 1.0, 2.0]}, "a", "test") == 2.0
+    with pytest.raises(RuntimeError, match="no tile GEMM kernels"):
+        timing.median_seconds({"a": []}, "a", "tile GEMM")
