@@ -51,7 +51,6 @@ from bench_ag_gemm import (check, check_after_replays, floor_in_graph, record_fl
 from harness import all_max, init, rank_timer, recorded_batch  # noqa: E402
 
 from taxmodel.runtime import timing  # noqa: E402
-
 from taxmodel.runtime.heap import make_heap  # noqa: E402
 
 GPU_SIZES = ["m1024", "m4096", "m8192", "m1024_n4096", "m4096_n4096", "m8192_n4096"]
@@ -236,6 +235,7 @@ def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, 
     expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm)
 
     timer = rank_timer(ctx, iters, 1)
+    bad: list[str] = []
 
     def batch(instrumented: bool) -> float:
         ms, rec = recorded_batch(ctx, timer, variant, inst if instrumented else plain, book if instrumented else None)
@@ -244,7 +244,6 @@ def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, 
         return ms
 
     timing.warm_up([lambda: variant.run(plain), lambda: variant.run(inst)], warmup)
-    bad: list[str] = []
     times = timing.interleave({False: lambda: batch(False), True: lambda: batch(True)}, reps)
     if book.dropped:
         bad.append(f"dropped for capacity: {book.dropped}")
