@@ -133,8 +133,14 @@ def test_a_launch_update_adds_the_graph_gap_and_changes_nothing_else():
     from taxmodel.model.hardware import HardwareSpec
 
     shipped = shipped_four_ranks()
-    assert "graph_kernel_gap_s" not in shipped  # written before the graph gap was measured
-    launch = {**shipped["measured"]["raw"]["launch"], "graph_kernel_gap_s": 3e-7}
+    # as the file was before its launch step measured the graph gap (2026-11-28)
+    shipped.pop("graph_kernel_gap_s")
+    old_launch = {k: v for k, v in shipped["measured"]["raw"]["launch"].items()
+                  if k not in ("graph_kernel_gap_s", "graph_pairs", "graph_replays")}
+    shipped["measured"]["raw"]["launch"] = old_launch
+    assert "graph_kernel_gap_s" not in calfit.update_spec(shipped, {}, (), device_name="NVIDIA H200", num_sms=132,
+                                                             world=4)
+    launch = {**old_launch, "graph_kernel_gap_s": 3e-7}
     new = calfit.update_spec(shipped, {"launch": launch}, ("launch",), device_name="NVIDIA H200", num_sms=132, world=4)
     assert new["graph_kernel_gap_s"] == 3e-7 and HardwareSpec.from_dict(new).graph_kernel_gap_s == 3e-7
     assert {k for k in shipped if new.get(k) != shipped[k]} <= {"measured", "notes"}
