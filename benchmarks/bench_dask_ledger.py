@@ -55,7 +55,7 @@ def _rss_mib() -> float:
 def _single_process(path: Path) -> dict:
     code = ("import json,time\n"
             "from taxmodel.trace.bundle import load_bundle\n"
-            "from taxmodel.model.ledger import compute_ledger\n"
+            "from taxmodel.ledger.sweep import compute_ledger\n"
             f"t=time.perf_counter(); b=load_bundle({str(path)!r}); t1=time.perf_counter(); led=compute_ledger(b); "
             "t2=time.perf_counter()\n"
             "led.parts.to_pickle('" + str(path.parent / "single_parts.pkl") + "')\n"
@@ -85,8 +85,8 @@ def main() -> int:
     import pandas as pd
     from dask.distributed import Client, LocalCluster
 
-    from taxmodel.model import ledger as led
-    from taxmodel.model.ledger_dask import compute_ledger_dask
+    from taxmodel.ledger import sweep as led
+    from taxmodel.ledger.on_dask import compute_ledger_dask
     from taxmodel.trace.bundle import load_bundle, load_rank_events
 
     cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)

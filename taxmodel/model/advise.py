@@ -30,11 +30,11 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.kernel_costs import has_kernel_costs, kernel_floors
+from taxmodel.ledger.kernel_costs import has_kernel_costs, kernel_floors
 from taxmodel.model import advise_predict
 from taxmodel.model import advise_regions as regions
-from taxmodel.model.ledger import Ledger
-from taxmodel.model.ledger import _matches  # the ledger's own matching of declared producers/consumers
+from taxmodel.ledger.sweep import Ledger
+from taxmodel.ledger.sweep import _matches  # the ledger's own matching of declared producers/consumers
 from taxmodel.trace.bundle import Bundle
 from taxmodel.trace.capture_meta import CPU_RUN_CAVEAT
 from taxmodel.trace.counter_match import function_name

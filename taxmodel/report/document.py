@@ -15,7 +15,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from taxmodel.version import __version__
 from taxmodel.errors import AnalysisError
-from taxmodel.model.coverage import missing_ranks
+from taxmodel.ledger.coverage import missing_ranks
 from taxmodel.report import advice, compare, figures, headline
 from taxmodel.report.blocks import Block, Bullets, Document, Figure, Heading, Paragraph, slug, table_from_frame
 from taxmodel.report.compare import LedgerLike

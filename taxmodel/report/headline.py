@@ -12,8 +12,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from taxmodel.model.categories import CATEGORIES, CATEGORY_ORDER, LABELS, TAXES
-from taxmodel.model.ledger_kernels import LOCALITY_ABSENT, LOCALITY_ESTIMATED
+from taxmodel.ledger.categories import CATEGORIES, CATEGORY_ORDER, LABELS, TAXES
+from taxmodel.ledger.per_kernel import LOCALITY_ABSENT, LOCALITY_ESTIMATED
 from taxmodel.report import compare
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.capture_meta import emulated_gpu

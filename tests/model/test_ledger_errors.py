@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from taxmodel.errors import AnalysisError, InputError
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.sweep import compute_ledger
 from taxmodel.trace.schema import normalize_events
 from taxmodel.testing.synthetic import synthetic_bundle
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.ledger import compute_ledger
-from taxmodel.model.stream_waits import gap_keys, split_gap_keys
+from taxmodel.ledger.sweep import compute_ledger
+from taxmodel.ledger.stream_waits import gap_keys, split_gap_keys
 from taxmodel.trace import importers, schema
 from taxmodel.trace.bundle import Bundle, make_meta
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.windows import fallback_iterations, partition_windows
+from taxmodel.ledger.windows import fallback_iterations, partition_windows
 
 
 def _windows(spans):

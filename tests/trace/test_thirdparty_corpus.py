@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.errors import TaxmodelError
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.sweep import compute_ledger
 from taxmodel.trace import importers
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "thirdparty"

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.model.hardware import HardwareSpec, choose_hardware
+from taxmodel.hardware.specs import HardwareSpec, choose_hardware
 from taxmodel.trace.capture_meta import CaptureSettings
 
 from . import ag_gemm, flash_decode, gemm_rs
@@ -143,7 +143,7 @@ def sweep(workload: str, variant: str, shape: Mapping[str, int], world_size: int
           key: str, values: list[int], params: ModelParams | None = None) -> pd.DataFrame:
     """Predictions over ``values`` of one shape key: one row per value with the predicted window
     and every category (mean ns per rank-iteration)."""
-    from taxmodel.model.categories import CATEGORY_ORDER
+    from taxmodel.ledger.categories import CATEGORY_ORDER
 
     if isinstance(hardware, str):
         hardware, _ = resolve_model_hardware(hardware)

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from taxmodel.errors import BundleError, InputError
-from taxmodel.model import ledger as led
-from taxmodel.model.hardware import HardwareSpec, resolve_hardware
-from taxmodel.model import ledger_kernels as per_kernel
+from taxmodel.ledger import sweep as led
+from taxmodel.hardware.specs import HardwareSpec, resolve_hardware
+from taxmodel.ledger import per_kernel
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import (EVENTS_FILE, Bundle, bundle_rank_ids, load_bundle_meta, load_rank_events,
                                    make_meta)

@@ -31,16 +31,16 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import AnalysisError, InputError
-from taxmodel.model import intervals as iv
-from taxmodel.model.categories import CATEGORY_ORDER, LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
-from taxmodel.model.clock import BARRIER_MARKER, ClockAlignment, estimate_clock
-from taxmodel.model.collectives import collective_instances, last_arrivals, match_instances
-from taxmodel.model import ledger_kernels as per_kernel
-from taxmodel.model.hardware import HardwareSpec, resolve_hardware
-from taxmodel.model.kernel_costs import NO_COST, hardware_mismatch
-from taxmodel.model.coverage import coverage_caveat, missing_ranks
-from taxmodel.model.stream_waits import gap_keys, gated_by_stream_wait, split_gap_keys
-from taxmodel.model.windows import GPU_SPAN_NOTE, partition_windows
+from taxmodel.ledger import intervals as iv
+from taxmodel.ledger.categories import CATEGORY_ORDER, LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
+from taxmodel.ledger.clock import BARRIER_MARKER, ClockAlignment, estimate_clock
+from taxmodel.ledger.collectives import collective_instances, last_arrivals, match_instances
+from taxmodel.ledger import per_kernel
+from taxmodel.hardware.specs import HardwareSpec, resolve_hardware
+from taxmodel.ledger.kernel_costs import NO_COST, hardware_mismatch
+from taxmodel.ledger.coverage import coverage_caveat, missing_ranks
+from taxmodel.ledger.stream_waits import gap_keys, gated_by_stream_wait, split_gap_keys
+from taxmodel.ledger.windows import GPU_SPAN_NOTE, partition_windows
 from taxmodel.trace import schema
 from taxmodel.trace.capture_meta import CPU_RUN_CAVEAT, emulated_gpu
 from taxmodel.trace.bundle import Bundle

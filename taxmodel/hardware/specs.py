@@ -5,7 +5,7 @@ Presets come from vendor datasheets (``source="datasheet"``) and ship as JSON un
 numbers (``source="calibrated"``). A datasheet peak is an upper bound that real kernels rarely
 reach, so a ledger computed with it shows a smaller ``useful`` share than a calibrated one; the
 ledger says which source it used. A GPU with no preset gets a spec estimated from what its trace
-recorded (``source="estimated"``, ``hardware_estimate.py``), its basis in its notes.
+recorded (``source="estimated"``, ``estimate.py``), its basis in its notes.
 
 Names (docs/hardware.md): every shipped spec has one **key** per part and source (``h200``,
 ``h200-calibrated``), which ``--hardware`` takes; its display name (``"H200 SXM"``) names the same
@@ -27,8 +27,8 @@ from typing import Any, Mapping
 from taxmodel.errors import InputError
 from taxmodel.fsutil import atomic_write
 from taxmodel.limits import read_small_text
-from taxmodel.model import hardware_estimate
-from taxmodel.model.gpu_names import normalized_name
+from taxmodel.hardware import estimate
+from taxmodel.hardware.gpu_names import normalized_name
 from taxmodel.trace import bundle_meta as types
 
 SOURCES = ("datasheet", "calibrated", "estimated", "nominal")  # nominal: placeholder numbers for CPU emulation
@@ -95,7 +95,7 @@ class HardwareSpec:
     #: Fields that are estimates, not data-sheet numbers (e.g. "peak_flops.bf16"); the notes give the basis.
     estimated: tuple[str, ...] = ()
     #: The clock the peaks are given at (Hz; 0 when the data sheet does not say), to scale them to
-    #: the clock a trace of a related part records (``hardware_estimate``).
+    #: the clock a trace of a related part records (``estimate.py``).
     boost_clock_hz: float = 0.0
 
     @property
@@ -477,7 +477,7 @@ def choose_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, A
 
 
 def estimate_spec(hw: Mapping[str, Any]) -> tuple[HardwareSpec | None, str]:
-    """The spec estimated for a recorded device that is no preset (``hardware_estimate``), labelled
+    """The spec estimated for a recorded device that is no preset (``estimate.py``), labelled
     ``estimated`` with its basis in its notes; (None, why not) when nothing ties it to a preset."""
     arch, arch_from = device_arch(hw) or "", "the trace's gfx target"
     if not arch:
@@ -491,7 +491,7 @@ def estimate_spec(hw: Mapping[str, Any]) -> tuple[HardwareSpec | None, str]:
     relatives = [s for s in _shipped() if s.source == "datasheet" and s.arch == arch]
     if not relatives:
         return None, f"no preset shares its architecture {arch}"
-    fields = hardware_estimate.estimate_fields(hw, arch, arch_from, relatives)
+    fields = estimate.estimate_fields(hw, arch, arch_from, relatives)
     return HardwareSpec(**fields), fields["notes"]
 
 
