@@ -29,7 +29,7 @@ TARGET = 0.15
 
 def ledger_rows() -> list[dict]:
     from taxmodel.hardware.specs import resolve_hardware
-    from taxmodel.ledger.sweep import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import Bundle, load_bundle
 
     hw = None

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from taxmodel.hardware.specs import resolve_hardware
-from taxmodel.ledger.sweep import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.bundle import find_bundles, load_bundle
 
 GPU_KINDS = ("kernel", "memcpy", "memset")

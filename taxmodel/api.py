@@ -7,7 +7,7 @@
     ps.where(workload="ag_gemm", M=8192).compare(reference="bsp"); ps.plot_sweep()
 
 Nothing here computes a number or draws a figure of its own: the ledger is
-``taxmodel.ledger.sweep.compute_ledger``, the comparisons ``taxmodel.report.headline``, the figures
+``taxmodel.ledger.compute_ledger``, the comparisons ``taxmodel.report.headline``, the figures
 ``taxmodel.report.figures``. This module only loads lazily, caches, and shapes results into tidy
 DataFrames with the profile's identity (workload, variant, shape) attached, so that profiles
 concatenate and group like any pandas data.
@@ -162,9 +162,9 @@ class Profile:
     # the analysis -------------------------------------------------------------------------------
     @cached_property
     def analysis(self):
-        """The ``taxmodel.ledger.sweep.Ledger`` of this bundle (computed once)."""
+        """The ``taxmodel.ledger.Ledger`` of this bundle (computed once)."""
         from taxmodel.hardware.specs import HardwareSpec, resolve_hardware
-        from taxmodel.ledger.sweep import compute_ledger
+        from taxmodel.ledger.compute import compute_ledger
 
         hw = self.hardware
         if hw is not None and not isinstance(hw, HardwareSpec):

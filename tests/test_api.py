@@ -17,7 +17,7 @@ import taxmodel
 from taxmodel.api import Profile, ProfileSet, load, open_profiles, sum_check
 from taxmodel.errors import InputError
 from taxmodel.ledger.categories import CATEGORY_ORDER
-from taxmodel.ledger.sweep import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.bundle import load_bundle, write_bundle
 from taxmodel.testing.synthetic import synthetic_bundle
 

@@ -148,7 +148,7 @@ def other_gpu_caveat(hw: Any, meta: Mapping[str, Any]) -> str | None:
 def load_case(path: Path, search: tuple[Path, ...] = (), hardware: Any = None) -> Case | str:
     """A Case for the bundle at ``path``, or the reason it cannot be validated. ``hardware``: a
     name or file to use instead of the spec the bundle's GPU resolves to."""
-    from taxmodel.ledger.sweep import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import load_bundle
 
     bundle = load_bundle(path)

@@ -117,11 +117,11 @@ def load_side(path: str | Path, side: str, ledger_fn: Callable[[Bundle], Any] | 
     """Load every bundle of one side, compute its ledger and group the samples by row.
 
     ``side`` ("baseline" or "candidate") only goes into error messages. ``ledger_fn`` defaults
-    to ``taxmodel.ledger.sweep.compute_ledger``. Without ``pool`` a second bundle of a row is an
+    to ``taxmodel.ledger.compute_ledger``. Without ``pool`` a second bundle of a row is an
     InputError naming both (see the module docstring); with it they are pooled, with a caveat.
     """
     if ledger_fn is None:
-        from taxmodel.ledger.sweep import compute_ledger as ledger_fn  # imported late: heavy
+        from taxmodel.ledger.compute import compute_ledger as ledger_fn  # imported late: heavy
     rows: dict[RowKey, RowSamples] = {}
     for p in bundle_paths(path):
         try:

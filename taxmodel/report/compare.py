@@ -18,7 +18,7 @@ REFERENCE_VARIANT = "bsp"
 
 
 class LedgerLike(Protocol):
-    """What the report reads of a ``taxmodel.ledger.sweep.Ledger`` (``parts``: the columns of
+    """What the report reads of a ``taxmodel.ledger.Ledger`` (``parts``: the columns of
     ``taxmodel.ledger.categories.LEDGER_COLUMNS``; ``windows``: one row per iteration with ``window_ns``)."""
 
     parts: pd.DataFrame

@@ -137,7 +137,7 @@ def _hardware(led: LedgerLike) -> dict:
 
 
 def _ranks_cell(meta: dict, led: LedgerLike, bundle: Bundle) -> str:
-    """``8``, or ``1 of 8`` when only some of the run's ranks were imported (model/coverage.py)."""
+    """``8``, or ``1 of 8`` when only some of the run's ranks were imported (ledger/coverage.py)."""
     world = meta.get("world_size") or bundle.world_size
     ranks = list(getattr(led, "ranks", None) or [])
     return f"{len(ranks)} of {world}" if ranks and missing_ranks(meta, ranks) else str(world)

@@ -35,7 +35,7 @@ class Comparison:
     candidate_ns: float
     category_saved_ns: dict[str, float]  # reference minus candidate, per category (positive = candidate pays less)
     cpu_run: bool = False  # either side ran in Triton's interpreter (trace.capture_meta.emulated_gpu): no GPU verdict
-    #: the weaker basis of the two ledgers' locality tax (``ledger_kernels``: "estimated" from declared
+    #: the weaker basis of the two ledgers' locality tax (``per_kernel``: "estimated" from declared
     #: intermediates, "not measured"; "" where both measured it or a ledger does not say)
     locality_basis: str = ""
 

@@ -68,7 +68,7 @@ def test_analyze_says_how_locality_was_obtained(tmp_path):
     (issue 24: the ledger says which)."""
     from pathlib import Path
 
-    from taxmodel.ledger.sweep import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.report.terminal import render_ledger
     from taxmodel.trace.bundle import load_bundle
 

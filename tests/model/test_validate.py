@@ -110,7 +110,7 @@ def test_locality_rows_with_counters_are_validated_and_can_fail(tmp_path):
 
 
 def test_validate_on_synthetic_bundles_compares_with_the_measured_ledger(tmp_path):
-    from taxmodel.ledger.sweep import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
 
     case = synthetic_bundle(world_size=2, workload="ag_gemm", variant="bsp", shape=AG, skew_ns=30_000)
     write_bundle(tmp_path / "syn", case.bundle.events, case.bundle.meta)

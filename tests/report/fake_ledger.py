@@ -1,4 +1,4 @@
-"""A small stand-in for ``taxmodel.ledger.sweep`` (its ``parts`` and ``windows`` frames), for report tests.
+"""A small stand-in for ``taxmodel.ledger.Ledger`` (its ``parts`` and ``windows`` frames), for report tests.
 
 Why it exists: the report must be testable on its own, with known numbers, and on in-kernel
 records the synthetic generator may not produce. Events are laid out per rank and iteration;

@@ -319,7 +319,7 @@ def test_the_ledger_says_how_much_replayed_time_has_no_floor():
     """Without an eager step only the tensor-list kernel has a floor (its launch grid); with one,
     the rest is floored from the eager step's shapes. The caveat's shares are those of the
     replayed kernels' time, computed here from the events."""
-    from taxmodel.ledger.sweep import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import Bundle, make_meta
 
     layer = _layer(1)

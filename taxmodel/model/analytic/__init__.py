@@ -45,8 +45,9 @@ def _module(workload: str):
 def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, Any] | None = None,
                            search: tuple[str | os.PathLike, ...] = ()) -> tuple[HardwareSpec, str]:
     """The spec to predict with and a sentence saying which one was used and why:
-    ``hardware.choose_hardware`` (the ledger's resolver too) with the calibrated preference, so a
-    prediction's hardware differs from the ledger's only where a calibrated file for that GPU wins."""
+    ``taxmodel.hardware.specs.choose_hardware`` (the ledger's resolver too) with the calibrated
+    preference, so a prediction's hardware differs from the ledger's only where a calibrated file
+    for that GPU wins."""
     return choose_hardware(name_or_path, meta, prefer_calibrated=True, search=search)
 
 

@@ -1,5 +1,5 @@
 """A prediction: the simulated timeline split by the measured ledger's own code
-(``taxmodel.ledger.sweep.compute_ledger``), so a predicted tax means what a measured one means,
+(``taxmodel.ledger.compute_ledger``), so a predicted tax means what a measured one means,
 with the assumptions stated."""
 from __future__ import annotations
 
@@ -44,14 +44,14 @@ class Prediction:
                                 variant=self.variant, shape=self.shape)
 
     @functools.cached_property
-    def ledger(self) -> Any:  # taxmodel.ledger.sweep.Ledger
+    def ledger(self) -> Any:  # taxmodel.ledger.Ledger
         return split_predicted(self.timeline, self.hardware)
 
     @property
     def window_ns(self) -> float:
         if "ledger" in self.__dict__:
             return float(self.ledger.windows["window_ns"].mean())
-        from taxmodel.ledger.sweep import ledger_windows
+        from taxmodel.ledger.compute import ledger_windows
 
         return float(ledger_windows(self.timeline, hardware=self.hardware)["window_ns"].mean())
 
@@ -107,7 +107,7 @@ def split_predicted(bundle: Any, hw: HardwareSpec) -> Any:
     the locality tax is what the ledger would measure from the counters of that timeline: the
     time its DRAM bytes take at the HBM bandwidth beyond its useful floor, at most its time after
     useful (docs/ledger.md 5b)."""
-    from taxmodel.ledger.sweep import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.ledger.per_kernel import LOCALITY_MEASURED
 
     ledger = compute_ledger(bundle, hardware=hw)

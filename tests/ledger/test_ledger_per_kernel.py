@@ -10,7 +10,7 @@ import pytest
 
 from taxmodel.hardware.specs import find_preset
 from taxmodel.ledger.kernel_costs import kernel_floors
-from taxmodel.ledger.sweep import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace import importers
 from taxmodel.trace.bundle import Bundle, make_meta
 from taxmodel.trace.schema import normalize_events

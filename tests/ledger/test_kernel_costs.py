@@ -1,4 +1,4 @@
-"""Per-kernel floors on a spec (model/kernel_costs.py), against hand computations."""
+"""Per-kernel floors on a spec (ledger/kernel_costs.py), against hand computations."""
 from __future__ import annotations
 
 import numpy as np

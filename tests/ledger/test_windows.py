@@ -1,4 +1,4 @@
-"""Windows when the trace does not hand them over cleanly (taxmodel/model/windows.py)."""
+"""Windows when the trace does not hand them over cleanly (taxmodel/ledger/windows.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -11,7 +11,7 @@ import pytest
 from taxmodel.ledger.copy_costs import BOUND_HOST, BOUND_MEMORY, BOUND_PEER, copy_routes
 from taxmodel.hardware.specs import find_preset, pcie_bytes_per_s
 from taxmodel.ledger.kernel_costs import BASIS_SIZE, copy_bytes, kernel_floors
-from taxmodel.ledger.sweep import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace import importers
 
 THIRD = Path(__file__).resolve().parents[1] / "data" / "thirdparty"

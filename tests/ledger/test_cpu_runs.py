@@ -3,7 +3,7 @@ its times are the interpreter's, not a GPU's, and gives no GPU advice: no "calib
 "X is 811 ms (24709%) slower than bsp" verdict."""
 from __future__ import annotations
 
-from taxmodel.ledger.sweep import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.ledger.per_kernel import declared_floor_caveat
 from taxmodel.report import headline
 from taxmodel.testing.synthetic import synthetic_bundle

@@ -125,7 +125,7 @@ def test_the_ledger_says_once_which_spec_and_labels_an_estimate(tmp_path):
     case = synthetic_bundle(variant="bsp", workload="ag_gemm", shape={"M": 1024, "N": 256, "K": 512}, hardware="h100")
     b = case.bundle
     b.meta["hardware"] = {"name": "NVIDIA GeForce RTX 3060", "num_sms": 28, "compute_capability": "8.6", "vendor": "nvidia"}
-    from taxmodel.ledger.sweep import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.report.terminal import render_ledger
 
     led = compute_ledger(b)

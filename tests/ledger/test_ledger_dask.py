@@ -1,4 +1,4 @@
-"""The ledger on Dask (model/ledger_dask.py) is the single-process ledger to the nanosecond:
+"""The ledger on Dask (ledger/on_dask.py) is the single-process ledger to the nanosecond:
 committed multi-rank H200 bundles and synthetic jobs with many ranks, on an in-process
 2-worker cluster, and a committed bundle on worker processes (everything crosses pickling);
 without Dask, --scheduler says how to install it; a worker that dies (in either per-rank phase,
@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.errors import AnalysisError, InputError
-from taxmodel.ledger.sweep import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.testing.synthetic import large_synthetic_bundle, synthetic_bundle
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import EVENTS_FILE, bundle_rank_ids, load_bundle, load_rank_events, write_bundle
@@ -149,10 +149,10 @@ class _DieOnRank(WorkerPlugin):
     def setup(self, worker) -> None:
         import os
 
-        from taxmodel.ledger import sweep as ledger
+        from taxmodel.ledger import rank_summary, sweep
 
-        attr = {"a": "summarize_rank", "c": "rank_ledger"}[self.phase]
-        real, rank, once = getattr(ledger, attr), self.rank, self.once
+        module, attr = {"a": (rank_summary, "summarize_rank"), "c": (sweep, "rank_ledger")}[self.phase]
+        real, rank, once = getattr(module, attr), self.rank, self.once
 
         def die_on_rank(rank_events, *args):
             if rank_events.rank == rank and not (once and os.path.exists(once)):
@@ -161,7 +161,7 @@ class _DieOnRank(WorkerPlugin):
                 os._exit(1)
             return real(rank_events, *args)
 
-        setattr(ledger, attr, die_on_rank)
+        setattr(module, attr, die_on_rank)
 
 
 def _dying_run(tmp_path, phase: str, workers: int, once: bool = False, **config) -> AnalysisError | None:
