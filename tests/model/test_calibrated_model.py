@@ -19,7 +19,7 @@ from taxmodel.model.analytic.costs import arrival_waves_time, gemm_time
 from taxmodel.model.analytic.fitted import FITTED_FILE, choose_fitted, fitted_sets
 from taxmodel.model.analytic.params import ModelParams, calibrated_mechanisms, not_borrowed
 from taxmodel.model.analytic.topology import topology
-from taxmodel.model.hardware import HardwareSpec, load_hardware
+from taxmodel.hardware.specs import HardwareSpec, load_hardware
 
 from model_bundles import H200, model_bundle
 
@@ -179,7 +179,7 @@ def test_a_parameter_fitted_from_rows_entered_by_hand_says_so():
     """The shipped H200 file's tile_gemm rows were typed in from measurements made outside
     `taxmodel calibrate` (their raw dict names its source): the parameter they feed says so, the
     others read as calibrated."""
-    from taxmodel.model.hardware import find_preset
+    from taxmodel.hardware.specs import find_preset
 
     p = ModelParams.from_hardware(find_preset("h200-calibrated"))
     assert "entered by hand" in p.sources["triton_gemm_speed_by_m"]

@@ -39,7 +39,7 @@ from typing import Any, Mapping
 from taxmodel.errors import InputError
 from taxmodel.kernels.names import (FLASH_DECODE_COMBINE_GLOBAL, FLASH_DECODE_COMBINE_LOCAL, FLASH_DECODE_FUSED,
                                     FLASH_DECODE_SPLIT)
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 from taxmodel.trace.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
