@@ -259,7 +259,7 @@ def test_a_fused_combine_update_adds_its_two_fields_and_changes_nothing_else(tmp
     from shipped_calibration import shipped_four_ranks
 
     from taxmodel.model.analytic.params import ModelParams, calibrated_mechanisms
-    from taxmodel.model.hardware import HardwareSpec, load_hardware
+    from taxmodel.hardware.specs import HardwareSpec, load_hardware
 
     shipped = shipped_four_ranks()
     assert "fused_combine" in calfit.parse_steps("fused_combine") and "fused_combine" not in calfit.MULTI_RANK_STEPS
