@@ -55,7 +55,7 @@ def _rss_mib() -> float:
 def _single_process(path: Path) -> dict:
     code = ("import json,time\n"
             "from taxmodel.trace.bundle import load_bundle\n"
-            "from taxmodel.model.ledger import compute_ledger\n"
+            "from taxmodel.ledger.compute import compute_ledger\n"
             f"t=time.perf_counter(); b=load_bundle({str(path)!r}); t1=time.perf_counter(); led=compute_ledger(b); "
             "t2=time.perf_counter()\n"
             "led.parts.to_pickle('" + str(path.parent / "single_parts.pkl") + "')\n"
@@ -85,8 +85,12 @@ def main() -> int:
     import pandas as pd
     from dask.distributed import Client, LocalCluster
 
-    from taxmodel.model import ledger as led
-    from taxmodel.model.ledger_dask import compute_ledger_dask
+    from taxmodel.ledger.assemble import assemble_ledger
+    from taxmodel.ledger.compute import compute_ledger
+    from taxmodel.ledger.plan import plan_ledger
+    from taxmodel.ledger.rank_summary import RankEvents, summarize_rank
+    from taxmodel.ledger.sweep import rank_ledger
+    from taxmodel.ledger.on_dask import compute_ledger_dask
     from taxmodel.trace.bundle import load_bundle, load_rank_events
 
     cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
@@ -123,7 +127,7 @@ def main() -> int:
     # equality with the single-process ledger (recomputed here: the subprocess kept only its parts)
     sparts = pd.read_pickle(path.parent / "single_parts.pkl")
     same_parts = sparts.equals(dled.parts)
-    sled = led.compute_ledger(load_bundle(path))
+    sled = compute_ledger(load_bundle(path))
     same_all = all(getattr(sled, f).equals(getattr(dled, f)) for f in ("parts", "windows", "intervals", "kernels")) and \
         (sled.caveats, sled.clock.to_dict()) == (dled.caveats, dled.clock.to_dict())
     del sled
@@ -136,17 +140,17 @@ def main() -> int:
         t = time.perf_counter()
         ev, pos = load_rank_events(path, int(r))
         cost["read"].append(time.perf_counter() - t)
-        events[r] = led.RankEvents(int(r), ev, pos)
-        cost["a"].append(_timed(led.summarize_rank, events[r]))
-    all_summaries = [led.summarize_rank(led.RankEvents(r, *load_rank_events(path, r))) for r in range(args.ranks)]
+        events[r] = RankEvents(int(r), ev, pos)
+        cost["a"].append(_timed(summarize_rank, events[r]))
+    all_summaries = [summarize_rank(RankEvents(r, *load_rank_events(path, r))) for r in range(args.ranks)]
     meta = load_bundle(path).meta
     t = time.perf_counter()
-    plan = led.plan_ledger(all_summaries, meta, list(range(args.ranks)))
+    plan = plan_ledger(all_summaries, meta, list(range(args.ranks)))
     plan_s = time.perf_counter() - t
     for r in sample:
-        cost["c"].append(_timed(led.rank_ledger, events[r], plan))
-    all_pieces = [led.rank_ledger(led.RankEvents(r, *load_rank_events(path, r)), plan) for r in range(args.ranks)]
-    assemble_s = _timed(led.assemble_ledger, plan, all_pieces, "x")
+        cost["c"].append(_timed(rank_ledger, events[r], plan))
+    all_pieces = [rank_ledger(RankEvents(r, *load_rank_events(path, r)), plan) for r in range(args.ranks)]
+    assemble_s = _timed(assemble_ledger, plan, all_pieces, "x")
     per_rank = {k: float(np.median(v)) for k, v in cost.items()}
     ev_rank = n_events / args.ranks
     load_after = os.getloadavg()

@@ -33,7 +33,7 @@ def build(out: Path, kernels: int, world_size: int) -> None:
 def run_ledger(out: Path) -> dict:
     import tracemalloc
 
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import load_bundle
 
     bundle = load_bundle(out / "bundle")

@@ -28,8 +28,8 @@ TARGET = 0.15
 
 
 def ledger_rows() -> list[dict]:
-    from taxmodel.model.hardware import resolve_hardware
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.hardware.specs import resolve_hardware
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import Bundle, load_bundle
 
     hw = None

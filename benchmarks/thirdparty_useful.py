@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT / "tests" / "trace"))
 from test_thirdparty_corpus import CASES, LEDGER  # noqa: E402
 
 from taxmodel.errors import TaxmodelError  # noqa: E402
-from taxmodel.model.ledger import compute_ledger  # noqa: E402
+from taxmodel.ledger.compute import compute_ledger  # noqa: E402
 from taxmodel.trace import importers  # noqa: E402
 
 

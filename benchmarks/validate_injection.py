@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from taxmodel.model.hardware import resolve_hardware
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.hardware.specs import resolve_hardware
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.bundle import find_bundles, load_bundle
 
 GPU_KINDS = ("kernel", "memcpy", "memset")

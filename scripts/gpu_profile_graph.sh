@@ -63,7 +63,7 @@ timeout 180 python - "$R" >"$G/table.md" 2>"$G/logs/table.err" <<'EOF'
 import sys
 from pathlib import Path
 
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.bundle import load_bundle
 
 print("| run | bundle | launches | graph note | GPU rows/iter | launch calls/iter | rows with graph id | window us | launch_tax us | bsp_tax us | records |")

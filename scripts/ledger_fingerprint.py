@@ -16,7 +16,7 @@ from pathlib import Path
 
 def fingerprint(root: Path) -> dict:
     from taxmodel.model import validate as val
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import load_bundle
 
     ledgers = {}

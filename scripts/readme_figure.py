@@ -9,7 +9,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from taxmodel.model.ledger import compute_ledger  # noqa: E402
+from taxmodel.ledger.compute import compute_ledger  # noqa: E402
 from taxmodel.report import figures  # noqa: E402
 from taxmodel.trace.bundle import find_bundles, load_bundle  # noqa: E402
 

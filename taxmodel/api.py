@@ -7,7 +7,7 @@
     ps.where(workload="ag_gemm", M=8192).compare(reference="bsp"); ps.plot_sweep()
 
 Nothing here computes a number or draws a figure of its own: the ledger is
-``taxmodel.model.ledger.compute_ledger``, the comparisons ``taxmodel.report.headline``, the figures
+``taxmodel.ledger.compute_ledger``, the comparisons ``taxmodel.report.headline``, the figures
 ``taxmodel.report.figures``. This module only loads lazily, caches, and shapes results into tidy
 DataFrames with the profile's identity (workload, variant, shape) attached, so that profiles
 concatenate and group like any pandas data.
@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.model.categories import CATEGORY_ORDER, TAXES
+from taxmodel.ledger.categories import CATEGORY_ORDER, TAXES
 from taxmodel.trace.bundle import Bundle, find_bundles, make_meta, write_bundle
 
 PathLike = str | os.PathLike
@@ -162,9 +162,9 @@ class Profile:
     # the analysis -------------------------------------------------------------------------------
     @cached_property
     def analysis(self):
-        """The ``taxmodel.model.ledger.Ledger`` of this bundle (computed once)."""
-        from taxmodel.model.hardware import HardwareSpec, resolve_hardware
-        from taxmodel.model.ledger import compute_ledger
+        """The ``taxmodel.ledger.Ledger`` of this bundle (computed once)."""
+        from taxmodel.hardware.specs import HardwareSpec, resolve_hardware
+        from taxmodel.ledger.compute import compute_ledger
 
         hw = self.hardware
         if hw is not None and not isinstance(hw, HardwareSpec):
@@ -262,7 +262,7 @@ class Profile:
         (repetition, collective_id, rank) with ``start_ns`` (arrival) and ``end_ns`` on the aligned
         clock, ``wait_ns`` (how long this rank waited for the last member) and ``skew_ns`` (last
         minus first arrival; the same on every row of one collective)."""
-        from taxmodel.model.collectives import match_collectives
+        from taxmodel.ledger.collectives import match_collectives
 
         gpu = self.bundle.gpu_events()
         inst = match_collectives(gpu).complete()
@@ -321,7 +321,7 @@ class Profile:
         "useful" against this bundle's declared cost. ``params`` override ModelParams fields. The
         same prediction as ``taxmodel predict`` and ``taxmodel validate`` give for this bundle."""
         from taxmodel.model import analytic
-        from taxmodel.model.hardware import HardwareSpec
+        from taxmodel.hardware.specs import HardwareSpec
         from taxmodel.trace.capture_meta import CaptureSettings
 
         if not (self.workload and self.variant and self.shape):

@@ -441,7 +441,7 @@ def workloads_cmd(workload_modules) -> None:
 @click.argument("key", required=False)
 def hardware_cmd(key: str | None) -> None:
     """List the hardware specs --hardware takes (one key per part and source), or show one in full."""
-    from taxmodel.model.hardware import describe
+    from taxmodel.hardware.specs import describe
 
     _echo(describe(key))
 

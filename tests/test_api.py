@@ -16,8 +16,8 @@ from matplotlib.figure import Figure
 import taxmodel
 from taxmodel.api import Profile, ProfileSet, load, open_profiles, sum_check
 from taxmodel.errors import InputError
-from taxmodel.model.categories import CATEGORY_ORDER
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.categories import CATEGORY_ORDER
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.bundle import load_bundle, write_bundle
 from taxmodel.testing.synthetic import synthetic_bundle
 

@@ -39,7 +39,7 @@ def test_predict_plot_without_a_sweep_is_refused_not_ignored(tmp_path):
 def test_predict_plot_never_replaces_the_hardware_file_it_reads(tmp_path):
     import json
 
-    from taxmodel.model.hardware import find_preset
+    from taxmodel.hardware.specs import find_preset
 
     hw = tmp_path / "hw.json"
     hw.write_text(json.dumps(find_preset("h100").to_dict()))

@@ -5,7 +5,7 @@ import pytest
 
 from taxmodel.kernels.revisions import KERNEL_REVISION, REVISIONS, revision_at
 from taxmodel.model.analytic import model_params, predict
-from taxmodel.model.hardware import find_preset
+from taxmodel.hardware.specs import find_preset
 from taxmodel.trace.capture_meta import CaptureSettings, kernel_revision
 
 

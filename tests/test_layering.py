@@ -15,14 +15,19 @@ Layers, bottom to top (a module may import its own package and any package in a 
    nothing above the protocol; the model imports them for the plans the kernels really run (tile
    and split choices) and their kernel names.
 3. ``trace``: events in (schema, bundles, capture, importers).
-4. ``model``: events -> ledger; hardware, calibration fits and the analytic model.
-5. ``report``, ``regress``, ``runtime``, ``testing``: the ledger's readers, and the runtime, which
+4. ``hardware``: the GPUs' numbers (specs, presets, estimates) that both the ledger and the model
+   divide by; it reads the trace's field checkers and nothing above.
+5. ``ledger``: events -> the measured ledger (plan, per-rank sweep, assembly, windows, clocks,
+   per-kernel floors, Dask).
+6. ``model``: the analytic model, calibration fits, validation and fusion advice; it builds
+   ledgers of predicted timelines and reads measured ones, so it sits above the ledger.
+7. ``report``, ``regress``, ``runtime``, ``testing``: the ledger's readers, and the runtime, which
    starts the data flow (it runs a workload, captures its trace, fits a calibration) and so sits
    above everything it drives; none of the four imports another.
-6. ``api``: the Python entry points.
-7. ``cli`` and the package root (which exports the api); 8. ``__main__`` (``python -m taxmodel``).
+8. ``api``: the Python entry points.
+9. ``cli`` and the package root (which exports the api); 10. ``__main__`` (``python -m taxmodel``).
 
-The data flow ``runtime -> trace -> model -> report/regress`` (the README's) is the order in which data
+The data flow ``runtime -> trace -> ledger/model -> report/regress`` (the README's) is the order in which data
 moves; imports point from the module that drives a step to the modules it uses, so nothing below
 ever reaches back up to the runtime or the report.
 """
@@ -39,6 +44,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("version", "fsutil", "safetext", "limits", "workload", "vocabulary"),
     ("kernels",),
     ("trace",),
+    ("hardware",),
+    ("ledger",),
     ("model",),
     ("report", "regress", "runtime", "testing"),
     ("api",),
@@ -161,7 +168,7 @@ def test_no_import_circles() -> None:
 def test_the_checker_sees_imports() -> None:
     """The scan is not vacuous: it finds the edges every layer is known to have."""
     graph = import_graph()
-    assert "taxmodel.trace.schema" in graph["taxmodel.model.ledger"]
+    assert "taxmodel.trace.schema" in graph["taxmodel.ledger.sweep"]
     assert "taxmodel.workload" in graph["taxmodel.kernels.ag_gemm.workload"]
     assert "taxmodel.kernels.ag_gemm.state" in graph["taxmodel.kernels.ag_gemm.push"]  # a relative import
     assert "taxmodel.report.blocks" in graph["taxmodel.report.document"]

@@ -96,7 +96,7 @@ def _input_dir(workload: str) -> Path:
 
 def _direct(workload: str) -> dict[str, object]:
     """label -> the ledger of that bundle, computed here without taxmodel.api."""
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import find_bundles, load_bundle
 
     out = {}
@@ -161,7 +161,7 @@ def test_03_flash_decode(kernel_env, monkeypatch):
 
 
 def _kineto_ledger(**meta):
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import Bundle, make_meta
     from taxmodel.trace.importers import import_traces
 
@@ -205,7 +205,7 @@ def test_05_bring_your_own_trace(kernel_env, monkeypatch):
 
 
 def test_06_graph_captures_and_records(kernel_env, monkeypatch):
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import find_bundles, load_bundle
 
     lines, images = _run("06_graph_captures_and_records", kernel_env, monkeypatch)
@@ -235,7 +235,7 @@ def test_06_graph_captures_and_records(kernel_env, monkeypatch):
 
 def test_07_what_fusing_would_buy(kernel_env, monkeypatch, tmp_path):
     from taxmodel.model.advise import Inputs, advise, kernel_table, with_trace_floors
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import Bundle, make_meta
     from taxmodel.trace.importers import import_bundle, import_traces
 

@@ -30,11 +30,11 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.kernel_costs import has_kernel_costs, kernel_floors
+from taxmodel.ledger.kernel_costs import has_kernel_costs, kernel_floors
 from taxmodel.model import advise_predict
 from taxmodel.model import advise_regions as regions
-from taxmodel.model.ledger import Ledger
-from taxmodel.model.ledger import _matches  # the ledger's own matching of declared producers/consumers
+from taxmodel.ledger.result import Ledger
+from taxmodel.ledger.kernel_shares import matches  # the ledger's own matching of declared producers/consumers
 from taxmodel.trace.bundle import Bundle
 from taxmodel.trace.capture_meta import CPU_RUN_CAVEAT
 from taxmodel.trace.counter_match import function_name
@@ -367,8 +367,8 @@ def declared_locality(occ: pd.DataFrame, members: pd.DataFrame, k: pd.DataFrame,
     loc = np.zeros(len(occ))
     for inter in inters:  # a loop over declared intermediates
         t = 2.0 * float(inter.get("bytes", 0)) / hw.hbm_bytes_per_s * 1e9
-        prod = per_occurrence(_matches(names, role, inter.get("producer", "")), occ, members, "any")
-        cons = per_occurrence(_matches(names, role, inter.get("consumer", "")), occ, members, "any")
+        prod = per_occurrence(matches(names, role, inter.get("producer", "")), occ, members, "any")
+        cons = per_occurrence(matches(names, role, inter.get("consumer", "")), occ, members, "any")
         loc += np.where(prod & cons, t, 0.0)
     return np.minimum(loc, _ledger_locality(inp.ledger, occ)), "declared"
 
@@ -498,7 +498,7 @@ def missing_inputs(row: Mapping[str, Any], ledger: Ledger) -> list[str]:
 
 
 #: how the ledger's caveat reads when the profiler's own options inflated the launch tax
-#: (``ledger_kernels.profiler_caveat``)
+#: (``per_kernel.profiler_caveat``)
 PROFILER_CAVEAT_MARK = "may be inflated by the profiler"
 PROFILER_NOTE = "the job's own launch tax (profiler-inflated: see the caveat)"
 
@@ -553,7 +553,7 @@ def advise(inp: Inputs, *, top: int | None = 10, hardware: Any = None, predict: 
 
 def with_trace_floors(inp: Inputs) -> Inputs:
     """The per-kernel seam filled from the bundle and its ledger: kernels imported with their op's
-    shapes carry flops and compulsory bytes (``model/kernel_costs.py``), whose floors then cap the
+    shapes carry flops and compulsory bytes (``ledger/kernel_costs.py``), whose floors then cap the
     bound; a ledger that measured locality from DRAM counters gives each kernel's
     (``Ledger.kernel_locality_ns``, computed once, there). What the caller passed wins."""
     ev = inp.bundle.events

@@ -16,7 +16,7 @@ from taxmodel.errors import InputError
 from taxmodel.fsutil import atomic_write
 from taxmodel.model.analytic.costs import RESIDENT_FRACTION, STREAMED_FRACTION
 from taxmodel.model.analytic.params import RAW_FEEDS, ModelParams
-from taxmodel.model.hardware import find_preset, load_hardware, normalized_name
+from taxmodel.hardware.specs import find_preset, load_hardware, normalized_name
 from taxmodel.version import __version__
 from taxmodel.vocabulary import ALLGATHER
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 from taxmodel.errors import InputError, TaxmodelError
 from taxmodel.fsutil import atomic_write
 from taxmodel.model.cases import Case, load_case, predict_case
-from taxmodel.model.hardware import HardwareSpec, calibrated_files
+from taxmodel.hardware.specs import HardwareSpec, calibrated_files
 
 CACHE_ENV = "TAXMODEL_CACHE_DIR"
 """Where the cache lives (default ``$XDG_CACHE_HOME/taxmodel``, else ``~/.cache/taxmodel``)."""

@@ -128,7 +128,7 @@ def _records_after_wait(events: pd.DataFrame) -> float | None:
 def other_gpu_caveat(hw: Any, meta: Mapping[str, Any]) -> str | None:
     """One line when the hardware spec ``hw`` (a file given by the user) describes another GPU than
     the one the bundle ``meta`` ran on; None when they match or the bundle does not say."""
-    from taxmodel.model.hardware import find_preset, normalized_name
+    from taxmodel.hardware.specs import find_preset, normalized_name
 
     device = (meta.get("hardware") or {}).get("name") if isinstance(meta.get("hardware"), Mapping) else None
     if not device:
@@ -148,7 +148,7 @@ def other_gpu_caveat(hw: Any, meta: Mapping[str, Any]) -> str | None:
 def load_case(path: Path, search: tuple[Path, ...] = (), hardware: Any = None) -> Case | str:
     """A Case for the bundle at ``path``, or the reason it cannot be validated. ``hardware``: a
     name or file to use instead of the spec the bundle's GPU resolves to."""
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import load_bundle
 
     bundle = load_bundle(path)

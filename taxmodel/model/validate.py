@@ -32,9 +32,9 @@ from taxmodel.model.analytic.fitted import choose_fitted, fitted_sets
 from taxmodel.model.analytic.params import calibrated_mechanisms, not_borrowed
 from taxmodel.model.case_store import CaseStore
 from taxmodel.model.cases import Case, predict_case
-from taxmodel.model.categories import TAXES
+from taxmodel.ledger.categories import TAXES
 from taxmodel.model.fitting import IN_SAMPLE_RULE, fit_params, mark_in_sample
-from taxmodel.model.ledger_kernels import LOCALITY_MEASURED
+from taxmodel.ledger.per_kernel import LOCALITY_MEASURED
 
 LATENCY_TOLERANCE = 0.15
 TAX_TOLERANCE = 0.25

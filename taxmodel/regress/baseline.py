@@ -31,7 +31,7 @@ import pandas as pd
 from taxmodel.version import __version__
 from taxmodel.errors import InputError
 from taxmodel.fsutil import describe, directory_lock, make_temp_dir, recover_dir
-from taxmodel.model.categories import TAXES
+from taxmodel.ledger.categories import TAXES
 from taxmodel.regress.config import LATENCY, resolve_config
 from taxmodel.regress.samples import RowKey, RowSamples, describe_meta, load_side
 from taxmodel.regress.stats import shortfall

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError, UnavailableError
 from taxmodel.limits import read_small_text
-from taxmodel.model.categories import CATEGORIES, PARENT
+from taxmodel.ledger.categories import CATEGORIES, PARENT
 
 CONFIG_NAME = "regress.toml"
 LATENCY = "latency"

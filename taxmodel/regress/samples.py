@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from taxmodel.errors import BundleError, InputError, TaxmodelError
-from taxmodel.model.categories import CATEGORIES, CATEGORY_ORDER, PARENT, SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import CATEGORIES, CATEGORY_ORDER, PARENT, SUBCATEGORY_ORDER
 from taxmodel.regress.config import LATENCY
 from taxmodel.trace.bundle import Bundle, find_bundles, load_bundle
 
@@ -117,11 +117,11 @@ def load_side(path: str | Path, side: str, ledger_fn: Callable[[Bundle], Any] | 
     """Load every bundle of one side, compute its ledger and group the samples by row.
 
     ``side`` ("baseline" or "candidate") only goes into error messages. ``ledger_fn`` defaults
-    to ``taxmodel.model.ledger.compute_ledger``. Without ``pool`` a second bundle of a row is an
+    to ``taxmodel.ledger.compute_ledger``. Without ``pool`` a second bundle of a row is an
     InputError naming both (see the module docstring); with it they are pooled, with a caveat.
     """
     if ledger_fn is None:
-        from taxmodel.model.ledger import compute_ledger as ledger_fn  # imported late: heavy
+        from taxmodel.ledger.compute import compute_ledger as ledger_fn  # imported late: heavy
     rows: dict[RowKey, RowSamples] = {}
     for p in bundle_paths(path):
         try:

@@ -17,7 +17,7 @@ import pandas as pd
 from taxmodel.errors import AnalysisError
 from taxmodel.model.advise import Inputs, advise
 from taxmodel.model.advise_regions import MAX_CHAIN_KERNELS
-from taxmodel.model.categories import LABELS
+from taxmodel.ledger.categories import LABELS
 from taxmodel.report import blocks as d
 from taxmodel.report.terminal import TERMINAL_WIDTH, _text_table
 

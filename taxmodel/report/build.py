@@ -44,14 +44,14 @@ def load_cases(paths: Iterable[str | os.PathLike], *, hardware: str | None = Non
     is skipped: ``on_skip`` gets one line saying which and why, and the others go on; without
     it the first such bundle stops everything. Nothing loadable at all is an error either way.
     With ``scheduler`` (``local[:N]`` or a Dask scheduler's address) the per-rank work runs on
-    Dask (``model/ledger_dask.py``) and the returned bundles carry meta only."""
-    from taxmodel.model.hardware import resolve_hardware
-    from taxmodel.model.ledger import compute_ledger
+    Dask (``ledger/on_dask.py``) and the returned bundles carry meta only."""
+    from taxmodel.hardware.specs import resolve_hardware
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.importers import open_bundle
 
     client = None
     if scheduler:
-        from taxmodel.model.ledger_dask import close, compute_ledger_dask, connect
+        from taxmodel.ledger.on_dask import close, compute_ledger_dask, connect
         client = connect(scheduler)
     cases, skipped = [], []
     try:

@@ -12,14 +12,14 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.categories import CATEGORY_ORDER, SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import CATEGORY_ORDER, SUBCATEGORY_ORDER
 
 REFERENCE_VARIANT = "bsp"
 
 
 class LedgerLike(Protocol):
-    """What the report reads of a ``taxmodel.model.ledger.Ledger`` (``parts``: the columns of
-    ``taxmodel.model.categories.LEDGER_COLUMNS``; ``windows``: one row per iteration with ``window_ns``)."""
+    """What the report reads of a ``taxmodel.ledger.Ledger`` (``parts``: the columns of
+    ``taxmodel.ledger.categories.LEDGER_COLUMNS``; ``windows``: one row per iteration with ``window_ns``)."""
 
     parts: pd.DataFrame
     windows: pd.DataFrame

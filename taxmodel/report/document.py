@@ -15,7 +15,7 @@ from matplotlib.figure import Figure as MplFigure
 
 from taxmodel.version import __version__
 from taxmodel.errors import AnalysisError
-from taxmodel.model.coverage import missing_ranks
+from taxmodel.ledger.coverage import missing_ranks
 from taxmodel.report import advice, compare, figures, headline
 from taxmodel.report.blocks import Block, Bullets, Document, Figure, Heading, Paragraph, slug, table_from_frame
 from taxmodel.report.compare import LedgerLike
@@ -137,7 +137,7 @@ def _hardware(led: LedgerLike) -> dict:
 
 
 def _ranks_cell(meta: dict, led: LedgerLike, bundle: Bundle) -> str:
-    """``8``, or ``1 of 8`` when only some of the run's ranks were imported (model/coverage.py)."""
+    """``8``, or ``1 of 8`` when only some of the run's ranks were imported (ledger/coverage.py)."""
     world = meta.get("world_size") or bundle.world_size
     ranks = list(getattr(led, "ranks", None) or [])
     return f"{len(ranks)} of {world}" if ranks and missing_ranks(meta, ranks) else str(world)

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.patches import Patch, Rectangle  # noqa: E402
 
 from taxmodel.errors import AnalysisError  # noqa: E402
-from taxmodel.model.categories import LABELS, SUBCATEGORY_ORDER, TAXES  # noqa: E402
+from taxmodel.ledger.categories import LABELS, SUBCATEGORY_ORDER, TAXES  # noqa: E402
 from taxmodel.report import compare, style  # noqa: E402
 from taxmodel.report.compare import LedgerLike  # noqa: E402
 from taxmodel.trace.bundle import Bundle  # noqa: E402

@@ -12,8 +12,8 @@ from typing import Sequence
 
 import pandas as pd
 
-from taxmodel.model.categories import CATEGORIES, CATEGORY_ORDER, LABELS, TAXES
-from taxmodel.model.ledger_kernels import LOCALITY_ABSENT, LOCALITY_ESTIMATED
+from taxmodel.ledger.categories import CATEGORIES, CATEGORY_ORDER, LABELS, TAXES
+from taxmodel.ledger.per_kernel import LOCALITY_ABSENT, LOCALITY_ESTIMATED
 from taxmodel.report import compare
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.capture_meta import emulated_gpu
@@ -35,7 +35,7 @@ class Comparison:
     candidate_ns: float
     category_saved_ns: dict[str, float]  # reference minus candidate, per category (positive = candidate pays less)
     cpu_run: bool = False  # either side ran in Triton's interpreter (trace.capture_meta.emulated_gpu): no GPU verdict
-    #: the weaker basis of the two ledgers' locality tax (``ledger_kernels``: "estimated" from declared
+    #: the weaker basis of the two ledgers' locality tax (``per_kernel``: "estimated" from declared
     #: intermediates, "not measured"; "" where both measured it or a ledger does not say)
     locality_basis: str = ""
 

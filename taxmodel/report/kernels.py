@@ -1,5 +1,5 @@
 """The per-kernel lines of `taxmodel analyze`: which kernels (and the ops that launched them)
-carry the most of each tax, from ``Ledger.kernels`` (model/ledger_kernels.py)."""
+carry the most of each tax, from ``Ledger.kernels`` (ledger/per_kernel.py)."""
 from __future__ import annotations
 
 import math

@@ -29,7 +29,7 @@ import pandas as pd
 
 from taxmodel.version import __version__
 from taxmodel.fsutil import atomic_write
-from taxmodel.model.categories import LABELS, PARENT, SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import LABELS, PARENT, SUBCATEGORY_ORDER
 from taxmodel.report import compare
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.bundle import Bundle

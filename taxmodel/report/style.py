@@ -17,7 +17,7 @@ matplotlib.use("Agg")  # figures are rendered to files, never to a screen
 from matplotlib import colors as mcolors  # noqa: E402
 
 from taxmodel import safetext  # noqa: E402
-from taxmodel.model.categories import CATEGORIES, LABELS, SUBCATEGORY_ORDER  # noqa: E402
+from taxmodel.ledger.categories import CATEGORIES, LABELS, SUBCATEGORY_ORDER  # noqa: E402
 
 OKABE_ITO: dict[str, str] = {
     "black": "#000000",

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from taxmodel.model.categories import LABELS
-from taxmodel.model.coverage import missing_ranks
+from taxmodel.ledger.categories import LABELS
+from taxmodel.ledger.coverage import missing_ranks
 from taxmodel.report import compare, headline
 from taxmodel.report.kernels import top_kernel_lines
 from taxmodel.trace.summary import launch_mode

@@ -3,7 +3,7 @@
 Run on every rank of a GPU machine (``taxmodel calibrate`` starts the ranks through the launcher
 of ``taxmodel profile``, ``runtime/launcher.py``; ``torchrun --nproc-per-node N -m
 taxmodel.runtime.calibrate -o hw.json`` works too). Rank 0
-writes a hardware file in the format of ``taxmodel.model.hardware`` (``source: "calibrated"``)
+writes a hardware file in the format of ``taxmodel.hardware.specs`` (``source: "calibrated"``)
 with the raw measurements beside the fitted numbers, so a reader can check every value.
 
 Each number is the median of several timed repetitions after a warm-up (CUDA events around a
@@ -828,7 +828,7 @@ def _write(output: str, steps: tuple[str, ...], meas: dict, existing: dict | Non
                    vendor="amd" if getattr(torch.version, "hip", None) else "nvidia")
         spec["measured"] = {**info, "raw": meas}
     out = atomic_write(output, json.dumps(spec, indent=2, default=float) + "\n", what="hardware file")
-    from taxmodel.model.hardware import load_hardware
+    from taxmodel.hardware.specs import load_hardware
 
     load_hardware(out)  # the file must load as a HardwareSpec
     hidden = ("measured", "collectives", "collectives_eager", "collectives_by_world")
@@ -877,7 +877,7 @@ def run_calibration(output: str | os.PathLike, *, world_size: int | None = None,
     hbm and gemm). ``device="cpu"``: gloo ranks, the collectives step only (default 2 ranks)."""
     from taxmodel.errors import InputError, UnavailableError
     from taxmodel.fsutil import check_output_file
-    from taxmodel.model.hardware import load_hardware
+    from taxmodel.hardware.specs import load_hardware
     from taxmodel.runtime.launcher import launch_ranks, ranks_output_note, run_directory
 
     steps = parse_steps(only)

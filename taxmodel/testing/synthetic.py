@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.categories import LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
 from taxmodel.trace.bundle import Bundle, make_meta
 from taxmodel.trace import schema
 
@@ -110,7 +110,7 @@ def synthetic_bundle(*, world_size: int = 2, iterations: int = 3, repetitions: i
       clock_offsets_ns: rank -> ns added to that rank's local clock to align it; written to
         meta as measured when ``clock_measured``, else left for the ledger to estimate.
     """
-    from taxmodel.model.hardware import resolve_hardware
+    from taxmodel.hardware.specs import resolve_hardware
 
     if variant == "bsp" and flag_wait_ns:
         raise ValueError("flag_wait_ns needs a fused variant (variant != 'bsp'): BSP kernels have no in-kernel waits")

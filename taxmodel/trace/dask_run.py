@@ -1,7 +1,7 @@
 """Running taxmodel's per-rank work on a Dask cluster (``--scheduler``): connecting, and gathering
 the tasks' results so that whatever the cluster does to a run ends in one line.
 
-``model/ledger_dask.py`` (analyze) and ``trace/import_dask.py`` (import) submit one task per rank
+``ledger/on_dask.py`` (analyze) and ``trace/import_dask.py`` (import) submit one task per rank
 or trace file and gather them here. A task's own error (a damaged file, data that cannot be
 analyzed) reaches the user as it would in one process; anything from Dask itself (a worker that
 died, a task cancelled because the cluster lost it, a scheduler that went away) becomes one

@@ -15,7 +15,7 @@ A single rank's trace has one host process that launches GPU work (data-loader w
 none), however many GPUs it drives; it is not split. A merged file whose GPU activity cannot be
 told apart by any of these is refused, never read as one rank. Each split rank keeps its own
 timestamps; the merge records no host per rank, so the clock offsets between ranks are estimated
-(model/clock.py) rather than assumed shared.
+(ledger/clock.py) rather than assumed shared.
 
 The split works on the columns the streaming reader keeps (``kineto._scan``), never on the
 document: per event that becomes a row, and per cpu_op, the process it ran in as an index into the

@@ -11,7 +11,7 @@ whose nesting depth equals the depth at ``t``; both depths come from counts of s
 Several kernels under one op instance (a split-K GEMM and its reduce, a GEMM and its cast)
 share the op's flops and bytes in proportion to their durations (in integers that add up to the
 op's; ``op_id`` numbers the instance) (copies and memsets are costed
-from their own byte count by ``model/kernel_costs.py``, for every trace format). NCCL kernels get the bytes their
+from their own byte count by ``ledger/kernel_costs.py``, for every trace format). NCCL kernels get the bytes their
 rank's link carries (``op_costs.collective_bus_bytes``) in ``floor_bytes``. Kernels of a CUDA
 graph replay are launched by the one graph launch, not by an op: they stay uncosted (the
 capture's shapes are not in a trace of the replay).
@@ -355,7 +355,7 @@ def clock_domain(hosts: list[dict], ranks: list[int] | None = None) -> dict:
         if len(set(names)) == 1:
             return {"shared": True, "evidence": f"every trace was recorded on host {names[0]!r}"}
         out = {"shared": False, "evidence": f"traces come from {len(set(names))} hosts", "hosts": sorted(set(names))}
-        if ranks is not None and len(ranks) == len(names):  # ranks of one host share its clock (model/clock.py)
+        if ranks is not None and len(ranks) == len(names):  # ranks of one host share its clock (ledger/clock.py)
             out["host_of_rank"] = {str(r): n for r, n in zip(ranks, names)}
         return out
     bases = {h.get("base_time_ns") for h in hosts}

@@ -2,7 +2,7 @@
 the op's name and the input shapes and dtypes the profiler recorded (``record_shapes=True``).
 
 Why here, in the trace layer: these are facts about the recorded work that need no hardware
-(the model divides them by a GPU's peaks, ``model/kernel_costs.py``), and the importer attaches
+(the model divides them by a GPU's peaks, ``ledger/kernel_costs.py``), and the importer attaches
 them to every kernel the op launched (columns ``op``, ``dtype``, ``flops``, ``floor_bytes``,
 ``uncosted``; docs/ledger.md "Per-kernel floors").
 

@@ -8,7 +8,7 @@ from taxmodel.model.analytic.collective_model import CollectiveModel
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.analytic.timeline import simulate, timeline_events
 from taxmodel.model.analytic.topology import topology
-from taxmodel.model.hardware import find_preset
+from taxmodel.hardware.specs import find_preset
 from taxmodel.trace.bundle import make_meta, write_bundle
 
 H200 = find_preset("h200-calibrated")

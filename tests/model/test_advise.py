@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import taxmodel
 from taxmodel.cli import cli
 from taxmodel.model import advise as adv
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.testing.synthetic import COLLECTIVE, GEMM, synthetic_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

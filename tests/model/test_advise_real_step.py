@@ -17,7 +17,7 @@ import taxmodel
 from taxmodel.cli import cli
 from taxmodel.model import advise as adv
 from taxmodel.model import advise_regions as regions
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.bundle import Bundle
 
 ROOT = Path(__file__).resolve().parents[2]

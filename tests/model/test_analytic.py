@@ -29,7 +29,7 @@ from taxmodel.model.analytic.timeline import (
     start_offsets,
 )
 from taxmodel.model.analytic.topology import topology
-from taxmodel.model.hardware import find_preset
+from taxmodel.hardware.specs import find_preset
 
 H200 = find_preset("H200 SXM")  # the datasheet preset (a calibrated H200 file also ships)
 AG = {"M": 4096, "N": 8192, "K": 8192, "tp": 0}
@@ -166,7 +166,7 @@ def _fake_measurements(world: int = 4) -> dict:
 
 def _calibrated_spec(tmp_path=None):
     from taxmodel.model.calibration import fit
-    from taxmodel.model.hardware import HardwareSpec
+    from taxmodel.hardware.specs import HardwareSpec
 
     d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
     return HardwareSpec.from_dict(json.loads(json.dumps(d)))
@@ -174,7 +174,7 @@ def _calibrated_spec(tmp_path=None):
 
 def test_calibrate_fit_round_trip(tmp_path):
     from taxmodel.model.calibration import fit
-    from taxmodel.model.hardware import load_hardware
+    from taxmodel.hardware.specs import load_hardware
 
     d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
     path = tmp_path / "h200-calibrated.json"
@@ -222,7 +222,7 @@ def test_calibrated_file_is_preferred_over_the_preset(tmp_path):
 def test_a_measured_graph_gap_lands_in_the_hardware_file_and_the_params():
     from taxmodel.model.analytic.params import RAW_FEEDS
     from taxmodel.model.calibration import fit
-    from taxmodel.model.hardware import HardwareSpec
+    from taxmodel.hardware.specs import HardwareSpec
 
     meas = _fake_measurements()
     meas["launch"]["graph_kernel_gap_s"] = 0.3e-6
@@ -242,7 +242,7 @@ def test_a_file_without_the_graph_gap_loads_as_before():
     """Every calibration written before the graph gap was measured: the field is 0 (not measured),
     and graph launches keep kernel_gap_s between their kernels."""
     from taxmodel.model.calibration import fit
-    from taxmodel.model.hardware import HardwareSpec
+    from taxmodel.hardware.specs import HardwareSpec
 
     d = fit(_fake_measurements(), "NVIDIA H200", 132, 4, vendor="nvidia")
     assert "graph_kernel_gap_s" not in d

@@ -22,7 +22,7 @@ from taxmodel.model.analytic.timeline import (
     timeline_events,
 )
 from taxmodel.model.analytic.topology import topology
-from taxmodel.model.hardware import HardwareSpec, find_preset
+from taxmodel.hardware.specs import HardwareSpec, find_preset
 
 #: A calibrated toy GPU: 1 PFLOP/s bf16 (50 TFLOP/s fp32), 4 TB/s HBM, 400 GB/s link with 5 us latency, 200 GB/s of
 #: peer stores, 250 GB/s P2P copies, 132 SMs; every other parameter the model's default.

@@ -11,7 +11,7 @@ import pytest
 from taxmodel.errors import InputError
 from taxmodel.model.analytic import predict, resolve_model_hardware
 from taxmodel.model.analytic.costs import gemm_dram_bytes, l2_bytes, l2_kept_fraction
-from taxmodel.model.hardware import HardwareSpec, find_preset
+from taxmodel.hardware.specs import HardwareSpec, find_preset
 from taxmodel.trace.bundle import load_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +131,7 @@ def test_a_compute_bound_gemms_re_reads_hide_under_its_compute():
     assert (a + b + c) / cal.hbm_bytes_per_s < 2 * 8192**3 / cal.peak_flops["bf16"]
     assert _locality_us(p) == 0.0
     if COUNTERS.exists():
-        from taxmodel.model.ledger import compute_ledger
+        from taxmodel.ledger.compute import compute_ledger
 
         led = compute_ledger(load_bundle(COUNTERS / "ag_gemm" / "bsp-M8192xN8192xK8192xtp0"))
         assert led.locality == "measured" and led.parts.loc[led.parts["subcategory"] == "locality_tax", "ns"].sum() == 0

@@ -52,7 +52,7 @@ def test_analyze_bad_input_exit_2_and_lenient(tmp_path):
 
 
 def test_analyze_hardware_file(tmp_path):
-    from taxmodel.model.hardware import find_preset, save_hardware
+    from taxmodel.hardware.specs import find_preset, save_hardware
     import dataclasses
 
     spec = dataclasses.replace(find_preset("H200"), name="my H200", source="calibrated", aliases=())
@@ -68,7 +68,7 @@ def test_analyze_says_how_locality_was_obtained(tmp_path):
     (issue 24: the ledger says which)."""
     from pathlib import Path
 
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.report.terminal import render_ledger
     from taxmodel.trace.bundle import load_bundle
 

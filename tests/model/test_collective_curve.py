@@ -14,7 +14,7 @@ from taxmodel.model.analytic import flash_decode, predict
 from taxmodel.model.analytic.collective_model import CollectiveModel
 from taxmodel.model.analytic.params import ModelParams
 from taxmodel.model.analytic.topology import topology
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 
 SHIPPED = Path(__file__).resolve().parents[2] / "taxmodel" / "data" / "hardware" / "h200-calibrated.json"
 FD = {"batch": 1, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "kv_len": 1024}

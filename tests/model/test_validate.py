@@ -33,7 +33,7 @@ def h200_as_before_issue_33(monkeypatch, request):
     before, without those fields (what a calibration that did not run those steps holds)."""
     from dataclasses import replace
 
-    from taxmodel.model import hardware
+    from taxmodel.hardware import specs as hardware
     from taxmodel.model.analytic.params import CALIBRATED_MECHANISMS
 
     if request.node.name == "test_docs_table_matches_the_committed_profiles":
@@ -110,7 +110,7 @@ def test_locality_rows_with_counters_are_validated_and_can_fail(tmp_path):
 
 
 def test_validate_on_synthetic_bundles_compares_with_the_measured_ledger(tmp_path):
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
 
     case = synthetic_bundle(world_size=2, workload="ag_gemm", variant="bsp", shape=AG, skew_ns=30_000)
     write_bundle(tmp_path / "syn", case.bundle.events, case.bundle.meta)

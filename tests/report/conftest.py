@@ -1,6 +1,6 @@
 """Fixtures for the report tests: (bundle, ledger) pairs.
 
-Real pairs come from ``taxmodel.testing.synthetic`` + ``taxmodel.model.ledger.compute_ledger``;
+Real pairs come from ``taxmodel.testing.synthetic`` + ``taxmodel.ledger.compute_ledger``;
 ``fake_ledger.fake_case`` (the ``Ledger`` frames, numbers chosen by hand) is kept for what the
 synthetic generator does not produce (several CTA phases, clock offsets on every rank).
 """
@@ -18,7 +18,7 @@ from fake_ledger import fake_case  # noqa: E402
 
 def real_ledger_available() -> bool:
     try:
-        import taxmodel.model.ledger  # noqa: F401
+        import taxmodel.ledger.compute  # noqa: F401
     except ImportError:
         return False
     return True
@@ -26,7 +26,7 @@ def real_ledger_available() -> bool:
 
 def synthetic_case(variant: str = "bsp", *, shape: dict | None = None, **kw):
     """(bundle, ledger) from the synthetic generator and the real ledger."""
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.testing.synthetic import synthetic_bundle
 
     case = synthetic_bundle(variant=variant, workload="ag_gemm", shape=shape or {"M": 1024, "N": 256, "K": 512}, **kw)
@@ -43,7 +43,7 @@ def fake_cases():
 def real_cases():
     """bsp and fused at two sizes, with injected skew, launch and flag-wait taxes (real ledger)."""
     if not real_ledger_available():
-        pytest.skip("taxmodel.model.ledger is not written yet (the ledger helper is on it)")
+        pytest.skip("taxmodel.ledger.compute is not written yet (the ledger helper is on it)")
     out = []
     for scale, m in ((1.0, 1024), (2.0, 4096)):
         shape = {"M": m, "N": 256, "K": 512}

@@ -1,4 +1,4 @@
-"""A small stand-in for ``taxmodel.model.ledger`` (its ``parts`` and ``windows`` frames), for report tests.
+"""A small stand-in for ``taxmodel.ledger.Ledger`` (its ``parts`` and ``windows`` frames), for report tests.
 
 Why it exists: the report must be testable on its own, with known numbers, and on in-kernel
 records the synthetic generator may not produce. Events are laid out per rank and iteration;
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.categories import CATEGORY_ORDER, LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import CATEGORY_ORDER, LEDGER_COLUMNS, PARENT, SUBCATEGORY_ORDER
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import Bundle, make_meta
 

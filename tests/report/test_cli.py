@@ -12,7 +12,7 @@ from taxmodel.report import headline
 from taxmodel.report.build import load_cases
 from taxmodel.trace.bundle import write_bundle
 
-pytestmark = pytest.mark.skipif(not real_ledger_available(), reason="taxmodel.model.ledger is not written yet")
+pytestmark = pytest.mark.skipif(not real_ledger_available(), reason="taxmodel.ledger.compute is not written yet")
 
 
 @pytest.fixture(scope="module")

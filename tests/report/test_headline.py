@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fake_ledger import ledger_from_parts
-from taxmodel.model.categories import SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import SUBCATEGORY_ORDER
 from taxmodel.report import headline
 
 BSP = {"useful": 50_000, "compute_inefficiency": 10_000, "locality_tax": 4_000, "skew_wait": 6_000,

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from conftest import real_ledger_available
-from taxmodel.model.categories import LABELS, SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import LABELS, SUBCATEGORY_ORDER
 from taxmodel.report.perfetto import chrome_trace, rank_pid, write_chrome_trace
 
 _METADATA = {"process_name", "process_sort_index", "thread_name", "thread_sort_index", "process_labels"}
@@ -182,11 +182,11 @@ def test_partially_overlapping_events_move_to_their_own_track(fake_cases):
 KINETO = Path(__file__).resolve().parents[1] / "data" / "kineto"
 
 
-@pytest.mark.skipif(not real_ledger_available(), reason="taxmodel.model.ledger is not written yet")
+@pytest.mark.skipif(not real_ledger_available(), reason="taxmodel.ledger.compute is not written yet")
 def test_real_h200_kineto_trace_exports_exactly(tmp_path):
     """4 ranks of a real BSP AG+GEMM run: iteration windows overlap across ranks there, so some
     ledger tracks need a second lane; sums must still match the ledger to the ns."""
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import Bundle, make_meta
     from taxmodel.trace.importers import import_traces
 

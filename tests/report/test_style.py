@@ -1,7 +1,7 @@
 """One palette: every ledger part has a style; parts are told apart by colour and by hatch."""
 from matplotlib import colors as mcolors
 
-from taxmodel.model.categories import CATEGORIES, SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import CATEGORIES, SUBCATEGORY_ORDER
 from taxmodel.report import style
 
 

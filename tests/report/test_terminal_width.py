@@ -8,7 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from taxmodel.cli import cli
-from taxmodel.model.categories import SUBCATEGORY_ORDER
+from taxmodel.ledger.categories import SUBCATEGORY_ORDER
 from taxmodel.report.terminal import TERMINAL_WIDTH
 
 PROFILES = Path(__file__).resolve().parents[2] / "profiles"

@@ -106,7 +106,7 @@ def test_lenient_skips_a_damaged_bundle_among_good_ones(tmp_path, bundle_dir):
 
 
 def test_wrong_types_in_a_hardware_file_are_one_line(tmp_path, bundle_dir):
-    from taxmodel.model.hardware import presets
+    from taxmodel.hardware.specs import presets
 
     spec = next(iter(presets().values())).to_dict()
     spec["link_latency_s"] = "fast"

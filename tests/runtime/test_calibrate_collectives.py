@@ -151,7 +151,7 @@ def test_curves_prefer_the_traced_kernel_time_and_say_which_they_hold():
     from taxmodel.model.analytic.collective_model import CollectiveModel
     from taxmodel.model.analytic.params import ModelParams
     from taxmodel.model.analytic.topology import topology
-    from taxmodel.model.hardware import HardwareSpec, find_preset
+    from taxmodel.hardware.specs import HardwareSpec, find_preset
 
     hw = find_preset("H200 SXM")
     spec = HardwareSpec.from_dict({**hw.to_dict(), "collectives": curve})  # the model reads the points, skips the label
@@ -302,7 +302,7 @@ def test_fit_gives_the_model_the_graph_curve_and_keeps_the_eager_one():
 def test_fit_names_the_calibration_after_the_datasheet_without_taking_its_name(tmp_path, monkeypatch):
     """A calibrated file must not carry an alias that spells the datasheet's own name ('h200-sxm'
     for 'H200 SXM'): `--hardware "H200 SXM"` keeps selecting the datasheet, 'NVIDIA H200' the file."""
-    from taxmodel.model import hardware
+    from taxmodel.hardware import specs as hardware
 
     spec = calfit.fit(_meas(), "NVIDIA H200", 132, 4)
     assert spec["name"] == "H200 SXM (calibrated)" and "NVIDIA H200" in spec["aliases"]
@@ -407,7 +407,7 @@ def test_an_update_on_another_world_size_adds_a_curve_and_changes_nothing_else()
     assert new["measured"]["world_size"] == 4
     assert new["measured"]["updates"][-1] == {"date": "d", "world_size": 2, "steps": ["collectives"]}
     assert "collectives_by_world" in new["notes"] and "2 ranks" in new["notes"]
-    from taxmodel.model.hardware import HardwareSpec
+    from taxmodel.hardware.specs import HardwareSpec
 
     assert HardwareSpec.from_dict(new).extra["collectives_by_world"]["2"] == curve  # loads as a HardwareSpec
 

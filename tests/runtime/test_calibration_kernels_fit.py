@@ -74,7 +74,7 @@ def test_the_split_kv_time_follows_the_resident_line_then_the_hbm_line_continuou
 
     from taxmodel.model.analytic.costs import split_kv_time
     from taxmodel.model.analytic.params import ModelParams
-    from taxmodel.model.hardware import HardwareSpec
+    from taxmodel.hardware.specs import HardwareSpec
 
     hw = HardwareSpec(name="toy", vendor="nvidia", source="calibrated", peak_flops={"bf16": 1e15}, hbm_bytes_per_s=3e12,
                       link_bytes_per_s=4e11, num_sms=132, l2_bytes=50 << 20)
@@ -182,7 +182,7 @@ def test_an_update_with_one_kernel_step_adds_its_parameter_and_changes_nothing_e
 def test_one_gpu_calibrates_with_the_datasheets_link_and_says_so():
     meas = {"hbm": {"bytes_per_s": 3e12}, "gemm": {"bf16": {"flops_per_s": 7e14}}}
     spec = calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 1)
-    from taxmodel.model.hardware import find_preset
+    from taxmodel.hardware.specs import find_preset
 
     assert spec["link_bytes_per_s"] == find_preset("h100").link_bytes_per_s and "One GPU: link_bytes_per_s" in spec["notes"]
     with pytest.raises(ValueError, match="no link measurement"):
@@ -259,7 +259,7 @@ def test_a_fused_combine_update_adds_its_two_fields_and_changes_nothing_else(tmp
     from shipped_calibration import shipped_four_ranks
 
     from taxmodel.model.analytic.params import ModelParams, calibrated_mechanisms
-    from taxmodel.model.hardware import HardwareSpec, load_hardware
+    from taxmodel.hardware.specs import HardwareSpec, load_hardware
 
     shipped = shipped_four_ranks()
     assert "fused_combine" in calfit.parse_steps("fused_combine") and "fused_combine" not in calfit.MULTI_RANK_STEPS

@@ -354,7 +354,7 @@ def test_graph_kernels_land_in_the_iteration_of_their_graph_launch(graph_bundle)
 
 
 def test_ledger_of_graph_replays_partitions_and_queues_later_kernels(graph_bundle):
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
 
     led = compute_ledger(graph_bundle)
     parts = led.parts
@@ -393,7 +393,7 @@ def test_launch_mode_text():
 def test_analyze_names_the_launch_mode_and_warns_when_compared_variants_differ(graph_bundle):
     import dataclasses
 
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.report.terminal import render_analysis
 
     def ledger(variant, graph):
@@ -450,7 +450,7 @@ def _request(tmp_path, **kw):
 
 @pytest.mark.slow
 def test_graph_auto_captures_safe_variants_and_profiles_the_others_eagerly(tmp_path):
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.runtime.profile import profile
 
     out = profile(_request(tmp_path, graph="auto", graph_backend="fake", repeat=2,

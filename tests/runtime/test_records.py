@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxmodel.kernels.device import sync, trace
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.runtime import records
 from taxmodel.trace import schema
 from taxmodel.testing.synthetic import synthetic_bundle

@@ -17,7 +17,7 @@ from cli_runner import stderr_runner
 from taxmodel import fsutil, limits
 from taxmodel.cli import cli
 from taxmodel.errors import InputError
-from taxmodel.model.hardware import load_hardware
+from taxmodel.hardware.specs import load_hardware
 from taxmodel.regress.config import load_config
 from taxmodel.testing.synthetic import synthetic_bundle
 from taxmodel.trace import importers

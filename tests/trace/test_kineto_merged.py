@@ -10,7 +10,7 @@ import pytest
 
 import kineto_merge_fixtures as merge
 from taxmodel.errors import InputError
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace import importers, json_stream
 from taxmodel.trace.bundle import Bundle, make_meta
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from taxmodel.model.hardware import find_preset
-from taxmodel.model.kernel_costs import BASIS_EAGER_STEP, BASIS_LAUNCH_GRID, kernel_floors
+from taxmodel.hardware.specs import find_preset
+from taxmodel.ledger.kernel_costs import BASIS_EAGER_STEP, BASIS_LAUNCH_GRID, kernel_floors
 from taxmodel.trace import replay_shapes as rs
 from taxmodel.trace.schema import normalize_events
 
@@ -319,7 +319,7 @@ def test_the_ledger_says_how_much_replayed_time_has_no_floor():
     """Without an eager step only the tensor-list kernel has a floor (its launch grid); with one,
     the rest is floored from the eager step's shapes. The caveat's shares are those of the
     replayed kernels' time, computed here from the events."""
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.trace.bundle import Bundle, make_meta
 
     layer = _layer(1)

@@ -11,7 +11,7 @@ import pytest
 
 from cli_runner import stderr_runner
 from taxmodel.cli import cli
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace import importers, replay_shapes as rs
 from taxmodel.trace.bundle import load_bundle
 

@@ -211,8 +211,8 @@ def test_every_format_yields_the_same_events(kineto_files):
 
 
 def test_every_format_yields_the_same_ledger(kineto_files):
-    ledger_mod = pytest.importorskip("taxmodel.model.ledger")
-    from taxmodel.model.hardware import find_preset
+    ledger_mod = pytest.importorskip("taxmodel.ledger.compute")
+    from taxmodel.hardware.specs import find_preset
     from taxmodel.trace.bundle import Bundle, make_meta
 
     spec = find_preset("h200-calibrated")

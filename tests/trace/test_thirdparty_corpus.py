@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.errors import TaxmodelError
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace import importers
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "thirdparty"
@@ -139,7 +139,7 @@ def test_cli_never_shows_a_traceback(case: Case, tmp_path):
 
 def test_a_subset_of_ranks_says_skew_is_unknowable(tmp_path):
     """Rank 0 of an 8-rank RCCL job: the ledger, its JSON and the report's metadata say that 7
-    ranks are missing, so skew_wait cannot be measured (model/coverage.py)."""
+    ranks are missing, so skew_wait cannot be measured (ledger/coverage.py)."""
     from taxmodel.report.document import metadata_table
     from taxmodel.trace.bundle import load_bundle
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from taxmodel.errors import InputError
-from taxmodel.model.hardware import HardwareSpec, choose_hardware
+from taxmodel.hardware.specs import HardwareSpec, choose_hardware
 from taxmodel.trace.capture_meta import CaptureSettings
 
 from . import ag_gemm, flash_decode, gemm_rs
@@ -45,8 +45,9 @@ def _module(workload: str):
 def resolve_model_hardware(name_or_path: str | os.PathLike | None, meta: Mapping[str, Any] | None = None,
                            search: tuple[str | os.PathLike, ...] = ()) -> tuple[HardwareSpec, str]:
     """The spec to predict with and a sentence saying which one was used and why:
-    ``hardware.choose_hardware`` (the ledger's resolver too) with the calibrated preference, so a
-    prediction's hardware differs from the ledger's only where a calibrated file for that GPU wins."""
+    ``taxmodel.hardware.specs.choose_hardware`` (the ledger's resolver too) with the calibrated
+    preference, so a prediction's hardware differs from the ledger's only where a calibrated file
+    for that GPU wins."""
     return choose_hardware(name_or_path, meta, prefer_calibrated=True, search=search)
 
 
@@ -143,7 +144,7 @@ def sweep(workload: str, variant: str, shape: Mapping[str, int], world_size: int
           key: str, values: list[int], params: ModelParams | None = None) -> pd.DataFrame:
     """Predictions over ``values`` of one shape key: one row per value with the predicted window
     and every category (mean ns per rank-iteration)."""
-    from taxmodel.model.categories import CATEGORY_ORDER
+    from taxmodel.ledger.categories import CATEGORY_ORDER
 
     if isinstance(hardware, str):
         hardware, _ = resolve_model_hardware(hardware)

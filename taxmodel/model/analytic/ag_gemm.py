@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.kernels.names import AG_GEMM_KERNEL, COPY_BLOCKS_KERNEL, VENDOR_GEMM
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 from taxmodel.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 from taxmodel.vocabulary import ALLGATHER, ALLREDUCE, COLLECTIVES, normalize_collective
 
 from .params import ModelParams

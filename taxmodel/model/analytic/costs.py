@@ -10,7 +10,7 @@ from typing import Mapping
 
 import numpy as np
 
-from taxmodel.model.hardware import HardwareSpec, normalized_name, presets
+from taxmodel.hardware.specs import HardwareSpec, normalized_name, presets
 
 from .params import ModelParams
 

@@ -17,10 +17,11 @@ dominate: 20-30 us on one H200, where bandwidth alone says 1 us.
   global combine (W packed partials in, the output out). Four launches: at small sizes the
   host's launch cost per kernel exceeds the kernels, and the launch tax dominates.
 - fused: one kernel; workers do the split and the local combine (the pair's last worker folds the
-  S partials: with the hardware file's fused_combine calibration ``fused_local_combine_fixed_s`` +
-  steps x ``fused_local_combine_step_s``, measured in the fused kernel itself at one rank, whose
-  fixed part holds the one-rank epilogue, so at one rank no merge step follows; without it steps x
-  ``combine_step_s``, the separate kernel's step), the last worker per head group
+  S partials: with the hardware file's fused_combine calibration steps x ``fused_local_combine_step_s``,
+  measured in the fused kernel itself at one rank; the line's fixed part ``fused_local_combine_fixed_s``
+  is the one-rank epilogue (push into its own slot, merge of its own partial, store), which replaces
+  push and merge at one rank and which on W ranks the push, waits and merges below stand for;
+  without it steps x ``combine_step_s``, the separate kernel's step), the last worker per head group
   stores the combined partial into every peer (LL words: value and epoch in one store, no fence;
   8 bytes per 4-byte value) from one CTA, so at one SM's peer-store rate unless the pushing CTAs
   together exceed the GPU's peer-store bandwidth (``costs.push_wave_time``), and then waits for
@@ -38,7 +39,7 @@ from typing import Any, Mapping
 from taxmodel.errors import InputError
 from taxmodel.kernels.names import (FLASH_DECODE_COMBINE_GLOBAL, FLASH_DECODE_COMBINE_LOCAL, FLASH_DECODE_FUSED,
                                     FLASH_DECODE_SPLIT)
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 from taxmodel.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
@@ -165,16 +166,21 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         # what the kernel does after the fold at one rank, so there no merge step follows); else the
         # separate combine kernel's step (combine_step_s) per step. Slice combiners fold fewer rows
         # per step (another NB), which the step did not measure: they keep combine_step_s.
+        # The line's fixed part is the one-rank epilogue (the push into its own slot, the merge of its own
+        # partial, the output's store: in-kernel records on one H100, b1-kv16k, put the fold at 15.2 us for
+        # 22 steps and that epilogue at ~4 us after it). On W ranks the push, the waits and the merges
+        # modelled above are that epilogue, so there the fold is the steps alone.
         in_kernel = params.fused_local_combine_step_s is not None and slices <= 0
-        if in_kernel and world == 1 and ll and own_in_registers:
+        one_rank_epilogue = in_kernel and world == 1 and ll and own_in_registers
+        if one_rank_epilogue:
             post = 0.0
+        fixed = (params.fused_local_combine_fixed_s or 0.0) if one_rank_epilogue else 0.0
         # slice combiners first wait for their pair's workers (the pair's ready word, GPU scope)
         ready_wait = params.flag_wait_gpu_s if slices > 0 else 0.0
         out, local_steps = [], []
         for kv, partials, splits in per_rank:
             if in_kernel:  # after the last split of the group
-                local = (params.fused_local_combine_fixed_s or 0.0) + serial_steps_time(
-                    steps(splits, rows), params, params.fused_local_combine_step_s)
+                local = fixed + serial_steps_time(steps(splits, rows), params, params.fused_local_combine_step_s)
             else:
                 local = serial_steps_time(steps(splits, rows), params)
             local_steps.append(local)
@@ -193,9 +199,10 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
                      "latency (half a flag round trip)")
         if in_kernel:
             notes.append(f"fused: the pair's local combine in the kernel: "
-                         f"{(params.fused_local_combine_fixed_s or 0.0) * 1e6:.2f} us + "
-                         f"{params.fused_local_combine_step_s * 1e6:.2f} us a step (calibrated fused_combine step, "
-                         f"{params.sources.get('fused_local_combine_step_s', 'given')})")
+                         f"{params.fused_local_combine_step_s * 1e6:.2f} us a step"
+                         + (f" + {fixed * 1e6:.2f} us of one-rank epilogue" if one_rank_epilogue else
+                            " (the one-rank epilogue of the line left out: on W ranks push, waits and merges are modelled)")
+                         + f" (calibrated fused_combine step, {params.sources.get('fused_local_combine_step_s', 'given')})")
         else:
             notes.append(f"fused: the pair's local combine takes combine_step_s ({params.combine_step_s * 1e6:.2f} us) "
                          "a step, the separate combine kernel's step"

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 from taxmodel.errors import InputError
 from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL, VENDOR_GEMM
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 from taxmodel.vocabulary import LIBRARY_KERNEL_NAMES, REDUCE_SCATTER
 
 from .collective_model import CollectiveModel

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from taxmodel.kernels.revisions import KERNEL_REVISION
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US
 
 

@@ -1,5 +1,5 @@
 """A prediction: the simulated timeline split by the measured ledger's own code
-(``taxmodel.model.ledger.compute_ledger``), so a predicted tax means what a measured one means,
+(``taxmodel.ledger.compute_ledger``), so a predicted tax means what a measured one means,
 with the assumptions stated."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import pandas as pd
 
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 
 from .params import ModelParams
 from .timeline import KernelPlan, simulate, timeline_events
@@ -44,14 +44,14 @@ class Prediction:
                                 variant=self.variant, shape=self.shape)
 
     @functools.cached_property
-    def ledger(self) -> Any:  # taxmodel.model.ledger.Ledger
+    def ledger(self) -> Any:  # taxmodel.ledger.Ledger
         return split_predicted(self.timeline, self.hardware)
 
     @property
     def window_ns(self) -> float:
         if "ledger" in self.__dict__:
             return float(self.ledger.windows["window_ns"].mean())
-        from taxmodel.model.ledger import ledger_windows
+        from taxmodel.ledger.compute import ledger_windows
 
         return float(ledger_windows(self.timeline, hardware=self.hardware)["window_ns"].mean())
 
@@ -107,8 +107,8 @@ def split_predicted(bundle: Any, hw: HardwareSpec) -> Any:
     the locality tax is what the ledger would measure from the counters of that timeline: the
     time its DRAM bytes take at the HBM bandwidth beyond its useful floor, at most its time after
     useful (docs/ledger.md 5b)."""
-    from taxmodel.model.ledger import compute_ledger
-    from taxmodel.model.ledger_kernels import LOCALITY_MEASURED
+    from taxmodel.ledger.compute import compute_ledger
+    from taxmodel.ledger.per_kernel import LOCALITY_MEASURED
 
     ledger = compute_ledger(bundle, hardware=hw)
     if ledger.locality == LOCALITY_MEASURED:

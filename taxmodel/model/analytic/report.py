@@ -9,7 +9,7 @@ import pandas as pd
 
 from taxmodel.errors import InputError
 from taxmodel.fsutil import atomic_path
-from taxmodel.model.categories import CATEGORY_ORDER, LABELS
+from taxmodel.ledger.categories import CATEGORY_ORDER, LABELS
 
 from .prediction import Prediction
 

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass
 
 from taxmodel.errors import InputError
-from taxmodel.model.hardware import HardwareSpec
+from taxmodel.hardware.specs import HardwareSpec
 
 from .params import ModelParams
 

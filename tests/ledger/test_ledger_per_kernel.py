@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from taxmodel.model.hardware import find_preset
-from taxmodel.model.kernel_costs import kernel_floors
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.hardware.specs import find_preset
+from taxmodel.ledger.kernel_costs import kernel_floors
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace import importers
 from taxmodel.trace.bundle import Bundle, make_meta
 from taxmodel.trace.schema import normalize_events
@@ -179,7 +179,7 @@ def test_analyze_json_is_strict_json_with_null_for_not_measured(bert, tmp_path):
 
 
 def test_a_related_parts_preset_is_said_to_stand_in():
-    from taxmodel.model.kernel_costs import hardware_mismatch
+    from taxmodel.ledger.kernel_costs import hardware_mismatch
 
     for device in ("AMD Instinct MI350X", "NVIDIA H100 PCIe"):
         text = hardware_mismatch({"hardware": {"name": device}}, find_preset(device))

@@ -17,7 +17,7 @@ those of its product line (GeForce cards accumulate FP16 in FP32 at half the rat
 and workstation parts), else all of them. Every choice takes the larger number where the trace
 leaves it open, so the floors stay lower bounds (a kernel cannot beat an upper-bound peak), at
 the price of a smaller ``useful``. The spec says so: ``source="estimated"``, its basis in
-``notes``, shown in every ledger that uses it (``hardware.estimate_spec`` builds it). A device
+``notes``, shown in every ledger that uses it (``specs.estimate_spec`` builds it). A device
 whose architecture no preset shares (a Pascal card, an RDNA GPU) gets no estimate: the ledger
 then says that it has no spec, never a silent 0.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from taxmodel.model.gpu_names import normalized_name
+from taxmodel.hardware.gpu_names import normalized_name
 
 
 def _positive(hw: Mapping[str, Any], key: str) -> float:

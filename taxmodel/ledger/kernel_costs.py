@@ -25,8 +25,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.copy_costs import DEVICE, copy_floors, copy_routes
-from taxmodel.model.hardware import HardwareSpec, match_device, normalized_name, same_name
+from taxmodel.ledger.copy_costs import DEVICE, copy_floors, copy_routes
+from taxmodel.hardware.specs import HardwareSpec, match_device, normalized_name, same_name
 from taxmodel.trace.replay_shapes import SHAPES_FROM_EAGER
 from taxmodel.trace.tensor_list_kernels import tensor_list_launch_work
 

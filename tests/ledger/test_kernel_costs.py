@@ -1,12 +1,12 @@
-"""Per-kernel floors on a spec (model/kernel_costs.py), against hand computations."""
+"""Per-kernel floors on a spec (ledger/kernel_costs.py), against hand computations."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from taxmodel.model.hardware import HardwareSpec
-from taxmodel.model.kernel_costs import kernel_floors
+from taxmodel.hardware.specs import HardwareSpec
+from taxmodel.ledger.kernel_costs import kernel_floors
 
 NV = HardwareSpec(name="Test NV", vendor="nvidia", source="datasheet", peak_flops={"bf16": 1e15, "fp32": 5e13},
                   hbm_bytes_per_s=4e12, link_bytes_per_s=4e11)

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from taxmodel.model.hardware import find_preset
-from taxmodel.model.kernel_costs import kernel_floors
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.hardware.specs import find_preset
+from taxmodel.ledger.kernel_costs import kernel_floors
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace import importers
 from taxmodel.trace.bundle import Bundle, make_meta
 from taxmodel.trace.schema import normalize_events

@@ -1,10 +1,10 @@
-"""Windows when the trace does not hand them over cleanly (taxmodel/model/windows.py)."""
+"""Windows when the trace does not hand them over cleanly (taxmodel/ledger/windows.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.windows import fallback_iterations, partition_windows
+from taxmodel.ledger.windows import fallback_iterations, partition_windows
 
 
 def _windows(spans):

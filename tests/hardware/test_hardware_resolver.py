@@ -10,7 +10,7 @@ import pytest
 
 from taxmodel.api import Profile
 from taxmodel.model.analytic import resolve_model_hardware
-from taxmodel.model.hardware import choose_hardware, find_preset, normalized_name, resolve_hardware
+from taxmodel.hardware.specs import choose_hardware, find_preset, normalized_name, resolve_hardware
 from taxmodel.testing.synthetic import synthetic_bundle
 
 RADEON = {"name": "AMD Radeon Graphics", "vendor": "amd", "arch": "gfx942:sramecc+:xnack-"}

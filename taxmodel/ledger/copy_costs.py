@@ -23,7 +23,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.hardware import HardwareSpec, host_link_of
+from taxmodel.hardware.specs import HardwareSpec, host_link_of
 
 #: the route a copy takes (``copy_routes``'s ``route``)
 HOST, PEER, DEVICE, HOST_ONLY, UNKNOWN = "host", "peer", "device", "host-host", "unknown"

@@ -15,8 +15,8 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.hardware import HardwareSpec
-from taxmodel.model.kernel_costs import BASIS_EAGER_STEP, BASIS_LAUNCH_GRID, NO_COST, copy_bytes, kernel_floors
+from taxmodel.hardware.specs import HardwareSpec
+from taxmodel.ledger.kernel_costs import BASIS_EAGER_STEP, BASIS_LAUNCH_GRID, NO_COST, copy_bytes, kernel_floors
 
 #: how a bundle's locality tax was obtained
 LOCALITY_MEASURED, LOCALITY_ESTIMATED, LOCALITY_ABSENT = "measured", "estimated", "not measured"

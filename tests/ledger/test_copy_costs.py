@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from taxmodel.model.copy_costs import BOUND_HOST, BOUND_MEMORY, BOUND_PEER, copy_routes
-from taxmodel.model.hardware import find_preset, pcie_bytes_per_s
-from taxmodel.model.kernel_costs import BASIS_SIZE, copy_bytes, kernel_floors
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.copy_costs import BOUND_HOST, BOUND_MEMORY, BOUND_PEER, copy_routes
+from taxmodel.hardware.specs import find_preset, pcie_bytes_per_s
+from taxmodel.ledger.kernel_costs import BASIS_SIZE, copy_bytes, kernel_floors
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace import importers
 
 THIRD = Path(__file__).resolve().parents[1] / "data" / "thirdparty"

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from taxmodel.model.categories import SUBCATEGORY_ORDER
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.categories import SUBCATEGORY_ORDER
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.testing.synthetic import synthetic_bundle
 
 KEYS = ["repetition", "iteration", "rank", "category", "subcategory"]
@@ -209,7 +209,7 @@ def test_ranks_of_one_host_share_its_clock_offset():
     """Two hosts, two ranks each, host B's clock 50 us off; the collectives' ends carry up to 2 us
     of per-rank noise. Per host, ranks 0 and 1 keep one clock (no invented offset between them) and
     ranks 2 and 3 get one offset; per rank, noise would set each rank's offset on its own."""
-    from taxmodel.model.ledger import compute_ledger as ledger
+    from taxmodel.ledger.compute import compute_ledger as ledger
     from taxmodel.testing.synthetic import synthetic_bundle
     from taxmodel.trace.bundle import Bundle
 

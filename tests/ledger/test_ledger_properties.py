@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 from hypothesis import given, settings, strategies as st
 
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.bundle import Bundle, make_meta
 from taxmodel.trace.schema import normalize_events
 from taxmodel.testing.synthetic import synthetic_bundle

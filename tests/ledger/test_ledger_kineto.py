@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.bundle import Bundle, make_meta
 from taxmodel.trace.schema import normalize_events
 

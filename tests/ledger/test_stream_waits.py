@@ -1,5 +1,5 @@
 """A gap before work queued behind another stream's event is stream_wait, not kernel_gap
-(taxmodel/model/stream_waits.py), and a real trace's stream waits are imported."""
+(taxmodel/ledger/stream_waits.py), and a real trace's stream waits are imported."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from taxmodel.model.ledger import compute_ledger
-from taxmodel.model.stream_waits import gap_keys, split_gap_keys
+from taxmodel.ledger.compute import compute_ledger
+from taxmodel.ledger.stream_waits import gap_keys, split_gap_keys
 from taxmodel.trace import importers, schema
 from taxmodel.trace.bundle import Bundle, make_meta
 

@@ -3,8 +3,8 @@ its times are the interpreter's, not a GPU's, and gives no GPU advice: no "calib
 "X is 811 ms (24709%) slower than bsp" verdict."""
 from __future__ import annotations
 
-from taxmodel.model.ledger import compute_ledger
-from taxmodel.model.ledger_kernels import declared_floor_caveat
+from taxmodel.ledger.compute import compute_ledger
+from taxmodel.ledger.per_kernel import declared_floor_caveat
 from taxmodel.report import headline
 from taxmodel.testing.synthetic import synthetic_bundle
 from taxmodel.trace.bundle import Bundle
@@ -54,7 +54,7 @@ def test_a_cpu_run_is_the_cpu_spec_on_any_number_of_cpus():
     """A CPU run records the host's CPUs as its emulated GPU's SM count: that count names no part,
     so the nominal CPU spec is the bundle's whatever it is (the set-up's `taxmodel analyze runs/ag_gemm`
     stopped with 'is no preset' on every machine with more than one CPU)."""
-    from taxmodel.model.hardware import resolve_hardware
+    from taxmodel.hardware.specs import resolve_hardware
 
     for cpus in (1, 2, 16):
         meta = {"hardware": {"name": "CPU (x86_64), emulated GPUs", "vendor": "cpu", "num_sms": cpus, "emulated": True}}

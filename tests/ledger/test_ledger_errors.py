@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from taxmodel.errors import AnalysisError, InputError
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.trace.schema import normalize_events
 from taxmodel.testing.synthetic import synthetic_bundle
 
@@ -73,7 +73,7 @@ def test_untrustworthy_clock():
 
 
 def test_no_iterations_gives_one_window_over_all_gpu_activity():
-    """A trace without iteration markers is not a dead end (model/windows.py): each repetition
+    """A trace without iteration markers is not a dead end (ledger/windows.py): each repetition
     gets one window from the first GPU activity on any rank to the last, and says so."""
     case = synthetic_bundle()
     ev = case.bundle.events

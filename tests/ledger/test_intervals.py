@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from taxmodel.model import intervals as iv
+from taxmodel.ledger import intervals as iv
 
 
 @settings(max_examples=50, deadline=None)
@@ -51,7 +51,7 @@ def test_sweep_counts_and_next_key():
 
 
 def test_covered_against_brute_force():
-    from taxmodel.model.intervals import covered
+    from taxmodel.ledger.intervals import covered
 
     rng = np.random.default_rng(7)
     for _ in range(300):

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.errors import InputError
-from taxmodel.model.hardware import choose_hardware, find_preset, pcie_bytes_per_s, resolve_hardware, specs_by_key, suggest
-from taxmodel.model.kernel_costs import hardware_mismatch
+from taxmodel.hardware.specs import choose_hardware, find_preset, pcie_bytes_per_s, resolve_hardware, specs_by_key, suggest
+from taxmodel.ledger.kernel_costs import hardware_mismatch
 
 # (the device name CUDA or ROCm reports, its SM / CU count, compute capability) -> the preset's key
 DEVICES = [
@@ -125,7 +125,7 @@ def test_the_ledger_says_once_which_spec_and_labels_an_estimate(tmp_path):
     case = synthetic_bundle(variant="bsp", workload="ag_gemm", shape={"M": 1024, "N": 256, "K": 512}, hardware="h100")
     b = case.bundle
     b.meta["hardware"] = {"name": "NVIDIA GeForce RTX 3060", "num_sms": 28, "compute_capability": "8.6", "vendor": "nvidia"}
-    from taxmodel.model.ledger import compute_ledger
+    from taxmodel.ledger.compute import compute_ledger
     from taxmodel.report.terminal import render_ledger
 
     led = compute_ledger(b)

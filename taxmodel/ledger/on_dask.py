@@ -1,6 +1,6 @@
 """The ledger of a bundle computed on a Dask cluster, for jobs too large for one process.
 
-``compute_ledger`` runs four phases (``model/ledger.py``); here the two per-rank ones run as
+``compute_ledger`` runs four phases (``compute.py``); here the two per-rank ones run as
 Dask tasks, each reading only its rank's row groups of ``events.parquet`` on the worker
 (``trace.bundle.load_rank_events``), and the small global reduce runs on the client:
 
@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from taxmodel.errors import BundleError, InputError
-from taxmodel.model import ledger as led
-from taxmodel.model.hardware import HardwareSpec, resolve_hardware
-from taxmodel.model import ledger_kernels as per_kernel
+from taxmodel.hardware.specs import HardwareSpec, resolve_hardware
+from taxmodel.ledger import per_kernel, rank_summary, sweep
+from taxmodel.ledger.assemble import assemble_ledger
+from taxmodel.ledger.plan import LedgerPlan, plan_ledger
+from taxmodel.ledger.rank_summary import RankEvents, RankSummary, ledger_ranks
+from taxmodel.ledger.result import Ledger
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import (EVENTS_FILE, Bundle, bundle_rank_ids, load_bundle_meta, load_rank_events,
                                    make_meta)
@@ -42,7 +45,7 @@ NOT_HERE = (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.EPERM)
 """Errors that mean a worker's node has no readable file at the bundle's path (not a damaged file)."""
 
 
-def _rank_events(path: str, rank: int) -> led.RankEvents:
+def _rank_events(path: str, rank: int) -> RankEvents:
     """One rank's events, read on the worker running the task. A bundle that is not at ``path``
     on this worker's node is one line naming the rank, the worker and the path (the file being
     damaged is the same error as in one process)."""
@@ -56,15 +59,15 @@ def _rank_events(path: str, rank: int) -> led.RankEvents:
                              "worker: copy it to that path on each node or put it on a shared file system, or run "
                              "without --scheduler") from None
         raise
-    return led.RankEvents(rank, events, pos)
+    return RankEvents(rank, events, pos)
 
 
-def _summarize(path: str, rank: int) -> led.RankSummary:
-    return led.summarize_rank(_rank_events(path, rank))
+def _summarize(path: str, rank: int) -> RankSummary:
+    return rank_summary.summarize_rank(_rank_events(path, rank))
 
 
-def _rank_ledger(path: str, rank: int, plan: led.LedgerPlan) -> led.RankLedger:
-    return led.rank_ledger(_rank_events(path, rank), plan)
+def _rank_ledger(path: str, rank: int, plan: LedgerPlan) -> sweep.RankLedger:
+    return sweep.rank_ledger(_rank_events(path, rank), plan)
 
 
 def _rank_label(rank: Any) -> str:
@@ -72,7 +75,7 @@ def _rank_label(rank: Any) -> str:
 
 
 def compute_ledger_dask(path: str | os.PathLike, client: Any, hardware: HardwareSpec | str | None = None,
-                        lenient: bool = False) -> tuple[Bundle, led.Ledger]:
+                        lenient: bool = False) -> tuple[Bundle, Ledger]:
     """``compute_ledger`` of the bundle directory ``path`` with the per-rank phases on ``client``'s
     workers; ``hardware`` a spec, or a preset name or file for ``resolve_hardware``. Returns the
     bundle (meta only: its events stay on the workers) and the ledger."""
@@ -83,7 +86,7 @@ def compute_ledger_dask(path: str | os.PathLike, client: Any, hardware: Hardware
     if isinstance(hardware, str):
         hardware = resolve_hardware(meta, hardware)
     present = bundle_rank_ids(path)
-    ranks = led.ledger_ranks(meta, present)
+    ranks = ledger_ranks(meta, present)
     where = str(path.resolve())
     run = uuid.uuid4().hex[:8]
     # the plan travels inside each phase-(c) task (a few KB to a few hundred KB: it grows with
@@ -91,9 +94,9 @@ def compute_ledger_dask(path: str | os.PathLike, client: Any, hardware: Hardware
     # only on workers, and a worker dying with the last copy would cancel every task waiting on it
     summaries = gather(client, {client.submit(_summarize, where, r, key=f"taxmodel-summary-{r}-{run}", pure=False): r
                                 for r in ranks}, _rank_label, "the ledger's first phase (per-rank summary)")
-    plan = led.plan_ledger([summaries[r] for r in ranks], meta, ranks, hardware, lenient)
+    plan = plan_ledger([summaries[r] for r in ranks], meta, ranks, hardware, lenient)
     pieces = gather(client, {client.submit(_rank_ledger, where, r, plan, key=f"taxmodel-rank-{r}-{run}", pure=False): r
                              for r in ranks}, _rank_label, "the ledger's second phase (per-rank ledger)")
     bundle = Bundle(events=schema.empty_events(), meta=meta, path=path)
     label = per_kernel.job_label(meta, path) or bundle.label
-    return bundle, led.assemble_ledger(plan, [pieces[r] for r in ranks], label, hardware)
+    return bundle, assemble_ledger(plan, [pieces[r] for r in ranks], label, hardware)

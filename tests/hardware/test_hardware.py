@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from taxmodel.errors import InputError
-from taxmodel.model.hardware import find_preset, load_hardware, presets, resolve_hardware, save_hardware
+from taxmodel.hardware.specs import find_preset, load_hardware, presets, resolve_hardware, save_hardware
 
 
 def test_presets_are_datasheet():

@@ -1,4 +1,4 @@
-"""The ledger on Dask (model/ledger_dask.py) is the single-process ledger to the nanosecond:
+"""The ledger on Dask (ledger/on_dask.py) is the single-process ledger to the nanosecond:
 committed multi-rank H200 bundles and synthetic jobs with many ranks, on an in-process
 2-worker cluster, and a committed bundle on worker processes (everything crosses pickling);
 without Dask, --scheduler says how to install it; a worker that dies (in either per-rank phase,
@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from taxmodel.cli import cli
 from taxmodel.errors import AnalysisError, InputError
-from taxmodel.model.ledger import compute_ledger
+from taxmodel.ledger.compute import compute_ledger
 from taxmodel.testing.synthetic import large_synthetic_bundle, synthetic_bundle
 from taxmodel.trace import schema
 from taxmodel.trace.bundle import EVENTS_FILE, bundle_rank_ids, load_bundle, load_rank_events, write_bundle
@@ -59,7 +59,7 @@ def client():
 
 @pytest.mark.parametrize("path", _committed(), ids=lambda p: "/".join(p.parts[-3:-1]))
 def test_committed_bundles_same_ledger_on_dask(client, path):
-    from taxmodel.model.ledger_dask import compute_ledger_dask
+    from taxmodel.ledger.on_dask import compute_ledger_dask
 
     bundle, led = compute_ledger_dask(path, client, lenient=True)
     assert_same_ledger(compute_ledger(load_bundle(path), lenient=True), led)
@@ -67,7 +67,7 @@ def test_committed_bundles_same_ledger_on_dask(client, path):
 
 
 def test_many_ranks_same_ledger_on_dask(client, tmp_path):
-    from taxmodel.model.ledger_dask import compute_ledger_dask
+    from taxmodel.ledger.on_dask import compute_ledger_dask
 
     case = synthetic_bundle(world_size=24, iterations=2, skew_ns=list(range(0, 24_000, 1000)), kernel_gap_ns=700,
                             host_starved_ns=900, intermediate_bytes=1 << 20, seed=3)
@@ -86,7 +86,7 @@ def test_many_ranks_same_ledger_on_dask(client, tmp_path):
 
 
 def test_task_errors_reach_the_user_as_in_one_process(client, tmp_path):
-    from taxmodel.model.ledger_dask import compute_ledger_dask
+    from taxmodel.ledger.on_dask import compute_ledger_dask
 
     case = synthetic_bundle(world_size=4, iterations=2)
     ev = case.bundle.events
@@ -121,7 +121,7 @@ def test_scheduler_without_dask_says_how_to_install(tmp_path, monkeypatch):
     case = synthetic_bundle(world_size=2, iterations=2)
     path = write_bundle(tmp_path / "b", case.bundle.events, case.bundle.meta)
     monkeypatch.setitem(sys.modules, "dask.distributed", None)  # import fails as if not installed
-    from taxmodel.model.ledger_dask import connect
+    from taxmodel.ledger.on_dask import connect
 
     with pytest.raises(InputError, match=r"pip install 'taxmodel\[distributed\]'"):
         connect("local:2")
@@ -149,10 +149,10 @@ class _DieOnRank(WorkerPlugin):
     def setup(self, worker) -> None:
         import os
 
-        from taxmodel.model import ledger
+        from taxmodel.ledger import rank_summary, sweep
 
-        attr = {"a": "summarize_rank", "c": "rank_ledger"}[self.phase]
-        real, rank, once = getattr(ledger, attr), self.rank, self.once
+        module, attr = {"a": (rank_summary, "summarize_rank"), "c": (sweep, "rank_ledger")}[self.phase]
+        real, rank, once = getattr(module, attr), self.rank, self.once
 
         def die_on_rank(rank_events, *args):
             if rank_events.rank == rank and not (once and os.path.exists(once)):
@@ -161,7 +161,7 @@ class _DieOnRank(WorkerPlugin):
                 os._exit(1)
             return real(rank_events, *args)
 
-        setattr(ledger, attr, die_on_rank)
+        setattr(module, attr, die_on_rank)
 
 
 def _dying_run(tmp_path, phase: str, workers: int, once: bool = False, **config) -> AnalysisError | None:
@@ -170,7 +170,7 @@ def _dying_run(tmp_path, phase: str, workers: int, once: bool = False, **config)
     dask = pytest.importorskip("dask", reason="dask[distributed] is not installed (the 'distributed' extra)")
     from dask.distributed import Client, LocalCluster
 
-    from taxmodel.model.ledger_dask import compute_ledger_dask
+    from taxmodel.ledger.on_dask import compute_ledger_dask
 
     case = synthetic_bundle(world_size=3, iterations=2)
     path = write_bundle(tmp_path / "b", case.bundle.events, case.bundle.meta)
@@ -224,7 +224,7 @@ def process_client():
 
 
 def test_committed_bundle_same_ledger_on_worker_processes(process_client):
-    from taxmodel.model.ledger_dask import compute_ledger_dask
+    from taxmodel.ledger.on_dask import compute_ledger_dask
 
     path = ROOT / COMMITTED[0]
     _, led = compute_ledger_dask(path, process_client)
@@ -237,21 +237,21 @@ def test_committed_bundle_same_ledger_on_worker_processes(process_client):
 
 def _no_bundle_here(missing: str) -> None:
     """On one worker: every rank's read looks for the bundle where this node has none."""
-    from taxmodel.model import ledger_dask
+    from taxmodel.ledger import on_dask as ledger_dask
     from taxmodel.trace import bundle
 
     ledger_dask.load_rank_events = lambda path, rank: bundle.load_rank_events(missing, rank)
 
 
 def _bundle_back() -> None:
-    from taxmodel.model import ledger_dask
+    from taxmodel.ledger import on_dask as ledger_dask
     from taxmodel.trace import bundle
 
     ledger_dask.load_rank_events = bundle.load_rank_events
 
 
 def test_a_node_without_the_bundle_names_rank_worker_and_path(process_client, tmp_path):
-    from taxmodel.model.ledger_dask import compute_ledger_dask
+    from taxmodel.ledger.on_dask import compute_ledger_dask
 
     case = synthetic_bundle(world_size=8, iterations=2)
     path = write_bundle(tmp_path / "b", case.bundle.events, case.bundle.meta)
