@@ -143,7 +143,11 @@ def test_a_launch_update_adds_the_graph_gap_and_changes_nothing_else():
     launch = {**old_launch, "graph_kernel_gap_s": 3e-7}
     new = calfit.update_spec(shipped, {"launch": launch}, ("launch",), device_name="NVIDIA H200", num_sms=132, world=4)
     assert new["graph_kernel_gap_s"] == 3e-7 and HardwareSpec.from_dict(new).graph_kernel_gap_s == 3e-7
-    assert {k for k in shipped if new.get(k) != shipped[k]} <= {"measured", "notes"}
+    # a refit from the same raw rows may differ in the last bit of a float (summation order)
+    def same(a, b) -> bool:
+        return a == pytest.approx(b, rel=1e-12) if isinstance(b, float) else a == b
+
+    assert {k for k in shipped if not same(new.get(k), shipped[k])} <= {"measured", "notes"}
 
 
 def test_a_failing_profiler_probe_is_one_line_and_the_others_stay():
