@@ -262,6 +262,10 @@ def test_a_fused_combine_update_adds_its_two_fields_and_changes_nothing_else(tmp
     from taxmodel.hardware.specs import HardwareSpec, load_hardware
 
     shipped = shipped_four_ranks()
+    # as the file was before its fused_combine step ran (2026-11-28)
+    for key in ("fused_local_combine_step_s", "fused_local_combine_fixed_s"):
+        shipped.pop(key)
+    shipped["measured"]["raw"].pop("fused_combine")
     assert "fused_combine" in calfit.parse_steps("fused_combine") and "fused_combine" not in calfit.MULTI_RANK_STEPS
     new = calfit.update_spec(shipped, {"fused_combine": _fused_rows(2.2e-6, 0.6e-6)}, ("fused_combine",),
                              device_name="NVIDIA H200", num_sms=132, world=4)
@@ -269,8 +273,8 @@ def test_a_fused_combine_update_adds_its_two_fields_and_changes_nothing_else(tmp
     assert new["fused_local_combine_fixed_s"] == pytest.approx(2.2e-6)
     fed = ("measured", "notes", "aliases", "fused_local_combine_step_s", "fused_local_combine_fixed_s")
     for key, value in shipped.items():
-        if key not in fed:
-            assert new[key] == value, key
+        if key not in fed:  # a refit may differ in a float's last bit (summation order)
+            assert new[key] == (pytest.approx(value, rel=1e-12) if isinstance(value, float) else value), key
     assert new["measured"]["raw"]["fused_combine"]["rows"][0]["tail_s"] > 0  # the raw rows are kept
     p = ModelParams.from_hardware(HardwareSpec.from_dict(new))
     assert p.fused_local_combine_step_s == pytest.approx(0.6e-6) and "calibrated" in p.sources["fused_local_combine_step_s"]
