@@ -13,7 +13,7 @@ import torch.distributed as dist
 from taxmodel.runtime.bootstrap import join_process_group, rank_device
 from taxmodel.runtime.context import RankContext
 from taxmodel.runtime.heap import disable_multicast
-from taxmodel.runtime.timing import SampleTimer
+from taxmodel.runtime.timing import SampleTimer, max_over_ranks, rank_sample_timer
 
 
 def init(args: argparse.Namespace) -> RankContext:
@@ -39,27 +39,14 @@ def init(args: argparse.Namespace) -> RankContext:
 
 def all_max(ctx: RankContext, value: float) -> float:
     """``value``'s maximum over the ranks (``value`` itself on one rank)."""
-    if not dist.is_initialized() or ctx.world_size == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
-    return float(t.item())
-
-
-def agreed_error(ctx: RankContext, error: str | None) -> str | None:
-    """This rank's capture error (or None) made every rank's: when a capture failed anywhere, every
-    rank gets an error (its own, or "capture failed on another rank")."""
-    if all_max(ctx, 1.0 if error else 0.0) > 0:
-        return error or "capture failed on another rank"
-    return None
+    return max_over_ranks(value, ctx.device, ctx.group)
 
 
 def rank_timer(ctx: RankContext, iters: int, reps: int) -> SampleTimer:
     """``reps`` samples of ``iters`` iterations (eager batches or graph replays), ms per iteration:
     each sample after a barrier, the maximum over ranks; a graph capture failing on any rank fails
     on every rank."""
-    return SampleTimer(ctx.device, calls=iters, samples=reps, between=ctx.barrier,
-                       reduce=lambda ms: all_max(ctx, ms), agree=lambda error: agreed_error(ctx, error))
+    return rank_sample_timer(ctx.device, iters, reps, between=ctx.barrier, group=ctx.group)
 
 
 def recorded_batch(ctx: RankContext, timer: SampleTimer, variant: Any, state: Any, book: Any = None) -> tuple[float, Any]:

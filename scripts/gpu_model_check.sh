@@ -4,7 +4,7 @@
 #   1. taxmodel calibrate (every step, the microbenchmarks of the workloads' own kernels included)
 #   2. taxmodel profile of the three workloads, every variant, --graph, the default alignment (auto:
 #      back-to-back on GPUs), REPEAT repetitions; each graph bundle also times its step un-profiled
-#      (meta capture.replay_step_us)
+#      (meta capture.replay_step_us: the steps of one traced repetition in one graph, replayed)
 #   3. taxmodel validate of those bundles with the fits of the 4x H200 (taxmodel/data/fitted.json)
 #      and this machine's calibration (--hardware): nothing refit, every bundle out of sample
 #   4. the advisor on the AG+GEMM and GEMM+RS pairs (benchmarks/advise_h200x4.py --root)
@@ -25,6 +25,7 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 DEV=${DEV:-cuda}
 BUDGET=${BUDGET:-540}      # seconds for the whole call: optional steps are skipped when too little is left
+OTHER_ALIGN=${OTHER_ALIGN:-1}  # 0: no --align host/device runs in step 5
 REPEAT=${REPEAT:-2}
 if [ "$DEV" = cpu ]; then
   N=${N:-2}; FD_PRESETS=${FD_PRESETS:-tiny}; AG_PRESETS=${AG_PRESETS:-tiny}; RS_PRESETS=${RS_PRESETS:-tiny}
@@ -121,7 +122,7 @@ run advise 120 python3 "$REPO/benchmarks/advise_h200x4.py" --root "$R/default" $
 cp "$L/advise.log" "$OUT/advise.md" 2>/dev/null
 
 # 5. the traced step against the same graph replayed un-profiled; the other alignments if time is left
-if [ "$(left)" -gt 200 ]; then
+if [ "${OTHER_ALIGN:-1}" = 1 ] && [ "$(left)" -gt 200 ]; then
   for align in host device; do
     run "fd_$align" 110 $P flash_decode --preset "$SHORT_FD" --variants "$FD_V" --align "$align" -o "$R/align-$align"
     run "ag_$align" 110 $P ag_gemm --preset "$SHORT_AG" --variants bsp,pull,push --align "$align" -o "$R/align-$align"
@@ -138,8 +139,10 @@ from taxmodel.trace.bundle import find_bundles
 
 print("# Traced step against the same step replayed un-profiled\n")
 print("Traced: the mean iteration window of the bundle (`taxmodel profile --graph`, the alignment given). Replayed: "
-      "the same captured graph replayed back to back with nothing traced, in the same process, the difference of two "
-      "batch lengths per step (meta capture.replay_step_us, the slowest rank's). Target: within 5%.\n")
+      "the same step with nothing traced, in the same process, timed as the benchmark scripts time a graph: "
+      "capture.iterations steps captured in one CUDA graph, the median of 5 replays per step, the slowest rank's "
+      "(meta capture.replay_step_us; bundles without capture.replay_method timed one graph launch per step). "
+      "Target: within 5%.\n")
 print("| run | workload/variant | shape | align | traced step us | replayed step us | traced / replayed | within 5% |")
 print("|---|---|---|---|---:|---:|---:|---|")
 for path in find_bundles(Path(sys.argv[1])):

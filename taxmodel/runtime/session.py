@@ -30,11 +30,14 @@ TRACED_WARMUP_STEPS = 1
 #: on the H200s the first bundle of every process had one NCCL kernel of 100-240 us at repetition 0,
 #: step 0, after the warm-up steps and the traced one; later bundles of the process had none.
 PROCESS_WARMUP_REPETITIONS = 1
-#: Replays per timed batch (short, long) and batches per length when a captured step is timed with
-#: nothing traced (meta ``capture.replay_step_us``): the difference of the two lengths cancels what
-#: every batch pays once (the launch of the first replay, the ranks' entry skew).
-REPLAY_BATCHES = (8, 40)
+#: Samples of each graph when a captured step is timed with nothing traced (meta
+#: ``capture.replay_step_us``): the step's own one-step graph and a second graph holding
+#: ``capture.iterations`` steps (as the benchmark scripts put ``--iters`` steps in one graph), their
+#: samples taking turns; the difference of the two medians over the extra steps is one step.
 REPLAY_REPS = 5
+#: How ``capture.replay_step_us`` was measured (meta ``capture.replay_method``; bundles without the
+#: key timed batches of one graph launch per step, the host's launch rate included at short steps).
+REPLAY_METHOD = "graph-of-iterations minus one-step graph"
 _PROCESS = {"warm": False}  # whether this process has traced its warm-up repetitions
 
 
@@ -150,6 +153,8 @@ class VariantSession:
         self.graph_note: str | None = None
         self.discarded = 0
         self.replay_step_us: float | None = None
+        self.replay_note: str | None = None
+        self.replay_method: str | None = None
         self.raw: list[bytes] = []
         self.recs: list[Any] = []
 
@@ -322,34 +327,51 @@ class VariantSession:
         run.ctx.injector = None
         if self.runner.graph:  # the kernels must still be right after every replay
             self.replay_step_us = self.time_replays()
+            self.replay_method = REPLAY_METHOD if self.replay_step_us is not None else None
             self.check(when="after the traced graph replays")
         run.progress.advance()
 
     def time_replays(self) -> float | None:
-        """One step's time with nothing traced (us, the slowest rank's): the captured graph replayed
-        back to back in batches of two lengths (``REPLAY_BATCHES``), the difference of their median
-        times over the difference of their lengths, as an un-profiled CUDA-graph benchmark of the same
-        step measures it (meta ``capture.replay_step_us``; the traced step's window is compared with
-        it). None off a GPU (the interpreter's times say nothing) and with injected taxes."""
+        """One step's time with nothing traced (us, the slowest rank's), as a benchmark runs steps in
+        a CUDA graph: back to back on the GPU, no host in between (meta ``capture.replay_step_us``;
+        the traced step's window is compared with it). The steps of one traced repetition are
+        captured in a second graph; its replays and the one-step graph's take turns
+        (``REPLAY_REPS`` each, a barrier before each), and the difference of their medians over the
+        extra steps is one step: what every replay pays once (its launch, the events) cancels. Each
+        sample starts as a traced repetition does (host barrier, then the device gate where the
+        alignment has one), so the ranks' host skew is not timed. The GPU runs as long as in a
+        traced repetition, so both see the same clocks (a GPU held busy for
+        longer can slow down: ``benchmarks/sustained_gemm.py``). None off a GPU (the interpreter's
+        times say nothing), with injected taxes, or when the capture fails on any rank."""
         import statistics
 
-        import torch
-        import torch.distributed as dist
+        from taxmodel.runtime.timing import rank_sample_timer
 
-        from taxmodel.runtime.timing import SampleTimer, repeat
-
-        run, runner = self.run, self.runner
-        if self.injector is not None or not run.ctx.is_cuda or not hasattr(runner, "launch"):
+        run = self.run
+        if self.injector is not None or not run.ctx.is_cuda:
             return None
-        timer = SampleTimer(run.device, calls=1, samples=REPLAY_REPS, between=run.barrier)  # a batch's whole time
-        med = {n: statistics.median(timer.samples_of(repeat(runner.launch, n))) * 1e-3 for n in REPLAY_BATCHES}
-        step = step_from_batches(med)
-        if run.world > 1 and dist.is_initialized():
-            t = torch.tensor([step], dtype=torch.float64, device=run.device)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            step = float(t.item())
+        gate = self.gate
+
+        def between() -> None:  # the traced repetitions' start: a host barrier, then the device gate
+            run.barrier()
+            if gate is not None:
+                gate()  # the sample's start event follows it on the stream: ranks start together
+
+        steps = max(int(run.spec.iterations), 2)
+        _, many, error = rank_sample_timer(run.device, steps, 1, between=between).graph(self.step, side_warmup=1)
+        if error:
+            run.barrier()
+            self.replay_note = f"un-profiled replay not timed: {error}"
+            return None
+        replay = rank_sample_timer(run.device, 1, 1, between=between)  # a sample: one replay's whole time
+        one_ms, many_ms = [], []
+        for _ in range(REPLAY_REPS):
+            one_ms.append(replay.sample(self.runner.launch))
+            many_ms.append(replay.sample(many))
+        if gate is not None:
+            gate.check()
         run.barrier()
-        return step * 1e6
+        return replay_step_ms(statistics.median(one_ms), statistics.median(many_ms), steps) * 1e3
 
     def traced_repetition(self, rep: int) -> tuple[bytes, Any]:
         """One repetition under a fresh tracer: (its trace, its drained records or None)."""
@@ -480,13 +502,12 @@ class VariantSession:
                           spec.gate_hold_total_us(TRACED_WARMUP_STEPS) * 1e-6)
 
 
-def step_from_batches(medians: Mapping[int, float]) -> float:
-    """Seconds per step from the median times of batches of two lengths ({length: seconds}): their
-    difference over the difference of the lengths (what every batch pays once cancels), or the
-    longer batch's mean when noise makes the difference non-positive."""
-    (short, t_short), (long_, t_long) = sorted(medians.items())[0], sorted(medians.items())[-1]
-    step = (t_long - t_short) / (long_ - short) if long_ > short else 0.0
-    return step if step > 0 else t_long / long_
+def replay_step_ms(one_step_ms: float, many_steps_ms: float, steps: int) -> float:
+    """One step from the replay times of a one-step graph and a ``steps``-step graph: the difference
+    over the extra steps (what a replay pays once cancels), or the long graph's mean when noise makes
+    the difference non-positive."""
+    step = (many_steps_ms - one_step_ms) / (steps - 1) if steps > 1 else 0.0
+    return step if step > 0 else many_steps_ms / max(steps, 1)
 
 
 def profile_variants(run: Run, chosen: list[str], shapes: Mapping[str, Mapping[str, int]]) -> list[str]:

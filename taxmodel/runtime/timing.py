@@ -379,6 +379,36 @@ class SampleTimer:
         return self.samples_of(graph.replay), graph.replay, ""
 
 
+def max_over_ranks(value: float, device: torch.device | str | None, group: Any = None) -> float:
+    """``value``'s maximum over the ranks of ``group`` (the slowest rank sets the pace); ``value``
+    itself without a process group or on one rank."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+def error_on_any_rank(error: str | None, device: torch.device | str | None, group: Any = None) -> str | None:
+    """This rank's capture error (or None) made every rank's: when a capture failed anywhere, every
+    rank gets an error (its own, or "capture failed on another rank"), so all take the same path."""
+    if max_over_ranks(1.0 if error else 0.0, device, group) > 0:
+        return error or "capture failed on another rank"
+    return None
+
+
+def rank_sample_timer(device: torch.device | str | None, calls: int, samples: int, *,
+                      between: Callable[[], object], group: Any = None) -> SampleTimer:
+    """``samples`` samples of ``calls`` steps (eager batches or graph replays), ms per step: each
+    sample after ``between`` (a barrier), the maximum over ranks; a graph capture failing on any rank
+    fails on every rank. What the benchmark scripts and the capture's un-profiled replays both use."""
+    return SampleTimer(device, calls=calls, samples=samples, between=between,
+                       reduce=lambda ms: max_over_ranks(ms, device, group),
+                       agree=lambda error: error_on_any_rank(error, device, group))
+
+
 # --- making a GPU (or a CPU rank) late on purpose ----------------------------------------------
 
 _CYCLES_PER_US: dict[str, float] = {}

@@ -69,6 +69,8 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
                 "traced_warmup": session.traced_warmup_steps,
                 "discarded_repetitions": int(discarded_repetitions),
                 "replay_step_us": session.replay_step_us,
+                "replay_method": session.replay_method,
+                "replay_note": session.replay_note,
                 "kernel_revision": KERNEL_REVISION,
                 "iterations": int(spec.iterations),
                 "repetition": int(spec.repeat),

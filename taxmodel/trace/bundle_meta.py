@@ -146,6 +146,8 @@ FIELDS: dict[str, Check] = {
     "capture.align": optional(text),
     "capture.gate_hold_us": optional(number(0)),
     "capture.replay_step_us": optional(number(0)),
+    "capture.replay_method": optional(text),
+    "capture.replay_note": optional(text),
     "capture.clock_offsets_source": optional(text),
     "capture.clock_uncertainty_ns": optional(number(0)),
     "capture.emulated_gpu": optional(boolean),

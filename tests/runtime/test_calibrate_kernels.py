@@ -104,14 +104,75 @@ def test_kernel_seconds_off_a_gpu_is_the_host_time_of_the_body_for_every_label()
     assert calls == [1] and set(t) == {"a", "b"} and t["a"] == t["b"] and t["a"][0] >= 0
 
 
-def test_a_steps_replay_time_is_the_difference_of_two_batch_lengths_per_step():
-    """What every batch pays once (the first launch, the ranks' entry skew) cancels; when noise makes
-    the difference non-positive, the long batch's mean stands in."""
-    from taxmodel.runtime.session import REPLAY_BATCHES, step_from_batches
+def test_the_unprofiled_replay_is_a_repetitions_graph_less_the_one_step_graph_per_extra_step(monkeypatch):
+    """Samples of the one-step graph and of a graph of ``capture.iterations`` steps take turns, each
+    after a barrier; what a replay pays once cancels in the difference. A stand-in graph backend
+    replays what it captured; the one-step graph is a counting runner."""
+    import contextlib
+    from types import SimpleNamespace
 
-    short, long_ = REPLAY_BATCHES
-    assert step_from_batches({short: 30e-6 + short * 15e-6, long_: 30e-6 + long_ * 15e-6}) == pytest.approx(15e-6)
-    assert step_from_batches({short: 1e-3, long_: 0.9e-3}) == pytest.approx(0.9e-3 / long_)
+    from taxmodel.runtime import session as session_mod
+    from taxmodel.runtime import timing
+
+    order, barriers = [], []
+
+    class Backend:
+        def __init__(self, device):
+            pass
+
+        def unavailable_reason(self):
+            return None
+
+        def side_stream(self):
+            return contextlib.nullcontext()
+
+        def capture(self, body):
+            order.append("capture")
+            return SimpleNamespace(replay=lambda: (order.append("replay"), body()))
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(timing, "GraphBackend", Backend)
+    run = SimpleNamespace(ctx=SimpleNamespace(is_cuda=True), device="cpu", spec=SimpleNamespace(iterations=4),
+                          barrier=lambda: barriers.append(1))
+    vs = object.__new__(session_mod.VariantSession)
+    vs.run, vs.injector, vs.replay_note = run, None, None
+    vs.step = lambda: order.append("step")
+    vs.runner = SimpleNamespace(launch=lambda: order.append("one"))
+    vs.gate = None
+    assert vs.time_replays() >= 0
+    reps = session_mod.REPLAY_REPS
+    long_graph = ["replay"] + ["step"] * 4
+    assert order[:2] == ["step", "capture"]  # one warm-up step, then the four steps captured together
+    timed = order[2 + 2 * len(long_graph):]  # after its warm-up replay and its own first sample
+    assert timed == (["one"] + long_graph) * reps  # the two graphs take turns, sample by sample
+    assert len(barriers) >= 2 * reps
+
+    # with a device gate (the default alignment on GPUs) every sample starts behind it, as a
+    # traced repetition does, and the gate is checked at the end
+    class Gate:
+        def __call__(self):
+            order.append("gate")
+
+        def check(self):
+            order.append("gate checked")
+
+    order.clear()
+    vs.gate = Gate()
+    assert vs.time_replays() >= 0
+    assert order == (["step", "gate", "capture"] + long_graph + ["gate"] + long_graph  # warm-up replay, first sample
+                     + (["gate", "one", "gate"] + long_graph) * reps + ["gate checked"])
+    vs.injector = object()  # injected taxes: nothing to compare with
+    assert vs.time_replays() is None
+
+
+def test_a_replayed_step_is_the_difference_of_the_two_graphs_over_the_extra_steps():
+    from taxmodel.runtime.session import replay_step_ms
+
+    # a replay pays 7 us once; a step costs 15 us
+    assert replay_step_ms(0.007 + 0.015, 0.007 + 5 * 0.015, 5) == pytest.approx(0.015)
+    assert replay_step_ms(0.100, 0.090, 5) == pytest.approx(0.090 / 5)  # noise: the long graph's mean
 
 
 def test_the_fused_combine_step_runs_the_fused_kernel_at_one_rank_and_the_split_kernel_on_the_same_plan():

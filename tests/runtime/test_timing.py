@@ -216,7 +216,8 @@ def test_benchmark_harness_timer_is_the_ranks_sample_timer() -> None:
                       heap=None)
     timer = harness.rank_timer(ctx, iters=4, reps=3)
     assert (timer.calls, timer.samples) == (4, 3)
-    assert harness.agreed_error(ctx, None) is None and harness.agreed_error(ctx, "boom") == "boom"
+    assert timing.error_on_any_rank(None, "cpu") is None and timing.error_on_any_rank("boom", "cpu") == "boom"
+    assert harness.all_max(ctx, 2.5) == 2.5  # one rank: its own value
     assert len(timer.eager(lambda: None)) == 3
 
 
