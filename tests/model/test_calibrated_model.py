@@ -83,6 +83,82 @@ def test_only_the_programs_whose_first_tile_is_remote_wait_for_the_round():
     assert end == pytest.approx(2e-6 + 121e-6 + 90e-6)
 
 
+def test_the_gemms_last_programs_start_when_the_copy_that_holds_their_sms_ends():
+    """2 ranks at M=1024 (256 tiles, 128 own, 132 programs of two 90 us tiles at most), the copy's 16
+    programs placed first: GEMM programs 116-131 wait for the copy to end (60 us); 116-123 then have
+    two tiles (own + remote, the rows landed): the GEMM ends 60 us later than with every SM free."""
+    free = arrival_waves_time(182e-6, 2e-6, 256, 132, 128, 1, 60e-6, 1e-6)
+    late = arrival_waves_time(182e-6, 2e-6, 256, 132, 128, 1, 60e-6, 1e-6, late_programs=16, late_start_s=60e-6)
+    assert free == pytest.approx(182e-6)
+    assert late == pytest.approx(2e-6 + 60e-6 + 180e-6)
+    # late programs with one tile (the grid's last 4, 260 tiles on 132): hidden while start + a tile
+    # stays within the others' two tiles, else one tile after their start
+    assert arrival_waves_time(182e-6, 2e-6, 260, 132, 260, 0, 0.0, 0.0, late_programs=4,
+                              late_start_s=80e-6) == pytest.approx(182e-6)
+    assert arrival_waves_time(182e-6, 2e-6, 260, 132, 260, 0, 0.0, 0.0, late_programs=4,
+                              late_start_s=150e-6) == pytest.approx(2e-6 + 150e-6 + 90e-6)
+
+
+def test_the_closed_form_with_late_programs_is_the_chains_simulated_tile_by_tile():
+    import random
+
+    rng = random.Random(11)
+    for _ in range(200):
+        slots, tiles = rng.randint(1, 40), rng.randint(1, 300)
+        grid = min(slots, tiles)
+        own, rounds, late = rng.randint(0, tiles), rng.randint(1, 9), rng.randint(0, grid)
+        gemm, t0, round_s, flag = rng.uniform(1e-4, 1e-3), 2e-6, rng.uniform(1e-6, 2e-4), 1e-6
+        start = rng.uniform(0, 3e-4)
+        per_tile = (gemm - t0) / -(-tiles // slots)
+        end = 0.0
+        for p in range(grid):
+            t = start if p >= grid - late else 0.0
+            for i in range(p, tiles, slots):
+                if i >= own:
+                    t = max(t, -(-(i - own + 1) * rounds // (tiles - own)) * round_s + flag)
+                t += per_tile
+            end = max(end, t)
+        got = arrival_waves_time(gemm, t0, tiles, slots, own, rounds, round_s, flag, late_programs=late,
+                                 late_start_s=start)
+        assert got == pytest.approx(max(gemm, t0 + end))
+
+
+def test_which_kernel_reaches_the_sms_first_depends_on_how_the_step_starts():
+    assert ag_gemm.copy_first_share(replace(ModelParams(), start_alignment="host")) == 1.0
+    assert ag_gemm.copy_first_share(replace(ModelParams(), start_alignment="device")) == 0.5
+    assert ag_gemm.copy_first_share(replace(ModelParams(), start_alignment="back-to-back")) == 0.5
+    # 16 copy programs on 132 SMs: the last 16 of a 132-program grid wait; a 40-program grid fits beside them
+    assert ag_gemm.late_programs(256, H200, 16) == 16
+    assert ag_gemm.late_programs(40, H200, 16) == 0
+    assert ag_gemm.late_programs(256, H200, 300) == 132
+
+
+def test_the_step_waits_for_the_slowest_ranks_order():
+    """Each rank draws its order on its own; the step ends with the slowest rank, so at W ranks the
+    faster time is had only when every rank drew it: 1/2^W of steps under a race."""
+    assert ag_gemm.expected_slowest(240.0, 190.0, 0.5, 1) == pytest.approx(215.0)
+    assert ag_gemm.expected_slowest(240.0, 190.0, 0.5, 2) == pytest.approx(0.75 * 240 + 0.25 * 190)
+    assert ag_gemm.expected_slowest(240.0, 190.0, 0.5, 4) == pytest.approx(240 - 50 / 16)
+    assert ag_gemm.expected_slowest(240.0, 190.0, 1.0, 4) == pytest.approx(240.0)
+    # a copy first that is the faster order (M=1024 on 4 ranks: the GEMM waits for the round anyway)
+    assert ag_gemm.expected_slowest(230.0, 240.0, 0.5, 2) == pytest.approx(0.25 * 230 + 0.75 * 240)
+
+
+@pytest.mark.parametrize("align,share", [("host", 1.0), ("back-to-back", 0.5)])
+def test_the_fused_gemm_is_the_expected_slowest_of_the_two_orders(align, share):
+    p = replace(ModelParams.from_hardware(H200), ag_transport="sm", copy_program_bytes_per_s=8.5e9,
+                gemm_share_loss=0.2, start_alignment=align)
+    coll = CollectiveModel.from_hardware(H200, topology(H200, 2, p), p)
+    plans, det, notes = ag_gemm.plans("pull", {"M": 1024, "N": 8192, "K": 8192}, 2, H200, p, coll)
+    alone = gemm_time(1024, 8192, 8192, "bf16", H200, p, kind="triton")
+    round_s = 128 * 2048 * 2 / 8.5e9
+    # the copy first: the GEMM's last 16 programs start after the copy's one round, then two tiles, no share loss
+    assert det["copy_first"] == pytest.approx(p.kernel_overhead_s + round_s + (alone - p.kernel_overhead_s))
+    assert det["gemm_first"] == pytest.approx(det["triton_gemm"]) and det["triton_gemm"] > alone
+    assert det["pipeline"] == pytest.approx(ag_gemm.expected_slowest(det["copy_first"], det["gemm_first"], share, 2))
+    assert "last 16 programs wait for the copy to end" in notes[-1]
+
+
 @pytest.mark.parametrize("m,items,rounds", [(1024, 24, 1), (8192, 192, 6)])
 def test_the_copy_kernel_beside_the_gemm_moves_its_items_in_rounds_at_one_programs_rate(m, items, rounds):
     p = replace(ModelParams.from_hardware(H200), ag_transport="sm", copy_program_bytes_per_s=8.5e9)

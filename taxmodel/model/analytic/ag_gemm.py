@@ -16,7 +16,13 @@ Per rank (W ranks, M global rows, A shard [M/W, K], B [K, N_loc], element size e
   fitted): the kernel's 32 programs take its work items (one 2048-column piece of one M-block for one
   peer) in rounds, each item at one program's rate beside the GEMM, and the GEMM's waves wait for the
   rounds that bring their remote rows (``costs.arrival_waves_time``); the GEMM loses
-  ``gemm_share_loss`` of the copy's time to it.
+  ``gemm_share_loss`` of the copy's time to it. Which kernel's programs reach the SMs first
+  matters (``copy_first_share``): a copy program placed first holds its SM, and the GEMM program
+  that would go there (the grid's last ones) starts only when the copy kernel ends (in the traces
+  the copy then runs alone on its SMs and the GEMM loses nothing to it); a copy program placed
+  after the GEMM's shares an SM with it, as above. Every rank draws its order on its own and the
+  step ends with the slowest rank: the GEMM's modeled time is its expectation on the slowest rank
+  (``expected_slowest``).
 - torch_fused: W vendor GEMMs of M/W rows (own shard first) while copy engines bring the next
   shard; each later chunk starts after both its copy and the previous GEMM.
 """
@@ -27,6 +33,7 @@ from typing import Any, Mapping
 from taxmodel.errors import InputError
 from taxmodel.kernels.names import AG_GEMM_KERNEL, COPY_BLOCKS_KERNEL, VENDOR_GEMM
 from taxmodel.hardware.specs import HardwareSpec
+from taxmodel.trace.capture_meta import GATED_ALIGNMENTS
 from taxmodel.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
@@ -44,6 +51,39 @@ BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
 FLAG_RESET = "Memset (flag reset)"
 #: The copy kernel's programs and the columns of one work item (GPU_CONFIG's push_progs, push_chunk_k).
 COPY_PROGRAMS, COPY_CHUNK_K = 32, 2048
+
+
+def copy_first_share(params: ModelParams) -> float:
+    """How often the copy kernel's programs reach the SMs before the GEMM's (the ``sm`` transport).
+
+    The copy kernel is enqueued first (on its side stream), then the GEMM. When the iteration starts
+    on an idle GPU (``start_alignment`` "host": the ranks leave a host barrier, then enqueue), the
+    copy's programs are placed first, every time. When both kernels are queued behind earlier GPU
+    work that releases them together (the device gate or the previous back-to-back step: the
+    gated alignments), nothing orders the two: each goes first as often as the other (1/2).
+    Why the order matters: a GEMM program is not placed beside a copy program already running on
+    an SM (likely: its tile pipeline needs nearly all of the SM's shared memory), while a copy
+    program (no shared memory) is placed beside a running GEMM program. The committed traces show both
+    orders under the gated alignments and only the copy first after a host barrier
+    (benchmarks/results/ag_gemm_copy_order.md)."""
+    return 0.5 if params.start_alignment in GATED_ALIGNMENTS else 1.0
+
+
+def expected_slowest(copy_first_s: float, gemm_first_s: float, share: float, world: int) -> float:
+    """The GEMM's expected time on the slowest of ``world`` ranks, each rank's order drawn on its
+    own (``share``: how often the copy goes first): a step's window closes with its slowest rank,
+    so it is the slower time unless every rank drew the faster order."""
+    slow, fast = max(copy_first_s, gemm_first_s), min(copy_first_s, gemm_first_s)
+    p_fast = (1 - share) if gemm_first_s <= copy_first_s else share
+    all_fast = p_fast ** max(int(world), 1)
+    return all_fast * fast + (1 - all_fast) * slow
+
+
+def late_programs(tiles: int, hw: HardwareSpec, copy_programs: int) -> int:
+    """GEMM programs (the grid's last) that wait for an SM while ``copy_programs`` copy programs,
+    placed first, each hold one: the grid (``min(tiles, SMs)``) beyond the SMs left free."""
+    sms = sm_count(hw)
+    return max(0, min(tiles, sms) - max(sms - copy_programs, 0))
 
 
 def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int, str]:
@@ -200,16 +240,29 @@ def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, g
     if xfer - params.kernel_overhead_s > rounds * round_s:  # link-bound: rounds stretched to the link's pace
         round_s = (xfer - params.kernel_overhead_s) / rounds
     flag = params.flag_roundtrip_s / 2
+    alone = gemm
     gemm += params.gemm_share_loss * xfer
     tiles = world * blocks * cdiv(n_loc, BLOCK_N)
     own = blocks * cdiv(n_loc, BLOCK_N)
-    fused = arrival_waves_time(gemm, params.kernel_overhead_s, tiles, min(tiles, sm_count(hw)), own, rounds, round_s,
-                               flag)
-    det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": fused})  # seconds only (rounds: in the note)
+    grid = min(tiles, sm_count(hw))
+    # the GEMM's programs placed first: the copy's share its SMs (the GEMM loses gemm_share_loss)
+    gemm_first = arrival_waves_time(gemm, params.kernel_overhead_s, tiles, grid, own, rounds, round_s, flag)
+    # the copy's programs placed first: each holds its SM until the copy kernel ends, and the
+    # GEMM's last programs start then; the others run beside it and lose nothing to it
+    late = late_programs(tiles, hw, progs)
+    copy_first = arrival_waves_time(alone, params.kernel_overhead_s, tiles, grid, own, rounds, round_s, flag,
+                                    late_programs=late, late_start_s=rounds * round_s)
+    share = copy_first_share(params)
+    fused = expected_slowest(copy_first, gemm_first, share, world)
+    det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": fused,  # seconds only (rounds: in the note)
+                "gemm_first": gemm_first, "copy_first": copy_first})
     notes.append(f"{variant}/sm: the copy kernel's {progs} programs move {items} items of {BLOCK_M}x{chunk} in "
                  f"{rounds} round(s) at {params.copy_program_bytes_per_s / 1e9:.1f} GB/s per program beside the GEMM "
                  f"({params.sources.get('copy_program_bytes_per_s', 'given')}); the GEMM's waves wait for the rounds "
-                 f"that bring their rows and lose {params.gemm_share_loss:.2f} of the copy's time to it")
+                 f"that bring their rows and lose {params.gemm_share_loss:.2f} of the copy's time to it; where the "
+                 f"copy's programs reach the SMs first ({share:.0%} of steps, '{params.start_alignment}' starts) "
+                 f"the GEMM's last {late} programs wait for the copy to end ({copy_first * 1e6:.1f} against "
+                 f"{gemm_first * 1e6:.1f} us)")
     copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
     # the GEMM's last wave runs after the last round landed; before it the GEMM waits, as a synced
     # fused kernel, for the slowest peer's copy (a rank that started late delays its rows)

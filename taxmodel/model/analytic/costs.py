@@ -123,7 +123,7 @@ def split_kv_time(nbytes: float, hw: HardwareSpec, params: ModelParams) -> float
 
 
 def arrival_waves_time(gemm_s: float, overhead_s: float, tiles: int, slots: int, own_tiles: int, rounds: int,
-                       round_s: float, flag_s: float) -> float:
+                       round_s: float, flag_s: float, *, late_programs: int = 0, late_start_s: float = 0.0) -> float:
     """A persistent GEMM of ``tiles`` tiles on ``slots`` programs, its ``own_tiles`` first, whose
     remote rows arrive in ``rounds`` rounds of ``round_s`` each (a copy kernel's programs moving one
     item each per round, in the GEMM's consumption order) plus ``flag_s``.
@@ -134,13 +134,23 @@ def arrival_waves_time(gemm_s: float, overhead_s: float, tiles: int, slots: int,
     4 GPUs (64 own tiles of 256 on 132 programs) programs 64-131 wait for the copy's single round
     before their first tile and the GEMM ends that much after its two waves' work; on 2 GPUs (128
     own tiles) only programs 128-131 wait, for one tile each, and the others' second tiles find
-    their rows landed: the GEMM ends with its own work."""
+    their rows landed: the GEMM ends with its own work.
+
+    ``late_programs``: the last programs of the grid (the block scheduler places a grid's programs
+    in order) cannot start before ``late_start_s``: their SMs are held by another kernel's programs
+    until then (``ag_gemm``: the copy kernel's, when they were placed first). Such a program ends at
+    ``late_start_s`` + its tiles' work, or later where a remote tile of it arrives later still."""
     slots = max(1, slots)
     waves = cdiv(tiles, slots)
     remote = tiles - own_tiles
+    per_tile = max(gemm_s - overhead_s, 0.0) / max(waves, 1)
+    late = max(0, min(int(late_programs), slots, tiles))
+    late_end = 0.0
+    if late and waves > 0:
+        first_late = min(slots, tiles) - late  # the earliest late program has the most tiles of them
+        late_end = overhead_s + late_start_s + cdiv(tiles - first_late, slots) * per_tile
     if remote <= 0 or rounds <= 0 or waves <= 0:
-        return gemm_s
-    per_tile = max(gemm_s - overhead_s, 0.0) / waves
+        return max(gemm_s, late_end)
     # A program's chain t_k = max(t_(k-1), arrival_k) + per_tile ends at the largest
     # arrival_k + (tiles from its k-th on) x per_tile (its own work alone when nothing waits),
     # so the slowest program ends at that maximum over every remote tile.
@@ -148,7 +158,7 @@ def arrival_waves_time(gemm_s: float, overhead_s: float, tiles: int, slots: int,
     arrival = -(-(idx - own_tiles + 1) * rounds // remote) * round_s + flag_s
     program, position = idx % slots, idx // slots
     left = -(-(tiles - program) // slots) - position  # this tile and those after it, in its program
-    return max(gemm_s, overhead_s + float(np.max(arrival + left * per_tile)))
+    return max(gemm_s, late_end, overhead_s + float(np.max(arrival + left * per_tile)))
 
 
 def push_wave_time(bytes_per_program: float, programs: int, per_sm_bytes_per_s: float, store_bytes_per_s: float,
