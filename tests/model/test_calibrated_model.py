@@ -251,15 +251,25 @@ def test_a_calibrated_mechanism_is_neither_borrowed_nor_fitted_and_its_stand_ins
     assert "triton_gemm_efficiency" not in {r.param for r in fitting._rules_of(case)}
 
 
-def test_a_parameter_fitted_from_rows_entered_by_hand_says_so():
-    """The shipped H200 file's tile_gemm rows were typed in from measurements made outside
-    `taxmodel calibrate` (their raw dict names its source): the parameter they feed says so, the
-    others read as calibrated."""
+def test_a_parameter_fitted_from_rows_entered_by_hand_says_so(tmp_path):
+    """Rows typed in from measurements made outside `taxmodel calibrate` (their raw dict names its
+    source) make the parameter they feed say so; the others read as calibrated. The shipped H200
+    file's tile_gemm rows were once such rows; since 2026-11-28 calibrate measured them on an H200."""
     from taxmodel.hardware.specs import find_preset
+    from shipped_calibration import SHIPPED
 
-    p = ModelParams.from_hardware(find_preset("h200-calibrated"))
-    assert "entered by hand" in p.sources["triton_gemm_speed_by_m"]
-    assert p.sources["combine_step_s"] == "hardware extra (calibrated)"
+    shipped = ModelParams.from_hardware(find_preset("h200-calibrated"))
+    assert shipped.sources["triton_gemm_speed_by_m"] == "hardware extra (calibrated)"
+    spec = json.loads(SHIPPED.read_text())
+    spec["measured"]["raw"]["tile_gemm"]["source"] = "typed in from a notebook on one H200"
+    refit = calfit.fit(spec["measured"]["raw"], "NVIDIA H200", spec["num_sms"], 4, vendor="nvidia")
+    path = tmp_path / "h200-hand-calibrated.json"
+    path.write_text(json.dumps({**refit, "measured": spec["measured"]}))
+    p = ModelParams.from_hardware(load_hardware(str(path)))
+    assert "entered by hand: typed in from a notebook" in p.sources["triton_gemm_speed_by_m"]
+    assert p.sources["combine_step_s"].startswith("hardware extra (")
+    assert "entered by hand" not in p.sources["combine_step_s"]
+    assert "Not measured by `taxmodel calibrate`: measured.raw.tile_gemm" in refit["notes"]
 
 
 def test_the_fused_local_combine_takes_the_calibrated_line_and_without_it_the_combine_kernels_step():
