@@ -1,9 +1,10 @@
 """The advisor against what fine-grained kernels measured: per bulk-synchronous AG+GEMM and GEMM+RS
 bundle captured on 4x H200, the advisor's predicted saving for its collective+GEMM candidate
 (``taxmodel advise``: the analytic model's bsp minus its best fine-grained variant, at the bundle's
-shape, world size and launch settings) against the measured saving of the best fine-grained variant
-captured at the same shape in the same folder (bsp window minus that variant's window, means over
-repetitions and iterations). The bound (the taxes on the pair's boundaries) is listed beside them.
+shape, world size and launch settings) against the measured saving of the best of the same
+candidate variants (AG+GEMM pull and push, GEMM+RS fused; not PyTorch's torch_fused, which the
+advisor does not price) captured at the same shape in the same folder (bsp window minus that
+variant's window, means over repetitions and iterations). The bound (the taxes on the pair's boundaries) is listed beside them.
 
     python benchmarks/advise_h200x4.py [--markdown benchmarks/results/advise_h200x4.md]
     python benchmarks/advise_h200x4.py --root RUNS --hardware calibration.json   # another machine's capture
@@ -41,9 +42,12 @@ def compare_folder(folder: Path, workload: str, hardware: str | None = None, str
     (``hardware``: a name or calibrated file the predictions use instead of the bundles' own GPU's spec;
     ``strict`` False: a bsp bundle the advisor finds no candidate in is left out with a line on stderr)."""
     profiles = [Profile.from_path(b) for b in find_bundles(folder / workload)]
+    candidates = advise_predict.WORKLOAD_OF_KIND[PAIR_KIND[workload]][1]  # the variants the advisor predicts
     rows = []
     for bsp in (p for p in profiles if p.variant == "bsp"):
-        fine = [p for p in profiles if p.variant != "bsp" and _shape_key(p) == _shape_key(bsp)]
+        # measured against the same candidates (not torch_fused: PyTorch's op, eager, not the rewrite
+        # the advisor prices)
+        fine = [p for p in profiles if p.variant in candidates and _shape_key(p) == _shape_key(bsp)]
         if not fine:
             continue
         best = min(fine, key=lambda p: p.window_ns)
