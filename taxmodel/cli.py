@@ -514,8 +514,8 @@ def advise_cmd(bundles, top, as_json, wide, hardware, lenient) -> None:
                    "tile_gemm, copy_share, rs_gemm, ll, fused_combine, reduce (default: all). Without hbm and gemm it needs "
                    "--update; combine (the flash decode combine's serial step), sync (one wait on a set flag), tile_gemm, "
                    "fused_combine (the fused flash decode's in-kernel local combine, at one rank) and reduce "
-                   "need one GPU, e.g. -n 1 --only combine,sync --update FILE; copy_share, rs_gemm and ll measure every "
-                   "rank at once "
+                   "need one GPU, e.g. -n 1 --only combine,sync --update FILE; copy_share (the copy kernel in pull and push "
+                   "mode beside the tile GEMM), rs_gemm and ll measure every rank at once "
                    "(on one GPU, a second half of its memory stands in for the peer).")
 @click.option("--update", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="An earlier calibration's hardware JSON: the steps not run keep its measurements and every number is "

@@ -258,24 +258,36 @@ def rs_push_cost_by_m(measured: dict | None) -> list[list[float]] | None:
 
 
 def copy_share_fit(measured: dict | None) -> dict:
-    """``copy_program_bytes_per_s`` (one copy program's rate while the GEMM shares its SM: the items
-    one program moves, rounds of ``programs`` items, over the copy kernel's time beside the GEMM)
-    and ``gemm_share_loss`` (the GEMM's time beside the copy minus alone, over the copy's time),
-    medians over the step's rows; {} without rows."""
-    rates, losses = [], []
-    for r in _rows(measured):
-        if not _positive(r.get("items"), r.get("programs"), r.get("item_bytes"), r.get("copy_shared_s")):
-            continue
-        rounds = -(-int(r["items"]) // int(r["programs"]))
-        rates.append(rounds * float(r["item_bytes"]) / float(r["copy_shared_s"]))
-        if _positive(r.get("gemm_shared_s"), r.get("gemm_alone_s")):
-            losses.append(max(float(r["gemm_shared_s"]) - float(r["gemm_alone_s"]), 0.0) / float(r["copy_shared_s"]))
+    """From the copy_share step's rows: ``copy_program_bytes_per_s`` (one copy program's rate in pull
+    mode while the GEMM shares its SM: the items one program moves, rounds of ``programs`` items,
+    over the copy kernel's time beside the GEMM) and ``gemm_share_loss`` (the GEMM's time beside the
+    copy minus alone, over the copy's time), medians over the pull rows (rows without a ``mode``:
+    files from before the step measured push too); ``copy_program_push_bytes_per_s``, the same rate
+    over the push rows. Each is left out without rows of its mode; {} without rows."""
+    pull = [r for r in _rows(measured) if r.get("mode", "pull") == "pull"]
+    push = [r for r in _rows(measured) if r.get("mode") == "push"]
     out = {}
+    rates = _copy_program_rates(pull)
     if rates:
         out["copy_program_bytes_per_s"] = float(statistics.median(rates))
+    losses = [max(float(r["gemm_shared_s"]) - float(r["gemm_alone_s"]), 0.0) / float(r["copy_shared_s"])
+              for r in pull if _copy_row(r) and _positive(r.get("gemm_shared_s"), r.get("gemm_alone_s"))]
     if losses:
         out["gemm_share_loss"] = round(float(statistics.median(losses)), 4)
+    push_rates = _copy_program_rates(push)
+    if push_rates:
+        out["copy_program_push_bytes_per_s"] = float(statistics.median(push_rates))
     return out
+
+
+def _copy_row(r: dict) -> bool:
+    return _positive(r.get("items"), r.get("programs"), r.get("item_bytes"), r.get("copy_shared_s"))
+
+
+def _copy_program_rates(rows: list[dict]) -> list[float]:
+    """Per copy_share row: the bytes one program moves (its rounds of items) over the copy's time beside the GEMM."""
+    return [-(-int(r["items"]) // int(r["programs"])) * float(r["item_bytes"]) / float(r["copy_shared_s"])
+            for r in rows if _copy_row(r)]
 
 
 def split_kv_fit(measured: dict | None, hbm_bytes_per_s: float, l2_bytes: int = 0) -> dict:

@@ -8,14 +8,18 @@ M = 1024 .. 16384 rows (N = K = 8192, the workloads' shapes). Each kernel's medi
 a trace. The model divides the vendor GEMM's time by the tile GEMM's speed relative to it, per M
 (``model.calibration.gemm_speed_by_m``): the Triton GEMM's efficiency depends on M.
 
-copy_share (every rank): the All-Gather copy kernel (``transport.copy_blocks_kernel``, pull mode, the
-``sm`` transport of the fine-grained variants) moving every peer's slab into this rank's gathered
-buffer, timed alone and while the persistent GEMM runs beside it on another stream (as the pull
-variant enqueues them), and the GEMM alone and beside it, at M = 1024 and 8192. All ranks pull at
-once, as in the workload. In the workload the copy kernel shares its SMs with the GEMM and ran
-1.2-1.8x the bandwidth model on 4 H200s; what the model needs is the rate of one copy program while
-it shares (``model.calibration.copy_share_fit``). On one GPU the "peer" is a second half of the
-GPU's own memory (``microbench.PseudoPeerHeap``): the sharing is the same, the link is not.
+copy_share (every rank): the All-Gather copy kernel (``transport.copy_blocks_kernel``, the ``sm``
+transport of the fine-grained variants) in both of its modes: pull (every peer's slab loaded into
+this rank's gathered buffer) and push (this rank's slab stored into every peer's buffer), each
+timed alone and while the persistent GEMM runs beside it on another stream (as the pull and push
+variants enqueue them), and the GEMM alone and beside it, at M = 1024 and 8192; one row per (M,
+mode). All ranks copy at once, as in the workload. In the workload the copy kernel shares its SMs
+with the GEMM and ran 1.2-1.8x the bandwidth model on 4 H200s; what the model needs is the rate of
+one copy program while it shares, per mode (``model.calibration.copy_share_fit``): on 2 H200s at
+M=1024 the push-mode kernel took 33 us where the pull-mode one took 55.6 us. On one GPU the "peer"
+is a second half of the GPU's own memory (``microbench.PseudoPeerHeap``): the sharing is the same,
+the link is not. The push rows write every launch into the same rows of the peer's buffer (the
+push variant alternates two parities of it: the same bytes, twice the heap).
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ from taxmodel.runtime.timing import kernel_seconds, median_seconds, on_gpu, repe
 #: Rows M of the tile GEMM's grid (N = K = ``GEMM_NK``), and of the copy kernel's.
 GEMM_MS = (1024, 4096, 8192, 16384)
 COPY_MS = (1024, 8192)
+#: The copy kernel's modes the copy_share step measures, in the order it runs them at each M.
+COPY_MODES = ("pull", "push")
 GEMM_NK = 8192
 #: The interpreter's shapes (CPU tests: the code paths, not the numbers).
 CPU_GEMM_MS, CPU_NK = (32, 64), 32
@@ -103,18 +109,23 @@ def _gemm_point(device: torch.device, m: int, n: int, k: int) -> dict:
 
 
 def measure_copy_share(device: torch.device, heap: Any, rank: int, world: int,
-                       barrier: Callable[[], None], ms: tuple[int, ...] | None = None, nk: int | None = None) -> dict:
-    """Per M: the copy kernel's and the GEMM's median kernel time (s), each alone and side by side.
+                       barrier: Callable[[], None], ms: tuple[int, ...] | None = None, nk: int | None = None,
+                       modes: tuple[str, ...] = COPY_MODES) -> dict:
+    """Per M and copy mode (``modes``: "pull", "push"): the copy kernel's and the GEMM's median kernel
+    time (s), each alone and side by side; each row names its ``mode``.
     ``heap``: the ranks' symmetric heap (``world`` ranks), or a ``PseudoPeerHeap`` (``world`` 2, one GPU);
-    ``barrier`` lines the ranks up before each traced batch (all ranks pull at once)."""
-    from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, config_for_shape, default_config, k_pieces, piece_cols
-    from taxmodel.kernels.ag_gemm.transport import copy_plan, launch_copy_blocks
+    ``barrier`` lines the ranks up before each traced batch (all ranks copy at once)."""
+    from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, config_for_shape, default_config, k_pieces
+    from taxmodel.kernels.ag_gemm.transport import copy_plan
     from taxmodel.kernels.device import sync
 
     gpu = on_gpu(device)
     ms = ms or (COPY_MS if gpu else CPU_GEMM_MS)
     nk = nk or (GEMM_NK if gpu else CPU_NK)
-    mode = sync.sync_mode(device)
+    unknown = [mode for mode in modes if mode not in COPY_MODES]
+    if unknown:
+        raise ValueError(f"copy_share: unknown copy mode(s) {unknown}; modes: {', '.join(COPY_MODES)}")
+    sync_mode = sync.sync_mode(device)
     reps = REPEATS if gpu else 1
     side = torch.cuda.Stream(device=device) if gpu else None
     rows = []
@@ -127,40 +138,57 @@ def measure_copy_share(device: torch.device, heap: Any, rank: int, world: int,
         gathered = heap.empty((m, nk), dtype)
         gathered.normal_()
         flags = heap.zeros((world * -(-m_loc // base.block_m) * k_pieces(base, nk),), torch.int32)
-        epochs = torch.zeros(2, dtype=torch.int32, device=device)
         _, b, c = _operands(m, nk, nk, device, a=gathered)
         gemm = tile_gemm_launcher(gathered, b, c, rank=rank, world=world, m_loc=m_loc, cfg=base)
-
-        def copy() -> None:
-            launch_copy_blocks(gathered, flags, heap.heap_bases, pull=True, m_loc=m_loc, rank=rank, world=world,
-                               cfg=base, epochs=epochs, sync=mode)
-
-        def both() -> None:  # as the pull variant enqueues them: the copy on a side stream, then the GEMM
-            if side is None:
-                copy()
-                gemm()
-                return
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                copy()
-            gemm()
-            torch.cuda.current_stream(device).wait_stream(side)
-
-        both()  # compiles both kernels
-        synchronize(device)
-        names = {"copy": COPY_BLOCKS_KERNEL, "gemm": AG_GEMM_KERNEL}
-        timed: dict[str, dict[str, list[float]]] = {}
-        for label, body in (("alone_copy", copy), ("alone_gemm", gemm), ("shared", both)):
-            barrier()
-            timed[label] = kernel_seconds(device, repeat(body, reps), names)
-        rows.append({"m": m, "n": nk, "k": nk, "world": world, "m_loc": m_loc, "programs": programs, "items": items,
-                     "item_bytes": base.block_m * piece_cols(base, nk) * gathered.element_size(), "chunk_k": chunk,
-                     "copy_alone_s": median_seconds(timed["alone_copy"], "copy", "copy"),
-                     "gemm_alone_s": median_seconds(timed["alone_gemm"], "gemm", "tile GEMM"),
-                     "copy_shared_s": median_seconds(timed["shared"], "copy", "copy"),
-                     "gemm_shared_s": median_seconds(timed["shared"], "gemm", "tile GEMM")})
-        gathered = flags = b = c = None  # drop the buffers before the next size (rebinding: closures use them)
+        for mode in modes:
+            rows.append(_copy_share_point(device, gathered, flags, heap, gemm, side, mode=mode, m=m, nk=nk,
+                                          m_loc=m_loc, rank=rank, world=world, cfg=base, sync_mode=sync_mode,
+                                          barrier=barrier, reps=reps, programs=programs, items=items, chunk=chunk))
+        gathered = flags = b = c = gemm = None  # drop the buffers before the next size (rebinding: closures use them)
     return {"rows": rows}
+
+
+def _copy_share_point(device: torch.device, gathered: torch.Tensor, flags: torch.Tensor, heap: Any,
+                      gemm: Callable[[], None], side: Any, *, mode: str, m: int, nk: int, m_loc: int, rank: int,
+                      world: int, cfg: Any, sync_mode: int, barrier: Callable[[], None], reps: int, programs: int,
+                      items: int, chunk: int) -> dict:
+    """One row of the copy_share step: the copy kernel in ``mode`` alone, the GEMM alone, and both as
+    the pull/push variant enqueues them (the copy on a side stream first, then the GEMM)."""
+    from taxmodel.kernels.ag_gemm.gemm_tiles import piece_cols
+    from taxmodel.kernels.ag_gemm.transport import launch_copy_blocks
+
+    epochs = torch.zeros(2, dtype=torch.int32, device=device)
+    pull = mode == "pull"
+
+    def copy() -> None:
+        launch_copy_blocks(gathered, flags, heap.heap_bases, pull=pull, m_loc=m_loc, rank=rank, world=world,
+                           cfg=cfg, epochs=epochs, sync=sync_mode)
+
+    def both() -> None:  # as the pull and push variants enqueue them: the copy on a side stream, then the GEMM
+        if side is None:
+            copy()
+            gemm()
+            return
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            copy()
+        gemm()
+        torch.cuda.current_stream(device).wait_stream(side)
+
+    both()  # compiles both kernels (the copy in this mode)
+    synchronize(device)
+    names = {"copy": COPY_BLOCKS_KERNEL, "gemm": AG_GEMM_KERNEL}
+    timed: dict[str, dict[str, list[float]]] = {}
+    for label, body in (("alone_copy", copy), ("alone_gemm", gemm), ("shared", both)):
+        barrier()
+        timed[label] = kernel_seconds(device, repeat(body, reps), names)
+    barrier()  # every rank's copies have landed before any rank reuses the buffers (a push writes the peers')
+    return {"m": m, "n": nk, "k": nk, "world": world, "m_loc": m_loc, "mode": mode, "programs": programs,
+            "items": items, "item_bytes": cfg.block_m * piece_cols(cfg, nk) * gathered.element_size(), "chunk_k": chunk,
+            "copy_alone_s": median_seconds(timed["alone_copy"], "copy", f"{mode} copy"),
+            "gemm_alone_s": median_seconds(timed["alone_gemm"], "gemm", "tile GEMM"),
+            "copy_shared_s": median_seconds(timed["shared"], "copy", f"{mode} copy"),
+            "gemm_shared_s": median_seconds(timed["shared"], "gemm", "tile GEMM")}
 
 
 #: Rows M of GEMM+RS's GEMM kernel's points (N = K = ``GEMM_NK``, each rank K / W).

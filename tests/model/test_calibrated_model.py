@@ -317,3 +317,61 @@ def test_the_fused_local_combine_takes_the_calibrated_line_and_without_it_the_co
 
 def _given(p: ModelParams) -> dict:
     return {k: getattr(p, k) for k, src in p.sources.items() if src == "given"}
+
+
+# --- the copy kernel's push-mode rate (copy_program_push_bytes_per_s) ---------------------------------
+
+def _ag_plans(p: ModelParams, variant: str, m: int = 1024, world: int = 2):
+    coll = CollectiveModel.from_hardware(H200, topology(H200, world, p), p)
+    return ag_gemm.plans(variant, {"M": m, "N": 8192, "K": 8192}, world, H200, p, coll)
+
+
+def test_the_push_variant_moves_its_rounds_at_the_push_rate_and_pull_keeps_the_pull_rate():
+    p = replace(ModelParams.from_hardware(H200), ag_transport="sm", copy_program_bytes_per_s=8.9e9,
+                copy_program_push_bytes_per_s=15.9e9)
+    item = 128 * 2048 * 2
+    _, pull, pull_notes = _ag_plans(p, "pull")
+    _, push, push_notes = _ag_plans(p, "push")
+    # M=1024 on 2 ranks: 16 items on 16 programs, one round (the link time is shorter)
+    assert pull["transfer"] == pytest.approx(item / 8.9e9 + p.kernel_overhead_s)
+    assert push["transfer"] == pytest.approx(item / 15.9e9 + p.kernel_overhead_s)
+    assert push["copy_first"] < pull["copy_first"] and push["pipeline"] <= pull["pipeline"]
+    assert any("15.9 GB/s per program" in n and "copy_program_push_bytes_per_s" in n for n in push_notes)
+    assert not any("no push-mode copy rate" in n for n in pull_notes + push_notes)
+    # pull does not change with the push rate
+    without = replace(p, copy_program_push_bytes_per_s=0.0)
+    assert _ag_plans(without, "pull")[1] == pull
+
+
+def test_without_a_push_rate_push_takes_the_pull_rate_exactly_and_the_prediction_says_so(tmp_path):
+    from taxmodel.trace.capture_meta import CaptureSettings
+
+    p = replace(ModelParams.from_hardware(H200), ag_transport="sm", copy_program_bytes_per_s=8.9e9)
+    assert p.copy_program_push_bytes_per_s == 0.0 and p.sources["copy_program_push_bytes_per_s"] == "default"
+    plans, det, notes = _ag_plans(p, "push")
+    same = replace(p, copy_program_push_bytes_per_s=8.9e9)
+    assert _ag_plans(same, "push")[1] == det  # the same numbers as a push rate equal to the pull rate
+    (line,) = [n for n in notes if "no push-mode copy rate" in n]
+    assert "copy_program_push_bytes_per_s" in line and "pull-mode rate" in line
+    assert not any("no push-mode copy rate" in n for n in _ag_plans(p, "pull")[2])
+    # neither rate known: the bandwidth model for both, no caveat
+    bare = replace(p, copy_program_bytes_per_s=0.0)
+    assert not any("no push-mode copy rate" in n for n in _ag_plans(bare, "push")[2])
+    # from hardware files: one without the field (an older calibration) predicts with the caveat, no
+    # traceback; one with it takes it, sourced as calibrated; one whose field does not read ignores it
+    settings = CaptureSettings(transport="sm", align="back-to-back")
+    shape = {"M": 1024, "N": 8192, "K": 8192}
+    for fields, caveat in (({"copy_program_bytes_per_s": 8.9e9}, True),
+                           ({"copy_program_bytes_per_s": 8.9e9, "copy_program_push_bytes_per_s": 15.9e9}, False),
+                           ({"copy_program_bytes_per_s": 8.9e9, "copy_program_push_bytes_per_s": "fast"}, True)):
+        hw = load_hardware(_calibrated_h100(tmp_path, **fields))
+        params = model_params(hw, settings)[0]
+        pred = predict("ag_gemm", "push", shape, 2, hw, params)
+        assert any("no push-mode copy rate" in a for a in pred.assumptions) == caveat
+        if not caveat:
+            assert params.copy_program_push_bytes_per_s == 15.9e9
+            assert params.sources["copy_program_push_bytes_per_s"].startswith("hardware extra")
+            assert "copy_program_push_bytes_per_s" in calibrated_mechanisms(hw)
+        else:
+            assert pred.details["transfer"] == pytest.approx(
+                predict("ag_gemm", "pull", shape, 2, hw, params).details["transfer"])

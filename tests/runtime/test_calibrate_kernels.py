@@ -23,14 +23,19 @@ def test_the_tile_gemm_step_times_the_engine_and_the_vendor_gemm_on_the_same_ope
     assert [p[0] for p in calfit.gemm_speed_by_m(res)] == [float(m) for m in calibrate_gemm.CPU_GEMM_MS]
 
 
-def test_the_copy_share_step_runs_the_copy_kernel_alone_and_beside_the_gemm_on_a_pseudo_peer():
+def test_the_copy_share_step_runs_the_copy_kernel_in_both_modes_alone_and_beside_the_gemm_on_a_pseudo_peer():
     heap = PseudoPeerHeap(1 << 20, CPU)
     res = calibrate_gemm.measure_copy_share(CPU, heap, 0, 2, heap.barrier)
+    # one row per (M, mode): pull then push at every M
+    assert [(r["m"], r["mode"]) for r in res["rows"]] == [(m, mode) for m in calibrate_gemm.CPU_GEMM_MS
+                                                          for mode in ("pull", "push")]
     for r in res["rows"]:
         assert r["world"] == 2 and r["items"] >= r["programs"] >= 1 and r["item_bytes"] > 0
         assert min(r["copy_alone_s"], r["copy_shared_s"], r["gemm_alone_s"], r["gemm_shared_s"]) > 0
-    assert calfit.copy_share_fit(res)["copy_program_bytes_per_s"] > 0
-    # the copy kernel really moved the peer's slab: rank 0's rows of rank 1's slot now hold rank 1's rows
+    fit = calfit.copy_share_fit(res)
+    assert fit["copy_program_bytes_per_s"] > 0 and fit["copy_program_push_bytes_per_s"] > 0
+    # the copy kernel really moved the slabs: pull brought rank 1's rows (its slot in rank 1's half)
+    # into rank 0's buffer; push stored rank 0's own rows into rank 1's buffer
     m = calibrate_gemm.CPU_GEMM_MS[-1]
     k = calibrate_gemm.CPU_NK
     heap.reset()
@@ -39,6 +44,20 @@ def test_the_copy_share_step_runs_the_copy_kernel_alone_and_beside_the_gemm_on_a
     assert twin.data_ptr() - mine.data_ptr() == heap.nbytes
     peer_rows = twin[m // 2:]
     assert torch.equal(mine[m // 2:], peer_rows)
+    assert mine[:m // 2].abs().sum() > 0 and torch.equal(twin[:m // 2], mine[:m // 2])
+
+
+def test_the_copy_share_step_measures_the_modes_asked_and_no_other():
+    heap = PseudoPeerHeap(1 << 20, CPU)
+    m = calibrate_gemm.CPU_GEMM_MS[0]
+    res = calibrate_gemm.measure_copy_share(CPU, heap, 0, 2, heap.barrier, ms=(m,), modes=("pull",))
+    assert [r["mode"] for r in res["rows"]] == ["pull"]
+    assert "copy_program_push_bytes_per_s" not in calfit.copy_share_fit(res)
+    heap.reset()
+    twin = heap._both[heap.nbytes:heap.nbytes + m * calibrate_gemm.CPU_NK * 4]
+    assert twin.abs().sum() == 0  # nothing was pushed into the peer
+    with pytest.raises(ValueError, match="unknown copy mode"):
+        calibrate_gemm.measure_copy_share(CPU, heap, 0, 2, heap.barrier, ms=(m,), modes=("scatter",))
 
 
 def test_the_rs_gemm_step_pushes_every_peer_tile_into_its_owner_and_times_the_vendor_gemm_beside_it():

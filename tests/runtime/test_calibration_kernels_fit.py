@@ -290,3 +290,42 @@ def test_a_fused_combine_update_adds_its_two_fields_and_changes_nothing_else(tmp
     assert again["fused_local_combine_fixed_s"] == pytest.approx(new["fused_local_combine_fixed_s"])
     assert load_hardware(out).source == "calibrated"
     assert "fused_local_combine_step_s" not in shipped and "fused_combine" not in shipped["measured"]["raw"]
+
+
+# --- the copy kernel in push mode (copy_share's push rows) -------------------------------------------
+
+def _copy_row(mode, items, programs, copy_s, gemm_alone_s=180e-6, gemm_shared_s=180e-6):
+    row = {"items": items, "programs": programs, "item_bytes": 524288, "copy_shared_s": copy_s,
+           "gemm_alone_s": gemm_alone_s, "gemm_shared_s": gemm_shared_s}
+    return {**row, "mode": mode} if mode else row
+
+
+def test_the_push_rows_fit_their_own_rate_and_leave_the_pull_fit_as_it_was():
+    """2x H200-like rows: M=1024 one round of 16 items, M=8192 four rounds of 128 items on 32 programs;
+    push at 33 / 240 us, pull at 51.5 / 273 us. The pull rate and the GEMM's loss come from the pull
+    rows alone (as from a file of pull rows without a mode), the push rate from the push rows."""
+    pull = [_copy_row("pull", 16, 16, 51.5e-6, 174e-6, 178.5e-6), _copy_row("pull", 128, 32, 273e-6, 1.38e-3, 1.45e-3)]
+    push = [_copy_row("push", 16, 16, 33e-6, 174e-6, 200e-6), _copy_row("push", 128, 32, 240e-6, 1.38e-3, 1.6e-3)]
+    fit = calfit.copy_share_fit({"rows": pull + push})
+    assert fit["copy_program_push_bytes_per_s"] == pytest.approx((524288 / 33e-6 + 4 * 524288 / 240e-6) / 2)
+    old = calfit.copy_share_fit({"rows": [{k: v for k, v in r.items() if k != "mode"} for r in pull]})
+    assert "copy_program_push_bytes_per_s" not in old
+    assert {k: fit[k] for k in old} == old  # the push rows change neither the pull rate nor the loss
+    assert old["copy_program_bytes_per_s"] == pytest.approx((524288 / 51.5e-6 + 4 * 524288 / 273e-6) / 2)
+    # push rows only (an update that measured push alone): the push rate, nothing else
+    assert set(calfit.copy_share_fit({"rows": push})) == {"copy_program_push_bytes_per_s"}
+    # rows of an unknown mode feed nothing; push rows that are not measurements feed nothing
+    assert calfit.copy_share_fit({"rows": [_copy_row("scatter", 16, 16, 3e-5), _copy_row("push", 0, 16, 3e-5)]}) == {}
+
+
+def test_the_fit_writes_the_push_rate_into_the_hardware_file_only_where_push_rows_were_measured():
+    from taxmodel.model.analytic.params import CALIBRATED_MECHANISMS, RAW_FEEDS
+
+    base = {"hbm": {"bytes_per_s": 3e12}, "gemm": {"bf16": {"flops_per_s": 7e14}}, "peer_copy": [{"bytes_per_s": 3e11}]}
+    rows = [_copy_row(None, 24, 24, 6e-5), _copy_row("push", 24, 24, 4e-5)]
+    spec = calfit.fit({**base, "copy_share": {"rows": rows}}, "NVIDIA H100 80GB HBM3", 132, 1)
+    assert spec["copy_program_bytes_per_s"] == pytest.approx(524288 / 6e-5)
+    assert spec["copy_program_push_bytes_per_s"] == pytest.approx(524288 / 4e-5)
+    old = calfit.fit({**base, "copy_share": {"rows": rows[:1]}}, "NVIDIA H100 80GB HBM3", 132, 1)
+    assert "copy_program_push_bytes_per_s" not in old
+    assert "copy_program_push_bytes_per_s" in RAW_FEEDS["copy_share"] and "copy_program_push_bytes_per_s" in CALIBRATED_MECHANISMS

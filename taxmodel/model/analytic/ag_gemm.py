@@ -13,8 +13,9 @@ Per rank (W ranks, M global rows, A shard [M/W, K], B [K, N_loc], element size e
   "direct" (pull) loads inside the GEMM, every remote A tile once per N-tile it feeds
   (ceil(N_loc/BLOCK_N) times the all-gather's bytes) at the peer-load bandwidth.
   With the copy kernel sharing the GEMM's SMs (``sm``, ``copy_program_bytes_per_s`` measured or
-  fitted): the kernel's 32 programs take its work items (one 2048-column piece of one M-block for one
-  peer) in rounds, each item at one program's rate beside the GEMM, and the GEMM's waves wait for the
+  fitted; push: ``copy_program_push_bytes_per_s`` where measured, else the pull rate, said in the
+  assumptions): the kernel's 32 programs take its work items (one 2048-column piece of one M-block
+  for one peer) in rounds, each item at one program's rate beside the GEMM, and the GEMM's waves wait for the
   rounds that bring their remote rows (``costs.arrival_waves_time``); the GEMM loses
   ``gemm_share_loss`` of the copy's time to it. Which kernel's programs reach the SMs first
   matters (``copy_first_share``): a copy program placed first holds its SM, and the GEMM program
@@ -206,7 +207,7 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         store_bw = min(params.peer_store_bytes_per_s or hw.link_bytes_per_s, progs * params.peer_store_bytes_per_s_per_sm)
         xfer = (world - 1) * shard / store_bw
         lead = ht
-        if params.copy_program_bytes_per_s > 0:
+        if params.copy_program_rate(variant)[0] > 0:
             return _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, xfer, rd, wr)
         copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
         notes.append(f"{variant}/sm: a {progs}-program copy kernel at {store_bw / 1e9:.0f} GB/s sharing the SMs with the GEMM")
@@ -235,7 +236,8 @@ def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, g
     items = blocks * cdiv(k, chunk) * (world - 1)
     progs = max(1, min(COPY_PROGRAMS, items))
     rounds = cdiv(items, progs)
-    round_s = BLOCK_M * chunk * elt / params.copy_program_bytes_per_s
+    rate, rate_name, fallback = params.copy_program_rate(variant)  # push: its own mode's rate where measured
+    round_s = BLOCK_M * chunk * elt / rate
     xfer = max(rounds * round_s, link_s) + params.kernel_overhead_s
     if xfer - params.kernel_overhead_s > rounds * round_s:  # link-bound: rounds stretched to the link's pace
         round_s = (xfer - params.kernel_overhead_s) / rounds
@@ -257,12 +259,14 @@ def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, g
     det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": fused,  # seconds only (rounds: in the note)
                 "gemm_first": gemm_first, "copy_first": copy_first})
     notes.append(f"{variant}/sm: the copy kernel's {progs} programs move {items} items of {BLOCK_M}x{chunk} in "
-                 f"{rounds} round(s) at {params.copy_program_bytes_per_s / 1e9:.1f} GB/s per program beside the GEMM "
-                 f"({params.sources.get('copy_program_bytes_per_s', 'given')}); the GEMM's waves wait for the rounds "
+                 f"{rounds} round(s) at {rate / 1e9:.1f} GB/s per program beside the GEMM ({rate_name}: "
+                 f"{params.sources.get(rate_name, 'given')}); the GEMM's waves wait for the rounds "
                  f"that bring their rows and lose {params.gemm_share_loss:.2f} of the copy's time to it; where the "
                  f"copy's programs reach the SMs first ({share:.0%} of steps, '{params.start_alignment}' starts) "
                  f"the GEMM's last {late} programs wait for the copy to end ({copy_first * 1e6:.1f} against "
                  f"{gemm_first * 1e6:.1f} us)")
+    if fallback:
+        notes.append(fallback)
     copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
     # the GEMM's last wave runs after the last round landed; before it the GEMM waits, as a synced
     # fused kernel, for the slowest peer's copy (a rank that started late delays its rows)

@@ -137,6 +137,14 @@ class ModelParams:
     #: every M. Measured by ``taxmodel calibrate``'s copy_share step (the copy kernel beside the tile
     #: GEMM); 0: the peer-store bandwidth model (no sharing).
     copy_program_bytes_per_s: float = 0.0
+    #: The same rate in push mode (each rank stores its own blocks into the peers' buffers, the push
+    #: variant), which the traces show faster per byte than pull where the copy is not link-bound: on
+    #: 2 H200s at M=1024 the push copy took 33 us, the pull copy 55.6 us (the same 8 MiB); at M=8192
+    #: both took ~230 us. Measured by the copy_share step's push rows (``taxmodel calibrate`` since it
+    #: measures both modes); never fitted, so never borrowed. 0 (a file from before, or without the
+    #: step): the push variant takes ``copy_program_bytes_per_s`` and its prediction says so
+    #: (``copy_program_rate``).
+    copy_program_push_bytes_per_s: float = 0.0
     #: Time the persistent GEMM loses while the copy kernel shares its SMs, as a fraction of the copy
     #: kernel's time (copy_share step: the GEMM beside the copy minus the GEMM alone, over the copy).
     gemm_share_loss: float = 0.0
@@ -227,6 +235,22 @@ class ModelParams:
         interpolated as ``speed_at_m``); None when the rs_gemm step did not run on two or more ranks here."""
         return speed_at_m(self.rs_push_s_per_byte_by_m, m, positive=False)
 
+    def copy_program_rate(self, variant: str) -> tuple[float, str, str | None]:
+        """(one copy program's rate beside the GEMM for ``variant``'s copy kernel, the parameter it
+        came from, a caveat when the push variant falls back to the pull rate: None otherwise).
+        Push takes ``copy_program_push_bytes_per_s`` where measured; pull, and push without it,
+        ``copy_program_bytes_per_s`` (0: not known, the peer-store bandwidth model serves)."""
+        if variant == "push" and self.copy_program_push_bytes_per_s > 0:
+            return self.copy_program_push_bytes_per_s, "copy_program_push_bytes_per_s", None
+        caveat = None
+        if variant == "push" and self.copy_program_bytes_per_s > 0:
+            caveat = ("push/sm: no push-mode copy rate (copy_program_push_bytes_per_s: `taxmodel calibrate --only "
+                      "copy_share` measures it; this hardware's file lacks it): the push copy kernel takes the pull-mode "
+                      f"rate, copy_program_bytes_per_s ({self.sources.get('copy_program_bytes_per_s', 'given')}), though "
+                      "the traces show push faster per byte where the copy is not link-bound (2x H200, M=1024: 33 "
+                      "against 55.6 us)")
+        return self.copy_program_bytes_per_s, "copy_program_bytes_per_s", caveat
+
     def borrowed(self) -> dict[str, str]:
         """Parameter -> the GPU its value was borrowed from (fitted there, not measured here)."""
         out = {}
@@ -287,6 +311,8 @@ CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "rs_gemm_speed_by_m": ("rs_gemm_efficiency",),
     "rs_push_s_per_byte_by_m": ("rs_gemm_efficiency",),
     "copy_program_bytes_per_s": (),
+    # no fit stands in for it (never borrowed either); without it push takes copy_program_bytes_per_s
+    "copy_program_push_bytes_per_s": (),
     "gemm_share_loss": (),
     "triton_stream_efficiency": (),
     "split_kv_fixed_s": (),
@@ -310,7 +336,7 @@ RAW_FEEDS: dict[str, tuple[str, ...]] = {
     "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s", "split_kv_resident_bytes_per_s",
                 "split_kv_resident_fixed_s"),
     "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m"),
-    "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss"),
+    "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss", "copy_program_push_bytes_per_s"),
     "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
     "fused_combine": ("fused_local_combine_step_s", "fused_local_combine_fixed_s"),
 }
