@@ -20,6 +20,7 @@ from taxmodel.report import advice, compare, figures, headline
 from taxmodel.report.blocks import Block, Bullets, Document, Figure, Heading, Paragraph, slug, table_from_frame
 from taxmodel.report.compare import LedgerLike
 from taxmodel.trace.bundle import Bundle
+from taxmodel.trace.capture_meta import unprofiled_step_ns
 
 MAX_TIMELINE_VARIANTS = 4  # more stacked panels than this stop being readable
 
@@ -143,6 +144,12 @@ def _ranks_cell(meta: dict, led: LedgerLike, bundle: Bundle) -> str:
     return f"{len(ranks)} of {world}" if ranks and missing_ranks(meta, ranks) else str(world)
 
 
+def _unprofiled_cell(meta: dict) -> str:
+    """The step timed with nothing traced (``capture_meta.unprofiled_step_ns``), or "" without one."""
+    ref = unprofiled_step_ns(meta)
+    return f"{ref / 1e3:,.1f}" if ref else ""
+
+
 def metadata_table(cases: Sequence[tuple[Bundle, LedgerLike]]) -> pd.DataFrame:
     rows = []
     for bundle, led in cases:
@@ -158,6 +165,7 @@ def metadata_table(cases: Sequence[tuple[Bundle, LedgerLike]]) -> pd.DataFrame:
             "date": str(meta.get("created") or "unknown"),
             "repetitions": str(meta.get("repetitions") or 1),
             "iterations": str(len(led.windows)),
+            "un-profiled step (us)": _unprofiled_cell(meta),
             "path": bundle.path.name if bundle.path else "(in memory)",
         })
     return pd.DataFrame(rows)

@@ -17,6 +17,7 @@ from taxmodel.ledger.categories import LABELS
 from taxmodel.ledger.coverage import missing_ranks
 from taxmodel.report import compare, headline
 from taxmodel.report.kernels import top_kernel_lines
+from taxmodel.trace.capture_meta import unprofiled_step_ns
 from taxmodel.trace.summary import launch_mode
 
 
@@ -70,7 +71,11 @@ def render_ledger(ledger, per_rank: bool = False, wide: bool = False) -> str:
     if launches:
         head += f"; launches: {launches}"
     width = None if wide else TERMINAL_WIDTH
-    lines = [head, _text_table(headline.ledger_table(ledger), width)]
+    lines = [head]
+    unprofiled = unprofiled_step_line(ledger)
+    if unprofiled:
+        lines.append(unprofiled)
+    lines.append(_text_table(headline.ledger_table(ledger), width))
     if per_rank:  # one row per part, one column per rank: as many columns as ranks, not as parts
         pr = (ledger.per_rank() / 1e3).T
         table = pd.DataFrame({"part": [LABELS[s] for s in pr.index],
@@ -92,6 +97,27 @@ def render_ledger(ledger, per_rank: bool = False, wide: bool = False) -> str:
         lines.append("skipped:")
         lines.extend(f"  - {x}" for x in ledger.skipped)
     return "\n".join(lines)
+
+
+#: How far a traced step may be from the same step un-profiled before the line says which way.
+UNPROFILED_TOLERANCE = 0.05
+
+
+def unprofiled_step_line(ledger) -> str:
+    """The same step with nothing traced, beside the traced window (``capture_meta.unprofiled_step_ns``),
+    and what a difference over ``UNPROFILED_TOLERANCE`` means; "" where the bundle has none."""
+    ref = unprofiled_step_ns(ledger.meta or {})
+    window = compare.mean_window_ns(ledger)
+    if not ref or not window:
+        return ""
+    ratio = window / ref
+    line = (f"un-profiled, the same step took {ref / 1e3:,.1f} us as a benchmark runs it "
+            f"(traced / un-profiled {ratio:.3f})")
+    if ratio > 1 + UNPROFILED_TOLERANCE:
+        line += ": the tracer lengthened the traced steps (its cost at kernel boundaries shows in short steps)"
+    elif ratio < 1 - UNPROFILED_TOLERANCE:
+        line += ": the traced steps ran faster than the same steps un-profiled (a GPU slowed by a longer run?)"
+    return line
 
 
 def render_analysis(ledgers: Sequence, per_rank: bool = False, wide: bool = False) -> str:
@@ -127,4 +153,11 @@ def analysis_document(ledgers: Sequence) -> dict[str, Any]:
         comps.append({"workload": c.workload, "shape": c.shape, "reference": c.reference, "candidate": c.candidate,
                       "reference_ns": c.reference_ns, "candidate_ns": c.candidate_ns, "saved_ns": c.saved_ns,
                       "saved_pct": c.saved_pct, "category_saved_ns": c.category_saved_ns})
-    return {"ledgers": [led.to_dict() for led in ledgers], "comparisons": comps, "headlines": headline.headlines(ledgers)}
+    docs = []
+    for led in ledgers:
+        doc = led.to_dict()
+        ref = unprofiled_step_ns(led.meta or {})
+        if ref:
+            doc["unprofiled_step_ns"] = ref
+        docs.append(doc)
+    return {"ledgers": docs, "comparisons": comps, "headlines": headline.headlines(ledgers)}

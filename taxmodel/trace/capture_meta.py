@@ -99,6 +99,20 @@ def kernel_revision(meta: Mapping[str, Any]) -> int:
     return recorded if recorded is not None and recorded >= 1 else revision_at(meta.get("created"))
 
 
+def unprofiled_step_ns(meta: Mapping[str, Any]) -> float | None:
+    """The bundle's step timed with nothing traced, as a benchmark runs it (``meta.capture.replay_step_us``
+    where ``capture.replay_method`` says how it was measured), in ns; None without one. Bundles from
+    before that key timed one graph launch per step (the host's launch rate at short steps): not
+    comparable, so not returned."""
+    capture = meta.get("capture")
+    if not isinstance(capture, Mapping) or not capture.get("replay_method"):
+        return None
+    value = capture.get("replay_step_us")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+        return None
+    return float(value) * 1e3
+
+
 def read_alignment(capture: Mapping[str, Any]) -> tuple[str, float | None]:
     """(align, gate hold in seconds or None) of a bundle's ``meta.capture`` (older bundles: host)."""
     hold = capture.get("gate_hold_us")
