@@ -7,7 +7,6 @@ import argparse
 import os
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from taxmodel.runtime.bootstrap import join_process_group, rank_device

@@ -154,7 +154,6 @@ class VariantSession:
         self.discarded = 0
         self.replay_step_us: float | None = None
         self.replay_note: str | None = None
-        self.replay_method: str | None = None
         self.raw: list[bytes] = []
         self.recs: list[Any] = []
 
@@ -327,9 +326,13 @@ class VariantSession:
         run.ctx.injector = None
         if self.runner.graph:  # the kernels must still be right after every replay
             self.replay_step_us = self.time_replays()
-            self.replay_method = REPLAY_METHOD if self.replay_step_us is not None else None
             self.check(when="after the traced graph replays")
         run.progress.advance()
+
+    @property
+    def replay_method(self) -> str | None:
+        """How ``replay_step_us`` was measured (meta ``capture.replay_method``), None without one."""
+        return REPLAY_METHOD if self.replay_step_us is not None else None
 
     def time_replays(self) -> float | None:
         """One step's time with nothing traced (us, the slowest rank's), as a benchmark runs steps in
