@@ -6,16 +6,17 @@ measures that gap alone, ``torch.matmul`` (impl ``cublas``) against the engine a
 launches it, with the configuration ``config_for_shape`` gives (the committed per-family table):
 
 - ``taxmodel``: ``launch_ag_gemm`` in ``A_LOCAL`` mode, every row of A local (the GEMM alone);
-- ``taxmodel_wait``: ``A_WAIT``, as pull, push and the copy-engine variant run it on ``--world``
-  ranks, here rank 0 on one GPU with every remote block's flag already set: each remote tile's
-  wait (acquire, fence) runs and passes, so the time is the fused GEMM's without the link;
+- ``taxmodel_wait``: ``A_WAIT``, as pull (either transport) runs it on ``--world`` ranks (push
+  adds its double buffer, ``DOUBLE_BUFFER``), here rank 0 on one GPU with every remote block's
+  flag already set: each remote tile's wait (acquire, fence) runs and passes, so the time is the
+  fused GEMM's without the link;
 - ``taxmodel_wait_spin``: ``taxmodel_wait`` as it waited before the horizon and the vote (a bounded
   spin per remote tile: ``wait_horizon`` and ``wait_vote`` off): what they save;
-- ``taxmodel_epoch``: ``A_WAIT`` on one rank: every tile is its own, so nothing waits, but the
-  launch reads the device epoch and publishes it at its end (``advance_epoch``: every program's
-  atomic on the done counter) as the AG variants' launches do: with ``taxmodel`` and
-  ``taxmodel_wait`` it splits the AG kernel's gap to the engine alone into the epoch's share and
-  the remote tiles' (waits, horizon scans);
+- ``taxmodel_epoch``: ``A_WAIT`` on one rank: every tile is its own, so nothing waits, but every
+  program reads its device epoch slot and stores it back at its end (``kernels/device/epochs.py``)
+  as the AG variants' launches do: with ``taxmodel`` and ``taxmodel_wait`` it splits the AG
+  kernel's gap to the engine alone into the epoch's share and the remote tiles' (waits, horizon
+  scans);
 - ``taxmodel_rs``: GEMM+RS's ``gemm_rs_kernel`` on ``--world`` ranks, here rank 0 on one GPU whose
   peers' heaps are other parts of this GPU's memory: every tile is pushed to its owner's receive
   slot and flagged as on the real ranks, without the link. Its shape is the shard GEMM's
@@ -213,10 +214,11 @@ def ranks_for(m: int, world: int) -> int:
 
 
 def wait_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
-    """The engine as pull, push and the copy-engine variant launch it (A_WAIT), rank 0 of ``world``
-    on one GPU: the gathered A is ``ops.a`` and every remote block's flag already holds an epoch
-    no launch reaches, so every remote tile's wait runs its acquire and passes at once."""
+    """The engine as pull launches it (A_WAIT, a single buffer), rank 0 of ``world`` on one GPU: the
+    gathered A is ``ops.a`` and every remote block's flag already holds an epoch no launch
+    reaches, so every remote tile's wait runs its acquire and passes at once."""
     from taxmodel.kernels.ag_gemm import gemm_tiles
+    from taxmodel.kernels.device.epochs import new_epoch_slots
     from taxmodel.kernels.device.sync import new_error_buffer, sync_mode
 
     device = ops.c.device
@@ -226,7 +228,7 @@ def wait_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
     pieces = gemm_tiles.k_pieces(cfg, ops.a.shape[1])
     bpr, _ = gemm_tiles.tile_counts(m // w, ops.b.shape[1], w, cfg)
     flags = torch.full((w * bpr * pieces,), 2 ** 30, dtype=torch.int32, device=device)
-    epochs = torch.zeros(2, dtype=torch.int32, device=device)
+    epochs = new_epoch_slots(device)  # this callable's own: one grid
     descs = _descriptors(ops, cfg)
 
     def run() -> None:
@@ -241,6 +243,7 @@ def rs_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
     slices of one buffer (``heap_bases``), so every tile goes to its owner's receive slot and
     flag as on the real ranks, without the link. ``ops.result`` reassembles the product from
     the owners' slots (for the correctness check)."""
+    from taxmodel.kernels.device.epochs import new_epoch_slots
     from taxmodel.kernels.device.sync import new_error_buffer, sync_mode
     from taxmodel.kernels.gemm_rs import tiles
 
@@ -259,7 +262,7 @@ def rs_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
     for r in recv:
         r.fill_(float("nan"))
     bases = torch.tensor([heap[o].data_ptr() for o in range(w)], dtype=torch.int64, device=device)
-    epochs = torch.zeros(2, dtype=torch.int32, device=device)
+    epochs = new_epoch_slots(device)  # this callable's own: one grid
     out = torch.empty(m_loc, n, dtype=ops.c.dtype, device=device)
 
     def run() -> None:
@@ -267,7 +270,7 @@ def rs_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
                              epochs=epochs, budget=10 ** 10, sync=sync, cfg=cfg, tail=False, rows=32)
 
     def result() -> torch.Tensor:
-        half = int(epochs[0].item()) % 2  # the half the last launch wrote (its epoch's parity)
+        half = int(epochs[0].item()) % 2  # the half the last launch wrote (its epoch's parity; slot 0)
         return torch.cat([recv[o][half, 0] for o in range(w)])
 
     ops.result = result
@@ -412,7 +415,7 @@ def markdown(records: list[dict[str, Any]], device: str, args: argparse.Namespac
              f"`taxmodel_wait` as the AG variants run it (`A_WAIT`, rank 0 of {args.world}, every flag set), "
              f"`taxmodel_rs` GEMM+RS's kernel (rank 0 of {args.world}, the owners' heaps on this GPU)"
              f"{', `taxmodel_wait_spin` taxmodel_wait with a bounded spin per remote tile (wait_horizon, wait_vote off)' if 'taxmodel_wait_spin' in args.impls else ''}"
-             f"{', `taxmodel_epoch` A_WAIT on one rank (the device epoch and its publication, no remote tile)' if 'taxmodel_epoch' in args.impls else ''}. Per impl "
+             f"{', `taxmodel_epoch` A_WAIT on one rank (the device epoch slots, no remote tile)' if 'taxmodel_epoch' in args.impls else ''}. Per impl "
              f"{args.samples} samples of {args.calls} back-to-back calls "
              f"({'perf_counter, interpreter' if args.cpu else 'CUDA events'}"
              f"{'' if args.cpu or args.eager else ', one CUDA graph replay per sample: no host launch cost'}), "

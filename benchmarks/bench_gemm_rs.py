@@ -106,6 +106,7 @@ def fused_configs(args: argparse.Namespace, device: torch.device) -> list[Any]:
 
 
 def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: Callable[[str], None]) -> list[dict]:
+    from taxmodel.kernels.device.epochs import new_epoch_slots
     from taxmodel.kernels.gemm_rs.tiles import launch_gemm_rs
     from taxmodel.kernels.gemm_rs.workload import GemmRs
 
@@ -190,12 +191,12 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
     record_floor(record, ctx, timer, "floor:matmul(cublas)", lambda: torch.matmul(st.a, st.b, out=st.partial), iters,
                  reps, warmup)
     scratch = torch.empty(2, 1, st.m, st.n, dtype=st.dtype, device=ctx.device)  # both epoch halves, one rank
-    epochs = torch.zeros(2, dtype=torch.int32, device=ctx.device)
     flags = torch.zeros(triton_tiles(st.m, st.n, configs), dtype=torch.int32, device=ctx.device)
     bases = torch.zeros(1, dtype=torch.int64, device=ctx.device)  # one rank: pointers translate to themselves
     best_triton = None
     for cfg in unique_gemms(configs):
-        def triton_gemm(cfg=cfg) -> None:
+        # Epoch slots per configuration: every launch on one buffer needs the same grid.
+        def triton_gemm(cfg=cfg, epochs=new_epoch_slots(ctx.device)) -> None:
             launch_gemm_rs(st.a, st.b, scratch, st.out, flags, bases, st.err, rank=0, world=1, m_loc=st.m,
                            epochs=epochs, budget=st.budget, sync=st.sync, cfg=cfg.gemm, tail=False,
                            rows=cfg.reduce_rows)

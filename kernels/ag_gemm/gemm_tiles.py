@@ -17,13 +17,16 @@ How A reaches the tile (``A_MODE``, a constexpr):
   pull variant); own rows are already in place. The flags live in this rank's memory, so the
   wait polls local L2, never a link.
 
-Epoch in device memory (why: CUDA graphs). ``epoch_ptr`` points at two int32 words owned by this
-kernel's launches on one rank: [last finished epoch, programs done]. Every program reads the
-epoch at its start (``+ 1``: this launch's epoch) and the last program to finish writes it back,
-so a captured graph that replays the launch waits for the right epoch each time (a host-side
-epoch argument would be frozen into the graph). The push variant double-buffers the remote rows
-and flags by epoch parity: ``parity_rows`` and ``flag_parity_stride`` are the offsets of the odd
-parity (0 when there is a single buffer); own rows are always read from parity 0.
+Epoch in device memory (why: CUDA graphs): ``epoch_ptr`` is this kernel's epoch slots on this rank
+(``kernels/device/epochs.py``): program ``pid`` takes ``slot[pid] + 1`` as this launch's epoch
+and stores it back after its last tile, so a captured graph that replays the launch waits for
+the right epoch each time; every launch on one slots buffer must use the same grid. The push
+variant double-buffers the remote rows and flags by epoch parity (``DOUBLE_BUFFER``, a
+constexpr: ``parity_rows`` and ``flag_parity_stride`` are the offsets of the odd parity); own
+rows are always read from parity 0. Without it (pull, the copy engines, the GEMM alone) no load
+address depends on the epoch, only the waits do, so the first own tiles' loads need not wait for
+the slot's load (on an H100 that dependence and the old end-of-launch count cost 0.7-3.0 points
+of cuBLAS speed at the short shapes: ``epochs.py``).
 
 In-kernel records (``INSTRUMENT``): a CTA writes ``1 + 2 x (waits that spun)`` records,
 alternating compute / flag_wait (``gemm_record_layout``); with ``INSTRUMENT=False`` no record code
@@ -40,22 +43,9 @@ import triton.language as tl
 
 from taxmodel.kernels.ag_gemm import gemm_table
 from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.epochs import check_grid, launch_epoch, publish_epoch
 from taxmodel.kernels.device.sync import SYNC_NVIDIA, interpreting
 from taxmodel.kernels.device.tile_gemm import A_LOCAL, A_PULL, A_WAIT, ROLE_AG, flatten_ok, persistent_gemm  # noqa: F401  (the modes are this module's API too)
-
-
-
-@triton.jit
-def advance_epoch(epoch_ptr, epoch, NUM_PROGS: tl.constexpr):
-    """The last program of a launch to get here stores ``epoch`` as the last finished epoch
-    (``epoch_ptr[0]``) and re-arms the done counter (``epoch_ptr[1]``) for the next launch. Every
-    program read ``epoch_ptr[0]`` at its start, before it counted itself done, so no program of
-    this launch can see the new value."""
-    tl.debug_barrier()
-    finished = tl.atomic_add(epoch_ptr + 1, 1, sem="acq_rel", scope="gpu")
-    if finished == NUM_PROGS - 1:
-        tl.store(epoch_ptr + 1, 0)
-        tl.atomic_xchg(epoch_ptr, epoch, sem="release", scope="gpu")
 
 
 # rank changes between ranks: unspecialized, so every rank compiles the same kernel.
@@ -73,17 +63,19 @@ def ag_gemm_kernel(
     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
     K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
     FLATTEN: tl.constexpr = False, WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False,
-    HORIZON_SCAN: tl.constexpr = 64,
+    HORIZON_SCAN: tl.constexpr = 64, DOUBLE_BUFFER: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
     if A_MODE == 2:
-        epoch = tl.load(epoch_ptr) + 1  # this launch's epoch (device memory: graph-safe)
+        epoch = launch_epoch(epoch_ptr, pid)  # this launch's epoch (device memory: graph-safe)
+    else:
+        epoch = 0
+    if DOUBLE_BUFFER:
         parity = epoch % 2
         flags_base = flags_ptr + parity * flag_parity_stride
         remote_shift = parity * parity_rows  # remote rows of the odd parity live further down
-    else:
-        epoch = 0
+    else:  # no load address depends on the epoch
         flags_base = flags_ptr
         remote_shift = 0
     t_rec = persistent_gemm(
@@ -96,7 +88,7 @@ def ag_gemm_kernel(
     t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:
-        advance_epoch(epoch_ptr, epoch, NUM_PROGS)
+        publish_epoch(epoch_ptr, pid, epoch)
 
 
 # --- host side -----------------------------------------------------------------------------------
@@ -300,11 +292,13 @@ def launch_ag_gemm(
 ) -> None:
     """Enqueue one ``ag_gemm_kernel`` (see the module docstring for ``mode``); no host sync.
 
-    ``A_WAIT`` needs ``epochs`` (int32 [2] on the device: last finished epoch, done counter; see
-    the module docstring); ``records`` is the kernel's ``RecordBuffer`` (``INSTRUMENT`` on).
+    ``A_WAIT`` needs ``epochs`` (the kernel's epoch slots, ``epochs.new_epoch_slots``; every
+    launch on them with the same grid, else ``ValueError``); ``parity_rows`` or
+    ``flag_parity_stride`` non-zero compiles the double buffer (``DOUBLE_BUFFER``, the push
+    variant); ``records`` is the kernel's ``RecordBuffer`` (``INSTRUMENT`` on).
     """
     if mode == A_WAIT and epochs is None:
-        raise ValueError("launch_ag_gemm: A_WAIT needs the device epoch words (epochs=)")
+        raise ValueError("launch_ag_gemm: A_WAIT needs the device epoch slots (epochs=)")
     if cfg.horizon_scan < 1 or cfg.horizon_scan & (cfg.horizon_scan - 1):
         raise ValueError(f"launch_ag_gemm: horizon_scan must be a power of two, got {cfg.horizon_scan}")
     n = b.shape[1]
@@ -312,6 +306,8 @@ def launch_ag_gemm(
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
     num_tiles = world * bpr * n_tiles
     progs = num_programs(cfg, c.device, num_tiles, reserve_programs)
+    if mode == A_WAIT:
+        check_grid(epochs, progs, "launch_ag_gemm")
     use_tma = a_desc is not None and b_desc is not None
     # A TMA store writes whole BLOCK_M rows: only when no block straddles two slabs.
     tma_store = use_tma and cfg.tma_store and m_loc % cfg.block_m == 0
@@ -333,5 +329,5 @@ def launch_ag_gemm(
         INSTRUMENT=trace.instrument_code(records),
         FLATTEN=cfg.flatten and flatten_ok(pieces, bool(trace.instrument_code(records)), use_tma),
         WAIT_VOTE=cfg.wait_vote and sync == SYNC_NVIDIA, WAIT_HORIZON=cfg.wait_horizon, HORIZON_SCAN=cfg.horizon_scan,
-        num_warps=cfg.num_warps,
+        DOUBLE_BUFFER=parity_rows != 0 or flag_parity_stride != 0, num_warps=cfg.num_warps,
     )

@@ -23,7 +23,8 @@ on the main stream); the copy kernel's flags hold epochs, so they never need a r
 engines' flags are reset after the GEMM (every flag was set before the GEMM could end).
 
 CUDA graphs: every transport is graph-safe. The ``sm`` copy kernel and the GEMM read their epochs
-from device memory (see ``transport``); ``direct`` has no flags at all; the copy engines' copies,
+from device memory (their epoch slots, see ``transport``); the buffer is single, so no load
+address depends on the epoch (``DOUBLE_BUFFER`` off); ``direct`` has no flags at all; the copy engines' copies,
 flag writes and the reset are the same operations every iteration (memcpy, memory-operation and
 memset nodes), since their flag value does not change with the epoch. The copy engines are what
 gives the GEMM every SM in a graph (issue 37). In-kernel records: the copy kernel records one

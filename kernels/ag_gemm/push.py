@@ -12,10 +12,11 @@ Design decisions (why):
   of epoch e (the push streams wait on the main stream), so p is done reading that slot. Own rows
   live in parity 0 only (the GEMM reads them there in both parities), so refreshing this rank's
   shard in place (``AgGemmState.reseed``) is one copy.
-- Epochs in device memory (CUDA graphs): the copy kernel and the GEMM each keep their own
-  [last finished epoch, done counter] words (``AgGemmState.epochs``); each kernel is launched once
-  per iteration in stream order, so both count the same iterations, and the parity is computed on
-  the device from them. A captured graph therefore replays correctly: the ``sm`` transport is
+- Epochs in device memory (CUDA graphs): the copy kernel and the GEMM each keep their own epoch
+  slots (``AgGemmState.epochs``, one per program: ``kernels/device/epochs.py``); each kernel is
+  launched once per iteration in stream order with the same grid, so both count the same
+  iterations, and the parity is computed on the device from them (both kernels compile their
+  ``DOUBLE_BUFFER``). A captured graph therefore replays correctly: the ``sm`` transport is
   graph-safe. The copy-engine transport picks the parity on the host: eager only (its flag value,
   ``st.epoch``, counts the same iterations as the GEMM's device epoch as long as nothing is
   captured).

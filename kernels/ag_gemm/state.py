@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from taxmodel.errors import InputError
+from taxmodel.kernels.device.epochs import new_epoch_slots
 from taxmodel.workload import RankBound, Variant
 
 from .gemm_tiles import GemmConfig
@@ -66,8 +67,9 @@ class AgGemmState(RankBound):
     """One rank's buffers for one variant.
 
     ``epoch`` counts on the host the iterations enqueued (the copy engines write it into flags);
-    the fine-grained kernels count on the device in ``epochs`` (int32 [4]: the GEMM's last
-    finished epoch and done counter, then the copy kernel's), which is what makes them graph-safe.
+    the fine-grained kernels count on the device in ``epochs`` (int32 [2, EPOCH_SLOTS]: the
+    GEMM's epoch slots, then the copy kernel's; ``kernels/device/epochs.py``), which is what
+    makes them graph-safe. After a launch every slot of its grid holds the epoch it finished.
     ``records`` holds the in-kernel record buffers by kernel name (``ctx.instrument``).
     """
 
@@ -90,16 +92,16 @@ class AgGemmState(RankBound):
     flags: torch.Tensor | None = None
     heap: Any = None
     epoch: int = 0
-    epochs: torch.Tensor | None = None  # device epoch words of the GEMM [0:2] and the copy kernel [2:4]
+    epochs: torch.Tensor | None = None  # device epoch slots of the GEMM [0] and the copy kernel [1]
     records: dict[str, Any] = field(default_factory=dict)  # kernel name -> RecordBuffer
     count: torch.Tensor | None = None  # debug: per-output-tile compute count (A_WAIT/A_PULL kernels)
     seen: torch.Tensor | None = None  # debug: flag epoch each tile saw before reading A
     cache: dict[str, Any] = field(default_factory=dict)
 
     def new_epochs(self) -> None:
-        """Zeroed device epoch words (fine-grained variants, at setup)."""
-        self.epochs = torch.zeros(4, dtype=torch.int32, device=self.c.device)
-        self.cache["gemm_epochs"], self.cache["copy_epochs"] = self.epochs[0:2], self.epochs[2:4]
+        """Zeroed device epoch slots (fine-grained variants, at setup)."""
+        self.epochs = new_epoch_slots(self.c.device, kernels=2)
+        self.cache["gemm_epochs"], self.cache["copy_epochs"] = self.epochs[0], self.epochs[1]
 
     @property
     def gemm_epochs(self) -> torch.Tensor:

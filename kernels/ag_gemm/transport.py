@@ -13,10 +13,10 @@ Design decisions (why):
   release-set per K piece of a block (the GEMM waits piece by piece, so a tile starts when the
   first piece of its block has landed); by default it co-resides with the GEMM on the same SMs
   (it uses no shared memory and few registers).
-- Epochs in device memory (CUDA graphs): the copy kernel keeps its own [last finished epoch, done
-  counter] words, read at the start of every program and advanced by the launch's last program
-  (``gemm_tiles.advance_epoch``), so a captured graph replays correctly. The copy engines write a
-  host-chosen value (``cuStreamWriteValue32``): eager only.
+- Epochs in device memory (CUDA graphs): the copy kernel keeps its own epoch slots, one per
+  program (``kernels/device/epochs.py``: read at the program's start, stored back at its end;
+  every launch on them with the same grid), so a captured graph replays correctly. The copy
+  engines write a host-chosen value (``cuStreamWriteValue32``): eager only.
 - Order: the first block goes to every peer at once (one stream per peer for the copy engines,
   work items interleaved over peers for the kernel).
 - In-kernel records (``ctx.instrument``): the copy kernel records one ``store_push`` per work item
@@ -33,11 +33,12 @@ import triton.language as tl
 import iris
 
 from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.epochs import check_grid, launch_epoch, publish_epoch
 from taxmodel.kernels.device.sync import signal
 from taxmodel.kernels.names import COPY_BLOCKS_KERNEL
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import GemmConfig, advance_epoch, k_pieces, piece_cols
+from .gemm_tiles import GemmConfig, k_pieces, piece_cols
 from .state import AgGemmState
 
 COPY_KERNEL = COPY_BLOCKS_KERNEL
@@ -50,7 +51,7 @@ def copy_blocks_kernel(
     M_loc, K, stride_m, parity_rows, flag_parity_stride, rank,
     WORLD: tl.constexpr, PULL: tl.constexpr, BLOCK_M: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_K: tl.constexpr, CHUNK_K: tl.constexpr, NUM_PROGS: tl.constexpr, EVEN: tl.constexpr,
-    MODE: tl.constexpr = 0, INSTRUMENT: tl.constexpr = False,
+    MODE: tl.constexpr = 0, INSTRUMENT: tl.constexpr = False, DOUBLE_BUFFER: tl.constexpr = False,
 ):
     """Move M-blocks of A between the ranks' gathered buffers (same rows on both sides).
 
@@ -62,17 +63,22 @@ def copy_blocks_kernel(
     peer's first piece moves first. ``EVEN`` (no partial block or piece) drops the masks so that
     every access is a 16-byte vector.
 
-    The epoch comes from ``epoch_ptr`` (device memory, advanced by the launch's last program);
-    rows are read from parity 0 and written ``parity * parity_rows`` rows further (and flags
-    ``parity * flag_parity_stride`` further): the push variant's double buffer. ``MODE`` is the
-    clock of the in-kernel records (``INSTRUMENT``).
+    The epoch comes from this program's slot of ``epoch_ptr`` (``kernels/device/epochs.py``).
+    Rows are read from parity 0; with ``DOUBLE_BUFFER`` (the push variant) they are written
+    ``parity * parity_rows`` rows further (and flags ``parity * flag_parity_stride`` further),
+    without it (pull) no address depends on the epoch. ``MODE`` is the clock of the in-kernel
+    records (``INSTRUMENT``).
     """
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, MODE)
-    epoch = tl.load(epoch_ptr) + 1
-    parity = epoch % 2
-    dst_shift = parity * parity_rows * stride_m
-    flags_base = flags_ptr + parity * flag_parity_stride
+    epoch = launch_epoch(epoch_ptr, pid)
+    if DOUBLE_BUFFER:
+        parity = epoch % 2
+        dst_shift = parity * parity_rows * stride_m
+        flags_base = flags_ptr + parity * flag_parity_stride
+    else:
+        dst_shift = 0
+        flags_base = flags_ptr
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     pieces = tl.cdiv(K, CHUNK_K)
     items = blocks_per_rank * pieces * (WORLD - 1)
@@ -117,7 +123,7 @@ def copy_blocks_kernel(
         else:
             signal(flag, epoch, rank, peer, heap_bases)
             t_rec = trace.mark(rec_ptr, pid, trace.STORE_PUSH, t_rec, INSTRUMENT, MODE)
-    advance_epoch(epoch_ptr, epoch, NUM_PROGS)
+    publish_epoch(epoch_ptr, pid, epoch)
 
 
 def wait_target(cfg: GemmConfig, k: int, epoch: int) -> int:
@@ -157,19 +163,23 @@ def launch_copy_blocks(gathered: torch.Tensor, flags: torch.Tensor, heap_bases: 
     """Enqueue ``copy_blocks_kernel`` on the current stream (nothing to do on one rank).
 
     ``gathered`` is the [rows, K] buffer (both parities stacked for the push variant: pass
-    ``parity_rows``/``flag_parity_stride``); ``epochs`` the kernel's int32 [2] epoch words.
+    ``parity_rows``/``flag_parity_stride``, which compiles ``DOUBLE_BUFFER``); ``epochs`` the
+    kernel's epoch slots (``epochs.new_epoch_slots``; every launch on them with the same grid,
+    else ``ValueError``).
     """
     if world == 1:
         return
     k = gathered.shape[1]
     progs, _, ck, bk = copy_plan(m_loc, k, world, cfg)
+    check_grid(epochs, progs, "launch_copy_blocks")
     rows = min(cfg.push_rows, cfg.block_m)
     even = (m_loc % cfg.block_m == 0 and k % ck == 0 and cfg.block_m % rows == 0 and gathered.stride(1) == 1)
     copy_blocks_kernel[(progs,)](
         gathered, flags, heap_bases, epochs, trace.record_pointer(records, epochs),
         m_loc, k, gathered.stride(0), parity_rows, flag_parity_stride, rank,
         WORLD=world, PULL=pull, BLOCK_M=cfg.block_m, ROWS=rows, BLOCK_K=bk, CHUNK_K=ck, NUM_PROGS=progs,
-        EVEN=even, MODE=sync, INSTRUMENT=trace.instrument_code(records), num_warps=cfg.push_warps,
+        EVEN=even, MODE=sync, INSTRUMENT=trace.instrument_code(records),
+        DOUBLE_BUFFER=parity_rows != 0 or flag_parity_stride != 0, num_warps=cfg.push_warps,
     )
 
 

@@ -20,7 +20,12 @@ their small host side. Use it from your own ``@triton.jit`` kernels the way the 
 
 ``gate``: ``DeviceGate``, a device-side barrier that releases every rank's GPU at once before a
     traced step (``taxmodel profile --align device``).
-"""
-from . import sync, trace, gate  # noqa: F401  (sync first: the others use it)
 
-__all__ = ["sync", "trace", "gate"]
+``epochs``: a kernel's launch count in device memory, one slot per program (graph replays).
+    Device: ``launch_epoch(slots_ptr, pid)`` (this launch's epoch) and ``publish_epoch(slots_ptr,
+    pid, epoch)`` (the program's last step). Host: ``new_epoch_slots(device)`` and
+    ``check_grid(slots, grid, kernel)`` (every launch on one slots buffer with the same grid).
+"""
+from . import sync, trace, gate, epochs  # noqa: F401  (sync first: the others use it)
+
+__all__ = ["sync", "trace", "gate", "epochs"]

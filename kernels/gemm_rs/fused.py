@@ -16,9 +16,10 @@ pass that converts fp32 to the output dtype. Slots + flags keep the link bytes a
 result deterministic for the same cost of one read pass on the owner.
 
 CUDA graphs (``graph_safe``): ``run`` passes the same arguments every iteration and changes
-nothing on the host. The epoch lives in device memory (``GemmRsState.epochs``): each GEMM launch
-reads it, its last program advances it, and the reduce kernel reads the advanced value; each
-kernel picks the receive buffer's half from the epoch's parity itself (``tiles.py``, "Epochs").
+nothing on the host. The epoch lives in device memory (``GemmRsState.epochs``, the GEMM's epoch
+slots): each GEMM program reads its slot and stores the advanced epoch back at its end, and the
+reduce kernel reads the advanced value (slot 0); each kernel picks the receive buffer's half
+from the epoch's parity itself (``tiles.py``, "Epochs").
 A captured iteration therefore replays as the next iteration, and eager launches and replays may
 be mixed. In-kernel records under a graph: the record pointer is fixed at capture
 (``taxmodel.runtime.graph.GraphRecordSlots``).
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from taxmodel.kernels.device.epochs import new_epoch_slots
 from taxmodel.kernels.device.sync import check_errors
 
 from .tiles import (KERNEL_NAMES, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, reduce_record_layout)
@@ -46,7 +48,7 @@ def prepare(st: GemmRsState) -> None:
     heap = symmetric_heap(st, heap_bytes(st.shape, st.world, "fused", st.dtype, st.cfg))
     st.recv = heap.empty((2, st.world, st.m_loc, st.n), st.dtype)
     st.flags = heap.zeros((flag_rows(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
-    st.epochs = torch.zeros(2, dtype=torch.int32, device=st.out.device)  # [last finished epoch, done counter]
+    st.epochs = new_epoch_slots(st.out.device)  # the GEMM's, one per program (tiles.py, "Epochs")
     st.cache["heap_bases"] = heap.heap_bases.to(st.out.device)
     _record_buffers(st)
     if st.out.is_cuda:

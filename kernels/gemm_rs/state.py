@@ -94,8 +94,8 @@ def make_b_shard(seed: int, rank: int, k_loc: int, n: int, k: int, dtype: torch.
 @dataclass
 class GemmRsState(RankBound):
     """One rank's buffers for one variant. ``epochs`` (fused): the device's count of finished
-    iterations (what the flags hold) and the GEMM's done counter; nothing per-iteration is kept on
-    the host, so a captured iteration can be replayed."""
+    iterations (what the flags hold), one slot per GEMM program (``kernels/device/epochs.py``);
+    nothing per-iteration is kept on the host, so a captured iteration can be replayed."""
 
     ctx: Any
     shape: dict[str, int]
@@ -117,7 +117,7 @@ class GemmRsState(RankBound):
     recv: torch.Tensor | None = None  # fused: heap [2 parities, world sources, M/world, N]
     flags: torch.Tensor | None = None  # fused: heap [tiles of this rank's rows, world sources] int32
     heap: Any = None
-    epochs: torch.Tensor | None = None  # fused: int32 [last finished epoch, done counter] (tiles.py, "Epochs")
+    epochs: torch.Tensor | None = None  # fused: int32 [EPOCH_SLOTS], the GEMM's epoch slots (tiles.py, "Epochs")
     count: torch.Tensor | None = None  # debug: times each own output tile was reduced
     seen: torch.Tensor | None = None  # debug: least flag value a tile's reduction saw before reading
     rec_gemm: Any = None  # fused, instrumented: taxmodel.runtime.records.RecordBuffer of gemm_rs_kernel

@@ -37,19 +37,19 @@ Reduce (``reduce_tile``): for one of this rank's output tiles, wait (acquire, bo
   tiles before it waits.
 
 Epochs: flags hold the iteration number (counting from 1) and are never reset. The epoch lives in
-device memory, not in a kernel argument, so that a captured CUDA graph replays correctly
-(``epoch_ptr``: int32 [last finished epoch, done counter], ``GemmRsState.epochs``): every GEMM program
-reads ``epoch = epoch_ptr[0] + 1`` at its start, and the GEMM's last program to finish (after its
-tail reductions, if any) publishes it (``advance_epoch``: every program read the old value before
-counting itself done, so no program of this launch sees the new one). The reduce kernel, launched
-after the GEMM on the same stream, reads the published value as it is: both kernels of an
-iteration use the same epoch, the next iteration's GEMM the next one, and the values are the ones
-a host count would give (every rank runs the same iterations). Each kernel picks the epoch's half
-of the receive buffer itself (``_epoch_half``). The receive buffer
-is double-buffered by epoch parity: a peer's pushes of epoch e+1 may land while this rank still
-reduces epoch e (the peer finished its own epoch-e reduction), but its pushes of e+2 need this
-rank's epoch-e+1 pushes, which come after this rank's epoch-e reduction (stream order). A flag
-that already holds e+1 when epoch e is reduced is fine: the epoch-e data landed before it.
+device memory, not in a kernel argument, so that a captured CUDA graph replays correctly: the
+GEMM's epoch slots (``epoch_ptr``, ``GemmRsState.epochs``; ``kernels/device/epochs.py``). GEMM
+program ``pid`` takes ``slot[pid] + 1`` as its epoch at its start and stores it back as its last
+step (after its tail reductions, if any), so every launch on one state must use the same grid.
+The reduce kernel, launched after the GEMM on the same stream, reads slot 0 as it is (every slot
+holds the same value then): both kernels of an iteration use the same epoch, the next
+iteration's GEMM the next one, and the values are the ones a host count would give (every rank
+runs the same iterations). Each kernel picks the epoch's half of the receive buffer itself
+(``_epoch_half``). The receive buffer is double-buffered by epoch parity: a peer's pushes of
+epoch e+1 may land while this rank still reduces epoch e (the peer finished its own epoch-e
+reduction), but its pushes of e+2 need this rank's epoch-e+1 pushes, which come after this
+rank's epoch-e reduction (stream order). A flag that already holds e+1 when epoch e is reduced
+is fine: the epoch-e data landed before it.
 
 ``COUNT`` (debug): per own output tile, how many times it was reduced and the least flag value
 it saw after its waits and before reading any slot, so tests can check the protocol.
@@ -72,10 +72,10 @@ import triton
 import triton.language as tl
 
 from taxmodel.kernels.device import trace
+from taxmodel.kernels.device.epochs import check_grid, launch_epoch, publish_epoch
 from taxmodel.kernels.device.sync import interpreting, wait_geq
 from taxmodel.kernels.device.tile_gemm import ROLE_RS, flatten_ok, persistent_gemm
-from taxmodel.kernels.ag_gemm.gemm_tiles import (GemmConfig, advance_epoch, cached_descriptor, num_programs, tile_counts,
-                                                 tma_available)
+from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, cached_descriptor, num_programs, tile_counts, tma_available
 from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 
 #: Kernel ids written into the error buffer by a reduction that gave up waiting.
@@ -150,7 +150,7 @@ def gemm_rs_kernel(
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records (kernels/device/trace.py); nothing when off
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    epoch = tl.load(epoch_ptr) + 1  # published by the previous iteration's GEMM (advance_epoch below)
+    epoch = launch_epoch(epoch_ptr, pid)  # this program's slot, published by its previous launch
     recv = _epoch_half(recv_ptr, epoch, M_loc, N, WORLD)
     mine = recv + rank * M_loc * N  # this source's slot (same offset in every owner's heap)
 
@@ -166,9 +166,9 @@ def gemm_rs_kernel(
             t_rec = reduce_tile(recv, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N,
                                 stride_om, rank, epoch, budget, 1, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
                                 SYNC_MODE, COUNT, INSTRUMENT)
-    # Last, after this program's pushes and tail reductions: the last program publishes the epoch
-    # for the reduce kernel of this iteration and the next iteration's GEMM.
-    advance_epoch(epoch_ptr, epoch, NUM_PROGS)
+    # Last, after this program's pushes and tail reductions: its slot holds the epoch for the reduce
+    # kernel of this iteration and the next iteration's GEMM.
+    publish_epoch(epoch_ptr, pid, epoch)
 
 
 @triton.jit(do_not_specialize=["rank", "budget"])
@@ -177,12 +177,12 @@ def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr,
                      WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                      SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False):
     """One program per own output tile (no program waits on another of this launch). The epoch is
-    the one this iteration's GEMM published (it ran before on this stream); this kernel never
-    changes it."""
+    the one this iteration's GEMM published (it ran before on this stream: slot 0 of its epoch
+    slots, which all hold it); this kernel never changes it."""
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)
     n_tiles = tl.cdiv(N, BLOCK_N)
-    epoch = tl.load(epoch_ptr)
+    epoch = tl.load(epoch_ptr)  # slot 0
     recv = _epoch_half(recv_ptr, epoch, M_loc, N, WORLD)
     t_rec = reduce_tile(recv, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, pid, n_tiles, M_loc, N,
                         stride_om, rank, epoch, budget, 2, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
@@ -259,13 +259,16 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch); no host sync.
 
     ``recv`` is the whole receive buffer ([2, world, m_loc, N] on the heap: the kernel picks the
-    epoch's half); ``epochs`` the int32 [2] epoch words (``GemmRsState.epochs``), which the launch
-    advances. The arguments are the same every iteration (graph-capturable). ``records``:
-    an in-kernel record buffer (``gemm_record_layout``; compiles ``INSTRUMENT=True``).
+    epoch's half); ``epochs`` the GEMM's epoch slots (``GemmRsState.epochs``), which the launch
+    advances; every launch on them must have the same grid (else ``ValueError``). The arguments
+    are the same every iteration (graph-capturable). ``records``: an in-kernel record buffer
+    (``gemm_record_layout``; compiles ``INSTRUMENT=True``).
     """
     k, n = b.shape
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
     progs = gemm_programs(cfg, out.device, world * bpr * n_tiles, tail)
+    if not warmup_only:
+        check_grid(epochs, progs, "launch_gemm_rs")
     tma = use_tma(cfg, a, b)
     a_desc = cached_descriptor(a, [cfg.block_m, cfg.block_k]) if tma else None
     b_desc = cached_descriptor(b, [cfg.block_k, cfg.block_n]) if tma else None
@@ -289,8 +292,8 @@ def launch_rs_reduce(recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
                      warps: int, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
                      records: Any = None, warmup_only: bool = False) -> None:
     """Enqueue ``rs_reduce_kernel`` (one program per own output tile) after this iteration's
-    ``launch_gemm_rs`` on the same stream (it reads the epoch that launch published; ``recv`` and
-    ``epochs`` as there); no host sync. ``records``: an in-kernel record buffer
+    ``launch_gemm_rs`` on the same stream (it reads the epoch that launch published, slot 0 of
+    ``epochs``; ``recv`` and ``epochs`` as there); no host sync. ``records``: an in-kernel record buffer
     (``reduce_record_layout``)."""
     n = out.shape[1]
     grid = (own_tiles(m_loc, n, cfg),)

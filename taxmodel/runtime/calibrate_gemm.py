@@ -156,8 +156,9 @@ def _copy_share_point(device: torch.device, gathered: torch.Tensor, flags: torch
     the pull/push variant enqueues them (the copy on a side stream first, then the GEMM)."""
     from taxmodel.kernels.ag_gemm.gemm_tiles import piece_cols
     from taxmodel.kernels.ag_gemm.transport import launch_copy_blocks
+    from taxmodel.kernels.device.epochs import new_epoch_slots
 
-    epochs = torch.zeros(2, dtype=torch.int32, device=device)
+    epochs = new_epoch_slots(device)
     pull = mode == "pull"
 
     def copy() -> None:
@@ -205,6 +206,7 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
     ``PseudoPeerHeap`` (``world`` 2 on one GPU: pushes into a second half of its own memory)."""
     from taxmodel.kernels.ag_gemm.gemm_tiles import config_for_shape
     from taxmodel.kernels.device import sync
+    from taxmodel.kernels.device.epochs import new_epoch_slots
     from taxmodel.kernels.gemm_rs.state import default_rs_config
     from taxmodel.kernels.gemm_rs.tiles import flag_rows, launch_gemm_rs
     from taxmodel.kernels.names import GEMM_RS_KERNEL
@@ -225,7 +227,7 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
         recv = heap.zeros((2, world, m_loc, nk), a.dtype)
         flags = heap.zeros((flag_rows(m_loc, nk, cfg), world), torch.int32)
         out = torch.empty(m_loc, nk, device=device, dtype=a.dtype)
-        epochs = torch.zeros(2, dtype=torch.int32, device=device)
+        epochs = new_epoch_slots(device)  # per M: every launch on one buffer needs the same grid
         err = sync.new_error_buffer(device)
 
         def rs() -> None:
@@ -239,7 +241,7 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
         rs()  # compiles
         vendor()
         synchronize(device)
-        half = int(epochs[0].item()) % 2  # the half this launch wrote into (its epoch's parity)
+        half = int(epochs[0].item()) % 2  # the half this launch wrote into (its epoch's parity; slot 0)
         own = recv[half, rank].float()  # this rank's own rows of its partial product, in its own slot
         want = ref[rank * m_loc:(rank + 1) * m_loc].float()
         err_rel = float((own - want).abs().max() / want.abs().max().clamp_min(1e-6))

@@ -22,6 +22,7 @@ REPEATS = 10
 def measure(device: torch.device, worlds: tuple[int, ...]) -> dict:
     """Per W: the reduction kernel's median time (s) over one M-block of rows, flags all set."""
     from taxmodel.kernels.device import sync
+    from taxmodel.kernels.device.epochs import new_epoch_slots
     from taxmodel.kernels.gemm_rs.state import default_rs_config
     from taxmodel.kernels.gemm_rs.tiles import flag_rows, launch_rs_reduce, own_tiles
 
@@ -40,7 +41,7 @@ def measure(device: torch.device, worlds: tuple[int, ...]) -> dict:
         recv = torch.randn(2, world, m_loc, n, device=device).to(dtype)
         out = torch.empty(m_loc, n, device=device, dtype=dtype)
         flags = torch.ones(flag_rows(m_loc, n, g), world, dtype=torch.int32, device=device)
-        epochs = torch.tensor([1, 0], dtype=torch.int32, device=device)  # epoch 1: every flag holds it
+        epochs = new_epoch_slots(device).fill_(1)  # a GEMM finished epoch 1: every flag holds it
 
         def launch(world: int = world, recv: torch.Tensor = recv, out: torch.Tensor = out,
                    flags: torch.Tensor = flags, epochs: torch.Tensor = epochs) -> None:

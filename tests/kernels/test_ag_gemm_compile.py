@@ -21,7 +21,8 @@ PATTERNS = {"globaltimer": r"%globaltimer", "tma_loads": r"cp\.async\.bulk\.tens
             "st_v4": r"st\.global[\w.]*\.v4", "ld_v4": r"ld\.global[\w.]*\.v4", "scalar_b16_st": r"st\.global\.b16",
             "acquire": r"(ld|atom)\.global[\w.]*\.acquire", "vote": r"bar\.red\.and\.pred",
             "acquire_load": r"ld\.acquire\.sys\.global\.b32"}
-BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b", "volatile_loads": r"isVolatile = true"}
+BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b", "volatile_loads": r"isVolatile = true",
+                 "parity_uses": r"%(parity_rows|flag_parity_stride)\b", "epoch_uses": r"%epoch_ptr\b"}
 
 
 M_LOC, N, K = 256, 8192, 8192
@@ -39,11 +40,11 @@ def gemm_args(block_m, block_n, block_k, tma_store, epi):
             ("kernel_id", "i32", 0)]
 
 def gemm(tag, block_m=128, block_n=256, block_k=64, stages=3, warps=8, tma_store=False, epi=1, pieces=4,
-         inst=False, flatten=False, vote=False, horizon=False):
+         inst=False, flatten=False, vote=False, horizon=False, double=True):
     consts = dict(WORLD=4, A_MODE=2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, NUM_PROGS=132,
                   NUM_STAGES=stages, USE_TMA=True, SYNC_MODE=1, COUNT=False, TMA_STORE=tma_store,
                   EPI_SPLIT=epi, K_PIECES=pieces, KT_PER_PIECE=K // pieces // block_k, INSTRUMENT=inst,
-                  FLATTEN=flatten, WAIT_VOTE=vote, WAIT_HORIZON=horizon, HORIZON_SCAN=64)
+                  FLATTEN=flatten, WAIT_VOTE=vote, WAIT_HORIZON=horizon, HORIZON_SCAN=64, DOUBLE_BUFFER=double)
     return build(gt.ag_gemm_kernel, gemm_args(block_m, block_n, block_k, tma_store, epi), consts, warps, stages, tag)
 
 copy_args = [("gathered_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0), ("heap_bases", "*i64", 0),
@@ -52,7 +53,7 @@ copy_args = [("gathered_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0), ("heap_base
              ("rank", "i32", 3)]
 def copy(tag, pull, inst):
     consts = dict(WORLD=4, PULL=pull, BLOCK_M=128, ROWS=32, BLOCK_K=256, CHUNK_K=2048, NUM_PROGS=32, EVEN=True,
-                  MODE=1, INSTRUMENT=inst)
+                  MODE=1, INSTRUMENT=inst, DOUBLE_BUFFER=not pull)
     return build(transport.copy_blocks_kernel, copy_args, consts, 4, 1, tag)
 
 report = dict(
@@ -63,6 +64,8 @@ report = dict(
     gemm_flat_vote=gemm("gemm_flat_vote", tma_store=True, epi=2, pieces=1, flatten=True, vote=True),
     gemm_flat_horizon=gemm("gemm_flat_horizon", tma_store=True, epi=2, pieces=1, flatten=True, vote=True,
                            horizon=True),
+    gemm_flat_single=gemm("gemm_flat_single", tma_store=True, epi=2, pieces=1, flatten=True, vote=True,
+                          horizon=True, double=False),
     copy_push=copy("copy_push", False, False),
     copy_push_inst=copy("copy_push_inst", False, True),
     copy_pull=copy("copy_pull", True, False),
@@ -78,7 +81,8 @@ def report(request, tmp_path_factory):
     return compile_report(SCRIPT, tmp_path_factory, request.param)
 
 
-KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "gemm_flat_vote", "gemm_flat_horizon", "copy_push", "copy_push_inst", "copy_pull", "copy_pull_inst"]
+KERNELS = ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "gemm_flat_vote", "gemm_flat_horizon", "gemm_flat_single",
+           "copy_push", "copy_push_inst", "copy_pull", "copy_pull_inst"]
 
 
 @pytest.mark.slow
@@ -99,7 +103,7 @@ def test_plain_build_holds_no_record_code(report, plain, inst):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "gemm_flat_vote",
-                                    "gemm_flat_horizon"])
+                                    "gemm_flat_horizon", "gemm_flat_single"])
 def test_gemm_uses_tma_and_wgmma_and_bounded_waits(report, kernel):
     r = report[kernel]
     assert r["tma_loads"] > 0 and r["wgmma"] > 0, r
@@ -117,7 +121,7 @@ def test_copy_kernel_moves_16_byte_vectors_and_releases_flags_system_wide(report
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["gemm", "gemm_inst", "gemm_n128_st", "gemm_flat", "gemm_flat_vote",
-                                    "gemm_flat_horizon"])
+                                    "gemm_flat_horizon", "gemm_flat_single"])
 def test_flag_wait_keeps_its_acquire(report, kernel):
     """Triton 3.6 dropped an acquire atomic whose result nobody used: the GEMM then read pushed rows
     after a relaxed poll only. wait_geq now uses the acquired value (its CTA-wide outcome)."""
@@ -152,3 +156,20 @@ def test_horizon_scan_keeps_the_flattened_pipeline(report):
     hz, plain = report["gemm_flat_horizon"], report["gemm_flat"]
     assert hz["acquire_load"] >= 1, hz
     assert hz["shared"] == plain["shared"], (hz, plain)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("single,double", [("gemm_flat_single", "gemm_flat_horizon"), ("copy_pull", "copy_push")])
+def test_only_the_double_buffer_puts_the_epoch_into_addresses(report, single, double):
+    """``DOUBLE_BUFFER`` off (pull, the copy engines, the GEMM alone): the parity offsets are not
+    even read, so no load or store address depends on the epoch slot's load; on (push) they are."""
+    assert report[single]["parity_uses"] == 0, report[single]
+    assert report[double]["parity_uses"] > 0, report[double]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_program_touches_only_its_own_epoch_slot(report, kernel):
+    """Per-program epoch slots (kernels/device/epochs.py): the epoch words are used through one
+    address, ``epoch_ptr + pid`` (its load and its plain store), no shared counter or exchange."""
+    assert report[kernel]["epoch_uses"] == 1, report[kernel]

@@ -17,6 +17,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pytest
 import torch
 
+from taxmodel.kernels.device.epochs import EPOCH_SLOTS
 from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles, transport
 from taxmodel.kernels.ag_gemm.workload import AgGemm
@@ -57,6 +58,10 @@ def test_replaying_one_recorded_iteration_stays_correct(variant: str, monkeypatc
         v.run(st)  # "capture": the launches of one iteration, arguments frozen from here on
         captured, tape.log = tape.log, None
         assert len(captured) == 2  # the copy kernel and the GEMM
+        # Push double-buffers by the device epoch's parity; pull's single buffer keeps every address
+        # off the epoch.
+        assert [kw["DOUBLE_BUFFER"] for _, _, _, kw in captured] == [variant == "push"] * 2
+        (_, (copy_grid,), _, _), (_, (gemm_grid,), _, _) = captured
         errs = []
         for i in range(replays):
             ctx.barrier()
@@ -70,7 +75,9 @@ def test_replaying_one_recorded_iteration_stays_correct(variant: str, monkeypatc
             out = wl.output(st).float()
             assert not torch.isnan(out).any(), f"replay {i}: a tile was never written"
             errs.append(float((out - ref).abs().max()))
-        assert st.epochs.tolist() == [1 + replays, 0, 1 + replays, 0]  # both kernels counted every launch
+        # Both kernels counted every launch, replays included, in every program's slot.
+        for slots, grid in zip(st.epochs.tolist(), (gemm_grid, copy_grid)):
+            assert slots == [1 + replays] * grid + [0] * (EPOCH_SLOTS - grid)
         return errs
 
     errs = run_in_threads(2, body, heap_bytes=1 << 20, timeout_s=300, spin_timeout_s=60)
@@ -118,6 +125,7 @@ def test_the_copy_engine_pull_replays_with_its_flags_reset_after_every_gemm(monk
         captured, tape.log = tape.log, None
         engine_ops = [op[0].__name__ for op in captured if len(op) == 3]
         assert engine_ops[-1] == "reset_flags" and "write_flag" in engine_ops and "copy" in engine_ops
+        assert [op[3]["DOUBLE_BUFFER"] for op in captured if len(op) == 4] == [False]  # the GEMM: single buffer
         assert int(st.flags.abs().sum()) == 0  # reset after the GEMM
         errs = []
         for i in range(3):

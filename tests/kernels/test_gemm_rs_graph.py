@@ -20,6 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 import pytest
 import torch
 
+from taxmodel.kernels.device.epochs import EPOCH_SLOTS
 from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.gemm_rs import tiles
 from taxmodel.kernels.gemm_rs.state import CPU_RS_CONFIG, make_a_shard, make_b_shard
@@ -130,14 +131,16 @@ def test_replaying_one_recorded_iteration_stays_correct(world: int, reduce: str,
         check_errors(st.err, tiles.KERNEL_NAMES, ctx)
         errs.append(float((st.out.double() - ref).abs().max()))
         ctx.barrier()  # every rank's flags final before they are read
-        return errs, _same_arguments(captured, eager), st.epochs.tolist(), st.count.tolist(), st.flags.tolist()
+        return (errs, _same_arguments(captured, eager), st.epochs.tolist(), captured[0][1][0], st.count.tolist(),
+                st.flags.tolist())
 
     total = 1 + REPLAYS + 1
     n_tiles = tiles.own_tiles(SHAPE["M"] // world, SHAPE["N"], CPU_RS_CONFIG.gemm)
-    for errs, same, epochs, count, flags in run_in_threads(world, body, heap_bytes=1 << 20, timeout_s=300,
-                                                           spin_timeout_s=60):
+    for errs, same, epochs, grid, count, flags in run_in_threads(world, body, heap_bytes=1 << 20, timeout_s=300,
+                                                                 spin_timeout_s=60):
         assert len(errs) == total and max(errs) < 1e-4, errs
         assert same  # the host passed nothing that changes per iteration
-        assert epochs == [total, 0]  # advanced once per GEMM launch; done counter re-armed
+        # Advanced once per GEMM launch, replays included, in every program's slot (the GEMM's grid).
+        assert epochs == [total] * grid + [0] * (EPOCH_SLOTS - grid)
         assert count == [total] * n_tiles  # every own tile reduced once per iteration, replays included
         assert flags[:n_tiles] == [[total] * world] * n_tiles  # every source signalled every tile of every epoch

@@ -39,14 +39,16 @@ for entry in entries:
         continue
     epi = cfg.epi_split if cfg.tma_store else 1
     # As the variants launch it: K pieces (the SM copy transport) never flattened, with and without
-    # records; one piece (the copy engines) flattened as the entry says.
+    # records; one piece (the copy engines) flattened as the entry says; the push variant's double
+    # buffer (DOUBLE_BUFFER: a superset of the single buffer's code).
     for inst, pieces in ((False, PIECES), (True, PIECES), (False, 1)):
         flat = cfg.flatten and gt.flatten_ok(pieces, inst, True)
         consts = dict(WORLD=4, A_MODE=gt.A_WAIT, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                       GROUP_M=cfg.group_m, NUM_PROGS=132, NUM_STAGES=cfg.num_stages, USE_TMA=True, SYNC_MODE=1,
                       COUNT=False, TMA_STORE=cfg.tma_store, EPI_SPLIT=epi, K_PIECES=pieces,
                       KT_PER_PIECE=K // pieces // cfg.block_k, INSTRUMENT=inst, FLATTEN=flat,
-                      WAIT_VOTE=cfg.wait_vote, WAIT_HORIZON=cfg.wait_horizon, HORIZON_SCAN=cfg.horizon_scan)
+                      WAIT_VOTE=cfg.wait_vote, WAIT_HORIZON=cfg.wait_horizon, HORIZON_SCAN=cfg.horizon_scan,
+                      DOUBLE_BUFFER=True)
         name = tag + ("-inst" if inst else "") + ("-p1" if pieces == 1 else "")
         report[name] = build(gt.ag_gemm_kernel, args(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tma_store, epi),
                              consts, cfg.num_warps, cfg.num_stages, name.replace("x", "_"))
