@@ -88,7 +88,7 @@ def ag_gemm_kernel(
     t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:
-        publish_epoch(epoch_ptr, pid, epoch)
+        publish_epoch(epoch_ptr, pid, epoch, SYNC_MODE)
 
 
 # --- host side -----------------------------------------------------------------------------------

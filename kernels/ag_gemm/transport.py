@@ -123,7 +123,7 @@ def copy_blocks_kernel(
         else:
             signal(flag, epoch, rank, peer, heap_bases)
             t_rec = trace.mark(rec_ptr, pid, trace.STORE_PUSH, t_rec, INSTRUMENT, MODE)
-    publish_epoch(epoch_ptr, pid, epoch)
+    publish_epoch(epoch_ptr, pid, epoch, MODE)
 
 
 def wait_target(cfg: GemmConfig, k: int, epoch: int) -> int:

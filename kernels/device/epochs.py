@@ -6,11 +6,11 @@ or sets epoch flags (AG+GEMM's ``ag_gemm_kernel`` in ``A_WAIT``, the SM copy ker
 ``ag_gemm/transport.py``, GEMM+RS's ``gemm_rs_kernel``) therefore keeps its own epoch words in
 device memory: int32 [``EPOCH_SLOTS``], one slot per program. Program ``pid`` takes
 ``slots[pid] + 1`` as this launch's epoch at its start (``launch_epoch``) and stores that epoch
-into ``slots[pid]`` at its end (``publish_epoch``): a plain store, no barrier, no atomic. The next
-launch on the same stream reads it (the kernel boundary orders it). Within a launch every program
-reads and writes only its own slot, so no program can take this launch's epoch for the last one
-(within a program, every thread reads the slot before the CTA barriers of its first tile or work
-item, and the store comes after its last; every program has at least one). After a launch every
+into ``slots[pid]`` at its end (``publish_epoch``): a CTA barrier (so that no thread stores the
+new epoch before every thread of the program has read the old one), then a plain store, no
+atomic. The next launch on the same stream reads it (the kernel boundary orders it). Within a
+launch every program reads and writes only its own slot, so no program can take this launch's
+epoch for the last one. After a launch every
 slot of its grid holds the same value, so a reader that runs after it on the same stream
 (``rs_reduce_kernel``, the host) reads slot 0.
 
@@ -19,7 +19,7 @@ its last tile every program passed a CTA barrier and an acq_rel add on the one c
 last one stored and exchanged the epoch) was, with the epoch-dependent row offset of the first
 loads (now ``gemm_tiles``' ``DOUBLE_BUFFER``), what cost the AG GEMM 0.7-3.0 points of cuBLAS
 speed at the short shapes on an H100 without a remote tile (1024 x 2048 x 8192: 0.995x alone,
-0.965x with the epoch; benchmarks/results/gemm_notes.md). A slot costs one load and one store.
+0.965x with the epoch; benchmarks/results/gemm_notes.md). A slot costs one load, a CTA barrier and one store.
 
 The same-grid rule: every launch on one slots buffer must use the same grid, since a program
 that did not run in an earlier launch would hold a stale epoch. The launch functions check it on
@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from taxmodel.kernels.device.sync import cta_barrier
 
 #: Slots per kernel: at least any persistent grid (one program per SM, the copy kernel's programs).
 EPOCH_SLOTS = 1024
@@ -46,9 +48,12 @@ def launch_epoch(slots_ptr, pid):
 
 
 @triton.jit
-def publish_epoch(slots_ptr, pid, epoch):
+def publish_epoch(slots_ptr, pid, epoch, MODE: tl.constexpr):
     """Program ``pid``'s last step: its slot holds ``epoch`` for the next launch (plain store:
-    only this program touches the slot within the launch)."""
+    only this program touches the slot within the launch). The CTA barrier first: no thread of
+    the program may store the new epoch before every thread has read the old one (``MODE``: the
+    ``sync`` mode, an explicit ``bar.sync`` on NVIDIA)."""
+    cta_barrier(MODE)
     tl.store(slots_ptr + pid, epoch)
 
 

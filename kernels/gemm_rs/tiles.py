@@ -168,7 +168,7 @@ def gemm_rs_kernel(
                                 SYNC_MODE, COUNT, INSTRUMENT)
     # Last, after this program's pushes and tail reductions: its slot holds the epoch for the reduce
     # kernel of this iteration and the next iteration's GEMM.
-    publish_epoch(epoch_ptr, pid, epoch)
+    publish_epoch(epoch_ptr, pid, epoch, SYNC_MODE)
 
 
 @triton.jit(do_not_specialize=["rank", "budget"])
