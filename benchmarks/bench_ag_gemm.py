@@ -73,6 +73,9 @@ TILES = {
 TRANSPORTS = {
     "ce-mem": dict(transport="ce", ce_signal="mem"),
     "ce-kernel": dict(transport="ce", ce_signal="kernel"),
+    # Several M-blocks per copy-engine copy (about this many bytes each), one flag per copy.
+    **{f"ce-mem-{mib}m": dict(transport="ce", ce_signal="mem", ce_copy_bytes=mib << 20) for mib in (4, 8, 16, 32, 64)},
+    "ce-mem-1b": dict(transport="ce", ce_signal="mem", ce_copy_bytes=0),  # one block per copy, whatever the default
     "sm32": dict(transport="sm", push_progs=32),
     "sm16r": dict(transport="sm", push_progs=16, reserve_sms=True),
     "sm64f": dict(transport="sm", push_progs=64, push_chunk_k=512),
@@ -123,6 +126,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true", help="CPU smoke test (gloo, Triton interpreter, tiny shapes)")
     p.add_argument("--sizes", default=None, help="comma-separated presets (default: all issue sizes)")
+    p.add_argument("--shape", action="append", default=[], metavar="K=V",
+                   help="override one shape value of every size (repeatable), e.g. --shape N=4096: on 2 ranks the "
+                        "tensor-parallel presets then have the 4-rank presets' weight shard [K, 2048]")
     p.add_argument("--variants", default="bsp,torch_fused,pull,push")
     p.add_argument("--iters", type=int, default=None, help="iterations per timed batch")
     p.add_argument("--reps", type=int, default=None, help="timed batches (median reported)")
@@ -134,7 +140,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--graph", action="store_true", help="also time CUDA-graph replays of the graph-safe variants")
     p.add_argument("--spin-timeout", type=float, default=30.0)
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_ag_gemm"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.shape_overrides = {}
+    for item in args.shape:
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip().isdigit():
+            p.error(f"--shape {item!r}: expected KEY=INTEGER, e.g. N=4096")
+        args.shape_overrides[key.strip()] = int(value)
+    return args
 
 
 def time_batches(ctx: RankContext, fn: Callable[[], Any], iters: int, reps: int, warmup: int) -> float:
@@ -234,7 +247,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     from taxmodel.kernels.ag_gemm.workload import AgGemm
 
     wl = AgGemm()
-    shape = wl.shape(preset, seed=1)
+    shape = wl.shape(preset, seed=1, **args.shape_overrides)
     iters = args.iters or (2 if args.cpu else (10 if shape["M"] >= 8192 else 20))
     reps = args.reps or (1 if args.cpu else 3)
     warmup = args.warmup if args.warmup is not None else (1 if args.cpu else 3)
@@ -459,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
     wl = AgGemm()
     dtype = pick_dtype({}, ctx.device)
-    need = max(heap_bytes(wl.shape(s), ctx.world_size, v, dtype, GPU_CONFIG) for s in sizes for v in ("push", "pull"))
+    need = max(heap_bytes(wl.shape(s, **args.shape_overrides), ctx.world_size, v, dtype, GPU_CONFIG)
+               for s in sizes for v in ("push", "pull"))
     heap = make_heap(ctx, need + (1 << 20))
     log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
     log(f"ag_gemm benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB")

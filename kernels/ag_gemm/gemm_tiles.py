@@ -63,7 +63,7 @@ def ag_gemm_kernel(
     SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
     K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
     FLATTEN: tl.constexpr = False, WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False,
-    HORIZON_SCAN: tl.constexpr = 64, DOUBLE_BUFFER: tl.constexpr = False,
+    HORIZON_SCAN: tl.constexpr = 64, DOUBLE_BUFFER: tl.constexpr = False, FLAG_CHUNK: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
@@ -84,7 +84,7 @@ def ag_gemm_kernel(
         remote_shift, rank, epoch, budget, kernel_id,
         ROLE_AG, WORLD, A_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
         COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE, INSTRUMENT, FLATTEN, False, WAIT_VOTE, WAIT_HORIZON,
-        HORIZON_SCAN)
+        HORIZON_SCAN, FLAG_CHUNK)
     t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:
@@ -110,8 +110,14 @@ class GemmConfig:
     - ``"direct"`` (pull only): the GEMM loads remote A tiles straight from the peers' heaps
       (every remote tile crosses the link once per N-tile: the slow reference design).
 
-    ``ce_signal`` picks the flag write after a copy-engine block: "mem" (stream memory operation)
-    or "kernel" (one-program Triton kernel). ``flatten`` asks for the engine's flattened tile loop
+    ``ce_signal`` picks the flag write after a copy-engine copy: "mem" (stream memory operation)
+    or "kernel" (one-program Triton kernel). ``ce_copy_bytes``: about how many bytes one copy-engine
+    copy moves (whole M-blocks of one peer, ``ce_blocks_per_copy``; 0: one block per copy), each
+    copy followed by one flag write, which covers all its blocks. Why: per copy the engine pays a
+    fixed cost (on 2x H200, 2 MiB blocks copied at 233 GB/s with ~6 us between one copy's end and
+    the next one's start: 60% of the link's time moved data), so few large copies move a slab
+    faster than many small ones, while a first copy small enough still lands before the GEMM has
+    finished its own rows (``benchmarks/results/ag_gemm_ce_chunks_h200x2.md``). ``flatten`` asks for the engine's flattened tile loop
     (the next tile's loads overlap this tile's epilogue; ``tile_gemm.flatten_ok`` says when a launch
     can have it). ``wait_vote`` lets a remote tile whose flag already holds the epoch pass with one
     acquire load per thread and a voting barrier (``sync.wait_geq``'s ``VOTE``; GPU only: the
@@ -133,6 +139,7 @@ class GemmConfig:
     epi_split: int = 2
     transport: str = "ce"
     ce_signal: str = "mem"
+    ce_copy_bytes: int = 0
     push_progs: int = 32
     push_rows: int = 32
     push_block_k: int = 256
@@ -161,7 +168,8 @@ class GemmConfig:
     def label(self) -> str:
         gemm = self.tile_label()
         if self.transport == "ce":
-            return f"{gemm}-ce-{self.ce_signal}"
+            size = f"-{self.ce_copy_bytes / 2**20:g}m" if self.ce_copy_bytes > 0 else ""
+            return f"{gemm}-ce-{self.ce_signal}{size}"
         if self.transport == "sm":
             res = "-reserved" if self.reserve_sms else ""
             return f"{gemm}-sm{self.push_progs}x{self.push_rows}x{self.push_block_k}-c{self.push_chunk_k}{res}"
@@ -257,6 +265,16 @@ def k_pieces(cfg: GemmConfig, k: int) -> int:
     return triton.cdiv(k, piece_cols(cfg, k))
 
 
+def ce_blocks_per_copy(cfg: GemmConfig, m_loc: int, k: int, elt: int) -> int:
+    """M-blocks per copy-engine copy (and per flag) of a slab of ``m_loc`` rows of ``k`` elements of
+    ``elt`` bytes: as many whole blocks as fit in ``cfg.ce_copy_bytes`` (at least one, at most the
+    slab); 1 for the other transports and with ``ce_copy_bytes`` 0."""
+    blocks = triton.cdiv(m_loc, cfg.block_m)
+    if cfg.transport != "ce" or cfg.ce_copy_bytes <= 0:
+        return 1
+    return max(1, min(blocks, cfg.ce_copy_bytes // (cfg.block_m * k * elt)))
+
+
 def piece_cols(cfg: GemmConfig, k: int) -> int:
     """Columns per K piece of the ``sm`` transport (whole ``block_k`` steps, at most K rounded up)."""
     if cfg.push_chunk_k % cfg.block_k:
@@ -308,6 +326,8 @@ def launch_ag_gemm(
     progs = num_programs(cfg, c.device, num_tiles, reserve_programs)
     if mode == A_WAIT:
         check_grid(epochs, progs, "launch_ag_gemm")
+    # One flag per copy-engine copy (its last block's): the transport writes no other.
+    flag_chunk = ce_blocks_per_copy(cfg, m_loc, k, a.element_size()) if mode == A_WAIT and pieces == 1 else 1
     use_tma = a_desc is not None and b_desc is not None
     # A TMA store writes whole BLOCK_M rows: only when no block straddles two slabs.
     tma_store = use_tma and cfg.tma_store and m_loc % cfg.block_m == 0
@@ -329,5 +349,6 @@ def launch_ag_gemm(
         INSTRUMENT=trace.instrument_code(records),
         FLATTEN=cfg.flatten and flatten_ok(pieces, bool(trace.instrument_code(records)), use_tma),
         WAIT_VOTE=cfg.wait_vote and sync == SYNC_NVIDIA, WAIT_HORIZON=cfg.wait_horizon, HORIZON_SCAN=cfg.horizon_scan,
+        FLAG_CHUNK=flag_chunk,
         DOUBLE_BUFFER=parity_rows != 0 or flag_parity_stride != 0, num_warps=cfg.num_warps,
     )

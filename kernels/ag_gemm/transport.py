@@ -38,7 +38,7 @@ from taxmodel.kernels.device.sync import signal
 from taxmodel.kernels.names import COPY_BLOCKS_KERNEL
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import GemmConfig, k_pieces, piece_cols
+from .gemm_tiles import GemmConfig, ce_blocks_per_copy, k_pieces, piece_cols
 from .state import AgGemmState
 
 COPY_KERNEL = COPY_BLOCKS_KERNEL
@@ -222,18 +222,22 @@ def join(st: AgGemmState, main: Any, streams: list[Any]) -> None:
 
 def ce_transfer_blocks(st: AgGemmState, ce: CopyEngine, src_buf: torch.Tensor, dst_buf: torch.Tensor,
                        flags: torch.Tensor, *, pull: bool, value: int, streams: list[Any]) -> None:
-    """Copy-engine moves of whole M-blocks, one stream per peer, each block followed by its flag.
+    """Copy-engine moves of whole M-blocks, one stream per peer, in copies of
+    ``ce_blocks_per_copy`` blocks, each copy followed by one flag: its last block's (the GEMM waits
+    on that flag for every block of the copy, ``tile_gemm.flag_block``).
 
     Push: this rank's slab of ``src_buf`` -> the same rows of ``dst_buf`` on peer ``rank - step``;
     the flag is set on the peer. Pull: peer ``rank + step``'s slab (its own rows of its gathered
-    buffer) -> this rank's buffer; the flag is set here. Blocks go in consumption order
-    (block-major, peers interleaved). Host-chosen flag value: not graph-safe.
+    buffer) -> this rank's buffer; the flag is set here. Copies go in consumption order
+    (block-major, peers interleaved). The flag value is the caller's (``value``).
     """
     row_bytes = st.k * dst_buf.element_size()
     src_base, dst_base = ce.offset_of(src_buf), ce.offset_of(dst_buf)
     bm, bpr = st.cfg.block_m, triton.cdiv(st.m_loc, st.cfg.block_m)
-    for j in range(bpr):
-        rows = min(bm, st.m_loc - j * bm)
+    per_copy = ce_blocks_per_copy(st.cfg, st.m_loc, st.k, dst_buf.element_size())
+    for j0 in range(0, bpr, per_copy):
+        j = min(j0 + per_copy, bpr) - 1  # the copy's last block: its flag
+        rows = min((j + 1) * bm, st.m_loc) - j0 * bm
         for step in range(1, st.world):
             stream = streams[step - 1] if streams else None
             if pull:
@@ -242,6 +246,6 @@ def ce_transfer_blocks(st: AgGemmState, ce: CopyEngine, src_buf: torch.Tensor, d
             else:
                 peer = (st.rank + st.world - step) % st.world
                 owner, dst, src = st.rank, peer, st.rank
-            off = (owner * st.m_loc + j * bm) * row_bytes
+            off = (owner * st.m_loc + j0 * bm) * row_bytes
             ce.copy(dst, dst_base + off, src, src_base + off, rows * row_bytes, stream)
             ce.write_flag(dst, flags, owner * bpr + j, value, stream)

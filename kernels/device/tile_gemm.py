@@ -10,7 +10,9 @@ straddles two slabs: the last block of a slab is partial when ``M_loc`` is not a
   rows get here: ``A_LOCAL`` (all in ``a_ptr``: the GEMM alone), ``A_PULL`` (each tile loads remote
   rows straight from the peer's heap with ``iris.load``), ``A_WAIT`` (rows land in ``a_ptr`` from
   elsewhere; before its first K-step a remote tile waits (acquire) until its block's flag holds the
-  epoch, or piece by piece along K with ``K_PIECES`` > 1).
+  epoch, or piece by piece along K with ``K_PIECES`` > 1; with ``FLAG_CHUNK`` > 1 blocks land in
+  groups of that many, one copy-engine copy each, and a block's flag is its group's last block's,
+  ``flag_block``).
 - ``ROLE_RS`` (GEMM + Reduce-Scatter): slab ``o`` of the output belongs to rank ``o``; the finished
   tile goes to the owner's receive slot of this source (``iris.store``; an own tile's pointer
   translates to itself). The tiles' flags on their owners are set to the epoch once the program's
@@ -229,8 +231,17 @@ def wait_piece(flags_ptr, flag, waits, a_row0, seen_min, rec_ptr, pid, t_rec, er
 
 
 @triton.jit
+def flag_block(j, blocks_per_rank, FLAG_CHUNK: tl.constexpr):
+    """The block whose flag says block ``j`` of a slab has landed: the last block of its group of
+    ``FLAG_CHUNK`` (one copy-engine copy moves a group and sets that one flag; ``j`` itself at 1)."""
+    if FLAG_CHUNK == 1:
+        return j
+    return tl.minimum((j // FLAG_CHUNK + 1) * FLAG_CHUNK, blocks_per_rank) - 1
+
+
+@triton.jit
 def ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD: tl.constexpr, SCAN: tl.constexpr,
-                 SYNC_MODE: tl.constexpr):
+                 SYNC_MODE: tl.constexpr, FLAG_CHUNK: tl.constexpr = 1):
     """AG ``A_WAIT``, one flag per block (``K_PIECES`` 1): the new horizon after one scan, i.e. ``horizon`` plus how
     many remote blocks from position ``horizon`` on (delivery order, ``SCAN`` at most) already
     hold ``epoch``, without a gap. Every thread reads its share of the flags with an acquire load
@@ -239,7 +250,7 @@ def ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD: tl.con
     pos = horizon + tl.arange(0, SCAN)
     in_range = pos < (WORLD - 1) * blocks_per_rank
     src, j = peer_block(pos, rank, WORLD)
-    idx = tl.where(in_range, src * blocks_per_rank + j, 0)
+    idx = tl.where(in_range, src * blocks_per_rank + flag_block(j, blocks_per_rank, FLAG_CHUNK), 0)
     if SYNC_MODE == 1:
         vals = acquire_load(flags_ptr + idx, False)
     else:
@@ -260,6 +271,7 @@ def persistent_gemm(
     COUNT: tl.constexpr, TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr, K_PIECES: tl.constexpr,
     KT_PER_PIECE: tl.constexpr, INSTRUMENT: tl.constexpr, FLATTEN: tl.constexpr, VEC_HINT: tl.constexpr,
     WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False, HORIZON_SCAN: tl.constexpr = 64,
+    FLAG_CHUNK: tl.constexpr = 1,
 ):
     """Every tile of this program (``pid``), in the role's order; returns the record clock ``t_rec``.
 
@@ -288,7 +300,7 @@ def persistent_gemm(
             # Remote tiles wait before their first K-step (one piece: the whole block) or piece by
             # piece along K (K_PIECES > 1); own tiles never wait.
             waits = slab != rank
-            flag_idx = (slab * blocks_per_rank + j) * K_PIECES
+            flag_idx = (slab * blocks_per_rank + flag_block(j, blocks_per_rank, FLAG_CHUNK)) * K_PIECES
             seen_min = tl.cast(epoch, tl.int32)
             if K_PIECES == 1:
                 if WAIT_HORIZON and (WORLD > 1):
@@ -298,7 +310,7 @@ def persistent_gemm(
                     r_pos = peer_position(slab, j, rank, WORLD)
                     if waits & (r_pos >= horizon):
                         horizon = ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD, HORIZON_SCAN,
-                                               SYNC_MODE)
+                                               SYNC_MODE, FLAG_CHUNK)
                         if USE_TMA:
                             fence_tma_after_acquire(SYNC_MODE)
                     covered = waits & (r_pos < horizon)

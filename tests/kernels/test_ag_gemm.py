@@ -23,8 +23,9 @@ interpreted = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "In
                                  reason="kernels were imported without TRITON_INTERPRET=1")
 
 
-def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2, transport: str = "ce") -> list[float]:
-    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport))
+def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2, transport: str = "ce",
+                  ce_copy_bytes: int = 0) -> list[float]:
+    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport, ce_copy_bytes=ce_copy_bytes))
 
     def body(ctx: RankContext) -> list[float]:
         v = wl.variants()[variant]
@@ -89,6 +90,32 @@ def test_torch_fused_says_why_it_is_unavailable_on_cpu() -> None:
 def test_variant_matches_reference(variant: str, world: int, transport: str) -> None:
     errs = run_and_check(world, variant, {**AgGemm.presets["tiny"], "seed": world}, transport=transport)
     assert max(errs) < 1e-4
+
+
+@interpreted
+@pytest.mark.parametrize("variant,m_loc,blocks_per_copy", [("pull", 96, 4), ("push", 96, 4), ("pull", 48, 2),
+                                                           ("push", 40, 5)])
+def test_copy_engines_in_copies_of_several_blocks(variant: str, m_loc: int, blocks_per_copy: int) -> None:
+    # 16-row blocks of K=40 fp32 (2560 bytes): copies of 4 blocks over 6 (the last copy 2 blocks), of 2
+    # over 3, and of every block at once (40 rows: 3 blocks, the last partial). The GEMM waits on the
+    # flag of each copy's last block for all of its blocks: a wrong row offset gives a wrong product,
+    # a wrong flag a wait that never ends.
+    block_bytes = gemm_tiles.CPU_CONFIG.block_m * 40 * 4
+    cfg = replace(gemm_tiles.CPU_CONFIG, transport="ce", ce_copy_bytes=blocks_per_copy * block_bytes)
+    assert gemm_tiles.ce_blocks_per_copy(cfg, m_loc, 40, 4) == min(blocks_per_copy, -(-m_loc // 16))
+    errs = run_and_check(2, variant, {"M": 2 * m_loc, "N": 40, "K": 40, "tp": 0, "seed": m_loc},
+                         ce_copy_bytes=blocks_per_copy * block_bytes)
+    assert max(errs) < 1e-4
+
+
+def test_blocks_per_copy_is_whole_blocks_within_the_slab() -> None:
+    cfg = replace(gemm_tiles.GPU_CONFIG, transport="ce", ce_copy_bytes=16 << 20)
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 8192, 8192, 2) == 8  # 2 MiB blocks of 128 x 8192 bf16
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 256, 8192, 2) == 2  # never more than the slab's blocks
+    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=1 << 20), 8192, 8192, 2) == 1  # at least one
+    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=0), 8192, 8192, 2) == 1  # 0: one per copy
+    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, transport="sm"), 8192, 8192, 2) == 1  # flags per K piece
+    assert replace(cfg, ce_copy_bytes=8 << 20).label().endswith("-ce-mem-8m")
 
 
 @interpreted
