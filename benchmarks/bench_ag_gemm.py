@@ -75,7 +75,7 @@ TRANSPORTS = {
     "ce-kernel": dict(transport="ce", ce_signal="kernel"),
     # Several M-blocks per copy-engine copy (about this many bytes each), one flag per copy.
     **{f"ce-mem-{mib}m": dict(transport="ce", ce_signal="mem", ce_copy_bytes=mib << 20) for mib in (4, 8, 16, 32, 64)},
-    "ce-mem-1b": dict(transport="ce", ce_signal="mem", ce_copy_bytes=0),  # one block per copy, whatever the default
+    "ce-mem-1b": dict(transport="ce", ce_signal="mem", ce_copy_bytes=0),  # one block per copy (before 2026-11-28)
     "sm32": dict(transport="sm", push_progs=32),
     "sm16r": dict(transport="sm", push_progs=16, reserve_sms=True),
     "sm64f": dict(transport="sm", push_progs=64, push_chunk_k=512),

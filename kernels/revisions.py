@@ -14,6 +14,9 @@ REVISIONS: tuple[tuple[int, str, str], ...] = (
             "waits for that tile's stores, so a program's pushes do not overlap its next tile"),
     (2, "2026-11-27T23:10:03+00:00", "one GEMM engine for every fine-grained variant (kernels/device/tile_gemm.py); "
             "GEMM+RS's programs release their flags once, after their last tile (commit 10cf4fb)"),
+    (3, "2026-11-28T11:14:00+00:00", "AG+GEMM's copy engines move a peer's slab in max(W, 4) copies, one flag "
+            "each, instead of one copy and flag per M-block; the fine-grained kernels keep their epochs in "
+            "per-program slots"),
 )
 KERNEL_REVISION = REVISIONS[-1][0]
 

@@ -111,13 +111,16 @@ class GemmConfig:
       (every remote tile crosses the link once per N-tile: the slow reference design).
 
     ``ce_signal`` picks the flag write after a copy-engine copy: "mem" (stream memory operation)
-    or "kernel" (one-program Triton kernel). ``ce_copy_bytes``: about how many bytes one copy-engine
-    copy moves (whole M-blocks of one peer, ``ce_blocks_per_copy``; 0: one block per copy), each
-    copy followed by one flag write, which covers all its blocks. Why: per copy the engine pays a
-    fixed cost (on 2x H200, 2 MiB blocks copied at 233 GB/s with ~6 us between one copy's end and
-    the next one's start: 60% of the link's time moved data), so few large copies move a slab
-    faster than many small ones, while a first copy small enough still lands before the GEMM has
-    finished its own rows (``benchmarks/results/ag_gemm_ce_chunks_h200x2.md``). ``flatten`` asks for the engine's flattened tile loop
+    or "kernel" (one-program Triton kernel). ``ce_copy_bytes``: how much of a peer's slab one
+    copy-engine copy moves (whole M-blocks, ``ce_blocks_per_copy``), each copy followed by one flag
+    write that covers all its blocks: None (the default) splits a slab into ``max(world, 4)``
+    copies; 0 copies one block at a time; a positive number about that many bytes per copy. Why:
+    per copy the engine pays a fixed cost (2x H200: 2 MiB blocks moved at 233 GB/s with ~6 us from
+    one copy's end to the next one's start, so the link carried data 60% of the time), so a few
+    large copies move a slab faster than many small ones; and with at least ``world`` copies per
+    slab the first one lands within 1/world of the transfer, while the GEMM is still on its own
+    rows (1/world of its tiles), whenever the transfer is no longer than the GEMM
+    (``benchmarks/results/ag_gemm_ce_copies_h200x2.md``). ``flatten`` asks for the engine's flattened tile loop
     (the next tile's loads overlap this tile's epilogue; ``tile_gemm.flatten_ok`` says when a launch
     can have it). ``wait_vote`` lets a remote tile whose flag already holds the epoch pass with one
     acquire load per thread and a voting barrier (``sync.wait_geq``'s ``VOTE``; GPU only: the
@@ -139,7 +142,7 @@ class GemmConfig:
     epi_split: int = 2
     transport: str = "ce"
     ce_signal: str = "mem"
-    ce_copy_bytes: int = 0
+    ce_copy_bytes: int | None = None
     push_progs: int = 32
     push_rows: int = 32
     push_block_k: int = 256
@@ -168,7 +171,7 @@ class GemmConfig:
     def label(self) -> str:
         gemm = self.tile_label()
         if self.transport == "ce":
-            size = f"-{self.ce_copy_bytes / 2**20:g}m" if self.ce_copy_bytes > 0 else ""
+            size = "" if self.ce_copy_bytes is None else f"-{self.ce_copy_bytes / 2**20:g}m" if self.ce_copy_bytes else "-1b"
             return f"{gemm}-ce-{self.ce_signal}{size}"
         if self.transport == "sm":
             res = "-reserved" if self.reserve_sms else ""
@@ -265,13 +268,27 @@ def k_pieces(cfg: GemmConfig, k: int) -> int:
     return triton.cdiv(k, piece_cols(cfg, k))
 
 
-def ce_blocks_per_copy(cfg: GemmConfig, m_loc: int, k: int, elt: int) -> int:
+#: Copies per peer slab at least, with ``ce_copy_bytes`` None (``GemmConfig``).
+CE_MIN_COPIES = 4
+
+
+def default_blocks_per_copy(blocks: int, world: int) -> int:
+    """Blocks per copy-engine copy of a slab of ``blocks`` M-blocks on ``world`` ranks by default
+    (``GemmConfig.ce_copy_bytes`` None): the slab in ``max(world, CE_MIN_COPIES)`` copies, each of
+    whole blocks (at least one). The analytic model plans the copies with it too."""
+    return max(1, blocks // max(world, CE_MIN_COPIES))
+
+
+def ce_blocks_per_copy(cfg: GemmConfig, m_loc: int, k: int, elt: int, world: int) -> int:
     """M-blocks per copy-engine copy (and per flag) of a slab of ``m_loc`` rows of ``k`` elements of
-    ``elt`` bytes: as many whole blocks as fit in ``cfg.ce_copy_bytes`` (at least one, at most the
-    slab); 1 for the other transports and with ``ce_copy_bytes`` 0."""
+    ``elt`` bytes on ``world`` ranks (``GemmConfig.ce_copy_bytes``): the slab in
+    ``max(world, CE_MIN_COPIES)`` copies, or as many whole blocks as fit in the bytes asked for;
+    at least one block, at most the slab; 1 for the other transports."""
     blocks = triton.cdiv(m_loc, cfg.block_m)
-    if cfg.transport != "ce" or cfg.ce_copy_bytes <= 0:
+    if cfg.transport != "ce" or cfg.ce_copy_bytes == 0:
         return 1
+    if cfg.ce_copy_bytes is None:
+        return default_blocks_per_copy(blocks, world)
     return max(1, min(blocks, cfg.ce_copy_bytes // (cfg.block_m * k * elt)))
 
 
@@ -327,7 +344,7 @@ def launch_ag_gemm(
     if mode == A_WAIT:
         check_grid(epochs, progs, "launch_ag_gemm")
     # One flag per copy-engine copy (its last block's): the transport writes no other.
-    flag_chunk = ce_blocks_per_copy(cfg, m_loc, k, a.element_size()) if mode == A_WAIT and pieces == 1 else 1
+    flag_chunk = ce_blocks_per_copy(cfg, m_loc, k, a.element_size(), world) if mode == A_WAIT and pieces == 1 else 1
     use_tma = a_desc is not None and b_desc is not None
     # A TMA store writes whole BLOCK_M rows: only when no block straddles two slabs.
     tma_store = use_tma and cfg.tma_store and m_loc % cfg.block_m == 0

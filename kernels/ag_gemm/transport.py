@@ -234,7 +234,7 @@ def ce_transfer_blocks(st: AgGemmState, ce: CopyEngine, src_buf: torch.Tensor, d
     row_bytes = st.k * dst_buf.element_size()
     src_base, dst_base = ce.offset_of(src_buf), ce.offset_of(dst_buf)
     bm, bpr = st.cfg.block_m, triton.cdiv(st.m_loc, st.cfg.block_m)
-    per_copy = ce_blocks_per_copy(st.cfg, st.m_loc, st.k, dst_buf.element_size())
+    per_copy = ce_blocks_per_copy(st.cfg, st.m_loc, st.k, dst_buf.element_size(), st.world)
     for j0 in range(0, bpr, per_copy):
         j = min(j0 + per_copy, bpr) - 1  # the copy's last block: its flag
         rows = min((j + 1) * bm, st.m_loc) - j0 * bm

@@ -24,7 +24,7 @@ interpreted = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "In
 
 
 def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2, transport: str = "ce",
-                  ce_copy_bytes: int = 0) -> list[float]:
+                  ce_copy_bytes: int | None = 0) -> list[float]:
     wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport, ce_copy_bytes=ce_copy_bytes))
 
     def body(ctx: RankContext) -> list[float]:
@@ -102,20 +102,28 @@ def test_copy_engines_in_copies_of_several_blocks(variant: str, m_loc: int, bloc
     # a wrong flag a wait that never ends.
     block_bytes = gemm_tiles.CPU_CONFIG.block_m * 40 * 4
     cfg = replace(gemm_tiles.CPU_CONFIG, transport="ce", ce_copy_bytes=blocks_per_copy * block_bytes)
-    assert gemm_tiles.ce_blocks_per_copy(cfg, m_loc, 40, 4) == min(blocks_per_copy, -(-m_loc // 16))
+    assert gemm_tiles.ce_blocks_per_copy(cfg, m_loc, 40, 4, 2) == min(blocks_per_copy, -(-m_loc // 16))
     errs = run_and_check(2, variant, {"M": 2 * m_loc, "N": 40, "K": 40, "tp": 0, "seed": m_loc},
                          ce_copy_bytes=blocks_per_copy * block_bytes)
     assert max(errs) < 1e-4
 
 
 def test_blocks_per_copy_is_whole_blocks_within_the_slab() -> None:
-    cfg = replace(gemm_tiles.GPU_CONFIG, transport="ce", ce_copy_bytes=16 << 20)
-    assert gemm_tiles.ce_blocks_per_copy(cfg, 8192, 8192, 2) == 8  # 2 MiB blocks of 128 x 8192 bf16
-    assert gemm_tiles.ce_blocks_per_copy(cfg, 256, 8192, 2) == 2  # never more than the slab's blocks
-    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=1 << 20), 8192, 8192, 2) == 1  # at least one
-    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=0), 8192, 8192, 2) == 1  # 0: one per copy
-    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, transport="sm"), 8192, 8192, 2) == 1  # flags per K piece
-    assert replace(cfg, ce_copy_bytes=8 << 20).label().endswith("-ce-mem-8m")
+    cfg = replace(gemm_tiles.GPU_CONFIG, transport="ce")
+    # the default: a slab in max(world, 4) copies (2 MiB blocks of 128 x 8192 bf16)
+    assert cfg.ce_copy_bytes is None
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 8192, 8192, 2, 2) == 16  # 64 blocks in 4 copies of 32 MiB
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 4096, 8192, 2, 4) == 8
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 2048, 8192, 2, 8) == 2  # 8 copies on 8 ranks
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 256, 8192, 2, 4) == 1  # a slab of 2 blocks: one per copy
+    sized = replace(cfg, ce_copy_bytes=16 << 20)
+    assert gemm_tiles.ce_blocks_per_copy(sized, 8192, 8192, 2, 2) == 8
+    assert gemm_tiles.ce_blocks_per_copy(sized, 256, 8192, 2, 2) == 2  # never more than the slab's blocks
+    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=1 << 20), 8192, 8192, 2, 2) == 1  # at least one
+    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=0), 8192, 8192, 2, 2) == 1  # 0: one per copy
+    assert gemm_tiles.ce_blocks_per_copy(replace(sized, transport="sm"), 8192, 8192, 2, 2) == 1  # flags per K piece
+    assert [replace(cfg, ce_copy_bytes=b).label()[-9:] for b in (None, 0, 8 << 20)] == ["fl-ce-mem", "ce-mem-1b",
+                                                                                        "ce-mem-8m"]
 
 
 @interpreted

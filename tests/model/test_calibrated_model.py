@@ -5,7 +5,9 @@ a one-line caveat, never a traceback."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -256,6 +258,8 @@ def test_a_parameter_fitted_from_rows_entered_by_hand_says_so(tmp_path):
     source) make the parameter they feed say so; the others read as calibrated. The shipped H200
     file's tile_gemm rows were once such rows; since 2026-11-28 calibrate measured them on an H200."""
     from taxmodel.hardware.specs import find_preset
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))  # beside the calibrate tests
     from shipped_calibration import SHIPPED
 
     shipped = ModelParams.from_hardware(find_preset("h200-calibrated"))

@@ -103,3 +103,23 @@ def test_a_zero_dimension_is_bad_input_not_a_crash(workload, shape):
 
     with pytest.raises(InputError, match="positive|at least 1"):
         predict(workload, "bsp", shape, 2, "h200")
+
+
+def test_copy_engine_pull_plans_a_slab_in_several_copies_from_kernel_revision_3():
+    """Kernel revision 3 moves a peer's slab in max(W, 4) copies (one flag each), earlier revisions
+    one copy per 128-row block: the model's host calls, first arrival and drain follow the bundle's
+    revision. M=16384 on 2 ranks: 64 blocks per slab, 4 copies since revision 3."""
+    from dataclasses import replace
+
+    from taxmodel.model import analytic
+
+    shape = {"M": 16384, "N": 8192, "K": 8192, "tp": 1}
+    hw, _ = analytic.resolve_model_hardware("h200-calibrated")
+    base = replace(analytic.ModelParams.from_hardware(hw), ag_transport="ce")
+    new = analytic.predict("ag_gemm", "pull", shape, 2, hw, params=replace(base, kernel_revision=3))
+    old = analytic.predict("ag_gemm", "pull", shape, 2, hw, params=replace(base, kernel_revision=2))
+    assert any("in 4 copies, 8 calls" in a for a in new.assumptions)
+    assert any("in 64 copies, 128 calls" in a for a in old.assumptions)
+    # the same transfer either way; fewer pieces: a later first arrival, a longer drain after the last
+    assert new.details["transfer"] == pytest.approx(old.details["transfer"])
+    assert new.details["pipeline"] >= old.details["pipeline"]

@@ -190,17 +190,20 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         rd, wr = gemm_dram(m, n_loc, k, elt, params.triton_tile, hw, a_local=1.0 / world)
         return [[KernelPlan(FUSED, "fused", det["fused_kernel"], ht, dram_read_bytes=rd, dram_write_bytes=wr)]
                 for _ in range(world)], det, notes
+    arrivals = blocks  # pieces of a peer's slab that land one after another, each with its flag
     if transport == "ce":
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s / max(world - 1, 1))
         per_peer = shard / p2p  # one copy stream per peer, all at once; each pair at the P2P copy rate
         xfer = max(per_peer, (world - 1) * shard / hw.link_bytes_per_s)
-        host_pre = 2 * blocks * params.host_copy_call_s  # per peer stream: a copy and a flag write per block
+        arrivals = ce_copies(blocks, world, params.kernel_revision)
+        host_pre = 2 * arrivals * params.host_copy_call_s  # per peer stream: a copy and a flag write per copy
         gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
         copies = [KernelPlan(f"Memcpy PtoP ({'push' if variant == 'push' else 'pull'})", "comm", xfer, host_pre,
                                stream=1 + i) for i in range(world - 1)]
         lead = (world - 1) * host_pre + ht  # the GEMM's launch returns after every copy call and its own
-        notes.append(f"{variant}/ce: copy engines at {p2p / 1e9:.0f} GB/s per peer pair, {2 * blocks} calls of "
-                     f"{params.host_copy_call_s * 1e6:.0f} us per peer before the GEMM launch; the GEMM keeps every SM")
+        notes.append(f"{variant}/ce: copy engines at {p2p / 1e9:.0f} GB/s per peer pair, a peer's slab in "
+                     f"{arrivals} copies, {2 * arrivals} calls of {params.host_copy_call_s * 1e6:.0f} us per peer "
+                     "before the GEMM launch; the GEMM keeps every SM")
     elif transport == "sm":
         progs = COPY_PROGRAMS
         gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
@@ -213,9 +216,9 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         notes.append(f"{variant}/sm: a {progs}-program copy kernel at {store_bw / 1e9:.0f} GB/s sharing the SMs with the GEMM")
     else:
         raise InputError(f"unknown ag_gemm transport {transport!r}; use ce, sm or direct")
-    first = xfer / blocks + flag
-    pipe = pipeline_time(gemm, blocks, xfer, first, local_fraction=1.0 / world)
-    drain = (gemm - params.kernel_overhead_s) * (1 - 1.0 / world) / blocks
+    first = xfer / arrivals + flag
+    pipe = pipeline_time(gemm, arrivals, xfer, first, local_fraction=1.0 / world)
+    drain = (gemm - params.kernel_overhead_s) * (1 - 1.0 / world) / arrivals
     det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": pipe})
     # the GEMM cannot finish before the slowest peer's blocks arrived (measured from its own start)
     sync_after = max(xfer + flag - lead, 0.0)
@@ -226,6 +229,16 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         after = [KernelPlan(FLAG_RESET, "comm", params.kernel_overhead_s, params.host_copy_call_s)]
         notes.append("pull/ce: the rank's flags zeroed by one memset after the GEMM (the kernel overhead)")
     return [copies + [gemm_plan] + after for _ in range(world)], det, notes
+
+
+def ce_copies(blocks: int, world: int, kernel_revision: int) -> int:
+    """Copies (and flags) per peer slab of ``blocks`` M-blocks on the copy engines: one per block
+    before kernel revision 3, the transport's default split since (``gemm_tiles.default_blocks_per_copy``)."""
+    if kernel_revision < 3:
+        return blocks
+    from taxmodel.kernels.ag_gemm.gemm_tiles import default_blocks_per_copy
+
+    return cdiv(blocks, default_blocks_per_copy(blocks, world))
 
 
 def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, link_s, rd, wr):
