@@ -12,8 +12,14 @@ poisoned with NaN before the run, (2) times bsp, torch_fused, pull and push (pus
 small set of configs, the best reported), plus the floors: cuBLAS matmul alone, the Triton GEMM alone
 (same kernel, all rows local) and all_gather alone. A time is the mean per iteration of a batch of
 back-to-back iterations started after a barrier, the maximum over ranks (the slowest rank sets the
-pace), median over ``--reps`` batches. Results go to ``$OUT`` (or ``--out``): results.json,
-results.csv, results.md. Rank 0 prints the table.
+pace), median over ``--reps`` batches. (3) The final round (``--final-rounds``, ``final_round``):
+every variant at its best config and every floor set up side by side and timed in rounds that take
+turns, the rows ``<name>@final``: the steps above run one variant after another, and a GPU that
+slows down under a long load (the H200 after ~50 ms of GEMMs) makes their times depend on their
+order, so only the ``@final`` columns are compared across variants in the verdict columns.
+Results go to ``$OUT`` (or ``--out``): results.json, results.csv, results.md. Rank 0 prints the
+table. ``--shape K=V`` overrides a shape value of every size (``--shape N=4096`` on 2 ranks: the
+4-rank tensor-parallel weight shard).
 
 ``--graph`` also times, for every variant and config that is graph-safe (``Variant.graph_safe``:
 bsp, pull with any transport, push with the ``sm`` one; not push on the copy engines), ``--iters``
@@ -138,9 +144,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=f"tuning set: one of {sorted(TUNE_SETS)} or 'TILES:TRANSPORTS' (comma-separated keys of "
                         f"{sorted(TILES)} and {sorted(TRANSPORTS)})")
     p.add_argument("--graph", action="store_true", help="also time CUDA-graph replays of the graph-safe variants")
+    add_final_rounds(p)
     p.add_argument("--spin-timeout", type=float, default=30.0)
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_ag_gemm"))
     args = p.parse_args(argv)
+    check_final_rounds(p, args)
     args.shape_overrides = {}
     for item in args.shape:
         key, sep, value = item.partition("=")
@@ -148,6 +156,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--shape {item!r}: expected KEY=INTEGER, e.g. N=4096")
         args.shape_overrides[key.strip()] = int(value)
     return args
+
+
+def add_final_rounds(p: argparse.ArgumentParser) -> None:
+    """The ``--final-rounds`` option (``final_round``), for this benchmark and bench_gemm_rs.py."""
+    p.add_argument("--final-rounds", type=int, default=None,
+                   help="rounds of the final comparison: every variant at its best config and every floor side by "
+                        "side, taking turns (rows <name>@final; the verdict columns use them); default 7 on a GPU, "
+                        "1 with --cpu, 0 to skip")
+
+
+def check_final_rounds(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--final-rounds``' default (7 on a GPU, 1 with --cpu) and its range."""
+    if args.final_rounds is None:
+        args.final_rounds = 1 if args.cpu else 7
+    if args.final_rounds < 0:
+        p.error("--final-rounds must be 0 or more")
 
 
 def time_batches(ctx: RankContext, fn: Callable[[], Any], iters: int, reps: int, warmup: int) -> float:
@@ -272,6 +296,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
 
     timer = rank_timer(ctx, iters, reps) if args.graph else None
     ref2 = None  # the reference of the fresh inputs used after graph replays
+    chosen: dict[str, tuple[Any, str]] = {}  # variant -> (its best config, label): the final round times these
     for vname in args.variants.split(","):
         variant = variants[vname]
         why = variant.available(ctx)
@@ -296,7 +321,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
             if ok:
                 for key in ("eager", f"eager:{cfg.transport}"):
                     if key not in best or ms < best[key][0]:
-                        best[key] = (ms, label, err)
+                        best[key] = (ms, label, err, cfg)
             gms, gnote = float("nan"), ""
             if timer is not None and ok and not graph_safe:
                 gnote = "eager only (not graph-safe)"
@@ -307,7 +332,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
                         ref2 = wl.reference(ctx, {**shape, "seed": 2}, st)
                     gok, gerr = check_after_replays(ctx, wl, st, variant, ref2)
                     if gok and ("graph" not in best or gms < best["graph"][0]):
-                        best["graph"] = (gms, label, gerr)
+                        best["graph"] = (gms, label, gerr, cfg)
                     if not gok:
                         gnote = "WRONG after a graph replay with fresh inputs"
                 if gok is False:
@@ -335,6 +360,9 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
                 record(f"{vname}[{tr}]", b[0], b[1], True, b[2])
         if "graph" in best:
             record(f"{vname}@graph", best["graph"][0], best["graph"][1], True, best["graph"][2])
+        if "graph" in best or "eager" in best:  # the final interleaved round: graph replays where it can
+            pick = best["graph"] if "graph" in best else best["eager"]
+            chosen[vname] = (pick[3], pick[1])
     # Floors: the GEMM alone (cuBLAS, and our Triton kernel with every row local) and the all-gather alone.
     heap.reset()
     ctx.heap = heap
@@ -363,12 +391,71 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     if timer is not None:
         gms, note = floor_in_graph(timer, best_triton[2])
         record("floor:gemm(triton)@graph", gms, best_triton[1], note=note)
+    floors = {"floor:matmul(cublas)": lambda: torch.matmul(gathered, st.b, out=st.c),
+              "floor:gemm(triton)": best_triton[2]}
     if ctx.world_size > 1 and ctx.backend != "threads":
         out = torch.empty(st.m, st.k, dtype=st.dtype, device=ctx.device)
-        record_floor(record, ctx, timer, "floor:all_gather",
-                     lambda: dist.all_gather_into_tensor(out, st.a_local, group=ctx.group), iters, reps, warmup)
-    st = None
+        floors["floor:all_gather"] = lambda: dist.all_gather_into_tensor(out, st.a_local, group=ctx.group)
+        record_floor(record, ctx, timer, "floor:all_gather", floors["floor:all_gather"], iters, reps, warmup)
+    if args.final_rounds > 0 and chosen:
+        final_round(ctx, args, wl, shape, chosen, floors, heap, iters, ref, record, log)
+    st = floors = None
     return rows
+
+
+def final_round(ctx: RankContext, args: argparse.Namespace, wl: Any, shape: dict, chosen: dict[str, tuple[Any, str]],
+                floors: dict[str, Callable[[], Any]], heap: Any, iters: int, ref: torch.Tensor,
+                record: Callable[..., None], log: Callable[[str], None]) -> None:
+    """Every variant at its best config and every floor, set up side by side and timed in
+    ``--final-rounds`` rounds that take turns (the first one rotating), so that all of them see the
+    same GPU state: the H200 slows its GEMMs down after ~50 ms of continuous load, and the rounds
+    above run one variant after another. A graph-safe variant (and every floor) is timed as
+    ``--iters`` steps captured in one CUDA graph, the others as eager batches; rows
+    ``<name>@final`` (ms per step, max over ranks, median of the rounds). Each variant is checked
+    against the reference first. ``chosen``: variant -> (its config, the label to show); the heap
+    must hold every chosen variant's state at once. bench_gemm_rs.py runs it too."""
+    samplers: dict[str, Callable[[], float]] = {}
+    samplers_meta: dict[str, str] = {}
+    one = rank_timer(ctx, iters, 1)
+    heap.reset()
+    ctx.heap = heap
+    states = []
+    for vname, (cfg, label) in chosen.items():
+        wl.config = cfg
+        variant = wl.variants()[vname]
+        st = wl.setup(ctx, shape, variant)  # every rank in the same order: symmetric allocations
+        states.append(st)
+        ok, _ = check(ctx, wl, shape, st, variant, ref)
+        if not ok:
+            log(f"  {vname}@final: WRONG at the final setup; left out")
+            continue
+        def step(variant: Any = variant, st: Any = st) -> None:
+            variant.run(st)
+
+        kind = "graph" if args.graph and variant.graph_safe else "eager"
+        if kind == "graph":
+            _, replay, error = one.graph(step)
+            if error:
+                log(f"  {vname}@final: graph capture failed ({error}); eager batches instead")
+                kind = "eager"
+        if kind == "eager":
+            timing.warm_up(step, 2)
+            replay = timing.repeat(step, iters)
+        samplers[f"{vname}@final"] = (lambda replay=replay: one.sample(replay))
+        samplers_meta[f"{vname}@final"] = f"{kind} {label}".strip()
+    for name, fn in floors.items():
+        _, replay, error = one.graph(fn) if args.graph else (None, timing.repeat(fn, iters), "")
+        if error:
+            continue
+        samplers[f"{name}@final"] = (lambda replay=replay: one.sample(replay))
+        samplers_meta[f"{name}@final"] = "graph" if args.graph else "eager"
+    times = timing.interleave(samplers, args.final_rounds, rotate=True, discard=1)
+    for name, values in times.items():
+        record(name, statistics.median(values), samplers_meta[name],
+               note=f"median of {len(values)} interleaved rounds ({samplers_meta[name]}); p10-p90 "
+                    f"{min(values):.4f}-{max(values):.4f} ms")
+    states.clear()
+    heap.reset()
 
 
 def results_frames(rows: list[dict], out: Path, meta: dict) -> tuple[Any, Any]:
@@ -393,18 +480,26 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
              f"world size {meta['world_size']}, device {meta['device']}, torch {meta['torch']}, triton {meta['triton']}", ""]
     cols = list(table.columns)
     graphs = any(str(c).endswith("@graph") for c in cols)
-    extra = ["best fine-grained vs bsp"] + (["graph: best fine-grained vs bsp"] if graphs else [])
+    final = any(str(c).endswith("@final") for c in cols)
+    extra = ["best fine-grained vs bsp"] + (["graph: best fine-grained vs bsp"] if graphs else []) \
+        + (["final: best fine-grained vs bsp", "final: best fine-grained vs torch_fused"] if final else [])
     lines.append("| size | " + " | ".join(cols + extra) + " |")
     lines.append("|---" * (len(cols) + len(extra) + 1) + "|")
     for size, r in table.iterrows():
         speeds = [speed_cell(r, ("pull", "push"), "bsp")]
         if graphs:
             speeds.append(speed_cell(r, ("pull@graph", "push@graph"), "bsp@graph"))
+        if final:
+            speeds += [speed_cell(r, ("pull@final", "push@final"), base) for base in ("bsp@final", "torch_fused@final")]
         cells = ["" if v != v else f"{v:.4f}" for v in (r[c] for c in cols)]
         lines.append(f"| {size} | " + " | ".join(cells + speeds) + " |")
     if graphs:
         lines += ["", "`@graph`: --iters iterations captured in one CUDA graph and replayed (graph-safe configs only: "
                   "push on the copy engines is eager only); `[ce]`/`[sm]`: best eager config per transport."]
+    if final:
+        lines += ["", "`@final`: every variant at its best config and every floor set up side by side and timed in "
+                  "rounds that take turns (graph replays where graph-safe, else eager batches), the median of the "
+                  "rounds: the only columns that saw the same GPU state, so the only ones to compare across."]
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
@@ -472,8 +567,9 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
     wl = AgGemm()
     dtype = pick_dtype({}, ctx.device)
-    need = max(heap_bytes(wl.shape(s, **args.shape_overrides), ctx.world_size, v, dtype, GPU_CONFIG)
-               for s in sizes for v in ("push", "pull"))
+    # the final round holds pull's and push's states at once
+    need = max(sum(heap_bytes(wl.shape(s, **args.shape_overrides), ctx.world_size, v, dtype, GPU_CONFIG)
+                   for v in ("push", "pull")) for s in sizes)
     heap = make_heap(ctx, need + (1 << 20))
     log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
     log(f"ag_gemm benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB")

@@ -27,6 +27,10 @@ rank holds A_r [M, K/world] and B_r [K/world, N] and keeps M/world rows of the s
    (plain, records, plain, ...), ``--reps`` each; rows ``fused(plain)`` and ``fused(records)``
    with the median overhead, plus a check that the instrumented output is right and that every
    iteration wrote the expected number of well-formed records (none dropped).
+The final round (``--final-rounds``, bench_ag_gemm's ``final_round``): every variant at its best
+config and every floor side by side, timed in rounds that take turns (rows ``<name>@final``); the
+verdict columns compare those only (the rows above run one after another, on a GPU whose clock may
+fall under a long load).
 Results: results.json, results.csv and results.md under ``$OUT`` (or ``--out``); rank 0 prints the table.
 Exit code 1 if any variant was wrong or a size failed.
 """
@@ -46,7 +50,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import (check, check_after_replays, floor_in_graph, record_floor, results_frames,  # noqa: E402
+from bench_ag_gemm import (add_final_rounds, check, check_after_replays, check_final_rounds, final_round,  # noqa: E402
+                           floor_in_graph, record_floor, results_frames,
                            run_sizes, speed_cell, time_batches, time_graph)
 from harness import all_max, init, rank_timer, recorded_batch  # noqa: E402
 
@@ -82,11 +87,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--graph", action="store_true",
                    help="also time every graph-safe variant and config (bsp, fused) as iterations captured in one CUDA "
                         "graph and replayed, checked on fresh inputs after the replays (as bench_ag_gemm --graph)")
+    add_final_rounds(p)
     p.add_argument("--records", action="store_true",
                    help="also time the best fused config plain vs with in-kernel records (interleaved batches)")
     p.add_argument("--spin-timeout", type=float, default=30.0)
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_gemm_rs"))
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_final_rounds(p, args)
+    return args
 
 
 def fused_configs(args: argparse.Namespace, device: torch.device) -> list[Any]:
@@ -121,6 +129,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
     rows: list[dict] = []
     ref = ref2 = None
     timer = rank_timer(ctx, iters, reps) if args.graph else None
+    chosen: dict[str, tuple[Any, str]] = {}
 
     def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None,
                note: str = "") -> None:
@@ -177,6 +186,8 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             record(vname, best[0], best[1], True, best[2])
         else:
             record(vname, float("nan"), "", False, None, "no config was correct")
+        if best is not None:  # the final interleaved round times every variant at its best config
+            chosen[vname] = (best_cfg, best_graph[1] if best_graph is not None else best[1])
         if best_graph is not None:
             record(f"{vname}@graph", best_graph[0], best_graph[1], True, best_graph[2])
         elif timer is not None and variant.graph_safe:
@@ -208,10 +219,14 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
     if timer is not None:
         gms, note = floor_in_graph(timer, best_triton[2])
         record("floor:gemm(triton)@graph", gms, best_triton[1], note=note)
+    floors = {"floor:matmul(cublas)": lambda: torch.matmul(st.a, st.b, out=st.partial),
+              "floor:gemm(triton)": best_triton[2]}
     if ctx.world_size > 1:
-        record_floor(record, ctx, timer, "floor:reduce_scatter",
-                     lambda: dist.reduce_scatter_tensor(st.out, st.partial, group=ctx.group), iters, reps, warmup)
-    st = None
+        floors["floor:reduce_scatter"] = lambda: dist.reduce_scatter_tensor(st.out, st.partial, group=ctx.group)
+        record_floor(record, ctx, timer, "floor:reduce_scatter", floors["floor:reduce_scatter"], iters, reps, warmup)
+    if args.final_rounds > 0 and chosen:
+        final_round(ctx, args, wl, shape, chosen, floors, heap, iters, ref, record, log)
+    st = floors = None
     return rows
 
 
@@ -302,16 +317,25 @@ def write_results(rows: list[dict], out: Path, meta: dict) -> None:
              f"triton {meta['triton']}, {meta['seconds']} s", ""]
     cols = list(table.columns)
     graphs = any(str(c).endswith("@graph") for c in cols)
-    extra = ["fused vs bsp"] + (["graph: fused vs bsp"] if graphs else [])
+    final = any(str(c).endswith("@final") for c in cols)
+    extra = ["fused vs bsp"] + (["graph: fused vs bsp"] if graphs else []) \
+        + (["final: fused vs bsp", "final: fused vs torch_fused", "final: fused vs cuBLAS alone"] if final else [])
     lines.append("| size | " + " | ".join(cols + extra) + " |")
     lines.append("|---" * (len(cols) + len(extra) + 1) + "|")
     for size, r in table.iterrows():
         speeds = [speed_cell(r, ("fused",), "bsp")] + ([speed_cell(r, ("fused@graph",), "bsp@graph")] if graphs else [])
+        if final:
+            speeds += [speed_cell(r, ("fused@final",), base)
+                       for base in ("bsp@final", "torch_fused@final", "floor:matmul(cublas)@final")]
         cells = ["" if v is None or v != v else f"{v:.4f}" for v in (r[c] for c in cols)]
         lines.append(f"| {size} | " + " | ".join(cells + speeds) + " |")
     if graphs:
         lines += ["", "`@graph`: iterations captured in one CUDA graph and replayed (graph-safe variants: bsp and "
                   "fused; torch_fused is eager only), each config checked on fresh inputs after the replays."]
+    if final:
+        lines += ["", "`@final`: every variant at its best config and every floor set up side by side and timed in "
+                  "rounds that take turns (graph replays where graph-safe, else eager batches), the median of the "
+                  "rounds: the only columns that saw the same GPU state, so the only ones to compare across."]
     best = df[df["variant"] == "fused"][["size", "config"]] if "config" in df else df.iloc[:0]
     if len(best):
         lines += ["", "Best fused config per size: " + "; ".join(f"{s}: {c}" for s, c in best.itertuples(index=False))]
