@@ -451,9 +451,9 @@ def final_round(ctx: RankContext, args: argparse.Namespace, wl: Any, shape: dict
         samplers_meta[f"{name}@final"] = "graph" if args.graph else "eager"
     times = timing.interleave(samplers, args.final_rounds, rotate=True, discard=1)
     for name, values in times.items():
+        lo, hi = timing.decile_range(values)
         record(name, statistics.median(values), samplers_meta[name],
-               note=f"median of {len(values)} interleaved rounds ({samplers_meta[name]}); p10-p90 "
-                    f"{min(values):.4f}-{max(values):.4f} ms")
+               note=f"median of {len(values)} interleaved rounds ({samplers_meta[name]}); p10-p90 {lo:.4f}-{hi:.4f} ms")
     states.clear()
     heap.reset()
 
