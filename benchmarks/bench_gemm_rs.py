@@ -68,7 +68,7 @@ TILES = {
     "256s4": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8),
     "128s4": dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8),
 }
-REDUCES = ("kernel", "tail", "epilogue")
+REDUCES = ("kernel", "tail")
 TUNE_SETS = {"quick": (["256s3", "128s4"], list(REDUCES)), "explore": (list(TILES), list(REDUCES))}
 
 
@@ -209,7 +209,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
         # Epoch slots per configuration: every launch on one buffer needs the same grid.
         def triton_gemm(cfg=cfg, epochs=new_epoch_slots(ctx.device)) -> None:
             launch_gemm_rs(st.a, st.b, scratch, st.out, flags, bases, st.err, rank=0, world=1, m_loc=st.m,
-                           epochs=epochs, budget=st.budget, sync=st.sync, cfg=cfg.gemm, reduce="kernel",
+                           epochs=epochs, budget=st.budget, sync=st.sync, cfg=cfg.gemm, tail=False,
                            rows=cfg.reduce_rows)
         ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
         log(f"  {preset:12s} {'gemm(triton)@tune':24s} {ms:9.4f} ms  {cfg.label()}")
@@ -248,7 +248,7 @@ def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, 
         ctx.instrument = False
     book = ctx.records
     ok, err = check(ctx, wl, shape, inst, variant, ref)
-    expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm, cfg.reduce)
+    expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm)
 
     timer = rank_timer(ctx, iters, 1)
     bad: list[str] = []

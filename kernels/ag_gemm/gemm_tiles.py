@@ -84,7 +84,7 @@ def ag_gemm_kernel(
         remote_shift, rank, epoch, budget, kernel_id,
         ROLE_AG, WORLD, A_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
         COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE, INSTRUMENT, FLATTEN, False, WAIT_VOTE, WAIT_HORIZON,
-        HORIZON_SCAN, FLAG_CHUNK, False, c_ptr, 0, c_ptr)  # (no epilogue reduction: RS's arguments unused)
+        HORIZON_SCAN, FLAG_CHUNK)
     t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:

@@ -22,10 +22,7 @@ straddles two slabs: the last block of a slab is partial when ``M_loc`` is not a
   6% against the engine alone at K=2048 on one H100 (3% at K=8192), deferred by one tile or not;
   the reduction that waits on the flags runs after the GEMM in any case (``rs_reduce_kernel`` on
   the same stream, or the tail). The flags array has one scratch row past the last tile
-  (``flag_rows``) that takes the release. With ``EPI_REDUCE`` an own tile (computed last) is not
-  stored into its receive slot: its epilogue waits for the peers' flags of the tile, adds their
-  slots to its fp32 product and stores this rank's rows of C (``reduce_own_tile``): no reduce pass
-  and no second launch.
+  (``flag_rows``) that takes the release.
 
 Tile order (``tile_coords``, why): AG takes its own slab first (no communication needed) and then
 the peers' blocks interleaved (block 0 of every peer, then block 1: the order the push kernels
@@ -274,7 +271,7 @@ def persistent_gemm(
     COUNT: tl.constexpr, TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr, K_PIECES: tl.constexpr,
     KT_PER_PIECE: tl.constexpr, INSTRUMENT: tl.constexpr, FLATTEN: tl.constexpr, VEC_HINT: tl.constexpr,
     WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False, HORIZON_SCAN: tl.constexpr = 64,
-    FLAG_CHUNK: tl.constexpr = 1, EPI_REDUCE: tl.constexpr = False, out_ptr=None, stride_om=0, recv_ptr=None,
+    FLAG_CHUNK: tl.constexpr = 1,
 ):
     """Every tile of this program (``pid``), in the role's order; returns the record clock ``t_rec``.
 
@@ -287,54 +284,9 @@ def persistent_gemm(
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = WORLD * blocks_per_rank * n_tiles
-    # RS with the epilogue reduction: the peers' tiles, their flags, then the own tiles, whose
-    # epilogues wait on the peers' flags of theirs (released after the program's last tile, as
-    # without it, the flags would wait on each other's).
-    peers_first = (ROLE == 1) and EPI_REDUCE
-    first_end = (WORLD - 1) * blocks_per_rank * n_tiles if peers_first else num_tiles
-    t_rec = tile_range(
-        pid, pid, first_end, a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, flags_ptr, heap_bases, err_ptr, count_ptr,
-        seen_ptr, rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-            a_row_shift_remote, rank, epoch, budget, kernel_id, ROLE, WORLD, A_MODE, BLOCK_M, BLOCK_N, BLOCK_K,
-            GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE, COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE,
-            INSTRUMENT, FLATTEN, VEC_HINT, WAIT_VOTE, WAIT_HORIZON, HORIZON_SCAN, FLAG_CHUNK, EPI_REDUCE, out_ptr,
-            stride_om, recv_ptr)
-    if ROLE == 1:
-        release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, first_end, NUM_PROGS, WORLD,
-                      GROUP_M, SYNC_MODE)
-    if peers_first:
-        first_own = pid + tl.cdiv(tl.maximum(first_end - pid, 0), NUM_PROGS) * NUM_PROGS
-        t_rec = tile_range(
-            pid, first_own, num_tiles, a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc, flags_ptr, heap_bases, err_ptr,
-            count_ptr, seen_ptr, rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-            a_row_shift_remote, rank, epoch, budget, kernel_id, ROLE, WORLD, A_MODE, BLOCK_M, BLOCK_N, BLOCK_K,
-            GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE, COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE,
-            INSTRUMENT, FLATTEN, VEC_HINT, WAIT_VOTE, WAIT_HORIZON, HORIZON_SCAN, FLAG_CHUNK, EPI_REDUCE, out_ptr,
-            stride_om, recv_ptr)
-    return t_rec
-
-
-@triton.jit
-def tile_range(
-    pid, t_begin, t_end, a_ptr, b_ptr, c_ptr, a_desc, b_desc, c_desc,
-    flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr, rec_ptr, t_rec,
-    M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    a_row_shift_remote, rank, epoch, budget, kernel_id,
-    ROLE: tl.constexpr, WORLD: tl.constexpr, A_MODE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr, SYNC_MODE: tl.constexpr,
-    COUNT: tl.constexpr, TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr, K_PIECES: tl.constexpr,
-    KT_PER_PIECE: tl.constexpr, INSTRUMENT: tl.constexpr, FLATTEN: tl.constexpr, VEC_HINT: tl.constexpr,
-    WAIT_VOTE: tl.constexpr, WAIT_HORIZON: tl.constexpr, HORIZON_SCAN: tl.constexpr,
-    FLAG_CHUNK: tl.constexpr, EPI_REDUCE: tl.constexpr, out_ptr, stride_om, recv_ptr,
-):
-    """``persistent_gemm``'s tile loop over this program's tiles ``t_begin, t_begin + NUM_PROGS, ...``
-    below ``t_end`` (every argument as there); returns the record clock."""
-    blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
-    n_tiles = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     horizon = tl.cast(0, tl.int32)  # remote blocks (delivery order) known ready: WAIT_HORIZON
-    for t in tl.range(t_begin, t_end, NUM_PROGS, flatten=FLATTEN):
+    for t in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
         slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE, WORLD, GROUP_M)
         offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the slab
         row_ok = offs_r < M_loc
@@ -407,14 +359,6 @@ def tile_range(
             t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
             dst = c_ptr + offs_r[:, None] * N + offs_n[None, :]
             mask = row_ok[:, None] & col_ok[None, :]
-            if EPI_REDUCE:
-                acc, t_rec = reduce_own_tile(acc, recv_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, slab, j, pid_n,
-                                             n_tiles, offs_r, offs_n, mask, M_loc, N, rank, epoch, budget, kernel_id,
-                                             rec_ptr, pid, t_rec, WORLD, SYNC_MODE, COUNT, INSTRUMENT)
-                # own tile: this rank's rows of C (no store into its own receive slot, no reduce pass)
-                tl.store(out_ptr + offs_r[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-                         mask=tl.where(slab == rank, mask, False))
-                mask = tl.where(slab != rank, mask, False)  # the push below: peers' tiles only
             val = acc.to(c_ptr.dtype.element_ty)
             # One store for own and peers' tiles (an own tile's pointer translates to itself): a
             # branch on the owner around two stores crashes Triton 3.6's pipeliner in the
@@ -423,43 +367,13 @@ def tile_range(
                 iris.store(dst, val, rank, slab, heap_bases, mask=mask, hint=(1, 16))
             else:
                 iris.store(dst, val, rank, slab, heap_bases, mask=mask)
-            # A peer's tile: moving it out is communication only; an own tile's store is the epilogue
-            # (with EPI_REDUCE, the sum of the received slots).
-            t_rec = trace.mark(rec_ptr, pid, tl.where(slab == rank, trace.COMBINE if EPI_REDUCE else trace.COMPUTE,
-                                                      trace.STORE_PUSH), t_rec, INSTRUMENT, SYNC_MODE)
+            # A peer's tile: moving it out is communication only; an own tile's store is the epilogue.
+            t_rec = trace.mark(rec_ptr, pid, tl.where(slab == rank, trace.COMPUTE, trace.STORE_PUSH), t_rec,
+                               INSTRUMENT, SYNC_MODE)
+    if ROLE == 1:
+        release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, num_tiles, NUM_PROGS, WORLD,
+                      GROUP_M, SYNC_MODE)
     return t_rec
-
-
-@triton.jit
-def reduce_own_tile(acc, recv_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, slab, j, pid_n, n_tiles, offs_r, offs_n,
-                    mask, M_loc, N, rank, epoch, budget, kernel_id, rec_ptr, pid, t_rec,
-                    WORLD: tl.constexpr, SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, INSTRUMENT: tl.constexpr):
-    """RS with the reduction in the epilogue (``EPI_REDUCE``): for an own tile (``slab == rank``),
-    wait (acquire, bounded) until every peer's flag of the tile holds ``epoch``, then add the peers'
-    received slots (``recv_ptr``: this epoch's half of this rank's receive buffer, [WORLD, M_loc,
-    N]) to the tile's own fp32 product, in source order; a peer's tile passes unchanged (its loads
-    are masked off: no branch around them, which the flattened loop's pipeliner needs). Returns
-    (the tile's sum, the record clock)."""
-    own = slab == rank
-    tile = j * n_tiles + pid_n
-    if own:
-        for i in tl.static_range(WORLD - 1):
-            peer = (rank + 1 + i) % WORLD  # in the order the peers push to us first
-            wait_geq(flags_ptr + tile * WORLD + peer, epoch, budget, err_ptr, rank, peer, tile * WORLD + peer,
-                     kernel_id, SYNC_MODE)
-        if COUNT:
-            least = tl.cast(epoch, tl.int32)
-            for i in tl.static_range(WORLD - 1):
-                least = tl.minimum(least, tl.load(flags_ptr + tile * WORLD + (rank + 1 + i) % WORLD,
-                                                  volatile=True).to(tl.int32))
-            tl.store(seen_ptr + tile, least)
-            tl.atomic_add(count_ptr + tile, 1)
-        t_rec = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
-    off = offs_r[:, None] * N + offs_n[None, :]
-    for s in tl.static_range(WORLD):
-        part = tl.load(recv_ptr + s * M_loc * N + off, mask=tl.where(own & (rank != s), mask, False), other=0.0)
-        acc += part.to(tl.float32)
-    return acc, t_rec
 
 
 @triton.jit

@@ -36,17 +36,15 @@ import torch
 from taxmodel.kernels.device.epochs import new_epoch_slots
 from taxmodel.kernels.device.sync import check_errors
 
-from .tiles import (KERNEL_NAMES, REDUCE_PLACEMENTS, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce,
-                    reduce_record_layout)
+from .tiles import (KERNEL_NAMES, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, reduce_record_layout)
 from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
 
 def prepare(st: GemmRsState) -> None:
     """Receive buffer (two parities x world slots of this rank's rows) and flags on the heap."""
-    if st.cfg.reduce not in REDUCE_PLACEMENTS:
-        raise ValueError(f"gemm_rs fused: unknown reduce placement {st.cfg.reduce!r} "
-                         f"(use {', '.join(repr(r) for r in REDUCE_PLACEMENTS)})")
+    if st.cfg.reduce not in ("kernel", "tail"):
+        raise ValueError(f"gemm_rs fused: unknown reduce placement {st.cfg.reduce!r} (use 'kernel' or 'tail')")
     heap = symmetric_heap(st, heap_bytes(st.shape, st.world, "fused", st.dtype, st.cfg))
     st.recv = heap.empty((2, st.world, st.m_loc, st.n), st.dtype)
     st.flags = heap.zeros((flag_rows(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
@@ -60,10 +58,11 @@ def prepare(st: GemmRsState) -> None:
 def _record_buffers(st: GemmRsState) -> None:
     """In-kernel record buffers of both kernels when ``ctx.instrument`` is set (else None)."""
     cfg, dev = st.cfg, st.out.device
+    tail = cfg.reduce == "tail"
     st.rec_gemm = st.ctx.record_buffer(FUSED_GEMM_KERNEL,
-                                       gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, cfg.reduce, dev), dev)
-    st.rec_reduce = st.ctx.record_buffer(FUSED_REDUCE_KERNEL, reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev) \
-        if cfg.reduce == "kernel" else None
+                                       gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, tail, dev), dev)
+    st.rec_reduce = None if tail else st.ctx.record_buffer(FUSED_REDUCE_KERNEL,
+                                                           reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev)
 
 
 def _compile(st: GemmRsState) -> None:
@@ -78,13 +77,13 @@ def _compile(st: GemmRsState) -> None:
 def _launch(st: GemmRsState, warmup_only: bool = False) -> None:
     """Enqueue one iteration: the same arguments every time (the kernels read the epoch and pick the
     receive buffer's half on the device)."""
-    cfg = st.cfg
+    cfg, tail = st.cfg, st.cfg.reduce == "tail"
     common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, epochs=st.epochs, budget=st.budget, sync=st.sync,
                   cfg=cfg.gemm, rows=cfg.reduce_rows, count=st.count, seen=st.seen, warmup_only=warmup_only)
     with st.ctx.kernel(FUSED_GEMM_KERNEL):
-        launch_gemm_rs(st.a, st.b, st.recv, st.out, st.flags, st.cache["heap_bases"], st.err, reduce=cfg.reduce,
+        launch_gemm_rs(st.a, st.b, st.recv, st.out, st.flags, st.cache["heap_bases"], st.err, tail=tail,
                        records=st.rec_gemm, **common)
-    if cfg.reduce == "kernel":
+    if not tail:
         with st.ctx.kernel(FUSED_REDUCE_KERNEL):
             launch_rs_reduce(st.recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, records=st.rec_reduce, **common)
 

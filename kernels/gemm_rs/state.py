@@ -36,8 +36,7 @@ class RsConfig:
     ``reduce``: ``"kernel"`` - a second small kernel (``rs_reduce_kernel``, one program per output
     tile) launched after the GEMM on the same stream; ``"tail"`` - the GEMM's own programs reduce
     this rank's tiles after their compute tiles (one launch; see ``tiles.py`` for why the
-    interpreter then runs one program); ``"epilogue"`` - each own tile's epilogue adds the peers'
-    slots to its product and stores C (one launch, no reduce pass; ``tiles.py``). ``reduce_rows`` rows of a tile are summed at a time;
+    interpreter then runs one program). ``reduce_rows`` rows of a tile are summed at a time;
     ``reduce_warps`` warps per program of the reduce kernel.
     """
 

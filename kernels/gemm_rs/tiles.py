@@ -29,13 +29,7 @@ Reduce (``reduce_tile``): for one of this rank's output tiles, wait (acquire, bo
   so no program ever waits on a program of its own launch, on a GPU or in Triton's interpreter
   (which runs a launch's programs one after another);
 - or at the tail of the GEMM (``reduce="tail"``): after its compute tiles, program ``pid`` reduces
-  own tiles ``pid, pid + NUM_PROGS, ...``;
-- or in the GEMM's epilogue of each own tile (``reduce="epilogue"``, ``EPI_REDUCE``): own tiles are
-  computed last, so by then the peers have pushed theirs (their peer tiles come first); the
-  epilogue waits for the tile's peer flags, adds their slots to its fp32 product and stores C
-  (``tile_gemm.reduce_own_tile``): the own partial never goes through memory and there is no
-  reduce pass. The waits are on peers' first-phase tiles, which never wait, so no program waits on
-  one that waits on it; in the interpreter the launch runs one program, as with the tail. On a GPU every program of the persistent grid is
+  own tiles ``pid, pid + NUM_PROGS, ...``. On a GPU every program of the persistent grid is
   resident (``NUM_PROGS`` <= SMs), so the waits can only be on programs that are running. In the
   interpreter program 0 would wait on tiles that a peer computes in its program 1, which runs
   only after the peer's program 0 (itself waiting on us) ends: the host therefore launches the
@@ -83,9 +77,6 @@ from taxmodel.kernels.device.sync import interpreting, wait_geq
 from taxmodel.kernels.device.tile_gemm import ROLE_RS, flatten_ok, persistent_gemm
 from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, cached_descriptor, num_programs, tile_counts, tma_available
 from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
-
-#: Where the fused variant sums the W partial tiles (``RsConfig.reduce``; the module docstring).
-REDUCE_PLACEMENTS = ("kernel", "tail", "epilogue")
 
 #: Kernel ids written into the error buffer by a reduction that gave up waiting.
 GEMM_KERNEL_ID = 1
@@ -154,7 +145,6 @@ def gemm_rs_kernel(
     GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     VEC_HINT: tl.constexpr, TAIL_REDUCE: tl.constexpr, ROWS: tl.constexpr, SYNC_MODE: tl.constexpr,
     COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-    EPI_REDUCE: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records (kernels/device/trace.py); nothing when off
@@ -169,8 +159,7 @@ def gemm_rs_kernel(
         rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, N, 1,
         0, rank, epoch, budget, 1,
         ROLE_RS, WORLD, 0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
-        COUNT and EPI_REDUCE, False, 1, 1, 1, INSTRUMENT, FLATTEN, VEC_HINT,
-        EPI_REDUCE=EPI_REDUCE, out_ptr=out_ptr, stride_om=stride_om, recv_ptr=recv)
+        False, False, 1, 1, 1, INSTRUMENT, FLATTEN, VEC_HINT)
 
     if TAIL_REDUCE:
         for tile in range(pid, blocks_per_rank * n_tiles, NUM_PROGS):
@@ -215,18 +204,16 @@ def flag_rows(m_loc: int, n: int, cfg: GemmConfig) -> int:
     return own_tiles(m_loc, n, cfg) + 1
 
 
-def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, reduce: str,
+def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, tail: bool,
                        device: torch.device) -> trace.RecordLayout:
     """Record slots of one ``gemm_rs_kernel`` launch (the grid ``gemm_programs`` gives for
     ``device``): a program writes 2 records per tile of the partial product it computes (compute,
-    then store_push or the own tile's epilogue), 2 per own tile it reduces in the tail
-    (``reduce`` "tail"), and with the epilogue reduction ("epilogue") 3 per own tile (compute,
-    flag_wait, combine); tiles are taken with stride ``programs``."""
+    then store_push or the own tile's epilogue), and 2 per own tile it reduces in the tail; tiles
+    are taken with stride ``programs``."""
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
     tiles = world * bpr * n_tiles
-    programs = gemm_programs(cfg, device, tiles, reduce)
-    own = triton.cdiv(own_tiles(m_loc, n, cfg), programs)
-    per_cta = 2 * triton.cdiv(tiles, programs) + {"tail": 2 * own, "epilogue": own}.get(reduce, 0)
+    programs = gemm_programs(cfg, device, tiles, tail)
+    per_cta = 2 * triton.cdiv(tiles, programs) + (2 * triton.cdiv(own_tiles(m_loc, n, cfg), programs) if tail else 0)
     return trace.RecordLayout(programs, per_cta)
 
 
@@ -235,12 +222,10 @@ def reduce_record_layout(m_loc: int, n: int, cfg: GemmConfig) -> trace.RecordLay
     return trace.RecordLayout(own_tiles(m_loc, n, cfg), 2)
 
 
-def records_per_iteration(m_loc: int, n: int, world: int, cfg: GemmConfig, reduce: str = "kernel") -> int:
-    """Records one iteration of the fused variant writes: 2 per tile of the partial product, and 2
-    per own output tile reduced (in the reduce kernel or the tail), or 1 more per own tile with the
-    reduction in the epilogue."""
-    per_own = 1 if reduce == "epilogue" else 2
-    return (2 * world + per_own) * own_tiles(m_loc, n, cfg)
+def records_per_iteration(m_loc: int, n: int, world: int, cfg: GemmConfig) -> int:
+    """Records one iteration of the fused variant writes, either reduction placement: 2 per tile of
+    the partial product, 2 per own output tile reduced."""
+    return 2 * (world + 1) * own_tiles(m_loc, n, cfg)
 
 
 def reduce_rows(block_m: int, rows: int) -> int:
@@ -259,21 +244,19 @@ def use_tma(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.stride(1) == 1 and b.stride(1) == 1
 
 
-def gemm_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, reduce: str) -> int:
-    """Persistent grid size; one program for the tail and epilogue reductions under the interpreter
-    (see above)."""
-    if reduce in ("tail", "epilogue") and interpreting():
+def gemm_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, tail: bool) -> int:
+    """Persistent grid size; one program for the tail reduction under the interpreter (see above)."""
+    if tail and interpreting():
         return 1
     return num_programs(cfg, device, num_tiles)
 
 
 def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
                    heap_bases: torch.Tensor, err: torch.Tensor, *, rank: int, world: int, m_loc: int,
-                   epochs: torch.Tensor, budget: int, sync: int, cfg: GemmConfig, reduce: str, rows: int,
+                   epochs: torch.Tensor, budget: int, sync: int, cfg: GemmConfig, tail: bool, rows: int,
                    count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
                    records: Any = None, warmup_only: bool = False) -> None:
-    """Enqueue ``gemm_rs_kernel`` (``reduce`` "tail" or "epilogue": with the reduction in the same
-    launch; "kernel": without, ``launch_rs_reduce`` follows); no host sync.
+    """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch); no host sync.
 
     ``recv`` is the whole receive buffer ([2, world, m_loc, N] on the heap: the kernel picks the
     epoch's half); ``epochs`` the GEMM's epoch slots (``GemmRsState.epochs``), which the launch
@@ -283,9 +266,7 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     """
     k, n = b.shape
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
-    if reduce not in REDUCE_PLACEMENTS:
-        raise ValueError(f"launch_gemm_rs: unknown reduce placement {reduce!r} (use {', '.join(REDUCE_PLACEMENTS)})")
-    progs = gemm_programs(cfg, out.device, world * bpr * n_tiles, reduce)
+    progs = gemm_programs(cfg, out.device, world * bpr * n_tiles, tail)
     if not warmup_only:
         check_grid(epochs, progs, "launch_gemm_rs")
     tma = use_tma(cfg, a, b)
@@ -296,11 +277,10 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
             m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
             rank, epochs, budget, trace.record_pointer(records, err))
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=reduce == "tail",
+              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
               INSTRUMENT=trace.instrument_code(records),
-              FLATTEN=cfg.flatten and flatten_ok(1, bool(trace.instrument_code(records)), tma),
-              EPI_REDUCE=reduce == "epilogue", num_warps=cfg.num_warps)
+              FLATTEN=cfg.flatten and flatten_ok(1, bool(trace.instrument_code(records)), tma), num_warps=cfg.num_warps)
     if warmup_only:
         gemm_rs_kernel.warmup(*args, grid=(progs,), **kw)
     else:

@@ -64,16 +64,12 @@ def test_record_layouts_hold_two_records_per_tile_per_program() -> None:
     programs = cfg.num_progs  # the CPU config's persistent grid (fewer programs than tiles)
     assert tiles.own_tiles(36, 40, cfg) == OWN_TILES and 1 < programs < tiles_total
     per_program = 2 * -(-tiles_total // programs)
-    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, "kernel", "cpu") == trace.RecordLayout(programs, per_program)
+    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, False, "cpu") == trace.RecordLayout(programs, per_program)
     # the tail reduction runs on one program under the interpreter: every tile and every own tile
-    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, "tail", "cpu") == trace.RecordLayout(1, 2 * tiles_total
+    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, True, "cpu") == trace.RecordLayout(1, 2 * tiles_total
                                                                                            + 2 * OWN_TILES)
-    # the epilogue reduction: one program too, and one more record per own tile (its flag wait)
-    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, "epilogue", "cpu") == trace.RecordLayout(1, 2 * tiles_total
-                                                                                               + OWN_TILES)
     assert tiles.reduce_record_layout(36, 40, cfg) == trace.RecordLayout(OWN_TILES, 2)
     assert tiles.records_per_iteration(36, 40, WORLD, cfg) == 2 * (WORLD + 1) * OWN_TILES
-    assert tiles.records_per_iteration(36, 40, WORLD, cfg, "epilogue") == (2 * WORLD + 1) * OWN_TILES
 
 
 def test_reduce_kernel_records_phases_per_tile() -> None:
@@ -128,16 +124,3 @@ def test_uninstrumented_run_allocates_no_record_buffers() -> None:
 
     for rec_gemm, rec_reduce, book in run_in_threads(WORLD, body, heap_bytes=1 << 20, timeout_s=300):
         assert rec_gemm is None and rec_reduce is None and book is None
-
-
-def test_epilogue_reduction_records_in_the_gemm_kernel() -> None:
-    for rec, dropped, err in _instrumented_run("epilogue"):
-        assert dropped == {} and err < 1e-4
-        assert set(rec["name"]) == {FUSED_GEMM_KERNEL}  # no reduce kernel
-        for _, g in rec.groupby("iteration"):
-            _check_chained(g)
-            # every tile's MMA loop, a push per peer tile, and per own tile its wait and its sum
-            assert g["phase"].value_counts().to_dict() == {
-                "compute": WORLD * OWN_TILES, "store_push": (WORLD - 1) * OWN_TILES,
-                "flag_wait": OWN_TILES, "combine": OWN_TILES}
-            assert len(g) == tiles.records_per_iteration(36, 40, WORLD, CPU_RS_CONFIG.gemm, "epilogue")
