@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 from harness import all_max, init as harness_init, rank_timer  # noqa: E402
 
 from taxmodel.runtime import timing  # noqa: E402
@@ -469,9 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(rows, meta), flush=True)
         print(f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'results.md'} in "
               f"{meta['seconds']:.0f} s", flush=True)
-    ctx.barrier()
-    ctx.heap.close()
-    dist.destroy_process_group()
+    harness.close(ctx)
     return 0
 
 

@@ -65,3 +65,13 @@ def recorded_batch(ctx: RankContext, timer: SampleTimer, variant: Any, state: An
 
     ms = timer.sample(steps)
     return ms, (book.drain(ctx.rank) if book is not None else None)
+
+
+def close(ctx: RankContext) -> None:
+    """The end of a benchmark's run on every rank: a barrier, its symmetric heap freed, the process
+    group destroyed (where there is one)."""
+    ctx.barrier()
+    if ctx.heap is not None:
+        ctx.heap.close()
+    if dist.is_initialized():
+        dist.destroy_process_group()

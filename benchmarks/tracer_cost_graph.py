@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import harness  # noqa: E402
 from harness import init as harness_init  # noqa: E402
 
 GPU_CASES = ("flash_decode:bsp:b16-kv1k", "flash_decode:fused:b16-kv1k", "flash_decode:bsp:b1-kv16k",
@@ -169,7 +170,7 @@ def run_case(ctx: Any, case: str, args: argparse.Namespace, log: Callable[[str],
     res["summary_this_rank"] = summary
     log(f"{case}: un-profiled {res['unprofiled_step_us']:.1f} us; " + "; ".join(
         f"{k} window {v['window_us']:.1f} period {v['period_us'] or float('nan'):.1f}" for k, v in summary.items()))
-    del g1, gn, state
+    g1 = gn = state = None  # the graphs and buffers go before the next case allocates
     ctx.barrier()
     return res
 
@@ -207,9 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     steps=args.steps, rounds=args.rounds)
         (out / "tracer_cost.json").write_text(json.dumps(dict(meta=meta, cases=results), indent=1))
         log(f"wrote {out / 'tracer_cost.json'}")
-    ctx.barrier()
-    ctx.heap.close()
-    dist.destroy_process_group()
+    harness.close(ctx)
     return 0
 
 

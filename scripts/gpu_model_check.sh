@@ -48,7 +48,9 @@ S="$OUT/summary.txt"
 : >"$S"
 t0=$(date +%s)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-export TAXMODEL_AG_GEMM_TRANSPORT=sm   # the graph-safe transport of AG+GEMM's pull and push (the committed captures')
+# AG+GEMM's transport: the Triton copy kernel by default here (graph-safe for pull and push: the committed
+# captures'); AG_TRANSPORT= (empty) leaves the product's default (copy engines: pull in graphs, push eager)
+if [ -n "${AG_TRANSPORT-sm}" ]; then export TAXMODEL_AG_GEMM_TRANSPORT=${AG_TRANSPORT-sm}; fi
 if [ -d .whl ]; then   # no network there: the carried wheels (click, tqdm, tokenspeed-iris, tokenspeed-tritonblas)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     >"$L/pip.log" 2>&1
