@@ -103,7 +103,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         **split_kv_fit(meas.get("combine"), meas["hbm"]["bytes_per_s"], _l2_of(preset)),
         "ll_push_bytes_per_s": ll_push_rate(meas.get("ll_push")),
         "ll_merge_step_s": ll_merge_step(meas.get("ll_merge")),
-        **fused_combine_fit(meas.get("fused_combine")),
+        **fused_combine_fit(meas.get("fused_combine"), _l2_of(preset)),
         "reduce_program_bytes_per_s": reduce_rate(meas.get("reduce"),
                                                   (meas.get("sync") or {}).get("flag_wait_sys_s") or ModelParams().flag_wait_s),
         "collectives": curves,
@@ -310,7 +310,7 @@ def split_kv_fit(measured: dict | None, hbm_bytes_per_s: float, l2_bytes: int = 
         if not _positive(r.get("batch"), r.get("kv_len"), r.get("splits"), r.get("split_s")):
             continue
         b, kv_len, s = int(r["batch"]), int(r["kv_len"]), int(r["splits"])
-        points.append((2.0 * b * hkv * kv_len * d * 2 + b * hq * s * (d + 1) * 4, float(r["split_s"])))
+        points.append((_split_bytes(b, kv_len, s, hq, hkv, d), float(r["split_s"])))
     resident = [p for p in points if l2_bytes > 0 and p[0] <= RESIDENT_FRACTION * l2_bytes]
     streamed = [p for p in points if l2_bytes > 0 and p[0] >= STREAMED_FRACTION * l2_bytes]
     res_line, hbm_line = _line(resident), _line(streamed)
@@ -352,7 +352,7 @@ def _weighted_line(points: list[tuple[float, float]]) -> tuple[float, float] | N
     return float(slope), float(fixed)
 
 
-def fused_combine_fit(measured: dict | None) -> dict:
+def fused_combine_fit(measured: dict | None, l2_bytes: int = 0) -> dict:
     """``fused_local_combine_step_s`` and ``fused_local_combine_fixed_s`` from the fused_combine
     step's rows (``runtime/calibrate_fused.py``): per shape, the fused flash decode kernel at world
     size 1 less the split-KV kernel alone on the same inputs and plan (``tail_s``: the pair's local
@@ -360,14 +360,47 @@ def fused_combine_fit(measured: dict | None) -> dict:
     local combine's serial steps; the line tail = fixed + steps x step, weighted by 1/tail^2 (a short
     tail's fixed cost and a long one's step both count; the intercept clamped at 0). {} with fewer
     than 2 step counts, or a line that does not rise (e.g. the interpreter's rows, whose two kernels
-    get the same host time)."""
-    points = [(float(r["steps"]), float(r["tail_s"])) for r in _rows(measured)
-              if _positive(r.get("steps"), r.get("tail_s"))]
-    fit = _weighted_line(points)
+    get the same host time).
+
+    ``fused_fold_step_s``, with the L2's size known (``l2_bytes``) and the rows' head counts
+    recorded: the slope of the same line through the rows whose split work (K, V and the partials)
+    stays L2-resident (at most ``RESIDENT_FRACTION`` of it), where they span 2 step counts. There the
+    standalone split kernel and the fused kernel's split phase read the same resident K/V, so the
+    tail grows by the fold's steps alone; past them the one-rank tail grows faster (one H200: 0.7 us a
+    step up to KV 8K, then 1.4 and 2 us a step to KV 32K and 128K) while the fused kernel's records
+    on 2-8 H200s put the fold itself at 0.66-0.8 us a step at every KV. The model takes it for the fold
+    on several ranks, where push, waits and merges replace the one-rank tail."""
+    rows = [r for r in _rows(measured) if _positive(r.get("steps"), r.get("tail_s"))]
+    fit = _weighted_line([(float(r["steps"]), float(r["tail_s"])) for r in rows])
     if fit is None:
         return {}
     step, fixed = fit
-    return {"fused_local_combine_step_s": step, "fused_local_combine_fixed_s": max(fixed, 0.0)}
+    out = {"fused_local_combine_step_s": step, "fused_local_combine_fixed_s": max(fixed, 0.0)}
+    fold = _weighted_line(_resident_tails(measured, rows, l2_bytes))
+    if fold is not None:
+        out["fused_fold_step_s"] = fold[0]
+    return out
+
+
+def _resident_tails(measured: dict | None, rows: list[dict], l2_bytes: int) -> list[tuple[float, float]]:
+    """(steps, tail seconds) of the fused_combine ``rows`` whose split work stays L2-resident; [] when
+    the L2's size or the rows' head counts are unknown."""
+    m = measured or {}
+    try:
+        hq, hkv, d = int(m["q_heads"]), int(m["kv_heads"]), int(m["head_dim"])
+    except (KeyError, TypeError, ValueError):
+        return []
+    if l2_bytes <= 0:
+        return []
+    return [(float(r["steps"]), float(r["tail_s"])) for r in rows
+            if _positive(r.get("batch"), r.get("kv_len"), r.get("splits"))
+            and _split_bytes(int(r["batch"]), int(r["kv_len"]), int(r["splits"]), hq, hkv, d)
+            <= RESIDENT_FRACTION * l2_bytes]
+
+
+def _split_bytes(batch: int, kv_len: int, splits: int, hq: int, hkv: int, d: int) -> float:
+    """Bytes the split-KV kernel moves as the model counts them: K and V (bf16) and the fp32 partials."""
+    return 2.0 * batch * hkv * kv_len * d * 2 + batch * hq * splits * (d + 1) * 4
 
 
 def ll_push_rate(measured: dict | None) -> float | None:

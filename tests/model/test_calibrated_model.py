@@ -286,7 +286,8 @@ def test_the_fused_local_combine_takes_the_calibrated_line_and_without_it_the_co
     from taxmodel.kernels.flash_decode.workload import split_config
 
     # the shipped H200 file without its fused_combine fields (measured since)
-    hw = replace(H200, extra={k: v for k, v in H200.extra.items() if not k.startswith("fused_local_combine")})
+    hw = replace(H200, extra={k: v for k, v in H200.extra.items()
+                              if not k.startswith(("fused_local_combine", "fused_fold"))})
     base = ModelParams.from_hardware(hw, combine_step_s=0.9e-6, ll_merge_step_s=1.4e-6)
     cal = ModelParams.from_hardware(hw, **_given(base), fused_local_combine_step_s=0.6e-6,
                                     fused_local_combine_fixed_s=2.2e-6)
@@ -317,6 +318,36 @@ def test_the_fused_local_combine_takes_the_calibrated_line_and_without_it_the_co
     assert "fused_local_combine_step_s" in calibrated_mechanisms(with_fields)
     q = ModelParams.from_hardware(hw)
     assert q.fused_local_combine_step_s is None and q.sources["fused_local_combine_step_s"] == "default"
+
+
+def test_on_several_ranks_the_fold_takes_its_own_step_and_at_one_rank_the_measured_line():
+    """``fused_fold_step_s`` (the fused_combine line's slope through its L2-resident rows) is the
+    fold's step on W ranks; at one rank the line as measured (its fixed part and step) stays, since
+    the calibration timed that very kernel; without the fold step W ranks take the line's step."""
+    from taxmodel.kernels.flash_decode.split_kv import plan_splits
+    from taxmodel.kernels.flash_decode.workload import split_config
+
+    hw = replace(H200, extra={k: v for k, v in H200.extra.items()
+                              if not k.startswith(("fused_local_combine", "fused_fold"))})
+    line = dict(fused_local_combine_step_s=0.82e-6, fused_local_combine_fixed_s=3.8e-6)
+    without = ModelParams.from_hardware(hw, **line)
+    with_fold = ModelParams.from_hardware(hw, **line, fused_fold_step_s=0.7e-6)
+    shape = {**SHAPE, "batch": 1, "kv_len": 16384}
+    steps = -(-plan_splits(1, 4, 16384, hw.num_sms, split_config(shape, "cuda")).num_splits // 4)
+    one = predict("flash_decode", "fused", shape, 1, hw, with_fold)
+    assert one.details["local_combine"] == pytest.approx(3.8e-6 + steps * 0.82e-6)
+    assert one.details["local_combine"] == pytest.approx(
+        predict("flash_decode", "fused", shape, 1, hw, without).details["local_combine"])
+    for world in (2, 4):
+        old = predict("flash_decode", "fused", shape, world, hw, without)
+        new = predict("flash_decode", "fused", shape, world, hw, with_fold)
+        assert old.details["local_combine"] == pytest.approx(steps * 0.82e-6)
+        assert new.details["local_combine"] == pytest.approx(steps * 0.7e-6)
+        assert new.window_ns == pytest.approx(old.window_ns - steps * 0.12e3, rel=1e-6)
+        assert any("L2-resident rows" in a for a in new.assumptions)
+        assert not any("L2-resident rows" in a for a in old.assumptions)
+    from_file = ModelParams.from_hardware(replace(hw, extra={**dict(hw.extra), **line, "fused_fold_step_s": 0.7e-6}))
+    assert from_file.fused_fold_step_s == pytest.approx(0.7e-6) and "calibrated" in from_file.sources["fused_fold_step_s"]
 
 
 def _given(p: ModelParams) -> dict:

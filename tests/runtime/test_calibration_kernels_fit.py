@@ -255,6 +255,27 @@ def test_the_fused_local_combine_line_comes_back_from_tails_on_it():
     assert calfit.fused_combine_fit(flat) == {}
 
 
+def test_the_fold_step_is_the_slope_through_the_l2_resident_rows_only():
+    """Rows on tail = 4 us + steps x 0.7 us where the split work fits the L2; past it (KV 32K and 128K
+    at batch 1: 67 and 268 MB of K/V) the tails lie 5 and 12 us above the line, as on one H200. The
+    line through every row is pulled steeper; the fold's step is the resident rows' slope."""
+    shapes = ((1, 512, 2, 4), (1, 2048, 8, 4), (1, 8192, 16, 4), (1, 32768, 22, 4), (1, 131072, 25, 4),
+              (8, 2048, 3, 32), (16, 512, 1, 64))
+    m = _fused_rows(4e-6, 0.7e-6, shapes=shapes)
+    for r in m["rows"]:
+        r["tail_s"] += {32768: 5e-6, 131072: 12e-6}.get(r["kv_len"], 0.0) if r["batch"] == 1 else 0.0
+    l2 = 50 * 2 ** 20
+    fit = calfit.fused_combine_fit(m, l2)
+    assert fit["fused_fold_step_s"] == pytest.approx(0.7e-6, rel=1e-9)
+    assert fit["fused_local_combine_step_s"] > 0.75e-6  # the one-rank line keeps every row
+    assert {k: v for k, v in fit.items() if k != "fused_fold_step_s"} == calfit.fused_combine_fit(m)
+    # no L2 size, no head counts, or fewer than 2 resident step counts: no fold step
+    assert "fused_fold_step_s" not in calfit.fused_combine_fit(m)
+    headless = {k: v for k, v in m.items() if k != "q_heads"}
+    assert "fused_fold_step_s" not in calfit.fused_combine_fit(headless, l2)
+    assert "fused_fold_step_s" not in calfit.fused_combine_fit(m, 4 * 2 ** 20)  # only b1-kv512 fits
+
+
 def test_a_fused_combine_update_adds_its_two_fields_and_changes_nothing_else(tmp_path):
     import json
 
@@ -265,15 +286,16 @@ def test_a_fused_combine_update_adds_its_two_fields_and_changes_nothing_else(tmp
 
     shipped = shipped_four_ranks()
     # as the file was before its fused_combine step ran (2026-11-28)
-    for key in ("fused_local_combine_step_s", "fused_local_combine_fixed_s"):
-        shipped.pop(key)
+    for key in ("fused_local_combine_step_s", "fused_local_combine_fixed_s", "fused_fold_step_s"):
+        shipped.pop(key, None)
     shipped["measured"]["raw"].pop("fused_combine")
     assert "fused_combine" in calfit.parse_steps("fused_combine") and "fused_combine" not in calfit.MULTI_RANK_STEPS
     new = calfit.update_spec(shipped, {"fused_combine": _fused_rows(2.2e-6, 0.6e-6)}, ("fused_combine",),
                              device_name="NVIDIA H200", num_sms=132, world=4)
     assert new["fused_local_combine_step_s"] == pytest.approx(0.6e-6)
     assert new["fused_local_combine_fixed_s"] == pytest.approx(2.2e-6)
-    fed = ("measured", "notes", "aliases", "fused_local_combine_step_s", "fused_local_combine_fixed_s")
+    fed = ("measured", "notes", "aliases", "fused_local_combine_step_s", "fused_local_combine_fixed_s",
+           "fused_fold_step_s")
     for key, value in shipped.items():
         if key not in fed:  # a refit may differ in a float's last bit (summation order)
             assert new[key] == (pytest.approx(value, rel=1e-12) if isinstance(value, float) else value), key

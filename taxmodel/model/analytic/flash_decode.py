@@ -20,8 +20,9 @@ dominate: 20-30 us on one H200, where bandwidth alone says 1 us.
   S partials: with the hardware file's fused_combine calibration steps x ``fused_local_combine_step_s``,
   measured in the fused kernel itself at one rank; the line's fixed part ``fused_local_combine_fixed_s``
   is the one-rank epilogue (push into its own slot, merge of its own partial, store), which replaces
-  push and merge at one rank and which on W ranks the push, waits and merges below stand for;
-  without it steps x ``combine_step_s``, the separate kernel's step), the last worker per head group
+  push and merge at one rank and which on W ranks the push, waits and merges below stand for; on W
+  ranks the step is the fold's own, ``fused_fold_step_s`` (the line's slope through its L2-resident
+  rows) where calibrated; without the calibration steps x ``combine_step_s``, the separate kernel's step), the last worker per head group
   stores the combined partial into every peer (LL words: value and epoch in one store, no fence;
   8 bytes per 4-byte value) from one CTA, so at one SM's peer-store rate unless the pushing CTAs
   together exceed the GPU's peer-store bandwidth (``costs.push_wave_time``), and then waits for
@@ -178,9 +179,13 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
         # slice combiners first wait for their pair's workers (the pair's ready word, GPU scope)
         ready_wait = params.flag_wait_gpu_s if slices > 0 else 0.0
         out, local_steps = [], []
+        # The step: at one rank the calibrated tail's line as measured (it is that kernel); on several
+        # ranks the fold's own step where calibrated (the line's slope through its L2-resident rows)
+        own_fold = not one_rank_epilogue and params.fused_fold_step_s is not None
+        fold_step = params.fused_fold_step_s if own_fold else params.fused_local_combine_step_s
         for kv, partials, splits in per_rank:
             if in_kernel:  # after the last split of the group
-                local = fixed + serial_steps_time(steps(splits, rows), params, params.fused_local_combine_step_s)
+                local = fixed + serial_steps_time(steps(splits, rows), params, fold_step)
             else:
                 local = serial_steps_time(steps(splits, rows), params)
             local_steps.append(local)
@@ -199,10 +204,12 @@ def plans(variant: str, shape: Mapping[str, int], world: int, hw: HardwareSpec, 
                      "latency (half a flag round trip)")
         if in_kernel:
             notes.append(f"fused: the pair's local combine in the kernel: "
-                         f"{params.fused_local_combine_step_s * 1e6:.2f} us a step"
+                         f"{fold_step * 1e6:.2f} us a step"
                          + (f" + {fixed * 1e6:.2f} us of one-rank epilogue" if one_rank_epilogue else
                             " (the one-rank epilogue of the line left out: on W ranks push, waits and merges are modelled)")
-                         + f" (calibrated fused_combine step, {params.sources.get('fused_local_combine_step_s', 'given')})")
+                         + (" (the fold's step: the calibrated fused_combine line through its L2-resident rows, "
+                            f"{params.sources.get('fused_fold_step_s', 'given')})" if own_fold else
+                            f" (calibrated fused_combine step, {params.sources.get('fused_local_combine_step_s', 'given')})"))
         else:
             notes.append(f"fused: the pair's local combine takes combine_step_s ({params.combine_step_s * 1e6:.2f} us) "
                          "a step, the separate combine kernel's step"

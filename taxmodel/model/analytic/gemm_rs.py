@@ -139,10 +139,16 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     # stores: a program took its products plus its push time.
     own_tiles = cdiv(m_loc, tm) * cdiv(n, tn)
     per_tile_release = params.kernel_revision < 2
+    # A kernel time measured on this machine (calibrate's rs_gemm step: the whole kernel's traced
+    # duration, its last pushes and its release included) already holds what the pushes after the
+    # last product add; only a time built from GEMM rates takes them on top.
+    measured_whole = eff_key in ("rs_push_s_per_byte_by_m", "rs_gemm_speed_by_m") and not per_tile_release
     if world <= 1:
         last_push = 0.0
     elif per_tile_release:
         last_push = comm
+    elif measured_whole:
+        last_push = 0.0
     elif programs > own_tiles:
         peer_tile = (world - 1) * slab / max(1, tiles - own_tiles)
         last_push = push_wave_time(peer_tile, programs - own_tiles, per_sm, store_bw, latency)
@@ -182,8 +188,10 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                  "waves that push together, each wave at the slower of one SM's peer-store rate and the GPU's "
                  "peer-store bandwidth shared by the wave; an upper bound once waves drift apart), "
                  + ("waiting for each pushed tile's stores (kernel revision 1: a release per tile)" if per_tile_release
-                    else f"overlapping its next tiles; the kernel ends {last_push * 1e6:.1f} us after its GEMM (one "
-                         "release per program, after the last pushes)"))
+                    else "overlapping its next tiles; " + (
+                        f"the kernel's measured time ({eff_key}) holds its last pushes and its release" if measured_whole
+                        else f"the kernel ends {last_push * 1e6:.1f} us after its GEMM (one release per program, after "
+                             "the last pushes)")))
     return [list(one) for _ in range(world)], det, notes
 
 

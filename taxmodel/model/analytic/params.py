@@ -80,6 +80,10 @@ class ModelParams:
     #: combine kernel's step) and the merge steps as at any world size.
     fused_local_combine_step_s: float | None = None
     fused_local_combine_fixed_s: float | None = None
+    #: One step of that fold alone, on several ranks (where the push, the waits and the merges
+    #: replace the one-rank tail): the slope of the same calibration through its rows whose split
+    #: work stays L2-resident (``calibration.fused_combine_fit``). None: ``fused_local_combine_step_s``.
+    fused_fold_step_s: float | None = None
     #: One step of the fused flash decode kernel's merge of the ranks' partials with LL words: poll
     #: one source rank's words until they all carry this launch's epoch, then merge them. Fitted from
     #: the fused bundles' in-kernel records (fitting.FIT_RULES).
@@ -323,6 +327,7 @@ CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "combine_step_s": (),
     "fused_local_combine_step_s": (),
     "fused_local_combine_fixed_s": (),
+    "fused_fold_step_s": (),
 }
 
 
@@ -338,7 +343,7 @@ RAW_FEEDS: dict[str, tuple[str, ...]] = {
     "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m"),
     "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss", "copy_program_push_bytes_per_s"),
     "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
-    "fused_combine": ("fused_local_combine_step_s", "fused_local_combine_fixed_s"),
+    "fused_combine": ("fused_local_combine_step_s", "fused_local_combine_fixed_s", "fused_fold_step_s"),
 }
 
 
