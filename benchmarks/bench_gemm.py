@@ -90,7 +90,7 @@ CANDIDATES: list[dict[str, Any]] = [
 ]
 
 #: Impls beside ``cublas`` (see the module docstring).
-ENGINE_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs", "taxmodel_wait_spin", "taxmodel_epoch", "taxmodel_rs_ptr")
+ENGINE_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs", "taxmodel_wait_spin", "taxmodel_epoch")
 #: The impls timed unless ``--impls`` says otherwise.
 DEFAULT_IMPLS = ("taxmodel", "taxmodel_wait", "taxmodel_rs")
 
@@ -291,8 +291,6 @@ def impl_fn(impl: str, cfg: Any, world: int) -> Callable[[Operands], Callable[[]
         return lambda o: wait_fn(o, replace(cfg, wait_vote=False, wait_horizon=False), world)
     if impl == "taxmodel_rs":
         return lambda o: rs_fn(o, cfg, world)
-    if impl == "taxmodel_rs_ptr":  # GEMM+RS's kernel with pointer stores into the owners' slots
-        return lambda o: rs_fn(o, replace(cfg, tma_store=False), world)
     raise ValueError(f"unknown impl {impl!r}")
 
 

@@ -67,9 +67,6 @@ TILES = {
     "256s3": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8),
     "256s4": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8),
     "128s4": dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8),
-    # 256s3 storing its tiles into the owners' slots with TMA (descriptors made on the device per tile)
-    "256s3st2": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, tma_store=True,
-                     epi_split=2),
 }
 REDUCES = ("kernel", "tail")
 TUNE_SETS = {"quick": (["256s3", "128s4"], list(REDUCES)), "explore": (list(TILES), list(REDUCES))}

@@ -249,21 +249,6 @@ def cached_descriptor(t: torch.Tensor, block: list[int]) -> Any:
     return d
 
 
-def device_descriptor_scratch() -> None:
-    """Give Triton the global scratch that tensor descriptors made on the device are written into
-    (``tl.make_tensor_descriptor``: 128 bytes a descriptor per program, allocated per launch from
-    torch's caching allocator, so a captured CUDA graph replays with its own). Left alone when the
-    process already set an allocator of its own."""
-    from triton.runtime import _allocation
-
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        triton.set_allocator(_torch_scratch)
-
-
-def _torch_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
-    return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
 def num_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, reserve: int = 0) -> int:
     """Persistent grid size: every program must be resident at once (waits inside the kernel)."""
     if cfg.num_progs > 0:

@@ -286,20 +286,6 @@ def signal_local(flag_ptr, value):
 
 
 @triton.jit
-def tma_stores_done(MODE: tl.constexpr):
-    """Wait, CTA-wide, until this CTA's TMA (bulk async-proxy) stores are complete (their writes
-    performed, not only their shared-memory source read, which is all Triton's own wait after a
-    descriptor store asks), and order them before what follows in the generic proxy: call it before
-    a release that publishes data written through tensor descriptors (NVIDIA Hopper+; a no-op
-    elsewhere). Every thread waits on its own bulk groups (none but the issuing thread's), then the
-    barrier holds the CTA until the issuing thread is through."""
-    if MODE == 1:
-        tl.inline_asm_elementwise("cp.async.bulk.wait_group 0;\n fence.proxy.async.global;\n mov.u32 $0, 0;", "=r", [],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-        cta_barrier(MODE)
-
-
-@triton.jit
 def fence_tma_after_acquire(MODE: tl.constexpr):
     """Order TMA (async-proxy) reads after an acquire done by ordinary loads (NVIDIA Hopper+).
 

@@ -78,7 +78,7 @@ import triton
 import triton.language as tl
 
 from taxmodel.kernels.device import trace
-from taxmodel.kernels.device.sync import acquire_load, fence_tma_after_acquire, signal, tma_stores_done, wait_geq
+from taxmodel.kernels.device.sync import acquire_load, fence_tma_after_acquire, signal, wait_geq
 
 #: The engine's roles (constexpr globals: kernels pass them as ``ROLE``).
 ROLE_AG: tl.constexpr = tl.constexpr(0)
@@ -357,42 +357,23 @@ def persistent_gemm(
                 tl.atomic_add(count_ptr + (slab * blocks_per_rank + j) * n_tiles + pid_n, 1)
         else:
             t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
-            if TMA_STORE:
-                # The owner's slot through a descriptor made on the device for this tile's owner (its
-                # heap's copy of this rank's slot): the TMA unit moves the tile, over the link for a
-                # peer's, while the warps go on to the next tile; rows past M_loc are clipped.
-                owner_slot = tl.make_tensor_descriptor(owner_pointer(c_ptr, rank, slab, heap_bases), [M_loc, N], [N, 1],
-                                                       [BLOCK_M, BLOCK_N // EPI_SPLIT])
-                store_local(acc, c_ptr, owner_slot, j * BLOCK_M, offs_r, row_ok, offs_n, col_ok, pid_n * BLOCK_N,
-                            stride_cm, stride_cn, BLOCK_N, True, EPI_SPLIT)
+            dst = c_ptr + offs_r[:, None] * N + offs_n[None, :]
+            mask = row_ok[:, None] & col_ok[None, :]
+            val = acc.to(c_ptr.dtype.element_ty)
+            # One store for own and peers' tiles (an own tile's pointer translates to itself): a
+            # branch on the owner around two stores crashes Triton 3.6's pipeliner in the
+            # flattened loop. The hint marks 16-byte contiguous runs: vector stores over the link.
+            if VEC_HINT:
+                iris.store(dst, val, rank, slab, heap_bases, mask=mask, hint=(1, 16))
             else:
-                dst = c_ptr + offs_r[:, None] * N + offs_n[None, :]
-                mask = row_ok[:, None] & col_ok[None, :]
-                val = acc.to(c_ptr.dtype.element_ty)
-                # One store for own and peers' tiles (an own tile's pointer translates to itself): a
-                # branch on the owner around two stores crashes Triton 3.6's pipeliner in the
-                # flattened loop. The hint marks 16-byte contiguous runs: vector stores over the link.
-                if VEC_HINT:
-                    iris.store(dst, val, rank, slab, heap_bases, mask=mask, hint=(1, 16))
-                else:
-                    iris.store(dst, val, rank, slab, heap_bases, mask=mask)
+                iris.store(dst, val, rank, slab, heap_bases, mask=mask)
             # A peer's tile: moving it out is communication only; an own tile's store is the epilogue.
             t_rec = trace.mark(rec_ptr, pid, tl.where(slab == rank, trace.COMPUTE, trace.STORE_PUSH), t_rec,
                                INSTRUMENT, SYNC_MODE)
     if ROLE == 1:
-        if TMA_STORE:
-            tma_stores_done(SYNC_MODE)  # the owners' tiles written before their flags' release
         release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, num_tiles, NUM_PROGS, WORLD,
                       GROUP_M, SYNC_MODE)
     return t_rec
-
-
-@triton.jit
-def owner_pointer(ptr, rank, owner, heap_bases):
-    """``ptr`` (a scalar pointer into this rank's heap) at the same offset of ``owner``'s heap, as the
-    owner's memory is mapped here (``heap_bases``: every rank's heap base in this address space)."""
-    shift = tl.load(heap_bases + owner) - tl.load(heap_bases + rank)
-    return (ptr.to(tl.pointer_type(tl.int8), bitcast=True) + shift).to(ptr.dtype, bitcast=True)
 
 
 @triton.jit

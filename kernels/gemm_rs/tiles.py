@@ -75,8 +75,7 @@ from taxmodel.kernels.device import trace
 from taxmodel.kernels.device.epochs import check_grid, launch_epoch, publish_epoch
 from taxmodel.kernels.device.sync import interpreting, wait_geq
 from taxmodel.kernels.device.tile_gemm import ROLE_RS, flatten_ok, persistent_gemm
-from taxmodel.kernels.ag_gemm.gemm_tiles import (GemmConfig, cached_descriptor, device_descriptor_scratch, num_programs,
-                                                 tile_counts, tma_available)
+from taxmodel.kernels.ag_gemm.gemm_tiles import GemmConfig, cached_descriptor, num_programs, tile_counts, tma_available
 from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 
 #: Kernel ids written into the error buffer by a reduction that gave up waiting.
@@ -146,7 +145,6 @@ def gemm_rs_kernel(
     GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     VEC_HINT: tl.constexpr, TAIL_REDUCE: tl.constexpr, ROWS: tl.constexpr, SYNC_MODE: tl.constexpr,
     COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-    TMA_STORE: tl.constexpr = False, EPI_SPLIT: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records (kernels/device/trace.py); nothing when off
@@ -161,7 +159,7 @@ def gemm_rs_kernel(
         rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, N, 1,
         0, rank, epoch, budget, 1,
         ROLE_RS, WORLD, 0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
-        False, TMA_STORE, EPI_SPLIT, 1, 1, INSTRUMENT, FLATTEN, VEC_HINT)
+        False, False, 1, 1, 1, INSTRUMENT, FLATTEN, VEC_HINT)
 
     if TAIL_REDUCE:
         for tile in range(pid, blocks_per_rank * n_tiles, NUM_PROGS):
@@ -246,15 +244,6 @@ def use_tma(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.stride(1) == 1 and b.stride(1) == 1
 
 
-def stores_through_descriptors(cfg: GemmConfig, recv: torch.Tensor, n: int) -> bool:
-    """Whether the GEMM stores its tiles into the owners' slots with TMA (``cfg.tma_store``, on a GPU
-    with TMA loads): descriptors made on the device need 16-byte aligned slots and rows (bf16/fp16:
-    N a multiple of 8) and a column split that divides the tile."""
-    elt = recv.element_size()
-    return bool(cfg.tma_store) and (n * elt) % 16 == 0 and recv.data_ptr() % 16 == 0 \
-        and cfg.block_n % max(cfg.epi_split, 1) == 0
-
-
 def gemm_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, tail: bool) -> int:
     """Persistent grid size; one program for the tail reduction under the interpreter (see above)."""
     if tail and interpreting():
@@ -281,9 +270,6 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     if not warmup_only:
         check_grid(epochs, progs, "launch_gemm_rs")
     tma = use_tma(cfg, a, b)
-    tma_store = tma and stores_through_descriptors(cfg, recv, n)
-    if tma_store:
-        device_descriptor_scratch()
     a_desc = cached_descriptor(a, [cfg.block_m, cfg.block_k]) if tma else None
     b_desc = cached_descriptor(b, [cfg.block_k, cfg.block_n]) if tma else None
     args = (a, b, a_desc, b_desc, recv, out, flags, heap_bases, err,
@@ -294,8 +280,7 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
               NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
               INSTRUMENT=trace.instrument_code(records),
-              FLATTEN=cfg.flatten and flatten_ok(1, bool(trace.instrument_code(records)), tma),
-              TMA_STORE=tma_store, EPI_SPLIT=cfg.epi_split if tma_store else 1, num_warps=cfg.num_warps)
+              FLATTEN=cfg.flatten and flatten_ok(1, bool(trace.instrument_code(records)), tma), num_warps=cfg.num_warps)
     if warmup_only:
         gemm_rs_kernel.warmup(*args, grid=(progs,), **kw)
     else:

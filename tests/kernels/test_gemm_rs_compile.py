@@ -23,8 +23,7 @@ from taxmodel.kernels.gemm_rs import tiles as t
 PATTERNS = {"tma": r"cp\.async\.bulk\.tensor", "mma": r"wgmma[\w.]*bf16|mma\.sync[\w.]*bf16",
             "sys_release": r"atom[\w.]*\.sys\.release|atom\.release\.sys|atom\.global\.sys\.release",
             "globaltimer": r"%globaltimer",
-            "gpu_release": r"atom[\w.]*\.release\.gpu|atom\.release\.gpu|atom\.global\.gpu\.release",
-            "tma_store": r"cp\.async\.bulk\.tensor\.\dd\.global\.shared", "bulk_done": r"cp\.async\.bulk\.wait_group 0;"}
+            "gpu_release": r"atom[\w.]*\.release\.gpu|atom\.release\.gpu|atom\.global\.gpu\.release"}
 BODY_PATTERNS = {"rec_uses": r"%rec_ptr\b", "epoch_uses": r"%epoch_ptr\b"}
 
 
@@ -48,27 +47,21 @@ for inst in (False, True):
     for tail in (False, True):
         consts = dict(WORLD=W, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_PROGS=132, NUM_STAGES=3,
                       USE_TMA=True, VEC_HINT=True, TAIL_REDUCE=tail, ROWS=32, SYNC_MODE=1, COUNT=False, INSTRUMENT=inst,
-                      FLATTEN=not inst, TMA_STORE=False, EPI_SPLIT=1)
+                      FLATTEN=not inst)
         report[f"gemm_{'tail' if tail else 'kernel'}_{inst}"] = build(t.gemm_rs_kernel, gemm_args(True), consts, 8, 3,
                                                                       f"gemm_{tail}_{inst}")
     report[f"reduce_{inst}"] = build(t.rs_reduce_kernel, reduce_args,
                                      dict(WORLD=W, BLOCK_M=128, BLOCK_N=256, ROWS=32, SYNC_MODE=1, COUNT=False,
                                           INSTRUMENT=inst), 4, 3, f"reduce_{inst}")
-# TMA stores into the owners' slots through descriptors made on the device (the tables' tma_store), plain only.
-report["gemm_tma_store"] = build(t.gemm_rs_kernel, gemm_args(True),
-                                 dict(WORLD=W, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_PROGS=132, NUM_STAGES=3,
-                                      USE_TMA=True, VEC_HINT=True, TAIL_REDUCE=False, ROWS=32, SYNC_MODE=1, COUNT=False,
-                                      INSTRUMENT=False, FLATTEN=True, TMA_STORE=True, EPI_SPLIT=2), 8, 3, "gemm_tma_store")
 # The pointer path (no TMA: what a GPU without host descriptors runs), plain only.
 report["gemm_ptr"] = build(t.gemm_rs_kernel, gemm_args(False),
                            dict(WORLD=W, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_PROGS=132, NUM_STAGES=3,
                                 USE_TMA=False, VEC_HINT=True, TAIL_REDUCE=False, ROWS=32, SYNC_MODE=1, COUNT=False,
-                                INSTRUMENT=False, FLATTEN=False, TMA_STORE=False, EPI_SPLIT=1), 8, 3, "gemm_ptr")
+                                INSTRUMENT=False, FLATTEN=False), 8, 3, "gemm_ptr")
 print(json.dumps(report))
 '''
 
-KERNELS = [f"{k}_{inst}" for k in ("gemm_kernel", "gemm_tail", "reduce") for inst in (False, True)] + ["gemm_ptr",
-                                                                                                  "gemm_tma_store"]
+KERNELS = [f"{k}_{inst}" for k in ("gemm_kernel", "gemm_tail", "reduce") for inst in (False, True)] + ["gemm_ptr"]
 
 
 @pytest.fixture(scope="module", params=tritons())
@@ -90,16 +83,6 @@ def test_gemm_uses_tma_and_tensor_cores_and_releases_flags(report, inst):
         assert r["tma"] > 0 and r["mma"] > 0, r
         assert r["sys_release"] >= 1, r  # sync.signal to the owner, system scope
     assert report["gemm_ptr"]["mma"] > 0
-
-
-@pytest.mark.slow
-def test_tma_stores_reach_the_owners_before_their_flags_are_released(report):
-    """With TMA_STORE the tiles leave through TMA stores (descriptors made on the device), and before
-    the program's release a full wait on its bulk groups (writes done, not only their shared-memory
-    source read); the pointer-store build has neither."""
-    r, plain = report["gemm_tma_store"], report["gemm_kernel_False"]
-    assert r["tma_store"] >= 1 and r["bulk_done"] >= 1 and r["sys_release"] >= 1, r
-    assert plain["tma_store"] == 0 and plain["bulk_done"] == 0, plain
 
 
 @pytest.mark.slow
