@@ -31,7 +31,7 @@ from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GPU_RS_CONFIG, GemmR
 
 #: GPU presets: M x N x K with N = K = 8192, and the N = K = 4096 family.
 _GPU_PRESETS: dict[str, dict[str, int]] = {}
-for _m in (1024, 4096, 8192):
+for _m in (1024, 4096, 8192, 16384):
     _GPU_PRESETS[f"m{_m}"] = {"M": _m, "N": 8192, "K": 8192}
     _GPU_PRESETS[f"m{_m}_n4096"] = {"M": _m, "N": 4096, "K": 4096}
 
