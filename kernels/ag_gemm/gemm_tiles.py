@@ -64,6 +64,7 @@ def ag_gemm_kernel(
     K_PIECES: tl.constexpr = 1, KT_PER_PIECE: tl.constexpr = 1, INSTRUMENT: tl.constexpr = False,
     FLATTEN: tl.constexpr = False, WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False,
     HORIZON_SCAN: tl.constexpr = 64, DOUBLE_BUFFER: tl.constexpr = False, FLAG_CHUNK: tl.constexpr = 1,
+    ORDER_CHUNK: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records; nothing when off
@@ -84,7 +85,7 @@ def ag_gemm_kernel(
         remote_shift, rank, epoch, budget, kernel_id,
         ROLE_AG, WORLD, A_MODE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
         COUNT, TMA_STORE, EPI_SPLIT, K_PIECES, KT_PER_PIECE, INSTRUMENT, FLATTEN, False, WAIT_VOTE, WAIT_HORIZON,
-        HORIZON_SCAN, FLAG_CHUNK)
+        HORIZON_SCAN, FLAG_CHUNK, ORDER_CHUNK)
     t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)  # the last compute run
 
     if A_MODE == 2:
@@ -323,9 +324,13 @@ def launch_ag_gemm(
     heap_bases: torch.Tensor | None = None, epochs: torch.Tensor | None = None, budget: int = 1,
     kernel_id: int = 0, count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
     a_desc: Any = None, b_desc: Any = None, reserve_programs: int = 0, pieces: int = 1,
-    parity_rows: int = 0, flag_parity_stride: int = 0, records: Any = None,
+    parity_rows: int = 0, flag_parity_stride: int = 0, records: Any = None, copy_by_copy: bool = False,
 ) -> None:
     """Enqueue one ``ag_gemm_kernel`` (see the module docstring for ``mode``); no host sync.
+
+    ``copy_by_copy``: the peers' blocks are taken in the order the copy engines deliver a rank's
+    pulls (one copy after another: ``tile_gemm.peer_block`` with ``ORDER_CHUNK``), not interleaved
+    block by block; it changes nothing when a copy moves one block.
 
     ``A_WAIT`` needs ``epochs`` (the kernel's epoch slots, ``epochs.new_epoch_slots``; every
     launch on them with the same grid, else ``ValueError``); ``parity_rows`` or
@@ -366,6 +371,6 @@ def launch_ag_gemm(
         INSTRUMENT=trace.instrument_code(records),
         FLATTEN=cfg.flatten and flatten_ok(pieces, bool(trace.instrument_code(records)), use_tma),
         WAIT_VOTE=cfg.wait_vote and sync == SYNC_NVIDIA, WAIT_HORIZON=cfg.wait_horizon, HORIZON_SCAN=cfg.horizon_scan,
-        FLAG_CHUNK=flag_chunk,
+        FLAG_CHUNK=flag_chunk, ORDER_CHUNK=flag_chunk if copy_by_copy else 1,
         DOUBLE_BUFFER=parity_rows != 0 or flag_parity_stride != 0, num_warps=cfg.num_warps,
     )

@@ -111,7 +111,7 @@ def run(st: AgGemmState) -> None:
     with st.ctx.kernel(KERNEL):
         launch_ag_gemm(st.gathered, st.b, st.c, mode=A_WAIT, flags=st.flags, epochs=st.gemm_epochs,
                        a_desc=st.cache.get("a_desc"), b_desc=st.cache.get("b_desc"), reserve_programs=reserve,
-                       pieces=k_pieces(cfg, st.k), records=st.records.get(KERNEL), **common)
+                       pieces=k_pieces(cfg, st.k), records=st.records.get(KERNEL), copy_by_copy=ce, **common)
     join(st, main, streams)
     if ce:  # every flag was set before the GEMM ended: clear them for the next iteration
         st.cache["ce"].reset_flags(st.flags, main)

@@ -25,8 +25,11 @@ straddles two slabs: the last block of a slab is partial when ``M_loc`` is not a
   (``flag_rows``) that takes the release.
 
 Tile order (``tile_coords``, why): AG takes its own slab first (no communication needed) and then
-the peers' blocks interleaved (block 0 of every peer, then block 1: the order the push kernels
-deliver them); RS takes the peers' blocks first (staggered per rank, so every owner gets block 0
+the peers' blocks in the order they are delivered: interleaved (block 0 of every peer, then block
+1: the order the copy kernel delivers them, and the pushes of the copy engines, where every source
+pushes at once) or, for pulls on the copy engines (``ORDER_CHUNK``: the blocks a copy moves), copy
+by copy (rank+1's first copy, rank+2's, ..., then every peer's second: one engine runs a rank's
+pulls one after another, as a 4x H200 trace shows, so a copy's blocks are the next to arrive); RS takes the peers' blocks first (staggered per rank, so every owner gets block 0
 from all peers early) and its own slab last (its own contribution costs no link time). Within a
 segment, tiles are grouped ``GROUP_M`` M-blocks at a time so that concurrently running programs
 share A and B tiles in L2.
@@ -101,21 +104,41 @@ def _grouped(seg_t, seg_first, seg_blocks, n_tiles, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def peer_block(r, rank, WORLD: tl.constexpr):
-    """Position ``r`` of the peers' blocks in interleaved order (block 0 of rank+1, rank+2, ..., then
-    block 1, ...) -> (the peer's rank, the block within its slab). ``WORLD`` > 1."""
-    return (rank + r % (WORLD - 1) + 1) % WORLD, r // (WORLD - 1)
+def peer_block(r, rank, blocks_per_rank, WORLD: tl.constexpr, CHUNK: tl.constexpr = 1):
+    """Position ``r`` of the peers' blocks in delivery order -> (the peer's rank, the block within
+    its slab). ``WORLD`` > 1. ``CHUNK`` 1: interleaved block by block (block 0 of rank+1, rank+2,
+    ..., then block 1, ...). ``CHUNK`` > 1 (AG on the copy engines, ``CHUNK`` blocks a copy): copy
+    by copy, as the engine delivers them (the blocks of rank+1's first copy, then rank+2's first,
+    ..., then every peer's second copy; a slab's last copy may hold fewer blocks)."""
+    if CHUNK == 1:
+        return (rank + r % (WORLD - 1) + 1) % WORLD, r // (WORLD - 1)
+    per_round = (WORLD - 1) * CHUNK
+    c = r // per_round
+    first = c * CHUNK
+    # blocks in each peer's copy of round c (at least 1: positions past the last one, which callers
+    # mask, must not divide by 0)
+    size = tl.maximum(tl.minimum(blocks_per_rank - first, CHUNK), 1)
+    w = r - c * per_round
+    return (rank + w // size + 1) % WORLD, first + w % size
 
 
 @triton.jit
-def peer_position(slab, j, rank, WORLD: tl.constexpr):
-    """``peer_block``'s inverse: block ``j`` of peer ``slab`` -> its position in the interleaved order."""
-    return j * (WORLD - 1) + (slab - rank - 1 + WORLD) % WORLD
+def peer_position(slab, j, rank, blocks_per_rank, WORLD: tl.constexpr, CHUNK: tl.constexpr = 1):
+    """``peer_block``'s inverse: block ``j`` of peer ``slab`` -> its position in the delivery order."""
+    p = (slab - rank - 1 + WORLD) % WORLD
+    if CHUNK == 1:
+        return j * (WORLD - 1) + p
+    c = j // CHUNK
+    first = c * CHUNK
+    size = tl.maximum(tl.minimum(blocks_per_rank - first, CHUNK), 1)
+    return c * (WORLD - 1) * CHUNK + p * size + (j - first)
 
 
 @triton.jit
-def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
-    """Tile number ``t`` -> (slab rank, block within the slab, N-tile index) in the role's order."""
+def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl.constexpr, GROUP_M: tl.constexpr,
+                CHUNK: tl.constexpr = 1):
+    """Tile number ``t`` -> (slab rank, block within the slab, N-tile index) in the role's order
+    (``CHUNK``: the peers' blocks in ``peer_block``'s order for copies of that many blocks; AG only)."""
     if ROLE == 0:
         own_tiles = blocks_per_rank * n_tiles
         in_first = t < own_tiles
@@ -135,7 +158,7 @@ def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl
         is_own = s < blocks_per_rank
         r = s - blocks_per_rank
         if WORLD > 1:
-            peer, peer_j = peer_block(r, rank, WORLD)
+            peer, peer_j = peer_block(r, rank, blocks_per_rank, WORLD, CHUNK)
             slab = tl.where(is_own, rank, peer)
             j = tl.where(is_own, s, peer_j)
         else:
@@ -145,7 +168,7 @@ def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl
         # Peers interleaved block by block (rank+1 first), own slab last.
         peer_blocks = (WORLD - 1) * blocks_per_rank
         if WORLD > 1:
-            peer, peer_j = peer_block(s, rank, WORLD)
+            peer, peer_j = peer_block(s, rank, blocks_per_rank, WORLD)
             slab = tl.where(in_first, peer, rank)
             j = tl.where(in_first, peer_j, s - peer_blocks)
         else:
@@ -241,7 +264,7 @@ def flag_block(j, blocks_per_rank, FLAG_CHUNK: tl.constexpr):
 
 @triton.jit
 def ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD: tl.constexpr, SCAN: tl.constexpr,
-                 SYNC_MODE: tl.constexpr, FLAG_CHUNK: tl.constexpr = 1):
+                 SYNC_MODE: tl.constexpr, FLAG_CHUNK: tl.constexpr = 1, ORDER_CHUNK: tl.constexpr = 1):
     """AG ``A_WAIT``, one flag per block (``K_PIECES`` 1): the new horizon after one scan, i.e. ``horizon`` plus how
     many remote blocks from position ``horizon`` on (delivery order, ``SCAN`` at most) already
     hold ``epoch``, without a gap. Every thread reads its share of the flags with an acquire load
@@ -249,7 +272,7 @@ def ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD: tl.con
     reduction, so every thread gets the same horizon."""
     pos = horizon + tl.arange(0, SCAN)
     in_range = pos < (WORLD - 1) * blocks_per_rank
-    src, j = peer_block(pos, rank, WORLD)
+    src, j = peer_block(pos, rank, blocks_per_rank, WORLD, ORDER_CHUNK)
     idx = tl.where(in_range, src * blocks_per_rank + flag_block(j, blocks_per_rank, FLAG_CHUNK), 0)
     if SYNC_MODE == 1:
         vals = acquire_load(flags_ptr + idx, False)
@@ -271,7 +294,7 @@ def persistent_gemm(
     COUNT: tl.constexpr, TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr, K_PIECES: tl.constexpr,
     KT_PER_PIECE: tl.constexpr, INSTRUMENT: tl.constexpr, FLATTEN: tl.constexpr, VEC_HINT: tl.constexpr,
     WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False, HORIZON_SCAN: tl.constexpr = 64,
-    FLAG_CHUNK: tl.constexpr = 1,
+    FLAG_CHUNK: tl.constexpr = 1, ORDER_CHUNK: tl.constexpr = 1,
 ):
     """Every tile of this program (``pid``), in the role's order; returns the record clock ``t_rec``.
 
@@ -287,7 +310,7 @@ def persistent_gemm(
     k_tiles = tl.cdiv(K, BLOCK_K)
     horizon = tl.cast(0, tl.int32)  # remote blocks (delivery order) known ready: WAIT_HORIZON
     for t in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
-        slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE, WORLD, GROUP_M)
+        slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE, WORLD, GROUP_M, ORDER_CHUNK)
         offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the slab
         row_ok = offs_r < M_loc
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -307,10 +330,10 @@ def persistent_gemm(
                     # Remote blocks arrive in delivery order (``peer_block``); positions below
                     # ``horizon`` were seen ready by an earlier scan of this program (acquired, then
                     # fenced for TMA): no wait at all.
-                    r_pos = peer_position(slab, j, rank, WORLD)
+                    r_pos = peer_position(slab, j, rank, blocks_per_rank, WORLD, ORDER_CHUNK)
                     if waits & (r_pos >= horizon):
                         horizon = ready_prefix(flags_ptr, rank, blocks_per_rank, horizon, epoch, WORLD, HORIZON_SCAN,
-                                               SYNC_MODE, FLAG_CHUNK)
+                                               SYNC_MODE, FLAG_CHUNK, ORDER_CHUNK)
                         if USE_TMA:
                             fence_tma_after_acquire(SYNC_MODE)
                     covered = waits & (r_pos < horizon)

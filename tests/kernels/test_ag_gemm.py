@@ -8,10 +8,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is im
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from taxmodel.errors import InputError
+from taxmodel.kernels.device import tile_gemm
 from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
 from taxmodel.kernels.ag_gemm.state import shape_dims
@@ -93,17 +96,20 @@ def test_variant_matches_reference(variant: str, world: int, transport: str) -> 
 
 
 @interpreted
-@pytest.mark.parametrize("variant,m_loc,blocks_per_copy", [("pull", 96, 4), ("push", 96, 4), ("pull", 48, 2),
-                                                           ("push", 40, 5)])
-def test_copy_engines_in_copies_of_several_blocks(variant: str, m_loc: int, blocks_per_copy: int) -> None:
+@pytest.mark.parametrize("variant,world,m_loc,blocks_per_copy", [
+    ("pull", 2, 96, 4), ("push", 2, 96, 4), ("pull", 2, 48, 2), ("push", 2, 40, 5),
+    ("pull", 3, 96, 4), ("push", 3, 40, 2), ("pull", 3, 48, 1)])
+def test_copy_engines_in_copies_of_several_blocks(variant: str, world: int, m_loc: int, blocks_per_copy: int) -> None:
     # 16-row blocks of K=40 fp32 (2560 bytes): copies of 4 blocks over 6 (the last copy 2 blocks), of 2
-    # over 3, and of every block at once (40 rows: 3 blocks, the last partial). The GEMM waits on the
-    # flag of each copy's last block for all of its blocks: a wrong row offset gives a wrong product,
-    # a wrong flag a wait that never ends.
+    # over 3, of every block at once (40 rows: 3 blocks, the last partial), and one block a copy. The
+    # GEMM waits on the flag of each copy's last block for all of its blocks: a wrong row offset gives a
+    # wrong product, a wrong flag a wait that never ends. On 3 ranks the GEMM takes the peers' blocks
+    # copy by copy (``tile_gemm.peer_block``'s order for copies of several blocks): a position that maps
+    # to no block, or to one twice, leaves a tile unwritten (NaN) or wrong.
     block_bytes = gemm_tiles.CPU_CONFIG.block_m * 40 * 4
     cfg = replace(gemm_tiles.CPU_CONFIG, transport="ce", ce_copy_bytes=blocks_per_copy * block_bytes)
-    assert gemm_tiles.ce_blocks_per_copy(cfg, m_loc, 40, 4, 2) == min(blocks_per_copy, -(-m_loc // 16))
-    errs = run_and_check(2, variant, {"M": 2 * m_loc, "N": 40, "K": 40, "tp": 0, "seed": m_loc},
+    assert gemm_tiles.ce_blocks_per_copy(cfg, m_loc, 40, 4, world) == min(blocks_per_copy, -(-m_loc // 16))
+    errs = run_and_check(world, variant, {"M": world * m_loc, "N": 40, "K": 40, "tp": 0, "seed": m_loc},
                          ce_copy_bytes=blocks_per_copy * block_bytes)
     assert max(errs) < 1e-4
 
@@ -152,3 +158,34 @@ def test_push_odd_shapes(m_loc: int, n: int, k: int, seed: int, transport: str) 
     errs = run_and_check(2, "push", {"M": 2 * m_loc, "N": n, "K": k, "tp": 0, "seed": seed}, iterations=1,
                          transport=transport)
     assert max(errs) < 1e-4
+
+
+@triton.jit
+def _delivery_order_kernel(out_ptr, rank, blocks_per_rank, WORLD: tl.constexpr, CHUNK: tl.constexpr):
+    r = tl.program_id(0)
+    peer, j = tile_gemm.peer_block(r, rank, blocks_per_rank, WORLD, CHUNK)
+    tl.store(out_ptr + 3 * r, peer)
+    tl.store(out_ptr + 3 * r + 1, j)
+    tl.store(out_ptr + 3 * r + 2, tile_gemm.peer_position(peer, j, rank, blocks_per_rank, WORLD, CHUNK))
+
+
+@interpreted
+@pytest.mark.parametrize("world,bpr,chunk", [(2, 5, 2), (3, 6, 4), (4, 5, 2), (4, 16, 4), (4, 3, 8), (3, 4, 1)])
+def test_the_peers_blocks_come_copy_by_copy_in_the_order_the_engine_delivers_them(world: int, bpr: int,
+                                                                                  chunk: int) -> None:
+    """Every peer block once, at the position ``peer_position`` gives back; with copies of ``chunk``
+    blocks the order is the copy engine's (``transport.ce_transfer_blocks``: for each copy in turn,
+    rank+1's, rank+2's, ...; a slab's last copy may be short), block by block interleaved with one."""
+    for rank in range(world):
+        n = (world - 1) * bpr
+        out = torch.full((3 * n,), -1, dtype=torch.int32)
+        _delivery_order_kernel[(n,)](out, rank, bpr, WORLD=world, CHUNK=chunk)
+        rows = [tuple(x) for x in out.view(-1, 3).tolist()]
+        assert [p for _, _, p in rows] == list(range(n))
+        expect = []
+        for j0 in range(0, bpr, chunk):
+            for step in range(1, world):
+                expect += [((rank + step) % world, j) for j in range(j0, min(j0 + chunk, bpr))]
+        if chunk == 1:
+            expect = [((rank + step) % world, j) for j in range(bpr) for step in range(1, world)]
+        assert [(s, j) for s, j, _ in rows] == expect

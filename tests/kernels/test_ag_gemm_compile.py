@@ -40,12 +40,12 @@ def gemm_args(block_m, block_n, block_k, tma_store, epi):
             ("kernel_id", "i32", 0)]
 
 def gemm(tag, block_m=128, block_n=256, block_k=64, stages=3, warps=8, tma_store=False, epi=1, pieces=4,
-         inst=False, flatten=False, vote=False, horizon=False, double=True, chunk=1):
+         inst=False, flatten=False, vote=False, horizon=False, double=True, chunk=1, order=1):
     consts = dict(WORLD=4, A_MODE=2, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, NUM_PROGS=132,
                   NUM_STAGES=stages, USE_TMA=True, SYNC_MODE=1, COUNT=False, TMA_STORE=tma_store,
                   EPI_SPLIT=epi, K_PIECES=pieces, KT_PER_PIECE=K // pieces // block_k, INSTRUMENT=inst,
                   FLATTEN=flatten, WAIT_VOTE=vote, WAIT_HORIZON=horizon, HORIZON_SCAN=64, DOUBLE_BUFFER=double,
-                  FLAG_CHUNK=chunk)
+                  FLAG_CHUNK=chunk, ORDER_CHUNK=order)
     return build(gt.ag_gemm_kernel, gemm_args(block_m, block_n, block_k, tma_store, epi), consts, warps, stages, tag)
 
 copy_args = [("gathered_ptr", "*bf16", 0), ("flags_ptr", "*i32", 0), ("heap_bases", "*i64", 0),
@@ -68,7 +68,7 @@ report = dict(
     gemm_flat_single=gemm("gemm_flat_single", tma_store=True, epi=2, pieces=1, flatten=True, vote=True,
                           horizon=True, double=False),
     gemm_flat_chunk=gemm("gemm_flat_chunk", tma_store=True, epi=2, pieces=1, flatten=True, vote=True,
-                         horizon=True, double=False, chunk=8),
+                         horizon=True, double=False, chunk=8, order=8),
     copy_push=copy("copy_push", False, False),
     copy_push_inst=copy("copy_push_inst", False, True),
     copy_pull=copy("copy_pull", True, False),

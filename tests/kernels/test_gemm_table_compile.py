@@ -48,7 +48,7 @@ for entry in entries:
                       COUNT=False, TMA_STORE=cfg.tma_store, EPI_SPLIT=epi, K_PIECES=pieces,
                       KT_PER_PIECE=K // pieces // cfg.block_k, INSTRUMENT=inst, FLATTEN=flat,
                       WAIT_VOTE=cfg.wait_vote, WAIT_HORIZON=cfg.wait_horizon, HORIZON_SCAN=cfg.horizon_scan,
-                      DOUBLE_BUFFER=True, FLAG_CHUNK=1)
+                      DOUBLE_BUFFER=True, FLAG_CHUNK=1, ORDER_CHUNK=1)
         name = tag + ("-inst" if inst else "") + ("-p1" if pieces == 1 else "")
         report[name] = build(gt.ag_gemm_kernel, args(cfg.block_m, cfg.block_n, cfg.block_k, cfg.tma_store, epi),
                              consts, cfg.num_warps, cfg.num_stages, name.replace("x", "_"))
