@@ -126,6 +126,23 @@ def test_programs_ending_on_a_peer_tile_wait_for_a_wave_of_pushes():
     assert det["gemm_kernel"] >= det["triton_gemm"] + expect - 1e-15
 
 
+def test_a_kernel_time_measured_whole_takes_no_extra_wave_of_pushes():
+    """Where the GEMM kernel's time is calibrate's rs_gemm measurement (the kernel's traced duration,
+    its last pushes and release included), nothing is added for the programs ending on a peer tile
+    (M=1024 on 2 ranks, as above); a time built from rates keeps that wave (the test above)."""
+    shape = {"M": 1024, "N": 8192, "K": 8192}
+    for measured in (dict(rs_push_s_per_byte_by_m=((1024, 2.9e-12),)), dict(rs_gemm_speed_by_m=((1024, 0.78),))):
+        _, det, notes, _ = _plans("fused", shape, 2, **measured)
+        assert det["last_push"] == 0.0
+        assert det["gemm_kernel"] == pytest.approx(max(det["triton_gemm"], det["push_done"]), rel=1e-12)
+        assert "holds its last pushes and its release" in notes[-1]
+    _, rates, rate_notes, _ = _plans("fused", shape, 2)
+    assert rates["last_push"] > 0 and "holds its last pushes" not in rate_notes[-1]
+    # kernel revision 1 (a release per pushed tile) keeps its per-tile push time whatever measured the GEMM
+    _, old, _, _ = _plans("fused", shape, 2, kernel_revision=1, rs_push_s_per_byte_by_m=((1024, 2.9e-12),))
+    assert old["last_push"] == pytest.approx(old["push_per_program"])
+
+
 def test_push_finish_formula():
     # 10 tiles on 4 SMs: 3 waves; 7 of them (W=4: 3/4 of 10, floored) go to peers
     assert gemm_rs.push_finish(1.0 + 0.1, 4, 10, 4, 0.7, 0.1) == pytest.approx(0.1 + max(1 / 3 + 0.7, 0.75 + 0.1))
