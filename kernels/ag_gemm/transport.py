@@ -17,8 +17,10 @@ Design decisions (why):
   program (``kernels/device/epochs.py``: read at the program's start, stored back at its end;
   every launch on them with the same grid), so a captured graph replays correctly. The copy
   engines write a host-chosen value (``cuStreamWriteValue32``): eager only.
-- Order: the first block goes to every peer at once (one stream per peer for the copy engines,
-  work items interleaved over peers for the kernel).
+- Order: the first block goes to every peer first (work items interleaved over peers for the
+  kernel; for the copy engines every peer's first copy, then every peer's second, one stream per
+  peer: a 4x H200 trace shows one engine running a rank's pulls one after another in this order,
+  the order pull's GEMM takes them, ``tile_gemm.peer_block``).
 - In-kernel records (``ctx.instrument``): the copy kernel records one ``store_push`` per work item
   (one K piece of one block to one peer, flag included; ``remote_load`` in pull mode).
 """
@@ -228,8 +230,9 @@ def ce_transfer_blocks(st: AgGemmState, ce: CopyEngine, src_buf: torch.Tensor, d
 
     Push: this rank's slab of ``src_buf`` -> the same rows of ``dst_buf`` on peer ``rank - step``;
     the flag is set on the peer. Pull: peer ``rank + step``'s slab (its own rows of its gathered
-    buffer) -> this rank's buffer; the flag is set here. Copies go in consumption order
-    (block-major, peers interleaved). The flag value is the caller's (``value``).
+    buffer) -> this rank's buffer; the flag is set here. Copies go copy by copy, peers in turn
+    (every peer's first copy, then every peer's second, ...). The flag value is the caller's
+    (``value``).
     """
     row_bytes = st.k * dst_buf.element_size()
     src_base, dst_base = ce.offset_of(src_buf), ce.offset_of(dst_buf)

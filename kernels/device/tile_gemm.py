@@ -29,8 +29,9 @@ the peers' blocks in the order they are delivered: interleaved (block 0 of every
 1: the order the copy kernel delivers them, and the pushes of the copy engines, where every source
 pushes at once) or, for pulls on the copy engines (``ORDER_CHUNK``: the blocks a copy moves), copy
 by copy (rank+1's first copy, rank+2's, ..., then every peer's second: one engine runs a rank's
-pulls one after another, as a 4x H200 trace shows, so a copy's blocks are the next to arrive); RS takes the peers' blocks first (staggered per rank, so every owner gets block 0
-from all peers early) and its own slab last (its own contribution costs no link time). Within a
+pulls one after another, as a 4x H200 trace shows, so a copy's blocks are the next to arrive).
+RS takes the peers' blocks first (staggered per rank, so every owner gets block 0 from all peers
+early) and its own slab last (its own contribution costs no link time). Within a
 segment, tiles are grouped ``GROUP_M`` M-blocks at a time so that concurrently running programs
 share A and B tiles in L2.
 
@@ -114,10 +115,7 @@ def peer_block(r, rank, blocks_per_rank, WORLD: tl.constexpr, CHUNK: tl.constexp
         return (rank + r % (WORLD - 1) + 1) % WORLD, r // (WORLD - 1)
     per_round = (WORLD - 1) * CHUNK
     c = r // per_round
-    first = c * CHUNK
-    # blocks in each peer's copy of round c (at least 1: positions past the last one, which callers
-    # mask, must not divide by 0)
-    size = tl.maximum(tl.minimum(blocks_per_rank - first, CHUNK), 1)
+    first, size = _copy_round(c, blocks_per_rank, CHUNK)
     w = r - c * per_round
     return (rank + w // size + 1) % WORLD, first + w % size
 
@@ -129,9 +127,17 @@ def peer_position(slab, j, rank, blocks_per_rank, WORLD: tl.constexpr, CHUNK: tl
     if CHUNK == 1:
         return j * (WORLD - 1) + p
     c = j // CHUNK
-    first = c * CHUNK
-    size = tl.maximum(tl.minimum(blocks_per_rank - first, CHUNK), 1)
+    first, size = _copy_round(c, blocks_per_rank, CHUNK)
     return c * (WORLD - 1) * CHUNK + p * size + (j - first)
+
+
+@triton.jit
+def _copy_round(c, blocks_per_rank, CHUNK: tl.constexpr):
+    """Round ``c`` of the copies (every peer's ``c``-th copy of ``CHUNK`` blocks) -> (its first block,
+    the blocks in each peer's copy of it: fewer in a slab's last copy; at least 1, so that positions
+    past the last one, which callers mask, never divide by 0)."""
+    first = c * CHUNK
+    return first, tl.maximum(tl.minimum(blocks_per_rank - first, CHUNK), 1)
 
 
 @triton.jit

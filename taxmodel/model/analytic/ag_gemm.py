@@ -193,7 +193,9 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     arrivals = blocks  # pieces of a peer's slab that land one after another, each with its flag
     if transport == "ce":
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s / max(world - 1, 1))
-        per_peer = shard / p2p  # one copy stream per peer, all at once; each pair at the P2P copy rate
+        # each peer's slab at the pair's P2P copy rate, and all of them at the link's (a 4x H200 trace
+        # shows a rank's pulls running one at a time on one engine, slower than this at m16384_tp)
+        per_peer = shard / p2p
         xfer = max(per_peer, (world - 1) * shard / hw.link_bytes_per_s)
         arrivals = ce_copies(blocks, world, params.kernel_revision)
         host_pre = 2 * arrivals * params.host_copy_call_s  # per peer stream: a copy and a flag write per copy

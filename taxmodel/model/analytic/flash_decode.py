@@ -22,8 +22,8 @@ dominate: 20-30 us on one H200, where bandwidth alone says 1 us.
   is the one-rank epilogue (push into its own slot, merge of its own partial, store), which replaces
   push and merge at one rank and which on W ranks the push, waits and merges below stand for; on W
   ranks the step is the fold's own, ``fused_fold_step_s`` (the line's slope through its L2-resident
-  rows) where calibrated; without the calibration steps x ``combine_step_s``, the separate kernel's step), the last worker per head group
-  stores the combined partial into every peer (LL words: value and epoch in one store, no fence;
+  rows) where calibrated; without the calibration steps x ``combine_step_s``, the separate kernel's
+  step), the last worker per head group stores the combined partial into every peer (LL words: value and epoch in one store, no fence;
   8 bytes per 4-byte value) from one CTA, so at one SM's peer-store rate unless the pushing CTAs
   together exceed the GPU's peer-store bandwidth (``costs.push_wave_time``), and then waits for
   every rank's partial of its group (the slowest rank's work + a one-way latency, modelled as
