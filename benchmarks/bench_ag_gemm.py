@@ -83,6 +83,12 @@ TRANSPORTS = {
     # Several M-blocks per copy-engine copy (about this many bytes each), one flag per copy.
     **{f"ce-mem-{mib}m": dict(transport="ce", ce_signal="mem", ce_copy_bytes=mib << 20) for mib in (4, 8, 16, 32, 64)},
     "ce-mem-1b": dict(transport="ce", ce_signal="mem", ce_copy_bytes=0),  # one block per copy (before 2026-11-28)
+    # Pull's order fixed (GemmConfig.ce_order; "ce-mem" picks by shape): one stream per peer, copy by
+    # copy, or peer by peer on one stream (default copy sizes or 16/32/64 MiB).
+    "ce-mem-round": dict(transport="ce", ce_signal="mem", ce_order="round"),
+    "ce-mem-step": dict(transport="ce", ce_signal="mem", ce_order="step"),
+    **{f"ce-mem-{mib}m-step": dict(transport="ce", ce_signal="mem", ce_copy_bytes=mib << 20, ce_order="step")
+       for mib in (16, 32, 64)},
     "sm32": dict(transport="sm", push_progs=32),
     "sm16r": dict(transport="sm", push_progs=16, reserve_sms=True),
     "sm64f": dict(transport="sm", push_progs=64, push_chunk_k=512),
@@ -146,6 +152,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         f"{sorted(TILES)} and {sorted(TRANSPORTS)})")
     p.add_argument("--graph", action="store_true", help="also time CUDA-graph replays of the graph-safe variants")
     add_final_rounds(p)
+    p.add_argument("--final-every-config", action="store_true",
+                   help="besides each variant's best config, every correct config of pull and push tried joins the "
+                        "final round (rows pull[<config>]@final): alternatives compared side by side")
     p.add_argument("--spin-timeout", type=float, default=30.0)
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_ag_gemm"))
     args = p.parse_args(argv)
@@ -307,6 +316,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
             continue
         best: dict[str, tuple] = {}  # "eager", "graph", "eager:<transport>" -> (ms, label, err)
         tuned = configs_for(vname, configs)
+        tried_ok = []  # the configs that were correct (--final-every-config)
         for cfg in tuned:
             heap.reset()
             ctx.heap = heap
@@ -320,6 +330,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
             hms = host_ms(ctx, lambda: variant.run(st), iters) if ok else float("nan")
             label = cfg.label() if vname in ("push", "pull") else ""
             if ok:
+                tried_ok.append(cfg)
                 for key in ("eager", f"eager:{cfg.transport}"):
                     if key not in best or ms < best[key][0]:
                         best[key] = (ms, label, err, cfg)
@@ -364,6 +375,10 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
         if "graph" in best or "eager" in best:  # the final interleaved round: graph replays where it can
             pick = best["graph"] if "graph" in best else best["eager"]
             chosen[vname] = (pick[3], pick[1])
+            if args.final_every_config and vname in ("pull", "push"):
+                for cfg in tried_ok:
+                    if cfg.label() != pick[1]:
+                        chosen[f"{vname}[{cfg.label()}]"] = (cfg, cfg.label())
     # Floors: the GEMM alone (cuBLAS, and our Triton kernel with every row local) and the all-gather alone.
     heap.reset()
     ctx.heap = heap
@@ -413,8 +428,9 @@ def final_round(ctx: RankContext, args: argparse.Namespace, wl: Any, shape: dict
     above run one variant after another. A graph-safe variant (and every floor) is timed as
     ``--iters`` steps captured in one CUDA graph, the others as eager batches; rows
     ``<name>@final`` (ms per step, max over ranks, median of the rounds). Each variant is checked
-    against the reference first. ``chosen``: variant -> (its config, the label to show); the heap
-    must hold every chosen variant's state at once. bench_gemm_rs.py runs it too."""
+    against the reference first. ``chosen``: row name (a variant, or ``variant[config]`` for an
+    alternative config) -> (its config, the label to show); the heap must hold every chosen
+    state at once. bench_gemm_rs.py runs it too."""
     samplers: dict[str, Callable[[], float]] = {}
     samplers_meta: dict[str, str] = {}
     one = rank_timer(ctx, iters, 1)
@@ -423,7 +439,7 @@ def final_round(ctx: RankContext, args: argparse.Namespace, wl: Any, shape: dict
     states = []
     for vname, (cfg, label) in chosen.items():
         wl.config = cfg
-        variant = wl.variants()[vname]
+        variant = wl.variants()[vname.split("[", 1)[0]]
         st = wl.setup(ctx, shape, variant)  # every rank in the same order: symmetric allocations
         states.append(st)
         ok, _ = check(ctx, wl, shape, st, variant, ref)
@@ -568,9 +584,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes = args.sizes.split(",") if args.sizes else (CPU_SIZES if args.cpu else GPU_SIZES)
     wl = AgGemm()
     dtype = pick_dtype({}, ctx.device)
-    # the final round holds pull's and push's states at once
-    need = max(sum(heap_bytes(wl.shape(s, **args.shape_overrides), ctx.world_size, v, dtype, GPU_CONFIG)
-                   for v in ("push", "pull")) for s in sizes)
+    # the final round holds pull's and push's states at once (with --final-every-config, one per config)
+    copies = len(gpu_configs("", args.tune_set)) if args.final_every_config and not args.cpu else 1
+    need = copies * max(sum(heap_bytes(wl.shape(s, **args.shape_overrides), ctx.world_size, v, dtype, GPU_CONFIG)
+                            for v in ("push", "pull")) for s in sizes)
     heap = make_heap(ctx, need + (1 << 20))
     log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
     log(f"ag_gemm benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB")

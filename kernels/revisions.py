@@ -17,6 +17,9 @@ REVISIONS: tuple[tuple[int, str, str], ...] = (
     (3, "2026-11-28T11:14:00+00:00", "AG+GEMM's copy engines move a peer's slab in max(W, 4) copies, one flag "
             "each, instead of one copy and flag per M-block; the fine-grained kernels keep their epochs in "
             "per-program slots"),
+    (4, "2026-11-28T15:25:00+00:00", "AG+GEMM pull on the copy engines pulls peer by peer on one stream (all of "
+            "rank+1's slab, then rank+2's, ...) where the GEMM has at most 4096 columns per rank "
+            "(GemmConfig.ce_order 'auto'); the GEMM takes the blocks in that order"),
 )
 KERNEL_REVISION = REVISIONS[-1][0]
 

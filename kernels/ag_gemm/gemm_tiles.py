@@ -121,7 +121,12 @@ class GemmConfig:
     large copies move a slab faster than many small ones; and with at least ``world`` copies per
     slab the first one lands within 1/world of the transfer, while the GEMM is still on its own
     rows (1/world of its tiles), whenever the transfer is no longer than the GEMM
-    (``benchmarks/results/ag_gemm_ce_copies_h200x2.md``). ``flatten`` asks for the engine's flattened tile loop
+    (``benchmarks/results/ag_gemm_ce_copies_h200x2.md``). ``ce_order`` (pull on the copy engines):
+    "round" issues every peer's first copy, then every peer's second, ..., one side stream per peer;
+    "step" issues them peer by peer on one side stream (all of rank+1's slab, then rank+2's, ...),
+    so that at any time every rank reads from a different peer, as torch's fused op does between
+    its barriers, and the GEMM takes the blocks in that order; "auto" (the default) picks by shape
+    (``ce_order_for``). ``flatten`` asks for the engine's flattened tile loop
     (the next tile's loads overlap this tile's epilogue; ``tile_gemm.flatten_ok`` says when a launch
     can have it). ``wait_vote`` lets a remote tile whose flag already holds the epoch pass with one
     acquire load per thread and a voting barrier (``sync.wait_geq``'s ``VOTE``; GPU only: the
@@ -144,6 +149,7 @@ class GemmConfig:
     transport: str = "ce"
     ce_signal: str = "mem"
     ce_copy_bytes: int | None = None
+    ce_order: str = "auto"
     push_progs: int = 32
     push_rows: int = 32
     push_block_k: int = 256
@@ -173,7 +179,8 @@ class GemmConfig:
         gemm = self.tile_label()
         if self.transport == "ce":
             size = "" if self.ce_copy_bytes is None else f"-{self.ce_copy_bytes / 2**20:g}m" if self.ce_copy_bytes else "-1b"
-            return f"{gemm}-ce-{self.ce_signal}{size}"
+            order = "" if self.ce_order == "auto" else f"-{self.ce_order}"
+            return f"{gemm}-ce-{self.ce_signal}{size}{order}"
         if self.transport == "sm":
             res = "-reserved" if self.reserve_sms else ""
             return f"{gemm}-sm{self.push_progs}x{self.push_rows}x{self.push_block_k}-c{self.push_chunk_k}{res}"
@@ -269,28 +276,73 @@ def k_pieces(cfg: GemmConfig, k: int) -> int:
     return triton.cdiv(k, piece_cols(cfg, k))
 
 
+#: The copy engines' issue orders of a pull (``GemmConfig.ce_order``).
+CE_ORDERS = ("auto", "round", "step")
+
+#: ``ce_order`` "auto" pulls peer by peer where the GEMM has at most this many columns per rank.
+#: Why: the copies then take most of the GEMM's time (3 x 64 MiB against a 0.7 ms GEMM at the
+#: 4-rank tensor-parallel M=16384), and issued on one stream per peer a 4x H200 ran them one at a
+#: time with ranks reading the same peer at once (16 MiB copies at 60 us median, 46 at best); peer
+#: by peer, the step took 0.79-0.83 ms against 1.06 (``benchmarks/results/final_round_h200x4.md``).
+#: With N = 8192 per rank the GEMM hides either order and "round" was as fast or faster (M=1024:
+#: 0.271 against 0.287 ms).
+CE_STEP_MAX_N = 4096
+
 #: Copies per peer slab at least, with ``ce_copy_bytes`` None (``GemmConfig``).
 CE_MIN_COPIES = 4
 
 
-def default_blocks_per_copy(blocks: int, world: int) -> int:
+def default_blocks_per_copy(blocks: int, world: int, n_tiles: int = 0, wave: int = 0, step: bool = False) -> int:
     """Blocks per copy-engine copy of a slab of ``blocks`` M-blocks on ``world`` ranks by default
-    (``GemmConfig.ce_copy_bytes`` None): the slab in ``max(world, CE_MIN_COPIES)`` copies, each of
-    whole blocks (at least one). The analytic model plans the copies with it too."""
+    (``GemmConfig.ce_copy_bytes`` None), each copy of whole blocks (at least one):
+    - order "round": the slab in ``max(world, CE_MIN_COPIES)`` copies;
+    - order "step" (``step``): as many blocks as one wave of the GEMM (``wave`` programs) takes,
+      ``n_tiles`` N-tiles a block, at most the slab. Why: one stream runs the copies one after
+      another, each paying a fixed cost (a 4x H200 trace: 5-6 us from one copy's end to the next
+      one's start, and 3-4 us more than its bytes take at the copy rate), so fewer copies land
+      sooner; but the tiles of the last copy all start when it lands, so a copy larger than one
+      wave's tiles would leave the GEMM more than one tile time to run after the last copy.
+    The analytic model plans the copies with it too."""
+    if step:
+        return max(1, min(blocks, wave // max(1, n_tiles)))
     return max(1, blocks // max(world, CE_MIN_COPIES))
 
 
-def ce_blocks_per_copy(cfg: GemmConfig, m_loc: int, k: int, elt: int, world: int) -> int:
+def ce_blocks_per_copy(cfg: GemmConfig, m_loc: int, n_loc: int, k: int, elt: int, world: int, wave: int) -> int:
     """M-blocks per copy-engine copy (and per flag) of a slab of ``m_loc`` rows of ``k`` elements of
-    ``elt`` bytes on ``world`` ranks (``GemmConfig.ce_copy_bytes``): the slab in
-    ``max(world, CE_MIN_COPIES)`` copies, or as many whole blocks as fit in the bytes asked for;
-    at least one block, at most the slab; 1 for the other transports."""
+    ``elt`` bytes on ``world`` ranks, for a GEMM of ``n_loc`` columns per rank over ``wave``
+    programs (``GemmConfig.ce_copy_bytes``): ``default_blocks_per_copy`` for the pull order, or as
+    many whole blocks as fit in the bytes asked for; at least one block, at most the slab; 1 for
+    the other transports. The copies and the GEMM's flag waits both take it from here."""
     blocks = triton.cdiv(m_loc, cfg.block_m)
     if cfg.transport != "ce" or cfg.ce_copy_bytes == 0:
         return 1
     if cfg.ce_copy_bytes is None:
-        return default_blocks_per_copy(blocks, world)
+        return default_blocks_per_copy(blocks, world, triton.cdiv(n_loc, cfg.block_n), wave,
+                                       step=ce_order_for(cfg, n_loc) == "step")
     return max(1, min(blocks, cfg.ce_copy_bytes // (cfg.block_m * k * elt)))
+
+
+def wave_programs(cfg: GemmConfig, device: torch.device) -> int:
+    """The programs of one wave of the persistent GEMM on ``device`` (no SMs reserved)."""
+    return num_programs(cfg, device, 1 << 30)
+
+
+def ce_order_for(cfg: GemmConfig, n_loc: int) -> str:
+    """The copy engines' pull order (``GemmConfig.ce_order``) for a GEMM of ``n_loc`` columns per
+    rank: "auto" is "step" (peer by peer) where ``n_loc`` <= ``CE_STEP_MAX_N``, else "round"."""
+    if cfg.ce_order not in CE_ORDERS:
+        raise ValueError(f"ce_order must be one of {CE_ORDERS}, got {cfg.ce_order!r}")
+    if cfg.ce_order != "auto":
+        return cfg.ce_order
+    return "step" if n_loc <= CE_STEP_MAX_N else "round"
+
+
+def order_chunk(cfg: GemmConfig, n_loc: int, blocks: int, per_copy: int) -> int:
+    """Blocks per peer taken in a row by the GEMM when it follows the copy engines' pulls
+    (``tile_gemm.peer_block``'s ``CHUNK``): a copy's blocks (order "round"), or the whole slab of
+    ``blocks`` (order "step": peer by peer)."""
+    return blocks if ce_order_for(cfg, n_loc) == "step" else per_copy
 
 
 def piece_cols(cfg: GemmConfig, k: int) -> int:
@@ -329,8 +381,9 @@ def launch_ag_gemm(
     """Enqueue one ``ag_gemm_kernel`` (see the module docstring for ``mode``); no host sync.
 
     ``copy_by_copy``: the peers' blocks are taken in the order the copy engines deliver a rank's
-    pulls (one copy after another: ``tile_gemm.peer_block`` with ``ORDER_CHUNK``), not interleaved
-    block by block; it changes nothing when a copy moves one block.
+    pulls (one copy after another: ``tile_gemm.peer_block`` with ``ORDER_CHUNK``; peer by peer with
+    ``cfg.ce_order`` "step"), not interleaved block by block; it changes nothing when a copy moves
+    one block in the round order.
 
     ``A_WAIT`` needs ``epochs`` (the kernel's epoch slots, ``epochs.new_epoch_slots``; every
     launch on them with the same grid, else ``ValueError``); ``parity_rows`` or
@@ -349,7 +402,8 @@ def launch_ag_gemm(
     if mode == A_WAIT:
         check_grid(epochs, progs, "launch_ag_gemm")
     # One flag per copy-engine copy (its last block's): the transport writes no other.
-    flag_chunk = ce_blocks_per_copy(cfg, m_loc, k, a.element_size(), world) if mode == A_WAIT and pieces == 1 else 1
+    flag_chunk = (ce_blocks_per_copy(cfg, m_loc, n, k, a.element_size(), world, wave_programs(cfg, c.device))
+                  if mode == A_WAIT and pieces == 1 else 1)
     use_tma = a_desc is not None and b_desc is not None
     # A TMA store writes whole BLOCK_M rows: only when no block straddles two slabs.
     tma_store = use_tma and cfg.tma_store and m_loc % cfg.block_m == 0
@@ -371,6 +425,6 @@ def launch_ag_gemm(
         INSTRUMENT=trace.instrument_code(records),
         FLATTEN=cfg.flatten and flatten_ok(pieces, bool(trace.instrument_code(records)), use_tma),
         WAIT_VOTE=cfg.wait_vote and sync == SYNC_NVIDIA, WAIT_HORIZON=cfg.wait_horizon, HORIZON_SCAN=cfg.horizon_scan,
-        FLAG_CHUNK=flag_chunk, ORDER_CHUNK=flag_chunk if copy_by_copy else 1,
+        FLAG_CHUNK=flag_chunk, ORDER_CHUNK=order_chunk(cfg, n, bpr, flag_chunk) if copy_by_copy else 1,
         DOUBLE_BUFFER=parity_rows != 0 or flag_parity_stride != 0, num_warps=cfg.num_warps,
     )

@@ -4,7 +4,8 @@ rows first.
 
 Transports (``cfg.transport``):
 - ``"ce"`` (default): copy engines read every remote M-block exactly once (one side stream per
-  peer, one ``cuMemcpyAsync`` per block) and set a local flag after each block to ``CE_SET``, a
+  peer, or one for all peers in turn in the "step" order, ``gemm_tiles.ce_order_for``;
+  ``cuMemcpyAsync`` copies of whole blocks) and set a local flag after each block to ``CE_SET``, a
   value above every epoch; the GEMM's waits poll local memory and no SM moves data. After the GEMM
   the rank zeroes its flags on the main stream (``CopyEngine.reset_flags``: one memset), so the next
   iteration's waits see only that iteration's blocks.
@@ -41,7 +42,8 @@ from taxmodel.kernels.names import AG_GEMM_KERNEL, CE_GET
 from taxmodel.vocabulary import MEMCPY, MEMSET
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import A_PULL, A_WAIT, gemm_record_layout, k_pieces, launch_ag_gemm, make_descriptor, tma_available
+from .gemm_tiles import (A_PULL, A_WAIT, ce_order_for, gemm_record_layout, k_pieces, launch_ag_gemm, make_descriptor,
+                         tma_available)
 from .state import AgGemmState, AgGemmVariant, symmetric_heap
 from .transport import (COPY_KERNEL, ce_transfer_blocks, copy_record_layout, fork, join, launch_copy_blocks,
                         reserved_programs, side_streams)
@@ -96,7 +98,8 @@ def run(st: AgGemmState) -> None:
             launch_ag_gemm(st.gathered, st.b, st.c, mode=A_PULL, **common)
         return
     ce = cfg.transport == "ce"
-    streams = side_streams(st, (st.world - 1) if ce else 1) if st.world > 1 else []
+    per_peer = ce and ce_order_for(cfg, st.n_loc) == "round"  # a side stream per peer, or one for all in turn
+    streams = side_streams(st, (st.world - 1) if per_peer else 1) if st.world > 1 else []
     main = fork(st, streams)  # the previous GEMM is done reading the buffer
     if ce:
         with st.ctx.kernel(CE_PULL):

@@ -40,7 +40,7 @@ from taxmodel.kernels.device.sync import signal
 from taxmodel.kernels.names import COPY_BLOCKS_KERNEL
 
 from .copy_engine import CopyEngine
-from .gemm_tiles import GemmConfig, ce_blocks_per_copy, k_pieces, piece_cols
+from .gemm_tiles import GemmConfig, ce_blocks_per_copy, ce_order_for, k_pieces, piece_cols, wave_programs
 from .state import AgGemmState
 
 COPY_KERNEL = COPY_BLOCKS_KERNEL
@@ -231,24 +231,29 @@ def ce_transfer_blocks(st: AgGemmState, ce: CopyEngine, src_buf: torch.Tensor, d
     Push: this rank's slab of ``src_buf`` -> the same rows of ``dst_buf`` on peer ``rank - step``;
     the flag is set on the peer. Pull: peer ``rank + step``'s slab (its own rows of its gathered
     buffer) -> this rank's buffer; the flag is set here. Copies go copy by copy, peers in turn
-    (every peer's first copy, then every peer's second, ...). The flag value is the caller's
-    (``value``).
+    (every peer's first copy, then every peer's second, ...), or, pulling in the "step" order
+    (``gemm_tiles.ce_order_for``), peer by peer on the first stream (every copy of rank+1's slab, then rank+2's, ...).
+    The flag value is the caller's (``value``).
     """
     row_bytes = st.k * dst_buf.element_size()
     src_base, dst_base = ce.offset_of(src_buf), ce.offset_of(dst_buf)
     bm, bpr = st.cfg.block_m, triton.cdiv(st.m_loc, st.cfg.block_m)
-    per_copy = ce_blocks_per_copy(st.cfg, st.m_loc, st.k, dst_buf.element_size(), st.world)
-    for j0 in range(0, bpr, per_copy):
+    per_copy = ce_blocks_per_copy(st.cfg, st.m_loc, st.n_loc, st.k, dst_buf.element_size(), st.world,
+                                  wave_programs(st.cfg, st.c.device))
+    copies = [(j0, step) for j0 in range(0, bpr, per_copy) for step in range(1, st.world)]
+    by_peer = pull and ce_order_for(st.cfg, st.n_loc) == "step"
+    if by_peer:
+        copies.sort(key=lambda c: c[1])  # stable: a peer's copies stay in slab order
+    for j0, step in copies:
         j = min(j0 + per_copy, bpr) - 1  # the copy's last block: its flag
         rows = min((j + 1) * bm, st.m_loc) - j0 * bm
-        for step in range(1, st.world):
-            stream = streams[step - 1] if streams else None
-            if pull:
-                peer = (st.rank + step) % st.world
-                owner, dst, src = peer, st.rank, peer
-            else:
-                peer = (st.rank + st.world - step) % st.world
-                owner, dst, src = st.rank, peer, st.rank
-            off = (owner * st.m_loc + j0 * bm) * row_bytes
-            ce.copy(dst, dst_base + off, src, src_base + off, rows * row_bytes, stream)
-            ce.write_flag(dst, flags, owner * bpr + j, value, stream)
+        stream = (streams[0] if by_peer else streams[step - 1]) if streams else None
+        if pull:
+            peer = (st.rank + step) % st.world
+            owner, dst, src = peer, st.rank, peer
+        else:
+            peer = (st.rank + st.world - step) % st.world
+            owner, dst, src = st.rank, peer, st.rank
+        off = (owner * st.m_loc + j0 * bm) * row_bytes
+        ce.copy(dst, dst_base + off, src, src_base + off, rows * row_bytes, stream)
+        ce.write_flag(dst, flags, owner * bpr + j, value, stream)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from types import SimpleNamespace
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module is imported
 
@@ -18,6 +19,7 @@ from taxmodel.kernels.device import tile_gemm
 from taxmodel.kernels.device.sync import check_errors
 from taxmodel.kernels.ag_gemm import gemm_tiles
 from taxmodel.kernels.ag_gemm.state import shape_dims
+from taxmodel.kernels.ag_gemm.transport import ce_transfer_blocks
 from taxmodel.kernels.ag_gemm.workload import AgGemm
 from taxmodel.runtime.context import RankContext, run_in_threads
 from taxmodel.workload import get_workload
@@ -27,8 +29,8 @@ interpreted = pytest.mark.skipif(type(gemm_tiles.ag_gemm_kernel).__name__ != "In
 
 
 def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2, transport: str = "ce",
-                  ce_copy_bytes: int | None = 0) -> list[float]:
-    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport, ce_copy_bytes=ce_copy_bytes))
+                  ce_copy_bytes: int | None = 0, ce_order: str = "round") -> list[float]:
+    wl = AgGemm(replace(gemm_tiles.CPU_CONFIG, transport=transport, ce_copy_bytes=ce_copy_bytes, ce_order=ce_order))
 
     def body(ctx: RankContext) -> list[float]:
         v = wl.variants()[variant]
@@ -96,21 +98,24 @@ def test_variant_matches_reference(variant: str, world: int, transport: str) -> 
 
 
 @interpreted
-@pytest.mark.parametrize("variant,world,m_loc,blocks_per_copy", [
-    ("pull", 2, 96, 4), ("push", 2, 96, 4), ("pull", 2, 48, 2), ("push", 2, 40, 5),
-    ("pull", 3, 96, 4), ("push", 3, 40, 2), ("pull", 3, 48, 1)])
-def test_copy_engines_in_copies_of_several_blocks(variant: str, world: int, m_loc: int, blocks_per_copy: int) -> None:
+@pytest.mark.parametrize("variant,world,m_loc,blocks_per_copy,order", [
+    ("pull", 2, 96, 4, "round"), ("push", 2, 96, 4, "round"), ("pull", 2, 48, 2, "round"), ("push", 2, 40, 5, "round"),
+    ("pull", 3, 96, 4, "round"), ("push", 3, 40, 2, "round"), ("pull", 3, 48, 1, "round"), ("pull", 3, 40, 2, "step"),
+    ("pull", 4, 32, 1, "step")])
+def test_copy_engines_in_copies_of_several_blocks(variant: str, world: int, m_loc: int, blocks_per_copy: int,
+                                                  order: str) -> None:
     # 16-row blocks of K=40 fp32 (2560 bytes): copies of 4 blocks over 6 (the last copy 2 blocks), of 2
     # over 3, of every block at once (40 rows: 3 blocks, the last partial), and one block a copy. The
     # GEMM waits on the flag of each copy's last block for all of its blocks: a wrong row offset gives a
     # wrong product, a wrong flag a wait that never ends. On 3 ranks the GEMM takes the peers' blocks
     # copy by copy (``tile_gemm.peer_block``'s order for copies of several blocks): a position that maps
-    # to no block, or to one twice, leaves a tile unwritten (NaN) or wrong.
+    # to no block, or to one twice, leaves a tile unwritten (NaN) or wrong. With ``ce_order`` "step" the
+    # pulls go peer by peer and the GEMM takes whole slabs in turn (``peer_block`` with the slab as chunk).
     block_bytes = gemm_tiles.CPU_CONFIG.block_m * 40 * 4
     cfg = replace(gemm_tiles.CPU_CONFIG, transport="ce", ce_copy_bytes=blocks_per_copy * block_bytes)
-    assert gemm_tiles.ce_blocks_per_copy(cfg, m_loc, 40, 4, world) == min(blocks_per_copy, -(-m_loc // 16))
+    assert gemm_tiles.ce_blocks_per_copy(cfg, m_loc, 40, 40, 4, world, 3) == min(blocks_per_copy, -(-m_loc // 16))
     errs = run_and_check(world, variant, {"M": world * m_loc, "N": 40, "K": 40, "tp": 0, "seed": m_loc},
-                         ce_copy_bytes=blocks_per_copy * block_bytes)
+                         ce_copy_bytes=blocks_per_copy * block_bytes, ce_order=order)
     assert max(errs) < 1e-4
 
 
@@ -118,18 +123,25 @@ def test_blocks_per_copy_is_whole_blocks_within_the_slab() -> None:
     cfg = replace(gemm_tiles.GPU_CONFIG, transport="ce")
     # the default: a slab in max(world, 4) copies (2 MiB blocks of 128 x 8192 bf16)
     assert cfg.ce_copy_bytes is None
-    assert gemm_tiles.ce_blocks_per_copy(cfg, 8192, 8192, 2, 2) == 16  # 64 blocks in 4 copies of 32 MiB
-    assert gemm_tiles.ce_blocks_per_copy(cfg, 4096, 8192, 2, 4) == 8
-    assert gemm_tiles.ce_blocks_per_copy(cfg, 2048, 8192, 2, 8) == 2  # 8 copies on 8 ranks
-    assert gemm_tiles.ce_blocks_per_copy(cfg, 256, 8192, 2, 4) == 1  # a slab of 2 blocks: one per copy
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 8192, 8192, 8192, 2, 2, 132) == 16  # 64 blocks in 4 copies of 32 MiB
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 4096, 8192, 8192, 2, 4, 132) == 8
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 2048, 8192, 8192, 2, 8, 132) == 2  # 8 copies on 8 ranks
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 256, 8192, 8192, 2, 4, 132) == 1  # a slab of 2 blocks: one per copy
     sized = replace(cfg, ce_copy_bytes=16 << 20)
-    assert gemm_tiles.ce_blocks_per_copy(sized, 8192, 8192, 2, 2) == 8
-    assert gemm_tiles.ce_blocks_per_copy(sized, 256, 8192, 2, 2) == 2  # never more than the slab's blocks
-    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=1 << 20), 8192, 8192, 2, 2) == 1  # at least one
-    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=0), 8192, 8192, 2, 2) == 1  # 0: one per copy
-    assert gemm_tiles.ce_blocks_per_copy(replace(sized, transport="sm"), 8192, 8192, 2, 2) == 1  # flags per K piece
+    assert gemm_tiles.ce_blocks_per_copy(sized, 8192, 8192, 8192, 2, 2, 132) == 8
+    assert gemm_tiles.ce_blocks_per_copy(sized, 256, 8192, 8192, 2, 2, 132) == 2  # never more than the slab's blocks
+    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=1 << 20), 8192, 8192, 8192, 2, 2, 132) == 1  # at least one
+    assert gemm_tiles.ce_blocks_per_copy(replace(cfg, ce_copy_bytes=0), 8192, 8192, 8192, 2, 2, 132) == 1  # 0: one per copy
+    assert gemm_tiles.ce_blocks_per_copy(replace(sized, transport="sm"), 8192, 8192, 8192, 2, 2, 132) == 1  # flags per K piece
     assert [replace(cfg, ce_copy_bytes=b).label()[-9:] for b in (None, 0, 8 << 20)] == ["fl-ce-mem", "ce-mem-1b",
                                                                                         "ce-mem-8m"]
+    # pulls peer by peer (N per rank <= CE_STEP_MAX_N): one wave's blocks a copy (132 programs, 8 N-tiles a block:
+    # 16 blocks), at most the slab
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 4096, 2048, 8192, 2, 4, 132) == 16  # m16384_tp: 2 copies of 32 MiB
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 2048, 2048, 8192, 2, 4, 132) == 16  # m8192_tp: the slab in one copy
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 1024, 2048, 8192, 2, 4, 132) == 8   # m4096_tp: the slab (8 blocks)
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 4096, 4096, 4096, 2, 4, 132) == 8   # 16 N-tiles a block
+    assert gemm_tiles.ce_blocks_per_copy(cfg, 4096, 2048, 8192, 2, 4, 4) == 1     # a wave narrower than a block
 
 
 @interpreted
@@ -170,12 +182,14 @@ def _delivery_order_kernel(out_ptr, rank, blocks_per_rank, WORLD: tl.constexpr, 
 
 
 @interpreted
-@pytest.mark.parametrize("world,bpr,chunk", [(2, 5, 2), (3, 6, 4), (4, 5, 2), (4, 16, 4), (4, 3, 8), (3, 4, 1)])
+@pytest.mark.parametrize("world,bpr,chunk", [(2, 5, 2), (3, 6, 4), (4, 5, 2), (4, 16, 4), (4, 3, 8), (3, 4, 1),
+                                             (4, 6, 6)])
 def test_the_peers_blocks_come_copy_by_copy_in_the_order_the_engine_delivers_them(world: int, bpr: int,
                                                                                   chunk: int) -> None:
     """Every peer block once, at the position ``peer_position`` gives back; with copies of ``chunk``
     blocks the order is the copy engine's (``transport.ce_transfer_blocks``: for each copy in turn,
-    rank+1's, rank+2's, ...; a slab's last copy may be short), block by block interleaved with one."""
+    rank+1's, rank+2's, ...; a slab's last copy may be short), block by block interleaved with one;
+    with the whole slab as one chunk, peer by peer (``ce_order`` "step")."""
     for rank in range(world):
         n = (world - 1) * bpr
         out = torch.full((3 * n,), -1, dtype=torch.int32)
@@ -189,3 +203,53 @@ def test_the_peers_blocks_come_copy_by_copy_in_the_order_the_engine_delivers_the
         if chunk == 1:
             expect = [((rank + step) % world, j) for j in range(bpr) for step in range(1, world)]
         assert [(s, j) for s, j, _ in rows] == expect
+
+
+def test_pulls_go_peer_by_peer_on_one_stream_in_step_order() -> None:
+    """``ce_order`` "step": every copy of rank+1's slab, then rank+2's, ..., all on the first side
+    stream, each copy followed by its flag; "round" keeps one stream per peer, copy by copy."""
+    class Engine:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def offset_of(self, tensor: torch.Tensor) -> int:
+            return 0
+
+        def copy(self, dst, dst_off, src, src_off, nbytes, stream) -> None:
+            self.calls.append(("copy", src, dst_off, nbytes, stream))
+
+        def write_flag(self, dst, flags, index, value, stream) -> None:
+            self.calls.append(("flag", dst, index, stream))
+
+    buf = torch.zeros((4 * 64, 8), dtype=torch.bfloat16)
+    for order, expect_src, expect_streams in (("step", [2, 2, 3, 3, 0, 0], ["s0"] * 6),
+                                              ("round", [2, 3, 0, 2, 3, 0], ["s0", "s1", "s2"] * 2)):
+        cfg = replace(gemm_tiles.CPU_CONFIG, transport="ce", ce_copy_bytes=2 * 16 * 8 * 2, ce_order=order)
+        state = SimpleNamespace(cfg=cfg, k=8, m_loc=64, n_loc=8192, world=4, rank=1, c=torch.empty(0))
+        eng = Engine()
+        ce_transfer_blocks(state, eng, buf, buf, torch.zeros(16, dtype=torch.int32), pull=True, value=7,
+                           streams=["s0", "s1", "s2"])
+        copies = [c for c in eng.calls if c[0] == "copy"]
+        assert [c[1] for c in copies] == expect_src
+        assert [c[4] for c in copies] == expect_streams
+        assert [c[0] for c in eng.calls] == ["copy", "flag"] * 6  # a flag right after each copy
+        # the flag of each copy is its last block's (2 blocks a copy of a 4-block slab)
+        assert sorted(c[2] for c in eng.calls if c[0] == "flag") == [1, 3, 9, 11, 13, 15]
+    with pytest.raises(ValueError, match="ce_order"):
+        gemm_tiles.order_chunk(replace(gemm_tiles.CPU_CONFIG, ce_order="spiral"), 64, 4, 2)
+    assert gemm_tiles.order_chunk(replace(gemm_tiles.CPU_CONFIG, ce_order="step"), 8192, 4, 2) == 4
+    assert gemm_tiles.order_chunk(replace(gemm_tiles.CPU_CONFIG, ce_order="round"), 64, 4, 2) == 2
+    assert replace(gemm_tiles.GPU_CONFIG, ce_order="step").label().endswith("ce-mem-step")
+
+
+def test_the_default_pull_order_is_peer_by_peer_where_the_gemm_is_narrow() -> None:
+    """``ce_order`` "auto": peer by peer ("step") where the GEMM has at most ``CE_STEP_MAX_N`` columns
+    per rank (the copies then last about as long as the GEMM), else copy by copy over every peer."""
+    auto = gemm_tiles.GPU_CONFIG
+    assert auto.ce_order == "auto" and auto.label().endswith("ce-mem")
+    assert gemm_tiles.ce_order_for(auto, 2048) == "step"  # 4-rank tensor-parallel presets: N 8192 / 4
+    assert gemm_tiles.ce_order_for(auto, gemm_tiles.CE_STEP_MAX_N) == "step"
+    assert gemm_tiles.ce_order_for(auto, gemm_tiles.CE_STEP_MAX_N + 1) == "round"
+    assert gemm_tiles.ce_order_for(auto, 8192) == "round"
+    assert gemm_tiles.ce_order_for(replace(auto, ce_order="round"), 2048) == "round"
+    assert gemm_tiles.ce_order_for(replace(auto, ce_order="step"), 8192) == "step"

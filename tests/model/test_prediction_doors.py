@@ -123,3 +123,32 @@ def test_copy_engine_pull_plans_a_slab_in_several_copies_from_kernel_revision_3(
     # the same transfer either way; fewer pieces: a later first arrival, a longer drain after the last
     assert new.details["transfer"] == pytest.approx(old.details["transfer"])
     assert new.details["pipeline"] >= old.details["pipeline"]
+
+
+def test_pull_goes_peer_by_peer_where_the_gemm_is_narrow_from_kernel_revision_4():
+    """Kernel revision 4 pulls peer by peer on one stream where the GEMM has at most 4096 columns
+    per rank (the 4-rank tensor-parallel M=16384: 2048), one wave's blocks a copy (132 SMs / 8
+    N-tiles = 16 of the slab's 32 blocks): the model moves the 6 copies one after another at the P2P
+    copy rate plus the fixed cost of each, on one stream, and the GEMM ends at least one tile time
+    after the last one lands. Revision 3 and a GEMM of N=8192 per rank keep one stream per peer."""
+    from dataclasses import replace
+
+    from taxmodel.model import analytic
+    from taxmodel.model.analytic.costs import persistent_drain
+
+    shape = {"M": 16384, "N": 8192, "K": 8192, "tp": 1}
+    hw, _ = analytic.resolve_model_hardware("h200-calibrated")
+    base = replace(analytic.ModelParams.from_hardware(hw), ag_transport="ce", graph_launch=True)
+    new = analytic.predict("ag_gemm", "pull", shape, 4, hw, params=replace(base, kernel_revision=4))
+    old = analytic.predict("ag_gemm", "pull", shape, 4, hw, params=replace(base, kernel_revision=3))
+    wide = analytic.predict("ag_gemm", "pull", {**shape, "tp": 0}, 4, hw, params=replace(base, kernel_revision=4))
+    p2p = hw.extra["p2p_copy_bytes_per_s"]
+    shard = 4096 * 8192 * 2
+    assert any("peer by peer" in a and "6 copies" in a for a in new.assumptions)
+    assert new.details["transfer"] == pytest.approx(3 * shard / p2p + 6 * base.ce_copy_fixed_s)
+    assert not any("peer by peer" in a for a in old.assumptions + wide.assumptions)
+    copies = [k for k in new.plans[0] if k.name.startswith("Memcpy")]
+    assert len(copies) == 1 and len([k for k in old.plans[0] if k.name.startswith("Memcpy")]) == 3
+    # the last copy's tiles start when it lands: one tile time after the transfer at least
+    tile = persistent_drain(new.details["triton_gemm"], base.kernel_overhead_s, 4 * 32 * 8, 132)
+    assert new.details["pipeline"] >= new.details["transfer"] + tile

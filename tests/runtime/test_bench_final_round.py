@@ -20,13 +20,16 @@ import bench_gemm_rs  # noqa: E402
 def test_final_round_and_shape_override(tmp_path: Path) -> None:
     out = tmp_path / "ag"
     rc = bench_ag_gemm.main(["--cpu", "--sizes", "tiny", "--variants", "bsp,pull,push", "--graph", "--shape", "N=24",
-                             "--final-rounds", "2", "--out", str(out)])
+                             "--final-rounds", "2", "--final-every-config", "--out", str(out)])
     assert rc == 0
     rows = json.loads((out / "results.json").read_text())["rows"]
     assert {r["N"] for r in rows if "N" in r} == {24}
     final = {r["variant"]: r for r in rows if str(r["variant"]).endswith("@final")}
     assert {"bsp@final", "pull@final", "push@final", "floor:matmul(cublas)@final", "floor:gemm(triton)@final"} <= set(final)
     assert all(r["ms"] > 0 and "interleaved rounds" in r["note"] for r in final.values())
+    # --final-every-config: pull's other transport (the CPU run tries "ce" and "sm") joins the round beside its best
+    others = [v for v in final if v.startswith("pull[")]
+    assert len(others) == 1 and final[others[0]]["config"] not in ("", final["pull@final"]["config"])
     table = (out / "results.md").read_text()
     assert "final: best fine-grained vs bsp" in table and "`@final`" in table
 

@@ -6,7 +6,9 @@ Per rank (W ranks, M global rows, A shard [M/W, K], B [K, N_loc], element size e
 - pull and push: one persistent Triton GEMM (own rows first), each remote M-block consumed when
   its flag arrives (fill/drain pipeline, costs.pipeline_time; the GEMM cannot end before the
   slowest peer's blocks arrived: a synced fused kernel). The transport (``ModelParams.ag_transport``,
-  as ``GemmConfig.transport``): "ce" copy engines, one stream per peer at the P2P copy bandwidth,
+  as ``GemmConfig.transport``): "ce" copy engines, one stream per peer at the P2P copy bandwidth
+  (pull from kernel revision 4 where the GEMM has at most ``gemm_tiles.CE_STEP_MAX_N`` columns per rank: every
+  copy on one stream, peer by peer, each at the P2P copy bandwidth, ``ce_order_at``),
   the host enqueueing a copy and a flag write per block and peer before it launches the GEMM (that
   host time is exposed communication; none in a CUDA graph), pull zeroing its flags after the GEMM
   with one memset; "sm" a 32-program Triton copy kernel beside the GEMM;
@@ -38,8 +40,8 @@ from taxmodel.trace.capture_meta import GATED_ALIGNMENTS
 from taxmodel.vocabulary import ALLGATHER, LIBRARY_KERNEL_NAMES
 
 from .collective_model import CollectiveModel
-from .costs import (arrival_waves_time, cdiv, gemm_dram, gemm_time, l2_bytes, l2_kept_fraction, pipeline_time,
-                    shape_dtype, sm_count, stream_time)
+from .costs import (arrival_waves_time, cdiv, gemm_dram, gemm_time, l2_bytes, l2_kept_fraction, persistent_drain,
+                    pipeline_time, shape_dtype, sm_count, stream_time)
 from .params import ModelParams
 from .timeline import KernelPlan
 from .topology import topology
@@ -193,19 +195,35 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     arrivals = blocks  # pieces of a peer's slab that land one after another, each with its flag
     if transport == "ce":
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s / max(world - 1, 1))
-        # each peer's slab at the pair's P2P copy rate, and all of them at the link's (a 4x H200 trace
-        # shows a rank's pulls running one at a time on one engine, slower than this at m16384_tp)
-        per_peer = shard / p2p
-        xfer = max(per_peer, (world - 1) * shard / hw.link_bytes_per_s)
-        arrivals = ce_copies(blocks, world, params.kernel_revision)
-        host_pre = 2 * arrivals * params.host_copy_call_s  # per peer stream: a copy and a flag write per copy
+        step = variant == "pull" and ce_order_at(n_loc, params.kernel_revision) == "step"
+        arrivals = ce_copies(blocks, world, params.kernel_revision, cdiv(n_loc, BLOCK_N), sm_count(hw), step=step)
         gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
-        copies = [KernelPlan(f"Memcpy PtoP ({'push' if variant == 'push' else 'pull'})", "comm", xfer, host_pre,
-                               stream=1 + i) for i in range(world - 1)]
-        lead = (world - 1) * host_pre + ht  # the GEMM's launch returns after every copy call and its own
-        notes.append(f"{variant}/ce: copy engines at {p2p / 1e9:.0f} GB/s per peer pair, a peer's slab in "
-                     f"{arrivals} copies, {2 * arrivals} calls of {params.host_copy_call_s * 1e6:.0f} us per peer "
-                     "before the GEMM launch; the GEMM keeps every SM")
+        name = f"Memcpy PtoP ({'push' if variant == 'push' else 'pull'})"
+        if step:
+            # peer by peer on one stream: every copy alone on the pair at its P2P copy rate, no two
+            # ranks reading one peer at once; the slabs' copies land one after another, each with
+            # the engine's fixed cost per copy
+            arrivals *= world - 1
+            xfer = (world - 1) * shard / p2p + arrivals * params.ce_copy_fixed_s
+            host_pre = 2 * arrivals * params.host_copy_call_s  # a copy and a flag write per copy
+            copies = [KernelPlan(name, "comm", xfer, host_pre, stream=1)]
+            lead = host_pre + ht
+            notes.append(f"pull/ce: peer by peer on one stream (the GEMM's {n_loc} columns per rank: the "
+                         f"copies last about as long as it), {arrivals} copies at {p2p / 1e9:.0f} GB/s one after another, "
+                         f"{params.ce_copy_fixed_s * 1e6:.0f} us fixed each ({params.sources.get('ce_copy_fixed_s', 'a 4x H200 trace; not calibrated')}), {2 * arrivals} "
+                         f"calls of {params.host_copy_call_s * 1e6:.0f} us before the GEMM launch; the GEMM keeps "
+                         "every SM")
+        else:
+            # each peer's slab at the pair's P2P copy rate, and all of them at the link's (a 4x H200 trace
+            # shows a rank's pulls running one at a time on one engine, slower than this at m16384_tp)
+            per_peer = shard / p2p
+            xfer = max(per_peer, (world - 1) * shard / hw.link_bytes_per_s)
+            host_pre = 2 * arrivals * params.host_copy_call_s  # per peer stream: a copy and a flag write per copy
+            copies = [KernelPlan(name, "comm", xfer, host_pre, stream=1 + i) for i in range(world - 1)]
+            lead = (world - 1) * host_pre + ht  # the GEMM's launch returns after every copy call and its own
+            notes.append(f"{variant}/ce: copy engines at {p2p / 1e9:.0f} GB/s per peer pair, a peer's slab in "
+                         f"{arrivals} copies, {2 * arrivals} calls of {params.host_copy_call_s * 1e6:.0f} us per "
+                         "peer before the GEMM launch; the GEMM keeps every SM")
     elif transport == "sm":
         progs = COPY_PROGRAMS
         gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
@@ -219,8 +237,12 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     else:
         raise InputError(f"unknown ag_gemm transport {transport!r}; use ce, sm or direct")
     first = xfer / arrivals + flag
-    pipe = pipeline_time(gemm, arrivals, xfer, first, local_fraction=1.0 / world)
-    drain = (gemm - params.kernel_overhead_s) * (1 - 1.0 / world) / arrivals
+    # the last copy's tiles start when it lands and take a whole tile time each (a 4x H200 trace at
+    # M=4096-16384, B [8192, 2048] per rank: the GEMM kernel ends one tile time after the last copy)
+    tiles = world * blocks * cdiv(n_loc, BLOCK_N)
+    tile_s = persistent_drain(gemm, params.kernel_overhead_s, tiles, sm_count(hw))
+    pipe = pipeline_time(gemm, arrivals, xfer, first, local_fraction=1.0 / world, min_drain_s=tile_s)
+    drain = max((gemm - params.kernel_overhead_s) * (1 - 1.0 / world) / arrivals, tile_s)
     det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": pipe})
     # the GEMM cannot finish before the slowest peer's blocks arrived (measured from its own start)
     sync_after = max(xfer + flag - lead, 0.0)
@@ -233,14 +255,27 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     return [copies + [gemm_plan] + after for _ in range(world)], det, notes
 
 
-def ce_copies(blocks: int, world: int, kernel_revision: int) -> int:
+def ce_copies(blocks: int, world: int, kernel_revision: int, n_tiles: int = 0, wave: int = 0,
+              step: bool = False) -> int:
     """Copies (and flags) per peer slab of ``blocks`` M-blocks on the copy engines: one per block
-    before kernel revision 3, the transport's default split since (``gemm_tiles.default_blocks_per_copy``)."""
+    before kernel revision 3, the transport's default split since (``gemm_tiles.default_blocks_per_copy``;
+    pulls peer by peer (``step``): one wave's blocks a copy, ``n_tiles`` N-tiles a block over
+    ``wave`` programs)."""
     if kernel_revision < 3:
         return blocks
     from taxmodel.kernels.ag_gemm.gemm_tiles import default_blocks_per_copy
 
-    return cdiv(blocks, default_blocks_per_copy(blocks, world))
+    return cdiv(blocks, default_blocks_per_copy(blocks, world, n_tiles, wave, step=step))
+
+
+def ce_order_at(n_loc: int, kernel_revision: int) -> str:
+    """pull's copy-engine order (``gemm_tiles.ce_order_for``, the default config) for a GEMM of
+    ``n_loc`` columns per rank: "round" (one stream per peer) before kernel revision 4."""
+    if kernel_revision < 4:
+        return "round"
+    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG, ce_order_for
+
+    return ce_order_for(GPU_CONFIG, n_loc)
 
 
 def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, link_s, rd, wr):

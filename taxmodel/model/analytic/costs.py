@@ -269,17 +269,26 @@ def gemm_dram(m: int, n: int, k: int, elt: int, tile: tuple[int, int], hw: Hardw
     return max(a * a_local - a_kept, 0.0) + b, c * c_local
 
 
+def persistent_drain(compute_s: float, overhead_s: float, tiles: int, grid: int) -> float:
+    """One tile's time in a persistent GEMM of ``tiles`` tiles over ``grid`` programs that runs
+    ``compute_s`` (``overhead_s`` of it fixed): each program's tiles one after another, so a tile
+    takes the GEMM's time over its waves."""
+    return max(compute_s - overhead_s, 0.0) / max(1, cdiv(tiles, max(1, grid)))
+
+
 def pipeline_time(compute_s: float, chunks: int, transfer_s: float, first_latency_s: float,
-                  per_chunk_flag_s: float = 0.0, local_fraction: float = 0.0) -> float:
+                  per_chunk_flag_s: float = 0.0, local_fraction: float = 0.0, min_drain_s: float = 0.0) -> float:
     """Time of a producer/consumer tile pipeline: ``chunks`` pieces arrive one after another
     (``transfer_s`` for all of them, after ``first_latency_s``), each followed by its flag, and
     the consumer computes each piece after it arrives. A ``local_fraction`` of the compute needs
     no transfer and runs first. Result: max(compute, fill + transfers + drain), where fill is the
-    first piece's latency and drain the compute of the last piece."""
+    first piece's latency and drain the compute of the last piece, at least ``min_drain_s`` (a
+    persistent GEMM's tile time: the last piece's tiles start when it lands and each takes that
+    long, however few they are; ``persistent_drain``)."""
     if chunks <= 0 or transfer_s <= 0:
         return compute_s
     remote_compute = compute_s * (1.0 - local_fraction)
-    drain = remote_compute / chunks
+    drain = max(remote_compute / chunks, min_drain_s)
     arrive_all = first_latency_s + transfer_s + chunks * per_chunk_flag_s
     return max(compute_s, compute_s * local_fraction + first_latency_s + drain, arrive_all + drain)
 

@@ -158,6 +158,12 @@ class ModelParams:
     #: flag write): the host enqueues 2 per block and peer before it launches the GEMM.
     ag_transport: str = "ce"
     host_copy_call_s: float = 3e-6
+    #: GPU time a copy-engine copy costs beyond its bytes at the P2P copy rate, when copies run one
+    #: after another on one stream (pull peer by peer): in a 4x H200 trace (2026-11-28, AG+GEMM
+    #: m4096_tp-m16384_tp, copies of 4-16 MiB each followed by a flag write) 5-6 us from one copy's
+    #: end to the next one's start plus 3-4 us more per copy than its bytes at 377 GB/s. Not
+    #: calibrated per machine (``taxmodel calibrate`` times one 1 GiB copy).
+    ce_copy_fixed_s: float = 9e-6
     #: GPUs that one NVLink/xGMI domain connects all-to-all (NVL72 switch; MI300X 8 fully connected).
     domain_size: int = 72
     #: Beyond one domain: bandwidth and latency per GPU of the scale-out network (400 Gb/s NIC per GPU).
