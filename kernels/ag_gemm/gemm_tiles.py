@@ -323,6 +323,32 @@ def ce_blocks_per_copy(cfg: GemmConfig, m_loc: int, n_loc: int, k: int, elt: int
     return max(1, min(blocks, cfg.ce_copy_bytes // (cfg.block_m * k * elt)))
 
 
+#: Tiles of the fine-grained AG GEMM where its own slab is small (``first_wave_tiles``).
+NARROW_TILES = dict(block_n=128, num_stages=4, num_warps=8, tma_store=False)
+
+
+def first_wave_tiles(cfg: GemmConfig, m_loc: int, n_loc: int, world: int, wave: int) -> GemmConfig:
+    """Pull's GEMM tiles (and order) on the copy engines (``cfg.transport`` "ce") for a slab of ``m_loc`` rows, ``n_loc`` columns per rank,
+    ``world`` ranks and ``wave`` programs: ``NARROW_TILES`` (128 columns) where the own slab's tiles
+    at ``cfg``'s 256 fill less than half a wave and at 128 at least half, else ``cfg``.
+
+    Why: the GEMM starts on its own rows while the first copies land; at M=1024 on 4 ranks (2 blocks
+    a slab, 32 N-tiles a block) the own slab is 64 tiles of 132 programs, so the other 68 wait for
+    remote rows at once, and the GEMM is two waves of ~90 us tiles: a wait at the first wave
+    delays the second. With 128-column tiles the own slab fills about a wave and a tile takes half
+    as long: on 4x H200 pull took 0.229-0.233 ms against 0.248-0.268 with 128x256 tiles (bsp
+    0.262; ``benchmarks/results/final_round_h200x4.md``), and pulling peer by peer ("auto" becomes
+    "step" here) 0.225-0.229 (three runs). Only for pull on the copy engines: with the Triton copy
+    kernel 128x128 tiles were slower (0.255 against 0.242 ms), push was not measured; nor at 2 ranks
+    (the own slab is a wave already) or the narrow tensor-parallel slabs (16 tiles either way)."""
+    if world < 2 or cfg.block_n != 256 or cfg.transport != "ce":
+        return cfg
+    blocks = triton.cdiv(m_loc, cfg.block_m)
+    if blocks * triton.cdiv(n_loc, 256) * 2 < wave <= blocks * triton.cdiv(n_loc, 128) * 2:
+        return replace(cfg, **NARROW_TILES, ce_order="step" if cfg.ce_order == "auto" else cfg.ce_order)
+    return cfg
+
+
 def wave_programs(cfg: GemmConfig, device: torch.device) -> int:
     """The programs of one wave of the persistent GEMM on ``device`` (no SMs reserved)."""
     return num_programs(cfg, device, 1 << 30)

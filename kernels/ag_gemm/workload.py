@@ -27,7 +27,7 @@ from taxmodel.vocabulary import ALLGATHER, COLLECTIVE_KERNELS, GEMM_KERNELS, MEM
 from taxmodel.workload import Cost, Intermediate, Variant, Workload, register
 
 from . import bsp, pull, push, torch_fused
-from .gemm_tiles import GemmConfig, config_for_shape, default_config, k_pieces
+from .gemm_tiles import GemmConfig, config_for_shape, default_config, first_wave_tiles, k_pieces, wave_programs
 from .state import DTYPE_CODES, DTYPE_NAMES, AgGemmState, make_shard, make_weight, pick_dtype, shape_dims
 
 
@@ -129,6 +129,8 @@ class AgGemm(Workload):
         cfg = self._config(device)
         if self.config is None:  # the committed per-shape tile table (gemm_table.py) on a GPU
             cfg = config_for_shape(m, n_loc, k, device, base=cfg)
+            if variant.name == "pull":  # small own slabs: narrower tiles (kernel revision 5)
+                cfg = first_wave_tiles(cfg, m_loc, n_loc, world, wave_programs(cfg, device))
         seed = int(shape.get("seed", 0))
         tp = bool(shape.get("tp", 0))
         shard = make_shard(seed, rank, m_loc, k, dtype, device)

@@ -253,3 +253,20 @@ def test_the_default_pull_order_is_peer_by_peer_where_the_gemm_is_narrow() -> No
     assert gemm_tiles.ce_order_for(auto, 8192) == "round"
     assert gemm_tiles.ce_order_for(replace(auto, ce_order="round"), 2048) == "round"
     assert gemm_tiles.ce_order_for(replace(auto, ce_order="step"), 8192) == "step"
+
+
+def test_small_own_slabs_take_narrower_tiles() -> None:
+    """``first_wave_tiles`` (pull on the copy engines): 128-column tiles where the own slab's 128x256 tiles fill less than half a
+    wave and 128-column ones at least half (M=1024 on 4 ranks, N=8192, 132 programs: 64 -> 128 tiles);
+    otherwise the config as given (2 ranks, larger M, the narrow tensor-parallel slab, 8 ranks)."""
+    cfg = gemm_tiles.GPU_CONFIG
+    narrow = gemm_tiles.first_wave_tiles(cfg, 256, 8192, 4, 132)
+    assert (narrow.block_n, narrow.num_stages, narrow.tma_store, narrow.ce_order) == (128, 4, False, "step")
+    assert gemm_tiles.first_wave_tiles(replace(cfg, ce_order="round"), 256, 8192, 4, 132).ce_order == "round"
+    assert narrow.transport == cfg.transport and narrow.block_m == 128
+    for m_loc, n_loc, world in ((512, 8192, 2), (1024, 8192, 4), (256, 2048, 4), (128, 8192, 8), (256, 4096, 4)):
+        assert gemm_tiles.first_wave_tiles(cfg, m_loc, n_loc, world, 132) is cfg
+    assert gemm_tiles.first_wave_tiles(cfg, 256, 8192, 1, 132) is cfg  # one rank: nothing to wait for
+    sm = replace(cfg, transport="sm")
+    assert gemm_tiles.first_wave_tiles(sm, 256, 8192, 4, 132) is sm  # the copy kernel: measured slower
+    assert gemm_tiles.first_wave_tiles(gemm_tiles.CPU_CONFIG, 256, 8192, 4, 132) is gemm_tiles.CPU_CONFIG

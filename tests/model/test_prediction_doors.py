@@ -152,3 +152,25 @@ def test_pull_goes_peer_by_peer_where_the_gemm_is_narrow_from_kernel_revision_4(
     # the last copy's tiles start when it lands: one tile time after the transfer at least
     tile = persistent_drain(new.details["triton_gemm"], base.kernel_overhead_s, 4 * 32 * 8, 132)
     assert new.details["pipeline"] >= new.details["transfer"] + tile
+
+
+def test_the_fine_grained_gemm_of_a_small_own_slab_has_shorter_tiles_from_kernel_revision_5():
+    """Revision 5 gives pull/push 128x128 tiles at M=1024 on 4 ranks (``gemm_tiles.first_wave_tiles``),
+    and pull goes peer by peer there: the model's tiles and copies follow."""
+    from dataclasses import replace
+
+    from taxmodel.model import analytic
+    from taxmodel.model.analytic.ag_gemm import fine_block_n
+
+    assert fine_block_n(256, 8192, 4, 132, 5) == 128 and fine_block_n(256, 8192, 4, 132, 4) == 256
+    assert fine_block_n(512, 8192, 2, 132, 5) == 256
+    shape = {"M": 1024, "N": 8192, "K": 8192, "tp": 0}
+    hw, _ = analytic.resolve_model_hardware("h200-calibrated")
+    base = replace(analytic.ModelParams.from_hardware(hw), ag_transport="ce", graph_launch=True)
+    new = analytic.predict("ag_gemm", "pull", shape, 4, hw, params=replace(base, kernel_revision=5))
+    old = analytic.predict("ag_gemm", "pull", shape, 4, hw, params=replace(base, kernel_revision=4))
+    # and pulls peer by peer: one copy of the 2-block slab a peer (a wave takes 132 // 64 = 2 blocks)
+    shard = 256 * 8192 * 2
+    assert any("peer by peer" in a and "3 copies" in a for a in new.assumptions)
+    assert not any("peer by peer" in a for a in old.assumptions)
+    assert new.details["transfer"] == pytest.approx(3 * shard / hw.extra["p2p_copy_bytes_per_s"] + 3 * base.ce_copy_fixed_s)

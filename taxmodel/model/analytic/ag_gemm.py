@@ -49,7 +49,7 @@ from .topology import topology
 VARIANTS = ("bsp", "pull", "push", "torch_fused")
 NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
 FUSED = AG_GEMM_KERNEL
-BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py
+BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py (see ``fine_block_n``)
 #: The memset that zeroes copy-engine pull's flags after its GEMM (``CopyEngine.reset_flags``).
 FLAG_RESET = "Memset (flag reset)"
 #: The copy kernel's programs and the columns of one work item (GPU_CONFIG's push_progs, push_chunk_k).
@@ -175,6 +175,12 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         notes.append(f"Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
                      f"({params.sources.get('triton_gemm_efficiency', 'default')}); transport '{transport}'")
     blocks = cdiv(m_loc, BLOCK_M)
+    block_n = (fine_block_n(m_loc, n_loc, world, sm_count(hw), params.kernel_revision)
+               if variant == "pull" and transport == "ce" else BLOCK_N)
+    narrow = params.narrow_tile_gemm_factor if block_n < BLOCK_N else 1.0  # 128x128 tiles: a slower GEMM
+    if block_n < BLOCK_N:
+        notes.append(f"pull/ce: 128x128 tiles (a small own slab, kernel revision 5), the GEMM "
+                     f"{narrow:.2f}x as long as with 128x256 ({params.sources.get('narrow_tile_gemm_factor', 'measured on one H200; not calibrated')})")
     flag = params.flag_roundtrip_s / 2
     if transport == "direct":
         if variant != "pull":
@@ -195,9 +201,9 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     arrivals = blocks  # pieces of a peer's slab that land one after another, each with its flag
     if transport == "ce":
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s / max(world - 1, 1))
-        step = variant == "pull" and ce_order_at(n_loc, params.kernel_revision) == "step"
-        arrivals = ce_copies(blocks, world, params.kernel_revision, cdiv(n_loc, BLOCK_N), sm_count(hw), step=step)
-        gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        step = variant == "pull" and (ce_order_at(n_loc, params.kernel_revision) == "step" or block_n < BLOCK_N)
+        arrivals = ce_copies(blocks, world, params.kernel_revision, cdiv(n_loc, block_n), sm_count(hw), step=step)
+        gemm = narrow * gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
         name = f"Memcpy PtoP ({'push' if variant == 'push' else 'pull'})"
         if step:
             # peer by peer on one stream: every copy alone on the pair at its P2P copy rate, no two
@@ -226,12 +232,13 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
                          "peer before the GEMM launch; the GEMM keeps every SM")
     elif transport == "sm":
         progs = COPY_PROGRAMS
-        gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        gemm = narrow * gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
         store_bw = min(params.peer_store_bytes_per_s or hw.link_bytes_per_s, progs * params.peer_store_bytes_per_s_per_sm)
         xfer = (world - 1) * shard / store_bw
         lead = ht
         if params.copy_program_rate(variant)[0] > 0:
-            return _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, xfer, rd, wr)
+            return _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, xfer, rd, wr,
+                                block_n)
         copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
         notes.append(f"{variant}/sm: a {progs}-program copy kernel at {store_bw / 1e9:.0f} GB/s sharing the SMs with the GEMM")
     else:
@@ -239,9 +246,15 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     first = xfer / arrivals + flag
     # the last copy's tiles start when it lands and take a whole tile time each (a 4x H200 trace at
     # M=4096-16384, B [8192, 2048] per rank: the GEMM kernel ends one tile time after the last copy)
-    tiles = world * blocks * cdiv(n_loc, BLOCK_N)
+    tiles = world * blocks * cdiv(n_loc, block_n)
     tile_s = persistent_drain(gemm, params.kernel_overhead_s, tiles, sm_count(hw))
     pipe = pipeline_time(gemm, arrivals, xfer, first, local_fraction=1.0 / world, min_drain_s=tile_s)
+    if transport == "ce":
+        # the persistent GEMM's waves: each program's tiles one after another, a remote tile not before
+        # its copy landed; the copies land one after another (one engine runs a rank's copies in turn)
+        landings = arrivals if step else arrivals * (world - 1)
+        pipe = max(pipe, arrival_waves_time(gemm, params.kernel_overhead_s, tiles, min(tiles, sm_count(hw)),
+                                            blocks * cdiv(n_loc, block_n), landings, xfer / landings, flag))
     drain = max((gemm - params.kernel_overhead_s) * (1 - 1.0 / world) / arrivals, tile_s)
     det.update({"triton_gemm": gemm, "transfer": xfer, "pipeline": pipe})
     # the GEMM cannot finish before the slowest peer's blocks arrived (measured from its own start)
@@ -268,6 +281,17 @@ def ce_copies(blocks: int, world: int, kernel_revision: int, n_tiles: int = 0, w
     return cdiv(blocks, default_blocks_per_copy(blocks, world, n_tiles, wave, step=step))
 
 
+def fine_block_n(m_loc: int, n_loc: int, world: int, wave: int, kernel_revision: int) -> int:
+    """Pull's GEMM tile width on the copy engines: 128 where the own slab is small
+    (``gemm_tiles.first_wave_tiles``, which also pulls peer by peer there) from kernel revision 5,
+    else ``BLOCK_N``."""
+    if kernel_revision < 5:
+        return BLOCK_N
+    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG, first_wave_tiles
+
+    return first_wave_tiles(GPU_CONFIG, m_loc, n_loc, world, wave).block_n
+
+
 def ce_order_at(n_loc: int, kernel_revision: int) -> str:
     """pull's copy-engine order (``gemm_tiles.ce_order_for``, the default config) for a GEMM of
     ``n_loc`` columns per rank: "round" (one stream per peer) before kernel revision 4."""
@@ -278,7 +302,7 @@ def ce_order_at(n_loc: int, kernel_revision: int) -> str:
     return ce_order_for(GPU_CONFIG, n_loc)
 
 
-def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, link_s, rd, wr):
+def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, link_s, rd, wr, block_n=BLOCK_N):
     """pull/push with the ``sm`` copy kernel at its measured rate beside the GEMM (the module docstring)."""
     ht = params.host_launch_triton_s
     blocks = cdiv(m_loc, BLOCK_M)
@@ -294,8 +318,8 @@ def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, g
     flag = params.flag_roundtrip_s / 2
     alone = gemm
     gemm += params.gemm_share_loss * xfer
-    tiles = world * blocks * cdiv(n_loc, BLOCK_N)
-    own = blocks * cdiv(n_loc, BLOCK_N)
+    tiles = world * blocks * cdiv(n_loc, block_n)
+    own = blocks * cdiv(n_loc, block_n)
     grid = min(tiles, sm_count(hw))
     # the GEMM's programs placed first: the copy's share its SMs (the GEMM loses gemm_share_loss)
     gemm_first = arrival_waves_time(gemm, params.kernel_overhead_s, tiles, grid, own, rounds, round_s, flag)

@@ -164,6 +164,11 @@ class ModelParams:
     #: end to the next one's start plus 3-4 us more per copy than its bytes at 377 GB/s. Not
     #: calibrated per machine (``taxmodel calibrate`` times one 1 GiB copy).
     ce_copy_fixed_s: float = 9e-6
+    #: How much longer the fine-grained AG GEMM runs with 128x128 tiles (kernel revision 5, small own
+    #: slabs: ``gemm_tiles.first_wave_tiles``) than with 128x256: the GEMM alone at M=1024, N=K=8192
+    #: on one H200 of a 4x H200 machine, 0.231-0.238 against 0.186-0.194 ms (3 runs, 2026-11-28). Not
+    #: calibrated per machine.
+    narrow_tile_gemm_factor: float = 1.23
     #: GPUs that one NVLink/xGMI domain connects all-to-all (NVL72 switch; MI300X 8 fully connected).
     domain_size: int = 72
     #: Beyond one domain: bandwidth and latency per GPU of the scale-out network (400 Gb/s NIC per GPU).
