@@ -146,7 +146,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=None, help="iterations per timed batch")
     p.add_argument("--reps", type=int, default=None, help="timed batches (median reported)")
     p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--no-tune", action="store_true", help="time the default config only")
+    p.add_argument("--no-tune", action="store_true",
+                   help="time each variant's default only: the config the workload picks for the shape (the "
+                        "per-shape tile table; pull's first-wave tiles)")
     p.add_argument("--tune-set", default="quick",
                    help=f"tuning set: one of {sorted(TUNE_SETS)} or 'TILES:TRANSPORTS' (comma-separated keys of "
                         f"{sorted(TILES)} and {sorted(TRANSPORTS)})")
@@ -292,8 +294,9 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
         configs = gpu_configs(preset, args.tune_set)
     elif args.cpu:  # both transports: the smoke test covers the eager-only and the graph-safe paths
         configs = [replace(gemm_tiles.CPU_CONFIG, transport=t) for t in ("ce", "sm")]
-    else:
-        configs = [gemm_tiles.default_config(ctx.device)]
+    else:  # what the workload runs when no config is given: per shape (table; pull's first-wave tiles)
+        configs = list(dict.fromkeys(AgGemm().shape_config(shape, ctx.world_size, v, ctx.device)
+                                     for v in ("push", "pull")))
     ref = None
 
     def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None, note: str = "") -> None:
@@ -316,6 +319,8 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
             continue
         best: dict[str, tuple] = {}  # "eager", "graph", "eager:<transport>" -> (ms, label, err)
         tuned = configs_for(vname, configs)
+        if not tune and not args.cpu:  # each variant's own default (push keeps the table's tiles)
+            tuned = [AgGemm().shape_config(shape, ctx.world_size, vname, ctx.device)]
         tried_ok = []  # the configs that were correct (--final-every-config)
         for cfg in tuned:
             heap.reset()

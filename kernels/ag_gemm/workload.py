@@ -99,8 +99,13 @@ class AgGemm(Workload):
     def _transport(self) -> str:
         return self._config().transport
 
-    def config_summary(self, device: Any = None) -> dict[str, Any]:
-        """What the bundle's meta records of the kernels' configuration (tiles, transport)."""
+    def config_summary(self, device: Any = None, shape: Mapping[str, int] | None = None, world: int | None = None,
+                       variant: str | None = None) -> dict[str, Any]:
+        """What the bundle's meta records of the kernels' configuration (tiles, transport): with the
+        shape, world size and variant, the config that variant ran (``shape_config``), else the default."""
+        if shape is not None and world and variant:
+            return {"label": self.shape_config(shape, world, variant, device).label(),
+                    "transport": self._config(device).transport}
         cfg = self._config(device)
         summary = {"label": cfg.label(), "transport": cfg.transport}
         if self.config is None and device is not None and torch.device(device).type == "cuda":
@@ -119,6 +124,19 @@ class AgGemm(Workload):
             "torch_fused": torch_fused.VARIANT,
         }
 
+    def shape_config(self, shape: Mapping[str, int], world: int, variant: str, device: Any) -> GemmConfig:
+        """The config ``setup`` runs ``variant`` with: the given one, else the device's default with
+        the committed per-shape tile table (gemm_table.py) on a GPU and, for pull, narrower tiles at
+        small own slabs (``first_wave_tiles``, kernel revision 5)."""
+        cfg = self._config(device)
+        if self.config is not None:
+            return cfg
+        m, m_loc, n_loc, k = shape_dims(shape, world)
+        cfg = config_for_shape(m, n_loc, k, device, base=cfg)
+        if variant == "pull":
+            cfg = first_wave_tiles(cfg, m_loc, n_loc, world, wave_programs(cfg, torch.device(device)))
+        return cfg
+
     def setup(self, ctx: Any, shape: Mapping[str, int], variant: Variant) -> AgGemmState:
         from taxmodel.kernels.device.sync import new_error_buffer, spin_budget, sync_mode
 
@@ -126,11 +144,7 @@ class AgGemm(Workload):
         world, rank, device = ctx.world_size, ctx.rank, torch.device(ctx.device)
         m, m_loc, n_loc, k = shape_dims(shape, world)
         dtype = pick_dtype(shape, device)
-        cfg = self._config(device)
-        if self.config is None:  # the committed per-shape tile table (gemm_table.py) on a GPU
-            cfg = config_for_shape(m, n_loc, k, device, base=cfg)
-            if variant.name == "pull":  # small own slabs: narrower tiles (kernel revision 5)
-                cfg = first_wave_tiles(cfg, m_loc, n_loc, world, wave_programs(cfg, device))
+        cfg = self.shape_config(shape, world, variant.name, device)
         seed = int(shape.get("seed", 0))
         tp = bool(shape.get("tp", 0))
         shard = make_shard(seed, rank, m_loc, k, dtype, device)

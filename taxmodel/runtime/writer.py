@@ -52,7 +52,8 @@ def write_variant_bundle(session: Any, gathered: list[Any] | None, gathered_reco
             "workload": workload.name,
             "variant": vname,
             "description": variant.description,
-            "workload_config": workload.config_summary(device) if hasattr(workload, "config_summary") else None,
+            "workload_config": (workload.config_summary(device, shape=shape, world=world, variant=vname)
+                                if hasattr(workload, "config_summary") else None),
             "fine_grained": bool(variant.fine_grained),
             "shape": dict(shape),
             "preset": preset,

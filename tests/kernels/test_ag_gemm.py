@@ -270,3 +270,25 @@ def test_small_own_slabs_take_narrower_tiles() -> None:
     sm = replace(cfg, transport="sm")
     assert gemm_tiles.first_wave_tiles(sm, 256, 8192, 4, 132) is sm  # the copy kernel: measured slower
     assert gemm_tiles.first_wave_tiles(gemm_tiles.CPU_CONFIG, 256, 8192, 4, 132) is gemm_tiles.CPU_CONFIG
+
+
+def test_the_workload_picks_first_wave_tiles_for_pull_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``AgGemm.shape_config`` (what ``setup`` and the benchmark's ``--no-tune`` run): with no config
+    given, pull at M=1024 on 4 ranks takes ``first_wave_tiles``' 128x128 tiles and peers in turn; push,
+    2 ranks and a given config keep theirs. (On the CPU the table is a no-op: the GPU default and a
+    132-program wave stand in for a Hopper GPU.)"""
+    from taxmodel.kernels.ag_gemm import workload as ag_workload
+
+    monkeypatch.setattr(ag_workload, "default_config", lambda device: gemm_tiles.GPU_CONFIG)
+    monkeypatch.setattr(ag_workload, "wave_programs", lambda cfg, device: 132)
+    wl = AgGemm()
+    shape = wl.shape("m1024")
+    pull = wl.shape_config(shape, 4, "pull", "cpu")
+    assert (pull.block_n, pull.ce_order) == (128, "step")
+    assert wl.shape_config(shape, 4, "push", "cpu") == gemm_tiles.GPU_CONFIG
+    assert wl.shape_config(shape, 2, "pull", "cpu") == gemm_tiles.GPU_CONFIG
+    given = replace(gemm_tiles.GPU_CONFIG, num_stages=5)
+    assert AgGemm(given).shape_config(shape, 4, "pull", "cpu") is given
+    # a bundle's meta records what each variant ran
+    assert wl.config_summary("cpu", shape=shape, world=4, variant="pull") == {"label": pull.label(), "transport": "ce"}
+    assert "128x128x64" in pull.label() and pull.label().endswith("ce-mem-step")
