@@ -216,7 +216,7 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
             lead = host_pre + ht
             notes.append(f"pull/ce: peer by peer on one stream (the GEMM's {n_loc} columns per rank: the "
                          f"copies last about as long as it), {arrivals} copies at {p2p / 1e9:.0f} GB/s one after another, "
-                         f"{params.ce_copy_fixed_s * 1e6:.0f} us fixed each ({params.sources.get('ce_copy_fixed_s', 'a 4x H200 trace; not calibrated')}), {2 * arrivals} "
+                         f"{params.ce_copy_fixed_s * 1e6:.0f} us fixed each ({fixed_source(params)}), {2 * arrivals} "
                          f"calls of {params.host_copy_call_s * 1e6:.0f} us before the GEMM launch; the GEMM keeps "
                          "every SM")
         else:
@@ -290,6 +290,13 @@ def fine_block_n(m_loc: int, n_loc: int, world: int, wave: int, kernel_revision:
     from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG, first_wave_tiles
 
     return first_wave_tiles(GPU_CONFIG, m_loc, n_loc, world, wave).block_n
+
+
+def fixed_source(params: ModelParams) -> str:
+    """Where ``ce_copy_fixed_s`` came from, in words: given or fitted where it was, else the
+    default's source, a 4x H200 trace (no calibration step measures it)."""
+    src = params.sources.get("ce_copy_fixed_s", "default")
+    return "a 4x H200 trace's; not calibrated" if src == "default" else src
 
 
 def ce_order_at(n_loc: int, kernel_revision: int) -> str:
