@@ -290,13 +290,14 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
     rows: list[dict] = []
     variants = wl.variants()
     tune = not args.cpu and not args.no_tune
+    # each variant's config when none is given (a fresh workload: ``wl.config`` is set below)
+    shipped = {v: AgGemm().shape_config(shape, ctx.world_size, v, ctx.device) for v in variants}
     if tune:
         configs = gpu_configs(preset, args.tune_set)
     elif args.cpu:  # both transports: the smoke test covers the eager-only and the graph-safe paths
         configs = [replace(gemm_tiles.CPU_CONFIG, transport=t) for t in ("ce", "sm")]
     else:  # what the workload runs when no config is given: per shape (table; pull's first-wave tiles)
-        configs = list(dict.fromkeys(AgGemm().shape_config(shape, ctx.world_size, v, ctx.device)
-                                     for v in ("push", "pull")))
+        configs = list(dict.fromkeys(shipped.values()))
     ref = None
 
     def record(name: str, ms: float, cfg: str = "", ok: bool | None = None, err: float | None = None, note: str = "") -> None:
@@ -320,7 +321,7 @@ def bench_size(ctx: RankContext, args: argparse.Namespace, preset: str, heap: An
         best: dict[str, tuple] = {}  # "eager", "graph", "eager:<transport>" -> (ms, label, err)
         tuned = configs_for(vname, configs)
         if not tune and not args.cpu:  # each variant's own default (push keeps the table's tiles)
-            tuned = [AgGemm().shape_config(shape, ctx.world_size, vname, ctx.device)]
+            tuned = [shipped[vname]]
         tried_ok = []  # the configs that were correct (--final-every-config)
         for cfg in tuned:
             heap.reset()

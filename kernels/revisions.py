@@ -20,7 +20,7 @@ REVISIONS: tuple[tuple[int, str, str], ...] = (
     (4, "2026-11-28T15:25:00+00:00", "AG+GEMM pull on the copy engines pulls peer by peer on one stream (all of "
             "rank+1's slab, then rank+2's, ...) where the GEMM has at most 4096 columns per rank "
             "(GemmConfig.ce_order 'auto'); the GEMM takes the blocks in that order"),
-    (5, "2026-11-28T16:15:00+00:00", "AG+GEMM pull on the copy engines takes 128x128 tiles where the own slab's 128x256 tiles fill "
+    (5, "2026-11-28T16:00:00+00:00", "AG+GEMM pull on the copy engines takes 128x128 tiles where the own slab's 128x256 tiles fill "
             "less than half a wave, and pull there goes peer by peer (gemm_tiles.first_wave_tiles: M=1024 on 4 ranks)"),
 )
 KERNEL_REVISION = REVISIONS[-1][0]

@@ -283,9 +283,10 @@ CE_ORDERS = ("auto", "round", "step")
 #: Why: the copies then take most of the GEMM's time (3 x 64 MiB against a 0.7 ms GEMM at the
 #: 4-rank tensor-parallel M=16384), and issued on one stream per peer a 4x H200 ran them one at a
 #: time with ranks reading the same peer at once (16 MiB copies at 60 us median, 46 at best); peer
-#: by peer, the step took 0.79-0.83 ms against 1.06 (``benchmarks/results/final_round_h200x4.md``).
-#: With N = 8192 per rank the GEMM hides either order and "round" was as fast or faster (M=1024:
-#: 0.271 against 0.287 ms).
+#: by peer, the step took 0.74-0.83 ms against 1.06-1.07 (``benchmarks/results/final_round_h200x4.md``).
+#: With N = 8192 per rank the GEMM hides most of either order and the runs did not agree (128x256
+#: tiles at M=1024: step 0.287, 0.248, 0.253 ms against round 0.271, 0.268, 0.267 in three calls;
+#: M=16384: step 1-3% slower), so "round" stays there (M=1024 on 4 ranks: ``first_wave_tiles``).
 CE_STEP_MAX_N = 4096
 
 #: Copies per peer slab at least, with ``ce_copy_bytes`` None (``GemmConfig``).

@@ -144,7 +144,7 @@ def test_pull_goes_peer_by_peer_where_the_gemm_is_narrow_from_kernel_revision_4(
     wide = analytic.predict("ag_gemm", "pull", {**shape, "tp": 0}, 4, hw, params=replace(base, kernel_revision=4))
     p2p = hw.extra["p2p_copy_bytes_per_s"]
     shard = 4096 * 8192 * 2
-    assert any("peer by peer" in a and "6 copies" in a and "9 us fixed each (a 4x H200 trace's; not calibrated)" in a
+    assert any("peer by peer" in a and "6 copies" in a and "9 us fixed each (a 4x H200 trace; not calibrated)" in a
                for a in new.assumptions)
     assert new.details["transfer"] == pytest.approx(3 * shard / p2p + 6 * base.ce_copy_fixed_s)
     assert not any("peer by peer" in a for a in old.assumptions + wide.assumptions)
@@ -161,10 +161,13 @@ def test_the_fine_grained_gemm_of_a_small_own_slab_has_shorter_tiles_from_kernel
     from dataclasses import replace
 
     from taxmodel.model import analytic
-    from taxmodel.model.analytic.ag_gemm import fine_block_n
+    from taxmodel.model.analytic.ag_gemm import pull_tiles_and_order
 
-    assert fine_block_n(256, 8192, 4, 132, 5) == 128 and fine_block_n(256, 8192, 4, 132, 4) == 256
-    assert fine_block_n(512, 8192, 2, 132, 5) == 256
+    assert pull_tiles_and_order(256, 8192, 4, 132, 5) == (128, True)  # M=1024 on 4 ranks
+    assert pull_tiles_and_order(256, 8192, 4, 132, 4) == (256, False)
+    assert pull_tiles_and_order(512, 8192, 2, 132, 5) == (256, False)
+    assert pull_tiles_and_order(4096, 2048, 4, 132, 4) == (256, True)  # the 4-rank tensor-parallel M=16384
+    assert pull_tiles_and_order(4096, 2048, 4, 132, 3) == (256, False)
     shape = {"M": 1024, "N": 8192, "K": 8192, "tp": 0}
     hw, _ = analytic.resolve_model_hardware("h200-calibrated")
     base = replace(analytic.ModelParams.from_hardware(hw), ag_transport="ce", graph_launch=True)

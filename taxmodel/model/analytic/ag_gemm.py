@@ -8,7 +8,7 @@ Per rank (W ranks, M global rows, A shard [M/W, K], B [K, N_loc], element size e
   slowest peer's blocks arrived: a synced fused kernel). The transport (``ModelParams.ag_transport``,
   as ``GemmConfig.transport``): "ce" copy engines, one stream per peer at the P2P copy bandwidth
   (pull from kernel revision 4 where the GEMM has at most ``gemm_tiles.CE_STEP_MAX_N`` columns per rank: every
-  copy on one stream, peer by peer, each at the P2P copy bandwidth, ``ce_order_at``),
+  copy on one stream, peer by peer, each at the P2P copy bandwidth, ``pull_tiles_and_order``),
   the host enqueueing a copy and a flag write per block and peer before it launches the GEMM (that
   host time is exposed communication; none in a CUDA graph), pull zeroing its flags after the GEMM
   with one memset; "sm" a 32-program Triton copy kernel beside the GEMM;
@@ -49,7 +49,7 @@ from .topology import topology
 VARIANTS = ("bsp", "pull", "push", "torch_fused")
 NCCL_AG = LIBRARY_KERNEL_NAMES[ALLGATHER]
 FUSED = AG_GEMM_KERNEL
-BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py (see ``fine_block_n``)
+BLOCK_M, BLOCK_N = 128, 256  # GPU_CONFIG of kernels/ag_gemm/gemm_tiles.py (see ``pull_tiles_and_order``)
 #: The memset that zeroes copy-engine pull's flags after its GEMM (``CopyEngine.reset_flags``).
 FLAG_RESET = "Memset (flag reset)"
 #: The copy kernel's programs and the columns of one work item (GPU_CONFIG's push_progs, push_chunk_k).
@@ -175,12 +175,13 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
         notes.append(f"Triton GEMM at {params.triton_gemm_efficiency:.2f} of the vendor rate "
                      f"({params.sources.get('triton_gemm_efficiency', 'default')}); transport '{transport}'")
     blocks = cdiv(m_loc, BLOCK_M)
-    block_n = (fine_block_n(m_loc, n_loc, world, sm_count(hw), params.kernel_revision)
-               if variant == "pull" and transport == "ce" else BLOCK_N)
+    block_n, step = BLOCK_N, False  # push, and the other transports: 128x256 tiles, one stream per peer
+    if variant == "pull" and transport == "ce":
+        block_n, step = pull_tiles_and_order(m_loc, n_loc, world, sm_count(hw), params.kernel_revision)
     narrow = params.narrow_tile_gemm_factor if block_n < BLOCK_N else 1.0  # 128x128 tiles: a slower GEMM
     if block_n < BLOCK_N:
-        notes.append(f"pull/ce: 128x128 tiles (a small own slab, kernel revision 5), the GEMM "
-                     f"{narrow:.2f}x as long as with 128x256 ({params.sources.get('narrow_tile_gemm_factor', 'measured on one H200; not calibrated')})")
+        notes.append(f"pull/ce: 128x128 tiles (a small own slab, kernel revision 5), the GEMM {narrow:.2f}x as "
+                     f"long as with 128x256 ({source_of(params, 'narrow_tile_gemm_factor', 'measured on one H200')})")
     flag = params.flag_roundtrip_s / 2
     if transport == "direct":
         if variant != "pull":
@@ -201,7 +202,6 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
     arrivals = blocks  # pieces of a peer's slab that land one after another, each with its flag
     if transport == "ce":
         p2p = float((hw.extra or {}).get("p2p_copy_bytes_per_s") or hw.link_bytes_per_s / max(world - 1, 1))
-        step = variant == "pull" and (ce_order_at(n_loc, params.kernel_revision) == "step" or block_n < BLOCK_N)
         arrivals = ce_copies(blocks, world, params.kernel_revision, cdiv(n_loc, block_n), sm_count(hw), step=step)
         gemm = narrow * gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
         name = f"Memcpy PtoP ({'push' if variant == 'push' else 'pull'})"
@@ -216,7 +216,8 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
             lead = host_pre + ht
             notes.append(f"pull/ce: peer by peer on one stream (the GEMM's {n_loc} columns per rank: the "
                          f"copies last about as long as it), {arrivals} copies at {p2p / 1e9:.0f} GB/s one after another, "
-                         f"{params.ce_copy_fixed_s * 1e6:.0f} us fixed each ({fixed_source(params)}), {2 * arrivals} "
+                         f"{params.ce_copy_fixed_s * 1e6:.0f} us fixed each ({source_of(params, 'ce_copy_fixed_s', 'a 4x H200 trace')}), "
+                         f"{2 * arrivals} "
                          f"calls of {params.host_copy_call_s * 1e6:.0f} us before the GEMM launch; the GEMM keeps "
                          "every SM")
         else:
@@ -232,13 +233,12 @@ def _fine_grained(variant, m, m_loc, n_loc, k, elt, dtype, world, hw, params, de
                          "peer before the GEMM launch; the GEMM keeps every SM")
     elif transport == "sm":
         progs = COPY_PROGRAMS
-        gemm = narrow * gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
+        gemm = gemm_time(m, n_loc, k, dtype, hw, params, kind="triton", elt=elt)
         store_bw = min(params.peer_store_bytes_per_s or hw.link_bytes_per_s, progs * params.peer_store_bytes_per_s_per_sm)
         xfer = (world - 1) * shard / store_bw
         lead = ht
         if params.copy_program_rate(variant)[0] > 0:
-            return _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, xfer, rd, wr,
-                                block_n)
+            return _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, xfer, rd, wr)
         copies = [KernelPlan(COPY_BLOCKS_KERNEL, "comm", xfer, ht, stream=1)]
         notes.append(f"{variant}/sm: a {progs}-program copy kernel at {store_bw / 1e9:.0f} GB/s sharing the SMs with the GEMM")
     else:
@@ -281,35 +281,27 @@ def ce_copies(blocks: int, world: int, kernel_revision: int, n_tiles: int = 0, w
     return cdiv(blocks, default_blocks_per_copy(blocks, world, n_tiles, wave, step=step))
 
 
-def fine_block_n(m_loc: int, n_loc: int, world: int, wave: int, kernel_revision: int) -> int:
-    """Pull's GEMM tile width on the copy engines: 128 where the own slab is small
-    (``gemm_tiles.first_wave_tiles``, which also pulls peer by peer there) from kernel revision 5,
-    else ``BLOCK_N``."""
-    if kernel_revision < 5:
-        return BLOCK_N
-    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG, first_wave_tiles
-
-    return first_wave_tiles(GPU_CONFIG, m_loc, n_loc, world, wave).block_n
-
-
-def fixed_source(params: ModelParams) -> str:
-    """Where ``ce_copy_fixed_s`` came from, in words: given or fitted where it was, else the
-    default's source, a 4x H200 trace (no calibration step measures it)."""
-    src = params.sources.get("ce_copy_fixed_s", "default")
-    return "a 4x H200 trace's; not calibrated" if src == "default" else src
-
-
-def ce_order_at(n_loc: int, kernel_revision: int) -> str:
-    """pull's copy-engine order (``gemm_tiles.ce_order_for``, the default config) for a GEMM of
-    ``n_loc`` columns per rank: "round" (one stream per peer) before kernel revision 4."""
+def pull_tiles_and_order(m_loc: int, n_loc: int, world: int, wave: int, kernel_revision: int) -> tuple[int, bool]:
+    """pull's GEMM tile width on the copy engines and whether it pulls peer by peer, as the kernels
+    of ``kernel_revision`` pick them with no config given (``AgGemm.shape_config``): 128x256 tiles
+    and one stream per peer before revision 4; from it ``gemm_tiles.ce_order_for``, and from
+    revision 5 ``gemm_tiles.first_wave_tiles`` first (``wave`` programs)."""
     if kernel_revision < 4:
-        return "round"
-    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG, ce_order_for
+        return BLOCK_N, False
+    from taxmodel.kernels.ag_gemm.gemm_tiles import GPU_CONFIG, ce_order_for, first_wave_tiles
 
-    return ce_order_for(GPU_CONFIG, n_loc)
+    cfg = first_wave_tiles(GPU_CONFIG, m_loc, n_loc, world, wave) if kernel_revision >= 5 else GPU_CONFIG
+    return cfg.block_n, ce_order_for(cfg, n_loc) == "step"
 
 
-def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, link_s, rd, wr, block_n=BLOCK_N):
+def source_of(params: ModelParams, name: str, default_source: str) -> str:
+    """Where parameter ``name`` came from, in words: its recorded source (a hardware file, a fit,
+    given), else, for a default, ``default_source`` and that no calibration measured it."""
+    src = params.sources.get(name, "default")
+    return f"{default_source}; not calibrated" if src == "default" else src
+
+
+def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, gemm, link_s, rd, wr):
     """pull/push with the ``sm`` copy kernel at its measured rate beside the GEMM (the module docstring)."""
     ht = params.host_launch_triton_s
     blocks = cdiv(m_loc, BLOCK_M)
@@ -325,8 +317,8 @@ def _shared_copy(variant, m_loc, n_loc, k, elt, world, hw, params, det, notes, g
     flag = params.flag_roundtrip_s / 2
     alone = gemm
     gemm += params.gemm_share_loss * xfer
-    tiles = world * blocks * cdiv(n_loc, block_n)
-    own = blocks * cdiv(n_loc, block_n)
+    tiles = world * blocks * cdiv(n_loc, BLOCK_N)
+    own = blocks * cdiv(n_loc, BLOCK_N)
     grid = min(tiles, sm_count(hw))
     # the GEMM's programs placed first: the copy's share its SMs (the GEMM loses gemm_share_loss)
     gemm_first = arrival_waves_time(gemm, params.kernel_overhead_s, tiles, grid, own, rounds, round_s, flag)
