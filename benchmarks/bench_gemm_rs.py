@@ -67,9 +67,29 @@ TILES = {
     "256s3": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8),
     "256s4": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8),
     "128s4": dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8),
+    "256s3nf": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, flatten=False),
 }
-REDUCES = ("kernel", "tail")
+#: Reduction placements; "epilogue" takes options as "epilogue-e<pushes between releases>-l<lag rounds>".
+REDUCES = ("kernel", "tail", "epilogue")
 TUNE_SETS = {"quick": (["256s3", "128s4"], list(REDUCES)), "explore": (list(TILES), list(REDUCES))}
+
+
+def reduce_fields(token: str) -> dict[str, Any]:
+    """A tune-set reduction token -> RsConfig fields: "kernel", "tail", "epilogue", "epilogue-e4",
+    "epilogue-e2-l3" (release every 4 pushes; lag 3 rounds)."""
+    name, *opts = token.split("-")
+    if name not in REDUCES:
+        raise SystemExit(f"unknown reduction {token!r}: use one of {list(REDUCES)} (epilogue-e<N>-l<N> for options)")
+    fields: dict[str, Any] = {"reduce": name}
+    for opt in opts:
+        if opt == "spread" and name == "kernel":
+            fields["spread"] = True
+            continue
+        key = {"e": "release_every", "l": "lag"}.get(opt[:1])
+        if key is None or not opt[1:].isdigit() or (name != "epilogue" and not (key == "lag" and fields.get("spread"))):
+            raise SystemExit(f"bad reduction option {opt!r} in {token!r} (epilogue-e<N>-l<N>, kernel-spread-l<N>)")
+        fields[key] = int(opt[1:])
+    return fields
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -88,6 +108,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also time every graph-safe variant and config (bsp, fused) as iterations captured in one CUDA "
                         "graph and replayed, checked on fresh inputs after the replays (as bench_ag_gemm --graph)")
     add_final_rounds(p)
+    p.add_argument("--final-every-config", action="store_true",
+                   help="besides the best fused config, every correct fused config tried joins the final round "
+                        "(rows fused[<config>]@final): alternatives compared side by side")
     p.add_argument("--records", action="store_true",
                    help="also time the best fused config plain vs with in-kernel records (interleaved batches)")
     p.add_argument("--spin-timeout", type=float, default=30.0)
@@ -102,7 +125,7 @@ def fused_configs(args: argparse.Namespace, device: torch.device) -> list[Any]:
 
     if args.cpu:
         base = default_rs_config(device)
-        return [base, replace(base, reduce="tail")]
+        return [base, replace(base, reduce="tail"), replace(base, reduce="epilogue")]
     if args.no_tune:
         return [GPU_RS_CONFIG]
     if ":" in args.tune_set:
@@ -110,7 +133,8 @@ def fused_configs(args: argparse.Namespace, device: torch.device) -> list[Any]:
         tiles, reduces = t.split(","), r.split(",")
     else:
         tiles, reduces = TUNE_SETS[args.tune_set]
-    return [replace(GPU_RS_CONFIG, gemm=replace(GPU_RS_CONFIG.gemm, **TILES[t]), reduce=r) for t in tiles for r in reduces]
+    return [replace(GPU_RS_CONFIG, gemm=replace(GPU_RS_CONFIG.gemm, **TILES[t]), **reduce_fields(r))
+            for t in tiles for r in reduces]
 
 
 def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: Callable[[str], None]) -> list[dict]:
@@ -156,6 +180,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             continue
         best = best_graph = None
         best_cfg = None
+        tried_ok = []  # the fused configs that were correct (--final-every-config)
         for cfg in (configs if vname == "fused" else [None]):
             st = fresh_state(variant, cfg)
             if ref is None:
@@ -166,6 +191,8 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             ms = time_batches(ctx, lambda: variant.run(st), iters, reps, warmup) if ok else float("nan")
             if ok and (best is None or ms < best[0]):
                 best, best_cfg = (ms, label, err), cfg
+            if ok and cfg is not None:
+                tried_ok.append(cfg)
             if timer is not None and ok and variant.graph_safe:
                 gms, gok, gnote = time_graph(ctx, st, variant, timer)
                 if gok:
@@ -188,6 +215,10 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
             record(vname, float("nan"), "", False, None, "no config was correct")
         if best is not None:  # the final interleaved round times every variant at its best config
             chosen[vname] = (best_cfg, best_graph[1] if best_graph is not None else best[1])
+            if args.final_every_config:
+                for cfg in tried_ok:
+                    if cfg.label() != chosen[vname][1]:
+                        chosen[f"{vname}[{cfg.label()}]"] = (cfg, cfg.label())
         if best_graph is not None:
             record(f"{vname}@graph", best_graph[0], best_graph[1], True, best_graph[2])
         elif timer is not None and variant.graph_safe:
@@ -209,7 +240,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
         # Epoch slots per configuration: every launch on one buffer needs the same grid.
         def triton_gemm(cfg=cfg, epochs=new_epoch_slots(ctx.device)) -> None:
             launch_gemm_rs(st.a, st.b, scratch, st.out, flags, bases, st.err, rank=0, world=1, m_loc=st.m,
-                           epochs=epochs, budget=st.budget, sync=st.sync, cfg=cfg.gemm, tail=False,
+                           epochs=epochs, budget=st.budget, sync=st.sync, cfg=cfg.gemm, reduce="kernel",
                            rows=cfg.reduce_rows)
         ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
         log(f"  {preset:12s} {'gemm(triton)@tune':24s} {ms:9.4f} ms  {cfg.label()}")
@@ -248,7 +279,7 @@ def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, 
         ctx.instrument = False
     book = ctx.records
     ok, err = check(ctx, wl, shape, inst, variant, ref)
-    expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm)
+    expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm, cfg.reduce)
 
     timer = rank_timer(ctx, iters, 1)
     bad: list[str] = []
@@ -357,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = fused_configs(args, ctx.device)
     need = max(heap_bytes(wl.shape(s), ctx.world_size, "fused", dtype, c) for s in sizes for c in configs)
     need *= 2 if args.records else 1  # --records: a plain and an instrumented fused state at once
+    need *= len(configs) if args.final_every_config and not args.cpu else 1  # every config's state in the final round
     heap = make_heap(ctx, need + (1 << 20))
     log = (lambda s: print(s, flush=True)) if ctx.rank == 0 else (lambda s: None)
     log(f"gemm_rs benchmark: world {ctx.world_size}, {ctx.device}, sizes {sizes}, heap {need / 2**20:.0f} MiB, "

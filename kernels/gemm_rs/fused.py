@@ -5,7 +5,9 @@ each of its tiles as their flags arrive (kernels and protocol: ``tiles.py``).
 Reduction placement (``RsConfig.reduce``): ``"kernel"`` (default) launches ``rs_reduce_kernel``
 after ``gemm_rs_kernel`` on the same stream; ``"tail"`` reduces inside the GEMM's persistent
 programs after their compute tiles (one launch fewer; on the interpreter one program, see
-``tiles.py``). Both are the same code (``reduce_tile``), so the CPU tests cover both.
+``tiles.py``); both are the same code (``reduce_tile``). ``"epilogue"`` sums each own tile in the
+GEMM's epilogue (the peers' slots added to the accumulator, own partial never stored), with the
+own tiles trailing the peers' and the flags released as the pushes go (``tile_gemm``).
 
 Why no atomic-add variant (fp32 ``atomic_add`` of each tile into the owner's accumulator): the
 sum order would depend on arrival order (results not bitwise reproducible between runs), every
@@ -36,15 +38,17 @@ import torch
 from taxmodel.kernels.device.epochs import new_epoch_slots
 from taxmodel.kernels.device.sync import check_errors
 
-from .tiles import (KERNEL_NAMES, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, reduce_record_layout)
+from .tiles import (KERNEL_NAMES, REDUCE_PLACEMENTS, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce,
+                    reduce_record_layout)
 from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
 
 def prepare(st: GemmRsState) -> None:
     """Receive buffer (two parities x world slots of this rank's rows) and flags on the heap."""
-    if st.cfg.reduce not in ("kernel", "tail"):
-        raise ValueError(f"gemm_rs fused: unknown reduce placement {st.cfg.reduce!r} (use 'kernel' or 'tail')")
+    if st.cfg.reduce not in REDUCE_PLACEMENTS:
+        raise ValueError(f"gemm_rs fused: unknown reduce placement {st.cfg.reduce!r} "
+                         f"(use one of {', '.join(REDUCE_PLACEMENTS)})")
     heap = symmetric_heap(st, heap_bytes(st.shape, st.world, "fused", st.dtype, st.cfg))
     st.recv = heap.empty((2, st.world, st.m_loc, st.n), st.dtype)
     st.flags = heap.zeros((flag_rows(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
@@ -58,11 +62,10 @@ def prepare(st: GemmRsState) -> None:
 def _record_buffers(st: GemmRsState) -> None:
     """In-kernel record buffers of both kernels when ``ctx.instrument`` is set (else None)."""
     cfg, dev = st.cfg, st.out.device
-    tail = cfg.reduce == "tail"
     st.rec_gemm = st.ctx.record_buffer(FUSED_GEMM_KERNEL,
-                                       gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, tail, dev), dev)
-    st.rec_reduce = None if tail else st.ctx.record_buffer(FUSED_REDUCE_KERNEL,
-                                                           reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev)
+                                       gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, cfg.reduce, dev), dev)
+    st.rec_reduce = None if cfg.reduce != "kernel" else st.ctx.record_buffer(
+        FUSED_REDUCE_KERNEL, reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev)
 
 
 def _compile(st: GemmRsState) -> None:
@@ -77,13 +80,13 @@ def _compile(st: GemmRsState) -> None:
 def _launch(st: GemmRsState, warmup_only: bool = False) -> None:
     """Enqueue one iteration: the same arguments every time (the kernels read the epoch and pick the
     receive buffer's half on the device)."""
-    cfg, tail = st.cfg, st.cfg.reduce == "tail"
+    cfg = st.cfg
     common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, epochs=st.epochs, budget=st.budget, sync=st.sync,
                   cfg=cfg.gemm, rows=cfg.reduce_rows, count=st.count, seen=st.seen, warmup_only=warmup_only)
     with st.ctx.kernel(FUSED_GEMM_KERNEL):
-        launch_gemm_rs(st.a, st.b, st.recv, st.out, st.flags, st.cache["heap_bases"], st.err, tail=tail,
-                       records=st.rec_gemm, **common)
-    if not tail:
+        launch_gemm_rs(st.a, st.b, st.recv, st.out, st.flags, st.cache["heap_bases"], st.err, reduce=cfg.reduce,
+                       release_every=cfg.release_every, lag=cfg.lag, spread=cfg.spread, records=st.rec_gemm, **common)
+    if cfg.reduce == "kernel":
         with st.ctx.kernel(FUSED_REDUCE_KERNEL):
             launch_rs_reduce(st.recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, records=st.rec_reduce, **common)
 

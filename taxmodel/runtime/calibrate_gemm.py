@@ -232,7 +232,7 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
 
         def rs() -> None:
             launch_gemm_rs(a, b, recv, out, flags, heap.heap_bases, err, rank=rank, world=world, m_loc=m_loc,
-                           epochs=epochs, budget=budget, sync=mode, cfg=cfg, tail=False, rows=base.reduce_rows)
+                           epochs=epochs, budget=budget, sync=mode, cfg=cfg, reduce="kernel", rows=base.reduce_rows)
 
         def vendor() -> None:
             torch.matmul(a, b, out=ref)

@@ -27,9 +27,10 @@ interpreted = pytest.mark.skipif(type(tiles.gemm_rs_kernel).__name__ != "Interpr
                                  reason="kernels were imported without TRITON_INTERPRET=1")
 
 
-def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2, reduce: str = "kernel") -> list[float]:
+def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2, reduce: str = "kernel",
+                  **config: int) -> list[float]:
     """Max abs error against the fp32 reference of every rank and iteration (NaN-poisoned output)."""
-    wl = GemmRs(replace(CPU_RS_CONFIG, reduce=reduce))
+    wl = GemmRs(replace(CPU_RS_CONFIG, reduce=reduce, **config))
 
     def body(ctx: RankContext) -> list[float]:
         v = wl.variants()[variant]
@@ -160,6 +161,7 @@ def test_tile_order_peers_first_staggered_own_last(world: int, bpr: int, n_tiles
 @pytest.mark.parametrize("variant,world,reduce", [
     ("bsp", 1, "kernel"), ("bsp", 3, "kernel"),
     ("fused", 1, "kernel"), ("fused", 2, "kernel"), ("fused", 2, "tail"), ("fused", 3, "kernel"),
+    ("fused", 1, "epilogue"), ("fused", 3, "epilogue"),
 ])
 def test_variant_matches_reference(variant: str, world: int, reduce: str) -> None:
     errs = run_and_check(world, variant, {**GemmRs.presets["tiny"], "seed": world}, reduce=reduce)
@@ -168,7 +170,8 @@ def test_variant_matches_reference(variant: str, world: int, reduce: str) -> Non
 
 @interpreted
 @pytest.mark.slow
-@pytest.mark.parametrize("variant,world,reduce", [("bsp", 4, "kernel"), ("fused", 4, "kernel"), ("fused", 4, "tail")])
+@pytest.mark.parametrize("variant,world,reduce", [("bsp", 4, "kernel"), ("fused", 4, "kernel"), ("fused", 4, "tail"),
+                                                  ("fused", 4, "epilogue")])
 def test_variant_matches_reference_four_ranks(variant: str, world: int, reduce: str) -> None:
     errs = run_and_check(world, variant, {**GemmRs.presets["tiny"], "seed": 40}, iterations=1, reduce=reduce)
     assert max(errs) < 1e-4
@@ -184,8 +187,69 @@ def test_even_tiles_take_the_vector_hint_path() -> None:
 @interpreted
 @settings(max_examples=3, deadline=None)
 @given(m_loc=st.integers(1, 40), n=st.integers(1, 40), k_loc=st.integers(1, 24), seed=st.integers(0, 1000),
-       reduce=st.sampled_from(["kernel", "tail"]))
+       reduce=st.sampled_from(["kernel", "tail", "epilogue"]))
 def test_fused_odd_shapes(m_loc: int, n: int, k_loc: int, seed: int, reduce: str) -> None:
     errs = run_and_check(2, "fused", {"M": 2 * m_loc, "N": n, "K": 2 * k_loc, "seed": seed}, iterations=1,
                          reduce=reduce)
     assert max(errs) < 1e-4
+
+
+@interpreted
+@pytest.mark.parametrize("lag", [1, 2])
+def test_spread_order_keeps_the_sum_right(lag: int) -> None:
+    errs = run_and_check(3, "fused", {"M": 96, "N": 40, "K": 36, "seed": 12}, iterations=2, spread=True, lag=lag)
+    assert max(errs) < 1e-4
+
+
+@interpreted
+@pytest.mark.parametrize("release_every,lag", [(1, 1), (3, 2), (2, 9)])
+def test_epilogue_release_cadence_and_lag_keep_the_sum_right(release_every: int, lag: int) -> None:
+    # lag 9 is past the 3 blocks a slab has at 2 ranks: clamped to the last round
+    errs = run_and_check(2, "fused", {"M": 96, "N": 40, "K": 32, "seed": 11}, iterations=3, reduce="epilogue",
+                         release_every=release_every, lag=lag)
+    assert max(errs) < 1e-4
+
+
+@triton.jit
+def _lagged_kernel(out_ptr, rank, blocks_per_rank, n_tiles, lag, WORLD: tl.constexpr):
+    t = tl.program_id(0)
+    owner, j, pid_n = tile_gemm.rs_lagged_coords(t, rank, blocks_per_rank, n_tiles, lag, WORLD)
+    tl.store(out_ptr + 3 * t, owner)
+    tl.store(out_ptr + 3 * t + 1, j)
+    tl.store(out_ptr + 3 * t + 2, pid_n)
+
+
+def lagged_sequence(rank: int, world: int, bpr: int, n_tiles: int, lag: int) -> list[tuple[int, int, int]]:
+    out = torch.full((world * bpr * n_tiles * 3,), -1, dtype=torch.int32)
+    _lagged_kernel[(world * bpr * n_tiles,)](out, rank, bpr, n_tiles, lag, WORLD=world)
+    return [tuple(x) for x in out.view(-1, 3).tolist()]
+
+
+@interpreted
+@pytest.mark.parametrize("world,bpr,n_tiles,lag", [(1, 3, 2, 1), (2, 3, 2, 1), (3, 4, 3, 2), (4, 3, 2, 3),
+                                                    (4, 5, 1, 2)])
+def test_epilogue_order_puts_every_own_block_lag_rounds_after_its_peers_contributions(world: int, bpr: int,
+                                                                                     n_tiles: int, lag: int) -> None:
+    seqs = [lagged_sequence(r, world, bpr, n_tiles, lag) for r in range(world)]
+    every = sorted((o, j, n) for o in range(world) for j in range(bpr) for n in range(n_tiles))
+    for rank, seq in enumerate(seqs):
+        assert sorted(seq) == every  # every tile of the partial product exactly once
+        if world == 1:
+            assert seq == every  # no peers: row by row
+            continue
+        pos = {tile: i for i, tile in enumerate(seq)}
+        for j in range(bpr):
+            for n in range(n_tiles):
+                own = pos[(rank, j, n)]
+                for p in range(world):
+                    if p != rank:
+                        # the peer's contribution to this own tile comes earlier in the peer's sequence, lag
+                        # rounds earlier: the lag - 1 rounds between hold n_tiles tiles at least
+                        theirs = {tile: i for i, tile in enumerate(seqs[p])}[(rank, j, n)]
+                        assert own - theirs > (lag - 1) * n_tiles
+        # the pushes are spread: own block 0 comes in round lag, after that round's peers' blocks (or
+        # right after the peers' last round when lag is every block)
+        peer_round = (world - 1) * n_tiles
+        assert seq.index((rank, 0, 0)) == lag * peer_round + (peer_round if lag < bpr else 0)
+        # peers staggered: rank+1 first in each round
+        assert seq[0][0] == (rank + 1) % world
