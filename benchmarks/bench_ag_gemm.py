@@ -139,9 +139,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true", help="CPU smoke test (gloo, Triton interpreter, tiny shapes)")
     p.add_argument("--sizes", default=None, help="comma-separated presets (default: all issue sizes)")
-    p.add_argument("--shape", action="append", default=[], metavar="K=V",
-                   help="override one shape value of every size (repeatable), e.g. --shape N=4096: on 2 ranks the "
-                        "tensor-parallel presets then have the 4-rank presets' weight shard [K, 2048]")
+    add_shape_option(p, "e.g. --shape N=4096: on 2 ranks the tensor-parallel presets then have the 4-rank presets' "
+                        "weight shard [K, 2048]")
     p.add_argument("--variants", default="bsp,torch_fused,pull,push")
     p.add_argument("--iters", type=int, default=None, help="iterations per timed batch")
     p.add_argument("--reps", type=int, default=None, help="timed batches (median reported)")
@@ -161,13 +160,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_ag_gemm"))
     args = p.parse_args(argv)
     check_final_rounds(p, args)
+    read_shape_overrides(p, args)
+    return args
+
+
+def add_shape_option(p: argparse.ArgumentParser, example: str) -> None:
+    """The ``--shape K=V`` option (``read_shape_overrides``), for this benchmark and bench_gemm_rs.py."""
+    p.add_argument("--shape", action="append", default=[], metavar="K=V",
+                   help=f"override one shape value of every size (repeatable), {example}")
+
+
+def read_shape_overrides(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``args.shape_overrides``: the ``--shape`` values as a dict of integers (a malformed one is a usage error)."""
     args.shape_overrides = {}
     for item in args.shape:
         key, sep, value = item.partition("=")
         if not sep or not value.strip().isdigit():
             p.error(f"--shape {item!r}: expected KEY=INTEGER, e.g. N=4096")
         args.shape_overrides[key.strip()] = int(value)
-    return args
 
 
 def add_final_rounds(p: argparse.ArgumentParser) -> None:

@@ -267,7 +267,7 @@ def rs_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
 
     def run() -> None:
         tiles.launch_gemm_rs(ops.a, ops.b, recv[0], out, flags[0], bases, err, rank=0, world=w, m_loc=m_loc,
-                             epochs=epochs, budget=10 ** 10, sync=sync, cfg=cfg, reduce="kernel", rows=32)
+                             epochs=epochs, budget=10 ** 10, sync=sync, cfg=cfg, tail=False, rows=32)
 
     def result() -> torch.Tensor:
         half = int(epochs[0].item()) % 2  # the half the last launch wrote (its epoch's parity; slot 0)

@@ -50,8 +50,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Rank setup, cross-rank timing and the poisoned correctness check are the All-Gather+GEMM
 # benchmark's (generic over workloads): reused, not copied.
-from bench_ag_gemm import (add_final_rounds, check, check_after_replays, check_final_rounds, final_round,  # noqa: E402
-                           floor_in_graph, record_floor, results_frames,
+from bench_ag_gemm import (add_final_rounds, add_shape_option, check, check_after_replays, check_final_rounds,  # noqa: E402
+                           final_round, floor_in_graph, read_shape_overrides, record_floor, results_frames,
                            run_sizes, speed_cell, time_batches, time_graph)
 from harness import all_max, init, rank_timer, recorded_batch  # noqa: E402
 
@@ -67,28 +67,28 @@ TILES = {
     "256s3": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8),
     "256s4": dict(block_m=128, block_n=256, block_k=64, num_stages=4, num_warps=8, group_m=8),
     "128s4": dict(block_m=128, block_n=128, block_k=64, num_stages=4, num_warps=4, group_m=8),
-    "256s3nf": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=8, flatten=False),
+    "256s3g1": dict(block_m=128, block_n=256, block_k=64, num_stages=3, num_warps=8, group_m=1),  # no L2 grouping
 }
-#: Reduction placements; "epilogue" takes options as "epilogue-e<pushes between releases>-l<lag rounds>".
-REDUCES = ("kernel", "tail", "epilogue")
+#: Reduction placements; a token may add the tile order: "kernel-first" (every peer's tile first, own
+#: tiles last), "kernel-l2" (spread, own blocks 2 rounds behind); plain "kernel" is the default order.
+REDUCES = ("kernel", "tail")
 TUNE_SETS = {"quick": (["256s3", "128s4"], list(REDUCES)), "explore": (list(TILES), list(REDUCES))}
 
 
 def reduce_fields(token: str) -> dict[str, Any]:
-    """A tune-set reduction token -> RsConfig fields: "kernel", "tail", "epilogue", "epilogue-e4",
-    "epilogue-e2-l3" (release every 4 pushes; lag 3 rounds)."""
+    """A tune-set reduction token -> RsConfig fields: "kernel", "tail", "kernel-first" (spread=False),
+    "tail-l2" (the spread order with lag 2)."""
     name, *opts = token.split("-")
     if name not in REDUCES:
-        raise SystemExit(f"unknown reduction {token!r}: use one of {list(REDUCES)} (epilogue-e<N>-l<N> for options)")
+        raise SystemExit(f"unknown reduction {token!r}: use one of {list(REDUCES)} (with -first or -l<N>)")
     fields: dict[str, Any] = {"reduce": name}
     for opt in opts:
-        if opt == "spread" and name == "kernel":
-            fields["spread"] = True
-            continue
-        key = {"e": "release_every", "l": "lag"}.get(opt[:1])
-        if key is None or not opt[1:].isdigit() or (name != "epilogue" and not (key == "lag" and fields.get("spread"))):
-            raise SystemExit(f"bad reduction option {opt!r} in {token!r} (epilogue-e<N>-l<N>, kernel-spread-l<N>)")
-        fields[key] = int(opt[1:])
+        if opt == "first":
+            fields["spread"] = False
+        elif opt[:1] == "l" and opt[1:].isdigit():
+            fields["lag"] = int(opt[1:])
+        else:
+            raise SystemExit(f"bad reduction option {opt!r} in {token!r} (-first, or -l<N> for the lag)")
     return fields
 
 
@@ -96,6 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cpu", action="store_true", help="CPU smoke test (gloo, Triton interpreter, tiny shape)")
     p.add_argument("--sizes", default=None, help="comma-separated presets (default: all issue sizes)")
+    add_shape_option(p, "e.g. --shape N=16384 (a wider output: more N-tiles per M-block)")
     p.add_argument("--variants", default="bsp,torch_fused,fused")
     p.add_argument("--iters", type=int, default=None, help="iterations per timed batch")
     p.add_argument("--reps", type=int, default=None, help="timed batches (median reported)")
@@ -103,7 +104,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-tune", action="store_true", help="time the default fused config only")
     p.add_argument("--tune-set", default="quick",
                    help=f"one of {sorted(TUNE_SETS)} or 'TILES:REDUCES' (comma-separated keys of {sorted(TILES)} "
-                        f"and {list(REDUCES)})")
+                        f"and {list(REDUCES)}, each optionally with -first (every peer's tile first) or -l<N> (the "
+                        "spread order's lag), e.g. 256s3:kernel,kernel-first)")
     p.add_argument("--graph", action="store_true",
                    help="also time every graph-safe variant and config (bsp, fused) as iterations captured in one CUDA "
                         "graph and replayed, checked on fresh inputs after the replays (as bench_ag_gemm --graph)")
@@ -117,6 +119,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=os.environ.get("OUT", "out/bench_gemm_rs"))
     args = p.parse_args(argv)
     check_final_rounds(p, args)
+    read_shape_overrides(p, args)
     return args
 
 
@@ -125,7 +128,7 @@ def fused_configs(args: argparse.Namespace, device: torch.device) -> list[Any]:
 
     if args.cpu:
         base = default_rs_config(device)
-        return [base, replace(base, reduce="tail"), replace(base, reduce="epilogue")]
+        return [base, replace(base, reduce="tail"), replace(base, spread=False)]
     if args.no_tune:
         return [GPU_RS_CONFIG]
     if ":" in args.tune_set:
@@ -143,7 +146,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
     from taxmodel.kernels.gemm_rs.workload import GemmRs
 
     wl = GemmRs()
-    shape = wl.shape(preset, seed=1)
+    shape = wl.shape(preset, seed=1, **args.shape_overrides)
     big = shape["M"] * shape["N"] * shape["K"] >= 8192 ** 3 // 2
     iters = args.iters or (2 if args.cpu else (10 if big else 20))
     reps = args.reps or (1 if args.cpu else 5)
@@ -240,7 +243,7 @@ def bench_size(ctx: Any, args: argparse.Namespace, preset: str, heap: Any, log: 
         # Epoch slots per configuration: every launch on one buffer needs the same grid.
         def triton_gemm(cfg=cfg, epochs=new_epoch_slots(ctx.device)) -> None:
             launch_gemm_rs(st.a, st.b, scratch, st.out, flags, bases, st.err, rank=0, world=1, m_loc=st.m,
-                           epochs=epochs, budget=st.budget, sync=st.sync, cfg=cfg.gemm, reduce="kernel",
+                           epochs=epochs, budget=st.budget, sync=st.sync, cfg=cfg.gemm, tail=False,
                            rows=cfg.reduce_rows)
         ms = time_batches(ctx, triton_gemm, iters, reps, warmup)
         log(f"  {preset:12s} {'gemm(triton)@tune':24s} {ms:9.4f} ms  {cfg.label()}")
@@ -279,7 +282,7 @@ def records_overhead(ctx: Any, wl: Any, shape: dict, preset: str, variant: Any, 
         ctx.instrument = False
     book = ctx.records
     ok, err = check(ctx, wl, shape, inst, variant, ref)
-    expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm, cfg.reduce)
+    expect = records_per_iteration(inst.m_loc, inst.n, ctx.world_size, cfg.gemm)
 
     timer = rank_timer(ctx, iters, 1)
     bad: list[str] = []
@@ -386,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     wl = GemmRs()
     dtype = pick_dtype({}, ctx.device)
     configs = fused_configs(args, ctx.device)
-    need = max(heap_bytes(wl.shape(s), ctx.world_size, "fused", dtype, c) for s in sizes for c in configs)
+    need = max(heap_bytes(wl.shape(s, **args.shape_overrides), ctx.world_size, "fused", dtype, c)
+               for s in sizes for c in configs)
     need *= 2 if args.records else 1  # --records: a plain and an instrumented fused state at once
     need *= len(configs) if args.final_every_config and not args.cpu else 1  # every config's state in the final round
     heap = make_heap(ctx, need + (1 << 20))

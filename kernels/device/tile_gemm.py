@@ -31,9 +31,11 @@ pushes at once) or, for pulls on the copy engines (``ORDER_CHUNK``: the blocks a
 by copy (rank+1's first copy, rank+2's, ..., then every peer's second: one engine runs a rank's
 pulls one after another, as a 4x H200 trace shows, so a copy's blocks are the next to arrive).
 RS takes the peers' blocks first (staggered per rank, so every owner gets block 0 from all peers
-early) and its own slab last (its own contribution costs no link time). Within a
+early) and its own slab last (its own contribution costs no link time), or, with ``RS_SPREAD``
+(GEMM+RS's default), in rounds that each hold one block of every peer and, a round behind, one
+own block (``rs_spread_coords``), so that the pushes spread over the whole kernel. Within a
 segment, tiles are grouped ``GROUP_M`` M-blocks at a time so that concurrently running programs
-share A and B tiles in L2.
+share A and B tiles in L2 (in the spread order, ``GROUP_M`` rows of its rounds at a time).
 
 Schedule (why it reaches cuBLAS speed): one program per SM loops over tiles with stride
 ``NUM_PROGS`` (a launch never needs more programs than fit at once, so no program waits on one that
@@ -184,48 +186,41 @@ def tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE: tl.constexpr, WORLD: tl
 
 
 @triton.jit
-def rs_lagged_coords(t, rank, blocks_per_rank, n_tiles, lag, WORLD: tl.constexpr):
-    """RS with the reduction in the own tiles' epilogue (``RS_EPILOGUE``): tile number ``t`` ->
-    (slab rank, block within the slab, N-tile index). Round ``i`` holds block ``i`` of every peer's
-    slab (rank+1 first, slab by slab, every N-tile) and then, ``lag`` rounds behind, this rank's own
-    block ``i - lag``: rounds ``0 .. lag-1`` peers only, ``lag .. B-1`` both, ``B .. B+lag-1`` own
-    only (``B`` blocks a slab; the host keeps ``1 <= lag <= B``). Every rank runs the same sequence,
-    so the peers' contributions to own block ``j`` sit ``lag`` rounds earlier in their sequences
-    than the own block in ours, and the pushes spread over the whole kernel instead of its first
-    (W-1)/W."""
+def rs_spread_coords(t, rank, blocks_per_rank, n_tiles, lag, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
+    """RS in the spread order (``RS_SPREAD``): tile number ``t`` -> (slab rank, block within the slab,
+    N-tile index). The M-blocks are taken in rounds: round ``i`` holds block ``i`` of every peer's
+    slab (rank+1 first) and, ``lag`` rounds behind, this rank's own block ``i - lag``. As rows in a
+    row: a head of ``lag`` rounds of peers only, a middle of W rows a round (the peers' block, then
+    the own block ``lag`` behind), a tail of the last ``lag`` own blocks (``B`` blocks a slab; the
+    host keeps ``1 <= lag <= B``). Each of the three is taken ``GROUP_M`` rows at a time, every
+    N-tile of those rows before the next rows (``_grouped``: concurrently running programs share
+    A's rows and B's columns in L2), so a wave holds (W-1)/W peers' tiles wherever the rounds are
+    whole. Why: the peers-first order pushes (W-1)/W of the tiles in the first (W-1)/W of the kernel,
+    faster than the links take them (4x H200, M=8192: 96 MiB in ~280 us, and the pushes' store time
+    doubled while they queued); spread, every wave pushes (W-1)/W of its tiles and the links keep up."""
     if WORLD == 1:
-        return rank + 0 * t, t // n_tiles, t % n_tiles
-    peers = (WORLD - 1) * n_tiles
-    full = WORLD * n_tiles
-    head = lag * peers
-    mid = (blocks_per_rank - lag) * full
-    in_head = t < head
-    in_mid = (t >= head) & (t < head + mid)
-    t_mid = tl.maximum(t - head, 0)
-    t_tail = tl.maximum(t - head - mid, 0)
-    rnd = tl.where(in_head, t // peers, tl.where(in_mid, lag + t_mid // full, blocks_per_rank + t_tail // n_tiles))
-    off = tl.where(in_head, t % peers, tl.where(in_mid, t_mid % full, peers + t_tail % n_tiles))
-    is_own = off >= peers
-    slab = tl.where(is_own, rank, (rank + 1 + off // n_tiles) % WORLD)
-    return slab, tl.where(is_own, rnd - lag, rnd), off % n_tiles
-
-
-@triton.jit
-def release_pending(flags_ptr, rank, epoch, heap_bases, first, upto, lag, blocks_per_rank, n_tiles,
-                    NUM_PROGS: tl.constexpr, WORLD: tl.constexpr, RELEASE_EVERY: tl.constexpr,
-                    SYNC_MODE: tl.constexpr):
-    """RS epilogue mode: one release (system scope, on the scratch flag row: it orders every store of
-    this program before it), then the flags of this program's pushed tiles at positions ``first,
-    first + NUM_PROGS, ...`` below ``upto`` (at most ``RELEASE_EVERY`` of them) set on their owners."""
-    signal(flags_ptr + blocks_per_rank * n_tiles * WORLD + rank, epoch, rank, rank, heap_bases, SYNC_MODE)
-    for k in tl.static_range(RELEASE_EVERY):
-        pos = first + k * NUM_PROGS
-        if pos < upto:
-            slab, j, pid_n = rs_lagged_coords(pos, rank, blocks_per_rank, n_tiles, lag, WORLD)
-            if slab != rank:
-                iris.atomic_xchg(flags_ptr + (j * n_tiles + pid_n) * WORLD + rank,
-                                 tl.cast(epoch, flags_ptr.dtype.element_ty), rank, slab, heap_bases, sem="relaxed",
-                                 scope="sys")
+        s, pid_n = _grouped(t, 0, blocks_per_rank, n_tiles, GROUP_M)
+        return rank + 0 * t, s, pid_n
+    rows_head = lag * (WORLD - 1)
+    rows_mid = (blocks_per_rank - lag) * WORLD
+    tiles_head = rows_head * n_tiles
+    tiles_mid = rows_mid * n_tiles
+    in_head = t < tiles_head
+    in_mid = (t >= tiles_head) & (t < tiles_head + tiles_mid)
+    seg_t = tl.where(in_head, t, tl.where(in_mid, t - tiles_head, t - tiles_head - tiles_mid))
+    seg_first = tl.where(in_head, 0, tl.where(in_mid, rows_head, rows_head + rows_mid))
+    seg_rows = tl.where(in_head, rows_head, tl.where(in_mid, rows_mid, lag))
+    r, pid_n = _grouped(seg_t, seg_first, seg_rows, n_tiles, GROUP_M)
+    r_mid = tl.maximum(r - rows_head, 0)
+    # head: peer r % (W-1) of block r // (W-1); middle: W rows a round, the own block last;
+    # tail: the last lag own blocks
+    peer_s = tl.where(in_head, r % (WORLD - 1), r_mid % WORLD)
+    is_own = (~in_head) & ((~in_mid) | (peer_s == WORLD - 1))
+    block = tl.where(in_head, r // (WORLD - 1),
+                     tl.where(in_mid, lag + r_mid // WORLD - tl.where(is_own, lag, 0),
+                              blocks_per_rank - lag + (r - rows_head - rows_mid)))
+    slab = tl.where(is_own, rank, (rank + 1 + peer_s) % WORLD)
+    return slab, block, pid_n
 
 
 @triton.jit
@@ -345,9 +340,7 @@ def persistent_gemm(
     COUNT: tl.constexpr, TMA_STORE: tl.constexpr, EPI_SPLIT: tl.constexpr, K_PIECES: tl.constexpr,
     KT_PER_PIECE: tl.constexpr, INSTRUMENT: tl.constexpr, FLATTEN: tl.constexpr, VEC_HINT: tl.constexpr,
     WAIT_VOTE: tl.constexpr = False, WAIT_HORIZON: tl.constexpr = False, HORIZON_SCAN: tl.constexpr = 64,
-    FLAG_CHUNK: tl.constexpr = 1, ORDER_CHUNK: tl.constexpr = 1,
-    RS_EPILOGUE: tl.constexpr = False, RELEASE_EVERY: tl.constexpr = 2, rs_lag=1, out_ptr=None, stride_om=0,
-    recv_ptr=None, RS_LAGGED: tl.constexpr = False,
+    FLAG_CHUNK: tl.constexpr = 1, ORDER_CHUNK: tl.constexpr = 1, RS_SPREAD: tl.constexpr = False, rs_lag=1,
 ):
     """Every tile of this program (``pid``), in the role's order; returns the record clock ``t_rec``.
 
@@ -356,21 +349,15 @@ def persistent_gemm(
     ``a_row_shift_remote`` the row offset of remote slabs in ``a_ptr`` (the push variant's odd parity).
     RS: ``c_ptr`` is this source's slot in the epoch's half of the receive buffer ([M_loc, N] rows of
     every owner at the same offset of every heap), ``flags_ptr`` the flags [tiles of a slab, WORLD].
-    RS with ``RS_EPILOGUE``: tiles in ``rs_lagged_coords``' order (``rs_lag`` rounds); an own tile
-    waits for its peers' flags, adds their slots of ``recv_ptr`` (the epoch's half) to its
-    accumulator and stores into ``out_ptr`` (this rank's rows of C, row stride ``stride_om``); the
-    pushed tiles' flags are released every ``RELEASE_EVERY`` pushes and before every wait.
     """
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
     num_tiles = WORLD * blocks_per_rank * n_tiles
     k_tiles = tl.cdiv(K, BLOCK_K)
     horizon = tl.cast(0, tl.int32)  # remote blocks (delivery order) known ready: WAIT_HORIZON
-    pending = tl.cast(0, tl.int32)  # RS_EPILOGUE: pushed tiles whose flags are not released yet ...
-    rel_from = pid + 0 * pending  # ... the first of them (positions step NUM_PROGS)
     for t in tl.range(pid, num_tiles, NUM_PROGS, flatten=FLATTEN):
-        if RS_LAGGED:
-            slab, j, pid_n = rs_lagged_coords(t, rank, blocks_per_rank, n_tiles, rs_lag, WORLD)
+        if RS_SPREAD:
+            slab, j, pid_n = rs_spread_coords(t, rank, blocks_per_rank, n_tiles, rs_lag, WORLD, GROUP_M)
         else:
             slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, ROLE, WORLD, GROUP_M, ORDER_CHUNK)
         offs_r = j * BLOCK_M + tl.arange(0, BLOCK_M)  # rows within the slab
@@ -444,16 +431,6 @@ def persistent_gemm(
             t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
             dst = c_ptr + offs_r[:, None] * N + offs_n[None, :]
             mask = row_ok[:, None] & col_ok[None, :]
-            # A peer's tile: moving it out is communication only; an own tile's store is the epilogue
-            # (with RS_EPILOGUE: the sum of every source's tile).
-            phase = tl.where(slab == rank, trace.COMPUTE, trace.STORE_PUSH)
-            if RS_EPILOGUE:
-                acc, dst, t_rec = rs_own_epilogue(
-                    acc, dst, recv_ptr, out_ptr, flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr, rec_ptr, pid,
-                    t_rec, t, slab, j, pid_n, offs_r, offs_n, mask, pending, rel_from, rs_lag, M_loc, N, stride_om,
-                    rank, epoch, budget, kernel_id, blocks_per_rank, n_tiles, NUM_PROGS, WORLD, RELEASE_EVERY,
-                    SYNC_MODE, COUNT, INSTRUMENT)
-                phase = tl.where(slab == rank, trace.COMBINE, trace.STORE_PUSH)
             val = acc.to(c_ptr.dtype.element_ty)
             # One store for own and peers' tiles (an own tile's pointer translates to itself): a
             # branch on the owner around two stores crashes Triton 3.6's pipeliner in the
@@ -462,72 +439,26 @@ def persistent_gemm(
                 iris.store(dst, val, rank, slab, heap_bases, mask=mask, hint=(1, 16))
             else:
                 iris.store(dst, val, rank, slab, heap_bases, mask=mask)
-            t_rec = trace.mark(rec_ptr, pid, phase, t_rec, INSTRUMENT, SYNC_MODE)
-            if RS_EPILOGUE:
-                # (selects, not branches that yield values: Triton 3.6's loop flattening cannot take those)
-                pending = tl.where(slab == rank, 0, pending + 1)  # an own tile released every pending push
-                release_now = pending >= RELEASE_EVERY
-                if release_now:
-                    release_pending(flags_ptr, rank, epoch, heap_bases, rel_from, t + 1, rs_lag, blocks_per_rank,
-                                    n_tiles, NUM_PROGS, WORLD, RELEASE_EVERY, SYNC_MODE)
-                pending = tl.where(release_now, 0, pending)
-                rel_from = tl.where((slab == rank) | release_now, t + NUM_PROGS, rel_from)
+            # A peer's tile: moving it out is communication only; an own tile's store is the epilogue.
+            t_rec = trace.mark(rec_ptr, pid, tl.where(slab == rank, trace.COMPUTE, trace.STORE_PUSH), t_rec,
+                               INSTRUMENT, SYNC_MODE)
     if ROLE == 1:
         release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, num_tiles, NUM_PROGS, WORLD,
-                      GROUP_M, SYNC_MODE, RS_LAGGED, rs_lag)
+                      GROUP_M, SYNC_MODE, RS_SPREAD, rs_lag)
     return t_rec
-
-
-@triton.jit
-def rs_own_epilogue(acc, dst, recv_ptr, out_ptr, flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr, rec_ptr, pid,
-                    t_rec, t, slab, j, pid_n, offs_r, offs_n, mask, pending, rel_from, rs_lag, M_loc, N, stride_om,
-                    rank, epoch, budget, kernel_id, blocks_per_rank, n_tiles,
-                    NUM_PROGS: tl.constexpr, WORLD: tl.constexpr, RELEASE_EVERY: tl.constexpr,
-                    SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, INSTRUMENT: tl.constexpr):
-    """RS epilogue mode, one tile: for an own tile, release this program's pending pushes (so that no
-    program ever waits while holding a peer's contribution back), wait (acquire, bounded) until
-    every peer's flag of the tile holds ``epoch``, add the peers' slots (fp32, peers in the order
-    rank+1, rank+2, ...: deterministic) to ``acc`` and point ``dst`` at this rank's rows of C.
-    A peer's tile passes through unchanged. Returns (acc, dst, t_rec)."""
-    is_own = slab == rank
-    ok = tl.full((), 1, tl.int32)  # every wait's outcome: the loads depend on it (no schedule hoists them)
-    tile = j * n_tiles + pid_n
-    if is_own:
-        if pending > 0:
-            release_pending(flags_ptr, rank, epoch, heap_bases, rel_from, t, rs_lag, blocks_per_rank, n_tiles,
-                            NUM_PROGS, WORLD, RELEASE_EVERY, SYNC_MODE)
-        for i in tl.static_range(1, WORLD):
-            src = (rank + i) % WORLD
-            ok = ok * wait_geq(flags_ptr + tile * WORLD + src, epoch, budget, err_ptr, rank, src, tile * WORLD + src,
-                               kernel_id, SYNC_MODE).to(tl.int32)
-        t_rec = trace.mark(rec_ptr, pid, trace.FLAG_WAIT, t_rec, INSTRUMENT, SYNC_MODE)
-        if COUNT:
-            least = tl.load(flags_ptr + tile * WORLD + (rank + 1) % WORLD, volatile=True)
-            for i in tl.static_range(2, WORLD):
-                least = tl.minimum(least, tl.load(flags_ptr + tile * WORLD + (rank + i) % WORLD, volatile=True))
-            tl.store(seen_ptr + tile, least)
-            tl.atomic_add(count_ptr + tile, 1)
-    own_mask = tl.where(is_own & (ok != 0), mask, False)  # (the interpreter cannot & a scalar into a 2-D mask)
-    offs = offs_r[:, None] * N + offs_n[None, :]
-    for i in tl.static_range(1, WORLD):
-        src = (rank + i) % WORLD
-        acc += tl.load(recv_ptr + src * M_loc * N + offs, mask=own_mask, other=0.0).to(tl.float32)
-    dst = tl.where(is_own, out_ptr + offs_r[:, None] * stride_om + offs_n[None, :], dst)
-    return acc, dst, t_rec
 
 
 @triton.jit
 def release_tiles(flags_ptr, pid, rank, epoch, heap_bases, blocks_per_rank, n_tiles, num_tiles,
                   NUM_PROGS: tl.constexpr, WORLD: tl.constexpr, GROUP_M: tl.constexpr, SYNC_MODE: tl.constexpr,
-                  RS_LAGGED: tl.constexpr = False, rs_lag=1):
+                  RS_SPREAD: tl.constexpr = False, rs_lag=1):
     """RS, after a program's last tile: one release (system scope) on the scratch flag row, then the
-    flag of every tile this program computed set to ``epoch`` on its owner (relaxed: the release's
-    fence already ordered every store of the program before them; with ``RS_EPILOGUE`` most were
-    set already, setting them again changes nothing)."""
+    flag of every tile this program pushed set to ``epoch`` on its owner (relaxed: the release's
+    fence already ordered every store of the program before them)."""
     signal(flags_ptr + blocks_per_rank * n_tiles * WORLD + rank, epoch, rank, rank, heap_bases, SYNC_MODE)
     for t in range(pid, num_tiles, NUM_PROGS):
-        if RS_LAGGED:
-            slab, j, pid_n = rs_lagged_coords(t, rank, blocks_per_rank, n_tiles, rs_lag, WORLD)
+        if RS_SPREAD:
+            slab, j, pid_n = rs_spread_coords(t, rank, blocks_per_rank, n_tiles, rs_lag, WORLD, GROUP_M)
         else:
             slab, j, pid_n = tile_coords(t, rank, blocks_per_rank, n_tiles, 1, WORLD, GROUP_M)
         flag = flags_ptr + (j * n_tiles + pid_n) * WORLD + rank

@@ -5,9 +5,7 @@ each of its tiles as their flags arrive (kernels and protocol: ``tiles.py``).
 Reduction placement (``RsConfig.reduce``): ``"kernel"`` (default) launches ``rs_reduce_kernel``
 after ``gemm_rs_kernel`` on the same stream; ``"tail"`` reduces inside the GEMM's persistent
 programs after their compute tiles (one launch fewer; on the interpreter one program, see
-``tiles.py``); both are the same code (``reduce_tile``). ``"epilogue"`` sums each own tile in the
-GEMM's epilogue (the peers' slots added to the accumulator, own partial never stored), with the
-own tiles trailing the peers' and the flags released as the pushes go (``tile_gemm``).
+``tiles.py``). Both are the same code (``reduce_tile``), so the CPU tests cover both.
 
 Why no atomic-add variant (fp32 ``atomic_add`` of each tile into the owner's accumulator): the
 sum order would depend on arrival order (results not bitwise reproducible between runs), every
@@ -38,17 +36,15 @@ import torch
 from taxmodel.kernels.device.epochs import new_epoch_slots
 from taxmodel.kernels.device.sync import check_errors
 
-from .tiles import (KERNEL_NAMES, REDUCE_PLACEMENTS, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce,
-                    reduce_record_layout)
+from .tiles import (KERNEL_NAMES, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, reduce_record_layout)
 from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
 
 def prepare(st: GemmRsState) -> None:
     """Receive buffer (two parities x world slots of this rank's rows) and flags on the heap."""
-    if st.cfg.reduce not in REDUCE_PLACEMENTS:
-        raise ValueError(f"gemm_rs fused: unknown reduce placement {st.cfg.reduce!r} "
-                         f"(use one of {', '.join(REDUCE_PLACEMENTS)})")
+    if st.cfg.reduce not in ("kernel", "tail"):
+        raise ValueError(f"gemm_rs fused: unknown reduce placement {st.cfg.reduce!r} (use 'kernel' or 'tail')")
     heap = symmetric_heap(st, heap_bytes(st.shape, st.world, "fused", st.dtype, st.cfg))
     st.recv = heap.empty((2, st.world, st.m_loc, st.n), st.dtype)
     st.flags = heap.zeros((flag_rows(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
@@ -62,10 +58,11 @@ def prepare(st: GemmRsState) -> None:
 def _record_buffers(st: GemmRsState) -> None:
     """In-kernel record buffers of both kernels when ``ctx.instrument`` is set (else None)."""
     cfg, dev = st.cfg, st.out.device
+    tail = cfg.reduce == "tail"
     st.rec_gemm = st.ctx.record_buffer(FUSED_GEMM_KERNEL,
-                                       gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, cfg.reduce, dev), dev)
-    st.rec_reduce = None if cfg.reduce != "kernel" else st.ctx.record_buffer(
-        FUSED_REDUCE_KERNEL, reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev)
+                                       gemm_record_layout(st.m_loc, st.n, st.world, cfg.gemm, tail, dev), dev)
+    st.rec_reduce = None if tail else st.ctx.record_buffer(FUSED_REDUCE_KERNEL,
+                                                           reduce_record_layout(st.m_loc, st.n, cfg.gemm), dev)
 
 
 def _compile(st: GemmRsState) -> None:
@@ -80,13 +77,13 @@ def _compile(st: GemmRsState) -> None:
 def _launch(st: GemmRsState, warmup_only: bool = False) -> None:
     """Enqueue one iteration: the same arguments every time (the kernels read the epoch and pick the
     receive buffer's half on the device)."""
-    cfg = st.cfg
+    cfg, tail = st.cfg, st.cfg.reduce == "tail"
     common = dict(rank=st.rank, world=st.world, m_loc=st.m_loc, epochs=st.epochs, budget=st.budget, sync=st.sync,
                   cfg=cfg.gemm, rows=cfg.reduce_rows, count=st.count, seen=st.seen, warmup_only=warmup_only)
     with st.ctx.kernel(FUSED_GEMM_KERNEL):
-        launch_gemm_rs(st.a, st.b, st.recv, st.out, st.flags, st.cache["heap_bases"], st.err, reduce=cfg.reduce,
-                       release_every=cfg.release_every, lag=cfg.lag, spread=cfg.spread, records=st.rec_gemm, **common)
-    if cfg.reduce == "kernel":
+        launch_gemm_rs(st.a, st.b, st.recv, st.out, st.flags, st.cache["heap_bases"], st.err, tail=tail,
+                       spread=cfg.spread, lag=cfg.lag, records=st.rec_gemm, **common)
+    if not tail:
         with st.ctx.kernel(FUSED_REDUCE_KERNEL):
             launch_rs_reduce(st.recv, st.out, st.flags, st.err, warps=cfg.reduce_warps, records=st.rec_reduce, **common)
 
@@ -106,8 +103,9 @@ VARIANT = GemmRsVariant(
     roles={FUSED_GEMM_KERNEL: "fused", FUSED_REDUCE_KERNEL: "fused"},
     needs_heap=True,
     fine_grained=True,
-    description="persistent Triton GEMM pushes each partial tile into its owner's receive slot (peers first, "
-                "staggered) with an epoch flag; the owner sums the world slots of each tile as its flags arrive",
+    description="persistent Triton GEMM pushes each partial tile into its owner's receive slot (in rounds of one "
+                "block of every peer, own blocks a round behind) with an epoch flag; the owner sums the world slots "
+                "of each tile as its flags arrive",
     prepare=prepare,
     graph_safe=True,  # epoch and receive-buffer half live on the device (see above): replays stay correct
 )

@@ -36,27 +36,22 @@ class RsConfig:
     ``reduce``: ``"kernel"`` - a second small kernel (``rs_reduce_kernel``, one program per output
     tile) launched after the GEMM on the same stream; ``"tail"`` - the GEMM's own programs reduce
     this rank's tiles after their compute tiles (one launch; see ``tiles.py`` for why the
-    interpreter then runs one program); ``"epilogue"`` - each own tile, computed ``lag`` rounds
-    after the peers' tiles of the same rows, adds the peers' slots to its accumulator and is stored
-    once into C (one launch, no pass over the receive buffer; ``tiles.py``). ``reduce_rows`` rows of
-    a tile are summed at a time; ``reduce_warps`` warps per program of the reduce kernel;
-    ``release_every`` (epilogue) pushes between two releases of their flags; ``lag`` (epilogue)
-    rounds, 0 for ``tiles.epilogue_lag``'s choice.
+    interpreter then runs one program). ``reduce_rows`` rows of a tile are summed at a time;
+    ``reduce_warps`` warps per program of the reduce kernel. ``spread`` (the default): the GEMM's
+    tiles in rounds of one block of every peer and, ``lag`` rounds behind, one own block
+    (``tiles.py``, "Tile order"); ``spread=False``: every peer's tile first, own tiles last.
     """
 
     gemm: GemmConfig = GPU_CONFIG
     reduce: str = "kernel"
     reduce_rows: int = 32
     reduce_warps: int = 4
-    release_every: int = 2
-    lag: int = 0
-    spread: bool = False
+    spread: bool = True
+    lag: int = 1
 
     def label(self) -> str:
-        if self.reduce == "epilogue":
-            return f"{self.gemm.tile_label()}-epilogue-e{self.release_every}" + (f"-l{self.lag}" if self.lag else "")
-        spread = f"-spread-l{max(self.lag, 1)}" if self.spread else ""
-        return f"{self.gemm.tile_label()}-{self.reduce}-r{self.reduce_rows}{spread}"
+        order = f"spread{self.lag}" if self.spread else "first"
+        return f"{self.gemm.tile_label()}-{self.reduce}-r{self.reduce_rows}-{order}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -13,12 +13,16 @@ symmetric heap, into the slot of this source rank (``recv[src, rows of the owner
 ``flags[tile, src]`` on the owner to the epoch (``sync.signal``). Each slot is written by one
 source only, so no atomics on data are needed and the sum is deterministic.
 
-Tile order (why): peers' tiles first, own tiles last, since the owner's reduction of a tile needs
-every source's contribution and this rank's own contribution costs no link time. Peers are
-interleaved block by block and staggered per rank (rank r sends block 0 to r+1, r+2, ..., then
-block 1, ...), so that every owner receives block 0 from all its peers first; consecutive
-positions are grouped ``GROUP_M`` M-blocks at a time (``ag_gemm``'s L2 grouping), separately for
-the peers' segment and the own segment, so that own tiles stay last.
+Tile order (why), ``RsConfig.spread``: spread (the default, kernel revision 6): in rounds, round
+``i`` holding block ``i`` of every peer's slab (rank+1 first) and own block ``i - lag``, taken
+``GROUP_M`` rows at a time for L2 (``tile_gemm.rs_spread_coords``), so that every wave pushes
+(W-1)/W of its tiles and the links keep up with the pushes (4x H200: 6-7% faster at M >= 4096 than peers first, in two runs;
+benchmarks/results/gemm_rs_order_h200x4.md). Peers first (``spread=False``, revision 5 and
+before): peers' tiles first, own tiles last, peers interleaved block by block and staggered per
+rank (rank r sends block 0 to r+1, r+2, ..., then block 1, ...); consecutive positions grouped
+``GROUP_M`` M-blocks at a time (``ag_gemm``'s L2 grouping), separately for the peers' segment and
+the own segment, so that own tiles stay last. Either way the reduction of a tile runs after the
+GEMM's flags are released (each program's, once, after its last tile).
 
 Reduce (``reduce_tile``): for one of this rank's output tiles, wait (acquire, bounded) until all
 ``WORLD`` flags of the tile hold the epoch, then sum the ``WORLD`` slots in fp32, in source order
@@ -145,7 +149,7 @@ def gemm_rs_kernel(
     GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
     VEC_HINT: tl.constexpr, TAIL_REDUCE: tl.constexpr, ROWS: tl.constexpr, SYNC_MODE: tl.constexpr,
     COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False, FLATTEN: tl.constexpr = False,
-    EPILOGUE: tl.constexpr = False, RELEASE_EVERY: tl.constexpr = 2, lag=1, SPREAD: tl.constexpr = False,
+    SPREAD: tl.constexpr = False, lag=1,
 ):
     pid = tl.program_id(0)
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)  # in-kernel records (kernels/device/trace.py); nothing when off
@@ -160,9 +164,7 @@ def gemm_rs_kernel(
         rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, N, 1,
         0, rank, epoch, budget, 1,
         ROLE_RS, WORLD, 0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
-        COUNT and EPILOGUE, False, 1, 1, 1, INSTRUMENT, FLATTEN, VEC_HINT,
-        RS_EPILOGUE=EPILOGUE, RELEASE_EVERY=RELEASE_EVERY, rs_lag=lag, out_ptr=out_ptr, stride_om=stride_om,
-        recv_ptr=recv, RS_LAGGED=EPILOGUE or SPREAD)
+        False, False, 1, 1, 1, INSTRUMENT, FLATTEN, VEC_HINT, RS_SPREAD=SPREAD, rs_lag=lag)
 
     if TAIL_REDUCE:
         for tile in range(pid, blocks_per_rank * n_tiles, NUM_PROGS):
@@ -207,20 +209,16 @@ def flag_rows(m_loc: int, n: int, cfg: GemmConfig) -> int:
     return own_tiles(m_loc, n, cfg) + 1
 
 
-def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, reduce: str,
+def gemm_record_layout(m_loc: int, n: int, world: int, cfg: GemmConfig, tail: bool,
                        device: torch.device) -> trace.RecordLayout:
     """Record slots of one ``gemm_rs_kernel`` launch (the grid ``gemm_programs`` gives for
-    ``device``) for the reduction placement ``reduce``: a program writes 2 records per tile of the
-    partial product it computes (compute, then store_push or the own tile's epilogue), 2 more per
-    own tile it reduces in the tail, and with ``"epilogue"`` up to 3 per tile (compute, flag_wait,
-    combine for an own tile); tiles are taken with stride ``programs``."""
+    ``device``): a program writes 2 records per tile of the partial product it computes (compute,
+    then store_push or the own tile's epilogue), and 2 per own tile it reduces in the tail; tiles
+    are taken with stride ``programs``."""
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
     tiles = world * bpr * n_tiles
-    programs = gemm_programs(cfg, device, tiles, reduce)
-    per_tile = 3 if reduce == "epilogue" else 2
-    per_cta = per_tile * triton.cdiv(tiles, programs)
-    if reduce == "tail":
-        per_cta += 2 * triton.cdiv(own_tiles(m_loc, n, cfg), programs)
+    programs = gemm_programs(cfg, device, tiles, tail)
+    per_cta = 2 * triton.cdiv(tiles, programs) + (2 * triton.cdiv(own_tiles(m_loc, n, cfg), programs) if tail else 0)
     return trace.RecordLayout(programs, per_cta)
 
 
@@ -229,25 +227,15 @@ def reduce_record_layout(m_loc: int, n: int, cfg: GemmConfig) -> trace.RecordLay
     return trace.RecordLayout(own_tiles(m_loc, n, cfg), 2)
 
 
-def records_per_iteration(m_loc: int, n: int, world: int, cfg: GemmConfig, reduce: str = "kernel") -> int:
-    """Records one iteration of the fused variant writes: 2 per tile of the partial product and 2
-    per own output tile reduced ("kernel", "tail"); with "epilogue" 2 per peer's tile and 3 per own
-    tile (compute, flag_wait, combine)."""
-    if reduce == "epilogue":
-        return (2 * (world - 1) + 3) * own_tiles(m_loc, n, cfg)
+def records_per_iteration(m_loc: int, n: int, world: int, cfg: GemmConfig) -> int:
+    """Records one iteration of the fused variant writes, either reduction placement: 2 per tile of
+    the partial product, 2 per own output tile reduced."""
     return 2 * (world + 1) * own_tiles(m_loc, n, cfg)
 
 
-def epilogue_lag(m_loc: int, n: int, world: int, cfg: GemmConfig, programs: int, release_every: int,
-                 lag: int = 0) -> int:
-    """Rounds by which the epilogue mode's own blocks trail the peers' (``tile_gemm.rs_lagged_coords``):
-    ``lag`` if given, else enough rounds of ``world * n_tiles`` tiles to cover ``release_every + 2``
-    waves of ``programs`` (a peer's push is released within ``release_every`` of its program's
-    tiles, one wave each, plus a wave for the stores to land), within 1 .. blocks per slab."""
-    bpr, n_tiles = tile_counts(m_loc, n, 1, cfg)
-    if lag <= 0:
-        lag = triton.cdiv((release_every + 2) * programs, world * n_tiles)
-    return max(1, min(lag, bpr))
+def spread_lag(m_loc: int, cfg: GemmConfig, lag: int) -> int:
+    """The spread order's lag in rounds, kept within 1 .. the blocks of a slab."""
+    return max(1, min(lag, triton.cdiv(m_loc, cfg.block_m)))
 
 
 def reduce_rows(block_m: int, rows: int) -> int:
@@ -266,28 +254,21 @@ def use_tma(cfg: GemmConfig, a: torch.Tensor, b: torch.Tensor) -> bool:
         and a.stride(1) == 1 and b.stride(1) == 1
 
 
-#: Reduction placements (``RsConfig.reduce``).
-REDUCE_PLACEMENTS = ("kernel", "tail", "epilogue")
-
-
-def gemm_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, reduce: str) -> int:
-    """Persistent grid size; one program when the GEMM's own programs wait on peers ("tail",
-    "epilogue") under the interpreter (see above)."""
-    if reduce != "kernel" and interpreting():
+def gemm_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, tail: bool) -> int:
+    """Persistent grid size; one program for the tail reduction under the interpreter (see above)."""
+    if tail and interpreting():
         return 1
     return num_programs(cfg, device, num_tiles)
 
 
 def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
                    heap_bases: torch.Tensor, err: torch.Tensor, *, rank: int, world: int, m_loc: int,
-                   epochs: torch.Tensor, budget: int, sync: int, cfg: GemmConfig, reduce: str, rows: int,
-                   release_every: int = 2, lag: int = 0, spread: bool = False,
+                   epochs: torch.Tensor, budget: int, sync: int, cfg: GemmConfig, tail: bool, rows: int,
+                   spread: bool = False, lag: int = 1,
                    count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
                    records: Any = None, warmup_only: bool = False) -> None:
-    """Enqueue ``gemm_rs_kernel``; no host sync. ``reduce``: "kernel" (the GEMM alone: the reduction
-    is ``launch_rs_reduce``'s), "tail" (the reduction after the compute tiles, same launch) or
-    "epilogue" (own tiles summed in their epilogues, lagged ``epilogue_lag`` rounds; flags released
-    every ``release_every`` pushes).
+    """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch; ``spread``: the
+    spread tile order with own blocks ``lag`` rounds behind, ``spread_lag``); no host sync.
 
     ``recv`` is the whole receive buffer ([2, world, m_loc, N] on the heap: the kernel picks the
     epoch's half); ``epochs`` the GEMM's epoch slots (``GemmRsState.epochs``), which the launch
@@ -297,10 +278,7 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     """
     k, n = b.shape
     bpr, n_tiles = tile_counts(m_loc, n, world, cfg)
-    if reduce not in REDUCE_PLACEMENTS:
-        raise ValueError(f"gemm_rs: unknown reduce placement {reduce!r} (use one of {', '.join(REDUCE_PLACEMENTS)})")
-    progs = gemm_programs(cfg, out.device, world * bpr * n_tiles, reduce)
-    epilogue = reduce == "epilogue"
+    progs = gemm_programs(cfg, out.device, world * bpr * n_tiles, tail)
     if not warmup_only:
         check_grid(epochs, progs, "launch_gemm_rs")
     tma = use_tma(cfg, a, b)
@@ -310,10 +288,8 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
             count if count is not None else err, seen if seen is not None else err,
             m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
             rank, epochs, budget, trace.record_pointer(records, err))
-    kw = dict(lag=epilogue_lag(m_loc, n, world, cfg, progs, release_every, lag) if epilogue else max(1, min(lag, bpr)),
-              SPREAD=spread, WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0,
-              TAIL_REDUCE=reduce == "tail", EPILOGUE=epilogue, RELEASE_EVERY=max(1, release_every),
+    kw = dict(SPREAD=spread, lag=spread_lag(m_loc, cfg, lag), WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
               INSTRUMENT=trace.instrument_code(records),
               FLATTEN=cfg.flatten and flatten_ok(1, bool(trace.instrument_code(records)), tma), num_warps=cfg.num_warps)

@@ -122,10 +122,9 @@ class GemmRs(Workload):
             comm_and_sum = any_name(SYMM_MEM_KERNELS, torch_fused.SUM_KERNELS)
             inter = (Intermediate("partial_C", m * n * elt, GEMM_KERNELS, comm_and_sum),)
         elif variant == "fused":
-            reduce = (self.config or GPU_RS_CONFIG).reduce
-            consumer = FUSED_REDUCE_KERNEL if reduce == "kernel" else FUSED_GEMM_KERNEL  # tail, epilogue: one kernel
-            slots = world_size - 1 if reduce == "epilogue" else world_size  # epilogue: the own partial stays on chip
-            inter = (Intermediate("received_partials", slots * m_loc * n * elt, FUSED_GEMM_KERNEL, consumer),)
+            tail = (self.config or GPU_RS_CONFIG).reduce == "tail"  # the reduction runs in the GEMM's tail
+            consumer = FUSED_GEMM_KERNEL if tail else FUSED_REDUCE_KERNEL
+            inter = (Intermediate("received_partials", world_size * m_loc * n * elt, FUSED_GEMM_KERNEL, consumer),)
         return Cost(
             flops=2 * m * n * k_loc,
             hbm_bytes=(m * k_loc + k_loc * n + m_loc * n) * elt,

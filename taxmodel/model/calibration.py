@@ -97,8 +97,10 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "flag_wait_gpu_s": (meas.get("sync") or {}).get("flag_wait_gpu_s"),
         # the workloads' own kernels' microbenchmarks (issue 33; each None when its step did not run)
         "triton_gemm_speed_by_m": gemm_speed_by_m(meas.get("tile_gemm")),
-        "rs_gemm_speed_by_m": gemm_speed_by_m(meas.get("rs_gemm"), "rs_s"),
-        "rs_push_s_per_byte_by_m": rs_push_cost_by_m(meas.get("rs_gemm")),
+        "rs_gemm_speed_by_m": gemm_speed_by_m(meas.get("rs_gemm"), "rs_s", RS_SPREAD),
+        "rs_push_s_per_byte_by_m": rs_push_cost_by_m(meas.get("rs_gemm"), RS_SPREAD),
+        "rs_gemm_speed_by_m_peers_first": gemm_speed_by_m(meas.get("rs_gemm"), "rs_s", RS_PEERS_FIRST),
+        "rs_push_s_per_byte_by_m_peers_first": rs_push_cost_by_m(meas.get("rs_gemm"), RS_PEERS_FIRST),
         **copy_share_fit(meas.get("copy_share")),
         **split_kv_fit(meas.get("combine"), meas["hbm"]["bytes_per_s"], _l2_of(preset)),
         "ll_push_bytes_per_s": ll_push_rate(meas.get("ll_push")),
@@ -225,11 +227,29 @@ def _positive(*values) -> bool:
         return False
 
 
-def gemm_speed_by_m(measured: dict | None, key: str = "tile_s") -> list[list[float]] | None:
+#: GEMM+RS's GEMM tile orders an rs_gemm row can have measured (its ``order``; kernels/gemm_rs/tiles.py,
+#: "Tile order"): the spread order (kernel revision 6 on) and every peer's tile first (before it; a
+#: row without ``order`` was measured then).
+RS_SPREAD, RS_PEERS_FIRST = "spread", "first"
+
+
+def rs_order(spread: bool) -> str:
+    """The ``order`` an rs_gemm row records for a kernel launched with ``spread``."""
+    return RS_SPREAD if spread else RS_PEERS_FIRST
+
+
+def _rs_rows(measured: dict | None, order: str | None) -> list[dict]:
+    """The step's rows, only those of the tile ``order`` when one is given (no ``order``: peers first)."""
+    rows = _rows(measured)
+    return rows if order is None else [r for r in rows if (r.get("order") or RS_PEERS_FIRST) == order]
+
+
+def gemm_speed_by_m(measured: dict | None, key: str = "tile_s", order: str | None = None) -> list[list[float]] | None:
     """``triton_gemm_speed_by_m`` from the tile_gemm step (``key`` "tile_s"), ``rs_gemm_speed_by_m``
-    from the rs_gemm step ("rs_s"): per M, the vendor GEMM's time over the kernel's on the same
-    shape (their speed ratio), sorted by M; None without rows."""
-    pts = sorted([float(r["m"]), float(r["vendor_s"]) / float(r[key])] for r in _rows(measured)
+    (``order`` "spread") and ``rs_gemm_speed_by_m_peers_first`` ("first") from the rs_gemm step
+    ("rs_s"): per M, the vendor GEMM's time over the kernel's on the same shape (their speed
+    ratio), sorted by M; None without rows."""
+    pts = sorted([float(r["m"]), float(r["vendor_s"]) / float(r[key])] for r in _rs_rows(measured, order)
                  if _positive(r.get("m"), r.get("vendor_s"), r.get(key)))
     return [[m, round(s, 4)] for m, s in pts] or None
 
@@ -239,8 +259,9 @@ def gemm_speed_by_m(measured: dict | None, key: str = "tile_s") -> list[list[flo
 ONE_GPU_PEERS = "one GPU: a second half of its own memory as the peer"
 
 
-def rs_push_cost_by_m(measured: dict | None) -> list[list[float]] | None:
-    """``rs_push_s_per_byte_by_m`` from the rs_gemm step: per M, GEMM+RS's GEMM kernel's time beyond
+def rs_push_cost_by_m(measured: dict | None, order: str | None = None) -> list[list[float]] | None:
+    """``rs_push_s_per_byte_by_m`` (the rows of ``order``, every row when None) from the rs_gemm step:
+    per M, GEMM+RS's GEMM kernel's time beyond
     the vendor GEMM on the same shard (never below 0) over the bytes each rank pushed into its peers
     ((W-1)/W of its M x N partial product, ``element_bytes`` each, bf16 where a row does not say);
     rows of one rank, and a step run on one GPU (its "peer" its own memory: no link crossed), give
@@ -248,7 +269,7 @@ def rs_push_cost_by_m(measured: dict | None) -> list[list[float]] | None:
     if isinstance(measured, dict) and measured.get("peers") == ONE_GPU_PEERS:
         return None
     pts = []
-    for r in _rows(measured):
+    for r in _rs_rows(measured, order):
         if not _positive(r.get("m"), r.get("n"), r.get("world"), r.get("rs_s"), r.get("vendor_s")) or int(r["world"]) < 2:
             continue
         w = int(r["world"])
@@ -494,6 +515,17 @@ def check_update(existing: dict, steps: tuple[str, ...], world: int | None) -> i
     return world
 
 
+def _keep_other_orders(old: dict | None, new: dict) -> dict:
+    """The rs_gemm step's new rows plus the earlier rows of the tile orders the new run did not
+    measure (a calibration of the spread kernel keeps the peers-first rows the bundles of older
+    kernel revisions are predicted with)."""
+    if not isinstance(new, dict) or not _rows(old):
+        return new
+    measured = {(r.get("order") or RS_PEERS_FIRST) for r in _rows(new)}
+    kept = [r for r in _rows(old) if (r.get("order") or RS_PEERS_FIRST) not in measured]
+    return {**new, "rows": [*kept, *_rows(new)]} if kept else new
+
+
 def update_spec(existing: dict, new_meas: dict, steps: tuple[str, ...], *, device_name: str | None = None,
                 num_sms: int | None = None, world: int | None = None, info: dict | None = None) -> dict:
     """``existing`` (a hardware file an earlier calibration wrote, with ``measured.raw``) with the raw
@@ -520,9 +552,9 @@ def update_spec(existing: dict, new_meas: dict, steps: tuple[str, ...], *, devic
         if step in failed or not any(key in new_meas for key in STEP_KEYS[step]):
             continue  # a failed (or absent) step keeps the earlier numbers; the update entry names a failure
         for key in STEP_KEYS[step]:
-            merged.pop(key, None)
+            old = merged.pop(key, None)
             if key in new_meas:
-                merged[key] = new_meas[key]
+                merged[key] = _keep_other_orders(old, new_meas[key]) if key == "rs_gemm" else new_meas[key]
     if errors:
         merged["errors"] = errors
     device = device_name or measured.get("device") or next(

@@ -199,7 +199,7 @@ RS_MS = (1024, 4096, 8192)
 def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barrier: Callable[[], None],
                     ms: tuple[int, ...] | None = None, nk: int | None = None) -> dict:
     """Per M: GEMM+RS's GEMM kernel (``gemm_rs_kernel``, reduction in its own kernel, the workload's
-    per-shape tiles) as this rank launches it, every rank at once pushing its peers' tiles into
+    per-shape tiles and tile order, which each row names: ``order``) as this rank launches it, every rank at once pushing its peers' tiles into
     their owners' receive slots on ``heap``, and the vendor GEMM on the same shard [M, K/W] x
     [K/W, N]: median kernel times (s). The GEMM kernel waits on nothing (the owners' reductions
     do), so launches follow one another without them. ``heap``: the ranks' symmetric heap, or a
@@ -210,6 +210,7 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
     from taxmodel.kernels.gemm_rs.state import default_rs_config
     from taxmodel.kernels.gemm_rs.tiles import flag_rows, launch_gemm_rs
     from taxmodel.kernels.names import GEMM_RS_KERNEL
+    from taxmodel.model.calibration import rs_order
 
     gpu = on_gpu(device)
     ms = ms or (RS_MS if gpu else tuple(m * world for m in CPU_GEMM_MS))
@@ -232,7 +233,8 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
 
         def rs() -> None:
             launch_gemm_rs(a, b, recv, out, flags, heap.heap_bases, err, rank=rank, world=world, m_loc=m_loc,
-                           epochs=epochs, budget=budget, sync=mode, cfg=cfg, reduce="kernel", rows=base.reduce_rows)
+                           epochs=epochs, budget=budget, sync=mode, cfg=cfg, tail=False, rows=base.reduce_rows,
+                           spread=base.spread, lag=base.lag)
 
         def vendor() -> None:
             torch.matmul(a, b, out=ref)
@@ -254,6 +256,7 @@ def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barr
         v = kernel_seconds(device, repeat(vendor, reps), {"vendor": "."})
         sync.check_errors(err, "calibration GEMM+RS", None, mode)
         rows.append({"m": m, "n": nk, "k": nk, "k_loc": k_loc, "world": world, "config": cfg.tile_label(),
+                     "order": rs_order(base.spread),
                      "element_bytes": a.element_size(), "rs_s": median_seconds(t, "rs", "GEMM+RS GEMM"),
                      "vendor_s": median_seconds(v, "vendor", "vendor GEMM")})
         a = b = ref = recv = flags = out = None  # drop the buffers before the next size

@@ -76,11 +76,11 @@ def test_gemm_rs_refuses_another_grid_on_its_slots():
     slots, err = new_epoch_slots("cpu"), new_error_buffer("cpu")
     common = dict(rank=0, world=1, m_loc=m, epochs=slots, budget=spin_budget(30, SYNC_POLL), sync=SYNC_POLL, cfg=CFG,
                   rows=8)
-    tiles.launch_gemm_rs(a, b, recv, torch.empty(m, n), flags, torch.zeros(1, dtype=torch.int64), err, reduce="kernel",
+    tiles.launch_gemm_rs(a, b, recv, torch.empty(m, n), flags, torch.zeros(1, dtype=torch.int64), err, tail=False,
                          **common)
     torch.testing.assert_close(recv[1, 0], a @ b, rtol=1e-4, atol=1e-4)  # epoch 1: the odd half
     with pytest.raises(ValueError, match="same grid"):
-        tiles.launch_gemm_rs(a, b, recv, torch.empty(m, n), flags, torch.zeros(1, dtype=torch.int64), err, reduce="tail",
+        tiles.launch_gemm_rs(a, b, recv, torch.empty(m, n), flags, torch.zeros(1, dtype=torch.int64), err, tail=True,
                              **common)
     assert slots.tolist()[:4] == [1, 1, 1, 0]
 

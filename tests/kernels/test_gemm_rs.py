@@ -28,7 +28,7 @@ interpreted = pytest.mark.skipif(type(tiles.gemm_rs_kernel).__name__ != "Interpr
 
 
 def run_and_check(world: int, variant: str, shape: dict, iterations: int = 2, reduce: str = "kernel",
-                  **config: int) -> list[float]:
+                  **config: object) -> list[float]:
     """Max abs error against the fp32 reference of every rank and iteration (NaN-poisoned output)."""
     wl = GemmRs(replace(CPU_RS_CONFIG, reduce=reduce, **config))
 
@@ -161,7 +161,6 @@ def test_tile_order_peers_first_staggered_own_last(world: int, bpr: int, n_tiles
 @pytest.mark.parametrize("variant,world,reduce", [
     ("bsp", 1, "kernel"), ("bsp", 3, "kernel"),
     ("fused", 1, "kernel"), ("fused", 2, "kernel"), ("fused", 2, "tail"), ("fused", 3, "kernel"),
-    ("fused", 1, "epilogue"), ("fused", 3, "epilogue"),
 ])
 def test_variant_matches_reference(variant: str, world: int, reduce: str) -> None:
     errs = run_and_check(world, variant, {**GemmRs.presets["tiny"], "seed": world}, reduce=reduce)
@@ -170,8 +169,7 @@ def test_variant_matches_reference(variant: str, world: int, reduce: str) -> Non
 
 @interpreted
 @pytest.mark.slow
-@pytest.mark.parametrize("variant,world,reduce", [("bsp", 4, "kernel"), ("fused", 4, "kernel"), ("fused", 4, "tail"),
-                                                  ("fused", 4, "epilogue")])
+@pytest.mark.parametrize("variant,world,reduce", [("bsp", 4, "kernel"), ("fused", 4, "kernel"), ("fused", 4, "tail")])
 def test_variant_matches_reference_four_ranks(variant: str, world: int, reduce: str) -> None:
     errs = run_and_check(world, variant, {**GemmRs.presets["tiny"], "seed": 40}, iterations=1, reduce=reduce)
     assert max(errs) < 1e-4
@@ -187,7 +185,7 @@ def test_even_tiles_take_the_vector_hint_path() -> None:
 @interpreted
 @settings(max_examples=3, deadline=None)
 @given(m_loc=st.integers(1, 40), n=st.integers(1, 40), k_loc=st.integers(1, 24), seed=st.integers(0, 1000),
-       reduce=st.sampled_from(["kernel", "tail", "epilogue"]))
+       reduce=st.sampled_from(["kernel", "tail"]))
 def test_fused_odd_shapes(m_loc: int, n: int, k_loc: int, seed: int, reduce: str) -> None:
     errs = run_and_check(2, "fused", {"M": 2 * m_loc, "N": n, "K": 2 * k_loc, "seed": seed}, iterations=1,
                          reduce=reduce)
@@ -195,61 +193,63 @@ def test_fused_odd_shapes(m_loc: int, n: int, k_loc: int, seed: int, reduce: str
 
 
 @interpreted
-@pytest.mark.parametrize("lag", [1, 2])
-def test_spread_order_keeps_the_sum_right(lag: int) -> None:
-    errs = run_and_check(3, "fused", {"M": 96, "N": 40, "K": 36, "seed": 12}, iterations=2, spread=True, lag=lag)
+@pytest.mark.parametrize("world,reduce,spread,lag", [(3, "kernel", False, 1), (2, "tail", False, 1),
+                                                     (3, "kernel", True, 2), (2, "tail", True, 9)])
+def test_both_tile_orders_and_lags_keep_the_sum_right(world: int, reduce: str, spread: bool, lag: int) -> None:
+    # lag 9 is past the blocks a slab has: clamped to the last round (tiles.spread_lag)
+    errs = run_and_check(world, "fused", {"M": 96, "N": 40, "K": 36, "seed": 12}, iterations=2, reduce=reduce,
+                         spread=spread, lag=lag)
     assert max(errs) < 1e-4
 
 
-@interpreted
-@pytest.mark.parametrize("release_every,lag", [(1, 1), (3, 2), (2, 9)])
-def test_epilogue_release_cadence_and_lag_keep_the_sum_right(release_every: int, lag: int) -> None:
-    # lag 9 is past the 3 blocks a slab has at 2 ranks: clamped to the last round
-    errs = run_and_check(2, "fused", {"M": 96, "N": 40, "K": 32, "seed": 11}, iterations=3, reduce="epilogue",
-                         release_every=release_every, lag=lag)
-    assert max(errs) < 1e-4
+def test_spread_is_the_default_order_and_the_lag_stays_within_a_slab() -> None:
+    assert CPU_RS_CONFIG.spread and GemmRs().config is None
+    assert "spread1" in CPU_RS_CONFIG.label() and "first" in replace(CPU_RS_CONFIG, spread=False).label()
+    cfg = CPU_RS_CONFIG.gemm  # 16-row blocks
+    assert tiles.spread_lag(48, cfg, 1) == 1 and tiles.spread_lag(48, cfg, 9) == 3 and tiles.spread_lag(48, cfg, 0) == 1
 
 
 @triton.jit
-def _lagged_kernel(out_ptr, rank, blocks_per_rank, n_tiles, lag, WORLD: tl.constexpr):
+def _spread_kernel(out_ptr, rank, blocks_per_rank, n_tiles, lag, WORLD: tl.constexpr, GROUP_M: tl.constexpr):
     t = tl.program_id(0)
-    owner, j, pid_n = tile_gemm.rs_lagged_coords(t, rank, blocks_per_rank, n_tiles, lag, WORLD)
+    owner, j, pid_n = tile_gemm.rs_spread_coords(t, rank, blocks_per_rank, n_tiles, lag, WORLD, GROUP_M)
     tl.store(out_ptr + 3 * t, owner)
     tl.store(out_ptr + 3 * t + 1, j)
     tl.store(out_ptr + 3 * t + 2, pid_n)
 
 
-def lagged_sequence(rank: int, world: int, bpr: int, n_tiles: int, lag: int) -> list[tuple[int, int, int]]:
+def spread_sequence(rank: int, world: int, bpr: int, n_tiles: int, lag: int, group_m: int) -> list[tuple[int, int, int]]:
     out = torch.full((world * bpr * n_tiles * 3,), -1, dtype=torch.int32)
-    _lagged_kernel[(world * bpr * n_tiles,)](out, rank, bpr, n_tiles, lag, WORLD=world)
+    _spread_kernel[(world * bpr * n_tiles,)](out, rank, bpr, n_tiles, lag, WORLD=world, GROUP_M=group_m)
     return [tuple(x) for x in out.view(-1, 3).tolist()]
 
 
+def grouped_rows(rows: list[tuple[int, int]], n_tiles: int, group_m: int) -> list[tuple[int, int, int]]:
+    """Tiles of ``rows`` (slab, block) taken group_m rows at a time, every N-tile of a group (rows fastest)."""
+    return [(*row, n) for g in range(0, len(rows), group_m) for n in range(n_tiles) for row in rows[g:g + group_m]]
+
+
 @interpreted
-@pytest.mark.parametrize("world,bpr,n_tiles,lag", [(1, 3, 2, 1), (2, 3, 2, 1), (3, 4, 3, 2), (4, 3, 2, 3),
-                                                    (4, 5, 1, 2)])
-def test_epilogue_order_puts_every_own_block_lag_rounds_after_its_peers_contributions(world: int, bpr: int,
-                                                                                     n_tiles: int, lag: int) -> None:
-    seqs = [lagged_sequence(r, world, bpr, n_tiles, lag) for r in range(world)]
+@pytest.mark.parametrize("world,bpr,n_tiles,lag,group_m", [(1, 3, 2, 1, 2), (2, 3, 2, 1, 1), (3, 4, 3, 2, 4),
+                                                            (4, 3, 2, 3, 2), (4, 5, 1, 1, 8), (4, 6, 3, 1, 8)])
+def test_spread_order_rounds_one_block_of_every_peer_then_the_lagged_own_block(world: int, bpr: int, n_tiles: int,
+                                                                               lag: int, group_m: int) -> None:
     every = sorted((o, j, n) for o in range(world) for j in range(bpr) for n in range(n_tiles))
-    for rank, seq in enumerate(seqs):
+    for rank in range(world):
+        seq = spread_sequence(rank, world, bpr, n_tiles, lag, group_m)
         assert sorted(seq) == every  # every tile of the partial product exactly once
         if world == 1:
-            assert seq == every  # no peers: row by row
+            assert seq == grouped_rows([(0, j) for j in range(bpr)], n_tiles, group_m)  # the plain grouped order
             continue
-        pos = {tile: i for i, tile in enumerate(seq)}
-        for j in range(bpr):
-            for n in range(n_tiles):
-                own = pos[(rank, j, n)]
-                for p in range(world):
-                    if p != rank:
-                        # the peer's contribution to this own tile comes earlier in the peer's sequence, lag
-                        # rounds earlier: the lag - 1 rounds between hold n_tiles tiles at least
-                        theirs = {tile: i for i, tile in enumerate(seqs[p])}[(rank, j, n)]
-                        assert own - theirs > (lag - 1) * n_tiles
-        # the pushes are spread: own block 0 comes in round lag, after that round's peers' blocks (or
-        # right after the peers' last round when lag is every block)
-        peer_round = (world - 1) * n_tiles
-        assert seq.index((rank, 0, 0)) == lag * peer_round + (peer_round if lag < bpr else 0)
-        # peers staggered: rank+1 first in each round
-        assert seq[0][0] == (rank + 1) % world
+        peers = [(rank + s) % world for s in range(1, world)]
+        # the rounds written out as rows: a head of lag rounds of peers, then W rows a round (the
+        # peers' block i, the own block i - lag), then the last lag own blocks; each part grouped
+        head = [(p, i) for i in range(lag) for p in peers]
+        middle = [row for i in range(lag, bpr) for row in [(p, i) for p in peers] + [(rank, i - lag)]]
+        tail = [(rank, j) for j in range(bpr - lag, bpr)]
+        assert seq == (grouped_rows(head, n_tiles, group_m) + grouped_rows(middle, n_tiles, group_m)
+                       + grouped_rows(tail, n_tiles, group_m))
+        # the pushes spread: after the lag, every whole group of W rows holds one own row
+        owners = [o for o, _, _ in seq]
+        assert owners[:lag * (world - 1) * n_tiles].count(rank) == 0
+        assert owners.count(rank) == bpr * n_tiles

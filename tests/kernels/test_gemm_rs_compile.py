@@ -38,7 +38,7 @@ def gemm_args(tma):
             + [("heap_bases", "*i64", 0), ("err_ptr", "*i64", 0), ("count_ptr", "*i64", 0), ("seen_ptr", "*i64", 0),
                ("M_loc", "i32", M_LOC), ("N", "i32", N), ("K", "i32", K_LOC), ("stride_am", "i32", K_LOC),
                ("stride_ak", "i32", 1), ("stride_bk", "i32", N), ("stride_bn", "i32", 1), ("stride_om", "i32", N)]
-            + ints)
+            + ints + [("lag", "i32", 1)])
 
 reduce_args = common + [("err_ptr", "*i64", 0), ("count_ptr", "*i64", 0), ("seen_ptr", "*i64", 0),
                         ("M_loc", "i32", M_LOC), ("N", "i32", N), ("stride_om", "i32", N)] + ints
@@ -47,7 +47,7 @@ for inst in (False, True):
     for tail in (False, True):
         consts = dict(WORLD=W, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_PROGS=132, NUM_STAGES=3,
                       USE_TMA=True, VEC_HINT=True, TAIL_REDUCE=tail, ROWS=32, SYNC_MODE=1, COUNT=False, INSTRUMENT=inst,
-                      FLATTEN=not inst)
+                      FLATTEN=not inst, SPREAD=True)  # the spread tile order (the default, kernel revision 6)
         report[f"gemm_{'tail' if tail else 'kernel'}_{inst}"] = build(t.gemm_rs_kernel, gemm_args(True), consts, 8, 3,
                                                                       f"gemm_{tail}_{inst}")
     report[f"reduce_{inst}"] = build(t.rs_reduce_kernel, reduce_args,
@@ -57,7 +57,7 @@ for inst in (False, True):
 report["gemm_ptr"] = build(t.gemm_rs_kernel, gemm_args(False),
                            dict(WORLD=W, BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8, NUM_PROGS=132, NUM_STAGES=3,
                                 USE_TMA=False, VEC_HINT=True, TAIL_REDUCE=False, ROWS=32, SYNC_MODE=1, COUNT=False,
-                                INSTRUMENT=False, FLATTEN=False), 8, 3, "gemm_ptr")
+                                INSTRUMENT=False, FLATTEN=False, SPREAD=True), 8, 3, "gemm_ptr")
 print(json.dumps(report))
 '''
 

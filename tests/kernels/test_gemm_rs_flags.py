@@ -50,7 +50,7 @@ def _protocol_run(reduce: str, world: int, delay_rank: int | None, iterations: i
     return run_in_threads(world, body, heap_bytes=1 << 20, timeout_s=300, spin_timeout_s=60)
 
 
-@pytest.mark.parametrize("reduce", ["kernel", "tail", "epilogue"])
+@pytest.mark.parametrize("reduce", ["kernel", "tail"])
 def test_each_tile_reduced_once_and_only_after_all_flags_with_a_late_peer(reduce: str) -> None:
     iterations, world = 2, 3
     results = _protocol_run(reduce, world, delay_rank=1, iterations=iterations)
@@ -81,8 +81,7 @@ def test_every_source_lands_its_partial_rows_in_the_owners_slot() -> None:
             torch.testing.assert_close(slots[src], (a @ b)[rows], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("reduce,kernel", [("kernel", "rs_reduce_kernel"), ("tail", "gemm_rs_kernel"),
-                                           ("epilogue", "gemm_rs_kernel")])
+@pytest.mark.parametrize("reduce,kernel", [("kernel", "rs_reduce_kernel"), ("tail", "gemm_rs_kernel")])
 def test_missing_peer_is_a_run_error_naming_rank_kernel_and_flag(reduce: str, kernel: str) -> None:
     wl = GemmRs(replace(CPU_RS_CONFIG, reduce=reduce))
 

@@ -64,16 +64,12 @@ def test_record_layouts_hold_two_records_per_tile_per_program() -> None:
     programs = cfg.num_progs  # the CPU config's persistent grid (fewer programs than tiles)
     assert tiles.own_tiles(36, 40, cfg) == OWN_TILES and 1 < programs < tiles_total
     per_program = 2 * -(-tiles_total // programs)
-    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, "kernel", "cpu") == trace.RecordLayout(programs, per_program)
+    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, False, "cpu") == trace.RecordLayout(programs, per_program)
     # the tail reduction runs on one program under the interpreter: every tile and every own tile
-    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, "tail", "cpu") == trace.RecordLayout(1, 2 * tiles_total
+    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, True, "cpu") == trace.RecordLayout(1, 2 * tiles_total
                                                                                            + 2 * OWN_TILES)
     assert tiles.reduce_record_layout(36, 40, cfg) == trace.RecordLayout(OWN_TILES, 2)
     assert tiles.records_per_iteration(36, 40, WORLD, cfg) == 2 * (WORLD + 1) * OWN_TILES
-    # the epilogue reduction: one program under the interpreter, up to 3 records a tile (an own
-    # tile's compute, flag_wait and combine), 2 for a peer's tile
-    assert tiles.gemm_record_layout(36, 40, WORLD, cfg, "epilogue", "cpu") == trace.RecordLayout(1, 3 * tiles_total)
-    assert tiles.records_per_iteration(36, 40, WORLD, cfg, "epilogue") == (2 * (WORLD - 1) + 3) * OWN_TILES
 
 
 def test_reduce_kernel_records_phases_per_tile() -> None:
@@ -115,27 +111,6 @@ def test_tail_reduction_records_in_the_gemm_kernel() -> None:
             # every tile is computed (and pushed) before the first wait
             first_wait = g.index[g["phase"] == "flag_wait"][0]
             assert set(g.loc[:first_wait, "phase"].iloc[:-1]) <= {"compute", "store_push"}
-
-
-def test_epilogue_reduction_records_wait_and_combine_per_own_tile() -> None:
-    for rec, dropped, err in _instrumented_run("epilogue"):
-        assert dropped == {} and err < 1e-4
-        assert set(rec["name"]) == {FUSED_GEMM_KERNEL}  # the own tiles are summed in the GEMM's epilogue
-        for _, g in rec.groupby("iteration"):
-            _check_chained(g)
-            assert len(g) == tiles.records_per_iteration(36, 40, WORLD, CPU_RS_CONFIG.gemm, "epilogue")
-            # every tile computed once; peers' tiles pushed; own tiles wait, then combine (no own store)
-            assert g["phase"].value_counts().to_dict() == {
-                "compute": WORLD * OWN_TILES, "store_push": (WORLD - 1) * OWN_TILES,
-                "flag_wait": OWN_TILES, "combine": OWN_TILES}
-            g = g.sort_values("start_ns", kind="stable")
-            phases = g["phase"].tolist()
-            # each wait directly follows a tile's compute and precedes its combine
-            for i, ph in enumerate(phases):
-                if ph == "flag_wait":
-                    assert phases[i - 1] == "compute" and phases[i + 1] == "combine"
-            # the own tiles trail: the first wait comes after at least one push (lag >= 1 round)
-            assert phases.index("store_push") < phases.index("flag_wait")
 
 
 def test_uninstrumented_run_allocates_no_record_buffers() -> None:

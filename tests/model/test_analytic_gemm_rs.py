@@ -78,7 +78,7 @@ def test_bsp_on_one_rank_copies_instead_of_the_collective():
 
 
 def test_fused_link_bound_component_times_by_hand():
-    _, det, _, _ = _plans("fused", BIG, 4)
+    _, det, _, _ = _plans("fused", BIG, 4, kernel_revision=5)  # every peer's tile first (revisions 1-5)
     gemm = 2 * 8192 * 8192 * 2048 / (0.9 * 1e15) + T0  # Triton at 0.9 of the vendor rate, same tile count
     push = 3 * SLAB4 / 2e11  # three slabs out at the peer-store bandwidth
     work = gemm - T0
@@ -105,8 +105,32 @@ def test_fused_link_bound_component_times_by_hand():
     assert det["flag"] == pytest.approx(ModelParams().flag_roundtrip_s / 2)
 
 
+def test_spread_order_component_times_by_hand():
+    """Revision 6: rounds of one block of every peer and an own block a round behind. The last peer
+    tile comes before the last own block (32 of 2048 tiles); each wave has 99 of its 132 programs
+    pushing; 100 programs end on a peer tile and wait for that wave's stores."""
+    _, det, notes, params = _plans("fused", BIG, 4)
+    assert params.rs_spread and "spread order" in notes[-1]
+    gemm = 2 * 8192 * 8192 * 2048 / (0.9 * 1e15) + T0
+    push = 3 * SLAB4 / 2e11
+    work = gemm - T0
+    assert gemm_rs.peers_done_share(4, 16, True) == pytest.approx(1 - 1 / 64)
+    finish = T0 + max(work / 16 + push, work * (1 - 1 / 64) + push / 1536)
+    lat = 1.5e-6
+    tile = 3 * SLAB4 / 1536
+    wave = lambda k: max(tile / 25e9, k * tile / 2e11) + lat  # noqa: E731
+    assert det["push_per_program"] == pytest.approx(1536 / 132 * wave(99), rel=1e-12)
+    assert det["last_push"] == pytest.approx(wave(132 - 32), rel=1e-12)
+    assert det["gemm_kernel"] == pytest.approx(max(gemm + wave(100), finish + lat), rel=1e-12)
+    # spread pushes with fewer programs at once than peers first: less per program
+    _, first, _, _ = _plans("fused", BIG, 4, kernel_revision=5)
+    assert det["push_per_program"] < first["push_per_program"]
+    # one block a slab: the own block is the only tail
+    assert gemm_rs.peers_done_share(4, 1, True) == pytest.approx(3 / 4) == gemm_rs.peers_done_share(4, 1, False)
+
+
 def test_fused_compute_bound_hides_the_pushes_in_the_gemm():
-    _, det, _, _ = _plans("fused", BIG, 4, TOY, peer_store_bytes_per_s=4e12)  # fast peer stores
+    _, det, _, _ = _plans("fused", BIG, 4, TOY, peer_store_bytes_per_s=4e12, kernel_revision=5)  # fast peer stores
     assert det["push"] == pytest.approx(3 * SLAB4 / 4e12)
     # the pushes leave while the programs compute their next tiles; the kernel lasts its GEMM plus
     # the closing release (the own tiles come last: no push in flight to wait for)
@@ -118,7 +142,7 @@ def test_programs_ending_on_a_peer_tile_wait_for_a_wave_of_pushes():
     """Fewer own tiles than programs (M=1024 on 2 ranks: 128 own tiles, 132 programs): 4 programs'
     last tiles are peers', and their release waits for that wave's stores."""
     shape = {"M": 1024, "N": 8192, "K": 8192}
-    _, det, _, params = _plans("fused", shape, 2)
+    _, det, _, params = _plans("fused", shape, 2, kernel_revision=5)
     tile = 512 * 8192 * 2 / 128  # one peer tile: a 128 x 256 bf16 block (the slab over the 128 peer tiles)
     lat = params.peer_load_latency_s
     expect = max(tile / 25e9, 4 * tile / 2e11) + lat

@@ -3,6 +3,8 @@ raw rows with known answers, worked out by hand here, independently of the model
 from __future__ import annotations
 
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -152,13 +154,16 @@ def test_fit_writes_every_measured_mechanism_under_its_model_parameter_name():
 
     meas = {"hbm": {"bytes_per_s": 3e12}, "gemm": {"bf16": {"flops_per_s": 7e14}}, "peer_copy": [{"bytes_per_s": 3e11}],
             "tile_gemm": {"rows": [{"m": 1024, "tile_s": 2e-4, "vendor_s": 1.9e-4}]},
-            "rs_gemm": {"rows": [{"m": 8192, "rs_s": 8e-4, "vendor_s": 7.2e-4}, {"m": 1024, "rs_s": 1e-4, "vendor_s": 8e-5}]},
+            "rs_gemm": {"rows": [{"m": 8192, "rs_s": 8e-4, "vendor_s": 7.2e-4, "order": "spread"},
+                                 {"m": 1024, "rs_s": 1e-4, "vendor_s": 8e-5, "order": "spread"},
+                                 {"m": 1024, "rs_s": 1e-4, "vendor_s": 7e-5}]},  # no order: peers first
             "copy_share": {"rows": [{"items": 24, "programs": 24, "item_bytes": 524288, "copy_shared_s": 6e-5}]},
             "ll_merge": {"sources": [2, 34], "merge_s": [5e-6, 37e-6]},
             "reduce": {"rows": [{"world": 4, "block_m": 128, "block_n": 256, "element_bytes": 2, "reduce_s": 14e-6}]}}
     spec = calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 1)
     assert spec["triton_gemm_speed_by_m"] == [[1024.0, 0.95]]
     assert spec["rs_gemm_speed_by_m"] == [[1024.0, 0.8], [8192.0, 0.9]]
+    assert spec["rs_gemm_speed_by_m_peers_first"] == [[1024.0, 0.7]]  # each tile order fitted from its own rows
     assert spec["copy_program_bytes_per_s"] == pytest.approx(524288 / 6e-5)
     assert spec["ll_merge_step_s"] == pytest.approx(1e-6) and "ll_push_bytes_per_s" not in spec  # one rank
     assert math.isfinite(spec["reduce_program_bytes_per_s"])
@@ -351,3 +356,38 @@ def test_the_fit_writes_the_push_rate_into_the_hardware_file_only_where_push_row
     old = calfit.fit({**base, "copy_share": {"rows": rows[:1]}}, "NVIDIA H100 80GB HBM3", 132, 1)
     assert "copy_program_push_bytes_per_s" not in old
     assert "copy_program_push_bytes_per_s" in RAW_FEEDS["copy_share"] and "copy_program_push_bytes_per_s" in CALIBRATED_MECHANISMS
+
+
+def test_an_rs_gemm_update_keeps_the_rows_of_the_tile_order_it_did_not_measure():
+    old = {"rows": [{"m": 1024, "rs_s": 1e-4, "vendor_s": 7e-5}, {"m": 8192, "rs_s": 9e-4, "vendor_s": 7e-4}]}
+    new = {"rows": [{"m": 1024, "rs_s": 9e-5, "vendor_s": 7e-5, "order": "spread"}], "peers": "four ranks"}
+    merged = calfit._keep_other_orders(old, new)
+    assert merged["peers"] == "four ranks"
+    assert [r.get("order") for r in merged["rows"]] == [None, None, "spread"]
+    # a second run of the same order replaces that order's rows, never the other's
+    again = calfit._keep_other_orders(merged, {"rows": [{"m": 4096, "rs_s": 3e-4, "vendor_s": 2e-4, "order": "spread"}]})
+    assert [(r.get("order"), r["m"]) for r in again["rows"]] == [(None, 1024), (None, 8192), ("spread", 4096)]
+    assert calfit._keep_other_orders(None, new) is new
+
+
+def test_a_hardware_file_from_before_the_tile_order_tag_reads_as_peers_first(tmp_path):
+    """Its rs_gemm numbers measured the peers-first kernel: bundles of revision 6 on (spread) do
+    not get them; those of revisions 1-5 do."""
+    import json
+
+    from taxmodel.hardware.specs import load_hardware
+    from taxmodel.model.analytic.params import ModelParams
+
+    spec = json.loads((Path(__file__).resolve().parents[2] / "taxmodel/data/hardware/h200-calibrated.json").read_text())
+    for r in spec["measured"]["raw"]["rs_gemm"]["rows"]:
+        r.pop("order", None)
+    spec.pop("rs_gemm_speed_by_m_peers_first", None)
+    spec.pop("rs_push_s_per_byte_by_m_peers_first", None)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(spec))
+    hw = load_hardware(path)
+    new = ModelParams.from_hardware(hw)
+    assert new.rs_push_cost(8192) is None and new.rs_gemm_speed(8192) is None  # revision 6: not this kernel's
+    old = replace(new, kernel_revision=5)
+    assert old.rs_push_cost(8192) == pytest.approx(spec["rs_push_s_per_byte_by_m"][-1][1])
+    assert old.rs_measured_keys() == ("rs_push_s_per_byte_by_m_peers_first", "rs_gemm_speed_by_m_peers_first")

@@ -52,26 +52,42 @@ def dims(shape: Mapping[str, int], world: int) -> tuple[int, int, int, int, int,
     return m, m_loc, n, k_loc, elt, dtype
 
 
-def push_finish(gemm_s: float, world: int, tiles: int, slots: int, push_s: float, overhead_s: float) -> float:
-    """When (after the GEMM's start) a push GEMM's last peer tile has left: its peer tiles are the
-    first (W-1)/W of its tiles, so pushing starts after the first wave and cannot end before the
-    last peer tile is computed, nor before ``push_s`` of link time: max(first wave + push,
-    (W-1)/W of the work + that tile's own share of the push)."""
+def peers_done_share(world: int, blocks: int, spread: bool) -> float:
+    """The share of a push GEMM's tiles up to its last peer tile: (W-1)/W with every peer's tile
+    first; in the spread order (own blocks a round behind, ``tile_gemm.rs_spread_coords`` with lag
+    1) all but the last own block, of ``blocks`` M-blocks per slab (the own tile that shares the
+    last group's columns with the peers' last tiles left aside)."""
+    if world <= 1:
+        return 0.0
+    if not spread:
+        return (world - 1) / world
+    return 1.0 - 1.0 / (world * max(1, blocks))
+
+
+def push_finish(gemm_s: float, world: int, tiles: int, slots: int, push_s: float, overhead_s: float,
+                peers_done: float | None = None) -> float:
+    """When (after the GEMM's start) a push GEMM's last peer tile has left: pushing starts after the
+    first wave and cannot end before the last peer tile is computed (``peers_done`` of the work,
+    ``peers_done_share``; (W-1)/W when not given: every peer's tile first), nor before ``push_s``
+    of link time: max(first wave + push, that share of the work + that tile's own share of the push)."""
     if world <= 1 or push_s <= 0:
         return 0.0
     work = max(gemm_s - overhead_s, 0.0)
     waves = max(1, cdiv(tiles, max(1, slots)))
     peer_tiles = max(1, tiles * (world - 1) // world)
-    return overhead_s + max(work / waves + push_s, work * (world - 1) / world + push_s / peer_tiles)
+    share = (world - 1) / world if peers_done is None else peers_done
+    return overhead_s + max(work / waves + push_s, work * share + push_s / peer_tiles)
 
 
 def push_phase_per_cta(world: int, tiles: int, programs: int, push_bytes: float, per_sm_bytes_per_s: float,
-                       link_bytes_per_s: float, release_s: float) -> float:
-    """Mean time a GEMM program spends pushing peer tiles (its ``store_push`` records): the peer
-    tiles come first, in waves of ``programs`` tiles that finish their products together and then
-    push together, so a wave of k pushing programs takes max(one tile at one SM's peer-store rate,
-    k tiles at the GPU's peer-store bandwidth) plus the release that waits for the stores. This
-    lock-step picture is an upper bound once later waves drift apart (docs/model.md)."""
+                       link_bytes_per_s: float, release_s: float, spread: bool = False) -> float:
+    """Mean time a GEMM program spends pushing peer tiles (its ``store_push`` records): in waves of
+    ``programs`` tiles that finish their products together and then push together, a wave of k
+    pushing programs takes max(one tile at one SM's peer-store rate, k tiles at the GPU's
+    peer-store bandwidth) plus the release that waits for the stores. Every peer's tile first: the
+    first waves push with every program; ``spread``: every wave has (W-1)/W of its programs pushing
+    (and the rest storing own tiles). This lock-step picture is an upper bound once later waves
+    drift apart (docs/model.md)."""
     if world <= 1 or push_bytes <= 0 or programs <= 0:
         return 0.0
     peer_tiles = max(1, tiles * (world - 1) // world)
@@ -80,6 +96,9 @@ def push_phase_per_cta(world: int, tiles: int, programs: int, push_bytes: float,
     def wave(k: int) -> float:
         return push_wave_time(tile, k, per_sm_bytes_per_s, link_bytes_per_s, release_s)
 
+    if spread:
+        pushing = max(1, programs * (world - 1) // world)
+        return peer_tiles / programs * wave(pushing)
     full, rest = divmod(peer_tiles, programs)
     return full * wave(programs) + (rest * wave(rest) / programs if rest else 0.0)
 
@@ -127,31 +146,36 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     push = (world - 1) * slab / store_bw
     latency = params.peer_load_latency_s if world > 1 else 0.0
     sms = sm_count(hw)
-    finish = push_finish(gemm, world, tiles, sms, push, params.kernel_overhead_s)
+    blocks = cdiv(m_loc, tm)
+    spread = params.rs_spread
+    finish = push_finish(gemm, world, tiles, sms, push, params.kernel_overhead_s, peers_done_share(world, blocks, spread))
     per_sm = params.peer_store_bytes_per_s_per_sm or store_bw / sms
     programs = min(tiles, sms)
-    comm = push_phase_per_cta(world, tiles, programs, (world - 1) * slab, per_sm, store_bw, latency)
+    comm = push_phase_per_cta(world, tiles, programs, (world - 1) * slab, per_sm, store_bw, latency, spread)
     # Revision 2 on (kernels/revisions.py): a program's pushes are stores it does not wait for: it
     # goes on to its next tile and releases its flags once, after its last tile, which waits for
-    # the stores still in flight. The own slab comes last, so only programs whose last tile is a
-    # peer's (fewer own tiles than programs) wait for a wave of pushes; the others for the release
-    # alone. Revision 1 signalled each pushed tile with a system-scope release that waited for its
+    # the stores still in flight. Own tiles end the order (all of them, or from revision 6 the last
+    # two own blocks), so only programs whose last tile is a peer's (fewer of those own tiles than
+    # programs) wait for a wave of pushes; the others for the release alone. Revision 1 signalled each pushed tile with a system-scope release that waited for its
     # stores: a program took its products plus its push time.
-    own_tiles = cdiv(m_loc, tm) * cdiv(n, tn)
+    own_tiles = blocks * cdiv(n, tn)
+    # the own tiles after the last peer tile: every own tile (peers first), or the last own block
+    # (spread: own blocks a round behind the peers')
+    own_tail = own_tiles if not spread else cdiv(n, tn)
     per_tile_release = params.kernel_revision < 2
     # A kernel time measured on this machine (calibrate's rs_gemm step: the whole kernel's traced
     # duration, its last pushes and its release included) already holds what the pushes after the
     # last product add; only a time built from GEMM rates takes them on top.
-    measured_whole = eff_key in ("rs_push_s_per_byte_by_m", "rs_gemm_speed_by_m") and not per_tile_release
+    measured_whole = eff_key in params.rs_measured_keys() and not per_tile_release
     if world <= 1:
         last_push = 0.0
     elif per_tile_release:
         last_push = comm
     elif measured_whole:
         last_push = 0.0
-    elif programs > own_tiles:
+    elif programs > own_tail:
         peer_tile = (world - 1) * slab / max(1, tiles - own_tiles)
-        last_push = push_wave_time(peer_tile, programs - own_tiles, per_sm, store_bw, latency)
+        last_push = push_wave_time(peer_tile, programs - own_tail, per_sm, store_bw, latency)
     else:
         last_push = latency
     kernel = max(gemm + last_push, finish + latency)
@@ -186,7 +210,9 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
                  f"({src.get('reduce_program_bytes_per_s', 'default')}) in waves of one per SM); reduce='tail' is not modeled; "
                  f"each GEMM program pushes for {comm * 1e6:.1f} us on average (store_push records: peer tiles in "
                  "waves that push together, each wave at the slower of one SM's peer-store rate and the GPU's "
-                 "peer-store bandwidth shared by the wave; an upper bound once waves drift apart), "
+                 "peer-store bandwidth shared by the wave; an upper bound once waves drift apart; tiles "
+                 + ("in the spread order, (W-1)/W of each wave pushing" if spread else "of every peer first")
+                 + "), "
                  + ("waiting for each pushed tile's stores (kernel revision 1: a release per tile)" if per_tile_release
                     else "overlapping its next tiles; " + (
                         f"the kernel's measured time ({eff_key}) holds its last pushes and its release" if measured_whole
@@ -200,18 +226,19 @@ def _rs_gemm_time(m: int, n: int, k_loc: int, elt: int, dtype: str, world: int, 
     """GEMM+RS's GEMM kernel's time, its speed against the vendor GEMM and where that came from:
     the vendor GEMM plus the measured cost of each byte pushed to the peers (rs_push_s_per_byte_by_m:
     it scales with the world size, where a speed measured at one world size does not), else the
-    speed measured on this machine (rs_gemm_speed_by_m, the pushes included, rows of one rank), else
+    speed measured on this machine (rs_gemm_speed_by_m, the pushes included, rows of one rank), each
+    of the kernel revision's tile order (their ``_peers_first`` twins before revision 6), else
     its fitted efficiency (rs_gemm_efficiency), else the tile GEMM's measured speed by M, else the
     Triton efficiency factor."""
     cost = params.rs_push_cost(m)
     if cost is not None:
         vendor = gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
         kernel = vendor + m * n * elt * (world - 1) / world * cost
-        return kernel, vendor / kernel, "rs_push_s_per_byte_by_m"
+        return kernel, vendor / kernel, params.rs_measured_keys()[0]
     speed = params.rs_gemm_speed(m)
     if speed is not None:
         vendor = gemm_time(m, n, k_loc, dtype, hw, params, kind="vendor", elt=elt)
-        return params.kernel_overhead_s + (vendor - params.kernel_overhead_s) / speed, speed, "rs_gemm_speed_by_m"
+        return params.kernel_overhead_s + (vendor - params.kernel_overhead_s) / speed, speed, params.rs_measured_keys()[1]
     if params.rs_gemm_efficiency:
         own = replace(params, triton_gemm_efficiency=params.rs_gemm_efficiency, triton_gemm_speed_by_m=())
         return gemm_time(m, n, k_loc, dtype, hw, own, kind="triton", elt=elt), params.rs_gemm_efficiency, \

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
-from taxmodel.kernels.revisions import KERNEL_REVISION
+from taxmodel.kernels.revisions import KERNEL_REVISION, RS_SPREAD_REVISION
 from taxmodel.hardware.specs import HardwareSpec
 from taxmodel.trace.capture_meta import DEFAULT_GATE_HOLD_US
 
@@ -45,6 +45,11 @@ class ModelParams:
     #: (a speed holds only at the world size it was measured at: at W = 2 a rank computes twice the
     #: products of W = 4 and pushes two thirds of the bytes). Empty: not measured.
     rs_push_s_per_byte_by_m: tuple[tuple[float, float], ...] = ()
+    #: The two above for GEMM+RS's GEMM with every peer's tile first (kernel revisions before 6),
+    #: which bundles of those revisions are predicted with; a calibration of the spread order's
+    #: kernel (revision 6 on) is never applied to them, nor these to it.
+    rs_gemm_speed_by_m_peers_first: tuple[tuple[float, float], ...] = ()
+    rs_push_s_per_byte_by_m_peers_first: tuple[tuple[float, float], ...] = ()
     #: Vendor GEMM rate as a fraction of a *datasheet* peak (cuBLAS reached ~0.8 of the H200's
     #: 989 TFLOP/s); 1.0 for calibrated peaks, which are measured cuBLAS rates.
     vendor_fraction_of_datasheet: float = 0.80
@@ -240,15 +245,27 @@ class ModelParams:
         ``triton_gemm_speed_by_m``); None when no speed was measured."""
         return speed_at_m(self.triton_gemm_speed_by_m, m)
 
+    @property
+    def rs_spread(self) -> bool:
+        """Whether GEMM+RS's GEMM of this kernel revision takes its tiles in the spread order (6 on)."""
+        return self.kernel_revision >= RS_SPREAD_REVISION
+
     def rs_gemm_speed(self, m: int) -> float | None:
-        """GEMM+RS's GEMM kernel's measured speed relative to the vendor GEMM at ``m`` rows; None
-        when the rs_gemm step did not run on this hardware."""
-        return speed_at_m(self.rs_gemm_speed_by_m, m)
+        """GEMM+RS's GEMM kernel's measured speed relative to the vendor GEMM at ``m`` rows, for this
+        revision's tile order; None when the rs_gemm step did not measure that order on this hardware."""
+        return speed_at_m(self.rs_gemm_speed_by_m if self.rs_spread else self.rs_gemm_speed_by_m_peers_first, m)
 
     def rs_push_cost(self, m: int) -> float | None:
         """Seconds per byte GEMM+RS's pushes add to its GEMM kernel at ``m`` rows (``rs_push_s_per_byte_by_m``,
-        interpolated as ``speed_at_m``); None when the rs_gemm step did not run on two or more ranks here."""
-        return speed_at_m(self.rs_push_s_per_byte_by_m, m, positive=False)
+        or its ``_peers_first`` twin before revision 6, interpolated as ``speed_at_m``); None when the
+        rs_gemm step did not run that order on two or more ranks here."""
+        pts = self.rs_push_s_per_byte_by_m if self.rs_spread else self.rs_push_s_per_byte_by_m_peers_first
+        return speed_at_m(pts, m, positive=False)
+
+    def rs_measured_keys(self) -> tuple[str, str]:
+        """The names of the two rs_gemm parameters this revision's tile order reads (notes name them)."""
+        tail = "" if self.rs_spread else "_peers_first"
+        return f"rs_push_s_per_byte_by_m{tail}", f"rs_gemm_speed_by_m{tail}"
 
     def copy_program_rate(self, variant: str) -> tuple[float, str, str | None]:
         """(one copy program's rate beside the GEMM for ``variant``'s copy kernel, the parameter it
@@ -325,6 +342,8 @@ CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "triton_gemm_speed_by_m": ("triton_gemm_efficiency",),
     "rs_gemm_speed_by_m": ("rs_gemm_efficiency",),
     "rs_push_s_per_byte_by_m": ("rs_gemm_efficiency",),
+    "rs_gemm_speed_by_m_peers_first": ("rs_gemm_efficiency",),
+    "rs_push_s_per_byte_by_m_peers_first": ("rs_gemm_efficiency",),
     "copy_program_bytes_per_s": (),
     # no fit stands in for it (never borrowed either); without it push takes copy_program_bytes_per_s
     "copy_program_push_bytes_per_s": (),
@@ -351,7 +370,9 @@ RAW_FEEDS: dict[str, tuple[str, ...]] = {
     "peer": ("peer_load_bytes_per_s", "peer_load_latency_s", "peer_store_bytes_per_s", "peer_store_bytes_per_s_per_sm"),
     "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s", "split_kv_resident_bytes_per_s",
                 "split_kv_resident_fixed_s"),
-    "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m"),
+    "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m",
+                                                           "rs_gemm_speed_by_m_peers_first",
+                                                           "rs_push_s_per_byte_by_m_peers_first"),
     "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss", "copy_program_push_bytes_per_s"),
     "ll_push": ("ll_push_bytes_per_s",), "ll_merge": ("ll_merge_step_s",), "reduce": ("reduce_program_bytes_per_s",),
     "fused_combine": ("fused_local_combine_step_s", "fused_local_combine_fixed_s", "fused_fold_step_s"),
@@ -405,7 +426,20 @@ def hardware_values(hw: HardwareSpec) -> tuple[dict[str, Any], list[str]]:
                 values[name] = _read_value(getattr(base, name), extra[name])
             except (TypeError, ValueError) as exc:
                 bad.append(f"{name} ({exc}: {str(extra[name])[:40]!r})")
+    if _rs_rows_all_peers_first(extra):
+        # written before the spread order (kernel revision 6): its rs_gemm numbers measured peers first
+        for name in ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m"):
+            if name in values:
+                values.setdefault(f"{name}_peers_first", values.pop(name))
     return values, bad
+
+
+def _rs_rows_all_peers_first(extra: Mapping[str, Any]) -> bool:
+    """Whether a hardware file's rs_gemm rows exist and none names its tile order (a calibration
+    from before the spread order, when every row measured the peers-first kernel)."""
+    raw = ((extra.get("measured") or {}).get("raw") or {}) if isinstance(extra.get("measured"), dict) else {}
+    rows = (raw.get("rs_gemm") or {}).get("rows") if isinstance(raw.get("rs_gemm"), dict) else None
+    return bool(rows) and isinstance(rows, list) and not any(isinstance(r, dict) and r.get("order") for r in rows)
 
 
 def calibrated_mechanisms(hw: HardwareSpec) -> set[str]:
