@@ -97,6 +97,7 @@ def fit(meas: dict, device_name: str, num_sms: int, world: int, vendor: str | No
         "flag_wait_gpu_s": (meas.get("sync") or {}).get("flag_wait_gpu_s"),
         # the workloads' own kernels' microbenchmarks (issue 33; each None when its step did not run)
         "triton_gemm_speed_by_m": gemm_speed_by_m(meas.get("tile_gemm")),
+        "narrow_tile_gemm_factor": narrow_tile_factor(meas.get("tile_gemm")),
         "rs_gemm_speed_by_m": gemm_speed_by_m(meas.get("rs_gemm"), "rs_s", RS_SPREAD),
         "rs_push_s_per_byte_by_m": rs_push_cost_by_m(meas.get("rs_gemm"), RS_SPREAD),
         "rs_gemm_speed_by_m_peers_first": gemm_speed_by_m(meas.get("rs_gemm"), "rs_s", RS_PEERS_FIRST),
@@ -252,6 +253,17 @@ def gemm_speed_by_m(measured: dict | None, key: str = "tile_s", order: str | Non
     pts = sorted([float(r["m"]), float(r["vendor_s"]) / float(r[key])] for r in _rs_rows(measured, order)
                  if _positive(r.get("m"), r.get("vendor_s"), r.get(key)))
     return [[m, round(s, 4)] for m, s in pts] or None
+
+
+def narrow_tile_factor(measured: dict | None) -> float | None:
+    """``narrow_tile_gemm_factor`` from the tile_gemm step: the tile GEMM's time with pull's narrow
+    first-wave tiles (row ``narrow``) over its time with the shape's own tiles at the same M (the
+    step's row of that M); None when the step has no narrow row (a calibration from before it)."""
+    row = (measured or {}).get("narrow") if isinstance(measured, dict) else None
+    if not isinstance(row, dict) or not _positive(row.get("m"), row.get("tile_s")):
+        return None
+    same = [r for r in _rows(measured) if _positive(r.get("tile_s")) and float(r.get("m", 0)) == float(row["m"])]
+    return round(float(row["tile_s"]) / float(same[0]["tile_s"]), 4) if same else None
 
 
 #: Where a kernel step's "peers" were when it ran on one GPU (rank 0 of 2, the second rank's memory

@@ -73,7 +73,11 @@ def tile_gemm_launcher(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, ran
 
 
 def measure_tile_gemm(device: torch.device, ms: tuple[int, ...] | None = None, nk: int | None = None) -> dict:
-    """Per M: the tile GEMM's and the vendor GEMM's median kernel time (s) on the same operands."""
+    """Per M: the tile GEMM's and the vendor GEMM's median kernel time (s) on the same operands. At
+    the smallest M also the tile GEMM with the narrow tiles pull takes where its own slab is small
+    (``gemm_tiles.NARROW_TILES``, 128 columns; the interpreter keeps its 16-column tiles, the
+    narrowest ``tl.dot`` takes): row ``narrow``, its ``tile_s`` beside the same M's row
+    (``narrow_tile_gemm_factor``)."""
     gpu = on_gpu(device)
     ms = ms or (GEMM_MS if gpu else CPU_GEMM_MS)
     nk = nk or (GEMM_NK if gpu else CPU_NK)
@@ -82,15 +86,20 @@ def measure_tile_gemm(device: torch.device, ms: tuple[int, ...] | None = None, n
         rows.append(_gemm_point(device, m, nk, nk))
         if gpu:
             torch.cuda.empty_cache()
-    return {"n": nk, "k": nk, "rows": rows}
+    narrow = _gemm_point(device, min(ms), nk, nk, narrow=True)
+    return {"n": nk, "k": nk, "rows": rows, "narrow": narrow}
 
 
-def _gemm_point(device: torch.device, m: int, n: int, k: int) -> dict:
-    from taxmodel.kernels.ag_gemm.gemm_tiles import config_for_shape
+def _gemm_point(device: torch.device, m: int, n: int, k: int, narrow: bool = False) -> dict:
+    from dataclasses import replace
+
+    from taxmodel.kernels.ag_gemm.gemm_tiles import NARROW_TILES, config_for_shape
 
     a, b, c = _operands(m, n, k, device)
     ref = torch.empty_like(c)
     cfg = config_for_shape(m, n, k, device)
+    if narrow and on_gpu(device):  # pull's first-wave tiles (the interpreter's 16-column tiles stay: tl.dot's least)
+        cfg = replace(cfg, **NARROW_TILES)
     tile = tile_gemm_launcher(a, b, c, rank=0, world=1, m_loc=m, cfg=cfg)
 
     def vendor() -> None:

@@ -21,6 +21,22 @@ def test_the_tile_gemm_step_times_the_engine_and_the_vendor_gemm_on_the_same_ope
     assert [r["m"] for r in res["rows"]] == list(calibrate_gemm.CPU_GEMM_MS)
     assert all(r["tile_s"] > 0 and r["vendor_s"] > 0 and r["config"] for r in res["rows"])
     assert [p[0] for p in calfit.gemm_speed_by_m(res)] == [float(m) for m in calibrate_gemm.CPU_GEMM_MS]
+    # the narrow first-wave tiles at the smallest M (on the interpreter its own 16-column tiles, the
+    # narrowest tl.dot takes), checked against torch.matmul like every point, and their time over
+    # the same M's row
+    narrow = res["narrow"]
+    small = res["rows"][0]
+    assert narrow["m"] == small["m"] == min(calibrate_gemm.CPU_GEMM_MS) and narrow["tile_s"] > 0
+    assert narrow["config"] == small["config"]
+    assert calfit.narrow_tile_factor(res) == pytest.approx(narrow["tile_s"] / small["tile_s"], rel=1e-3)
+
+
+def test_the_narrow_tile_factor_needs_a_narrow_row_and_the_same_m():
+    rows = [{"m": 1024, "tile_s": 2e-4, "vendor_s": 1.8e-4}, {"m": 4096, "tile_s": 8e-4, "vendor_s": 7e-4}]
+    assert calfit.narrow_tile_factor({"rows": rows, "narrow": {"m": 1024, "tile_s": 2.5e-4}}) == 1.25
+    assert calfit.narrow_tile_factor({"rows": rows}) is None  # a calibration from before the narrow row
+    assert calfit.narrow_tile_factor({"rows": rows, "narrow": {"m": 2048, "tile_s": 2.5e-4}}) is None
+    assert calfit.narrow_tile_factor(None) is None
 
 
 def test_the_copy_share_step_runs_the_copy_kernel_in_both_modes_alone_and_beside_the_gemm_on_a_pseudo_peer():

@@ -178,8 +178,10 @@ def test_an_update_with_one_kernel_step_adds_its_parameter_and_changes_nothing_e
     new = calfit.update_spec(shipped, {"tile_gemm": {"rows": rows}}, ("tile_gemm",), device_name="NVIDIA H200",
                              num_sms=132, world=4)
     assert new["triton_gemm_speed_by_m"] == [[1024.0, round(1.8 / 1.9, 4)]]
+    # the step's rows replace the earlier ones whole: without a narrow row no narrow-tile factor is left
+    assert "narrow_tile_gemm_factor" not in new
     for key, value in shipped.items():
-        if key not in ("measured", "notes", "aliases", "triton_gemm_speed_by_m"):
+        if key not in ("measured", "notes", "aliases", "triton_gemm_speed_by_m", "narrow_tile_gemm_factor"):
             assert new[key] == value, key
     assert "tile_gemm" in calfit.parse_steps("tile_gemm,reduce") and "ll" in calfit.STEP_KEYS
 
@@ -201,7 +203,7 @@ def test_raw_rows_entered_by_hand_are_named_in_the_notes_with_the_fields_they_fe
             "tile_gemm": {"rows": [{"m": 1024, "tile_s": 2e-4, "vendor_s": 1.9e-4}], "source": "my notes, by hand"},
             "copy_share": {"rows": [{"items": 24, "programs": 24, "item_bytes": 524288, "copy_shared_s": 6e-5}]}}
     notes = calfit.fit(meas, "NVIDIA H100 80GB HBM3", 132, 1)["notes"]
-    assert ("Not measured by `taxmodel calibrate`: measured.raw.tile_gemm (feeds triton_gemm_speed_by_m): "
+    assert ("Not measured by `taxmodel calibrate`: measured.raw.tile_gemm (feeds triton_gemm_speed_by_m, narrow_tile_gemm_factor): "
             "my notes, by hand.") in notes
     assert "copy_share" not in notes
     measured_only = {k: v for k, v in meas.items() if k != "tile_gemm"}

@@ -170,9 +170,9 @@ class ModelParams:
     #: calibrated per machine (``taxmodel calibrate`` times one 1 GiB copy).
     ce_copy_fixed_s: float = 9e-6
     #: How much longer the fine-grained AG GEMM runs with 128x128 tiles (kernel revision 5, small own
-    #: slabs: ``gemm_tiles.first_wave_tiles``) than with 128x256: the GEMM alone at M=1024, N=K=8192
-    #: on one H200 of a 4x H200 machine, 0.231-0.238 against 0.186-0.194 ms (3 runs, 2026-11-28). Not
-    #: calibrated per machine.
+    #: slabs: ``gemm_tiles.first_wave_tiles``) than with 128x256. Calibrated: the tile_gemm step's
+    #: ``narrow`` row (the tile GEMM alone at the step's smallest M, N = K = 8192, both tilings);
+    #: default: on one H200 of a 4x H200 machine, 0.231-0.238 against 0.186-0.194 ms (3 runs, 2026-11-28).
     narrow_tile_gemm_factor: float = 1.23
     #: GPUs that one NVLink/xGMI domain connects all-to-all (NVL72 switch; MI300X 8 fully connected).
     domain_size: int = 72
@@ -340,6 +340,7 @@ _PARAM_FIELDS = [f for f in ModelParams.__dataclass_fields__ if f != "sources"]
 #: has it takes neither the fit of another GPU nor (``fitting``) a fit of its own for them.
 CALIBRATED_MECHANISMS: dict[str, tuple[str, ...]] = {
     "triton_gemm_speed_by_m": ("triton_gemm_efficiency",),
+    "narrow_tile_gemm_factor": (),
     "rs_gemm_speed_by_m": ("rs_gemm_efficiency",),
     "rs_push_s_per_byte_by_m": ("rs_gemm_efficiency",),
     "rs_gemm_speed_by_m_peers_first": ("rs_gemm_efficiency",),
@@ -370,7 +371,7 @@ RAW_FEEDS: dict[str, tuple[str, ...]] = {
     "peer": ("peer_load_bytes_per_s", "peer_load_latency_s", "peer_store_bytes_per_s", "peer_store_bytes_per_s_per_sm"),
     "combine": ("combine_step_s", "triton_stream_efficiency", "split_kv_fixed_s", "split_kv_resident_bytes_per_s",
                 "split_kv_resident_fixed_s"),
-    "tile_gemm": ("triton_gemm_speed_by_m",), "rs_gemm": ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m",
+    "tile_gemm": ("triton_gemm_speed_by_m", "narrow_tile_gemm_factor"), "rs_gemm": ("rs_gemm_speed_by_m", "rs_push_s_per_byte_by_m",
                                                            "rs_gemm_speed_by_m_peers_first",
                                                            "rs_push_s_per_byte_by_m_peers_first"),
     "copy_share": ("copy_program_bytes_per_s", "gemm_share_loss", "copy_program_push_bytes_per_s"),
