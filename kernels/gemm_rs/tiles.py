@@ -16,8 +16,9 @@ source only, so no atomics on data are needed and the sum is deterministic.
 Tile order (why), ``RsConfig.spread``: spread (the default, kernel revision 6): in rounds, round
 ``i`` holding block ``i`` of every peer's slab (rank+1 first) and own block ``i - lag``, taken
 ``GROUP_M`` rows at a time for L2 (``tile_gemm.rs_spread_coords``), so that every wave pushes
-(W-1)/W of its tiles and the links keep up with the pushes (4x H200: 6-7% faster at M >= 4096 than peers first, in two runs;
-benchmarks/results/gemm_rs_order_h200x4.md). Peers first (``spread=False``, revision 5 and
+(W-1)/W of its tiles and the links keep up with the pushes (4x H200, against peers first: 6-7%
+faster at M >= 4096 with the rows one at a time, in two runs, 6-10% at N=16384 with them grouped;
+2x H200: 3%; benchmarks/results/gemm_rs_order_h200x4.md). Peers first (``spread=False``, revision 5 and
 before): peers' tiles first, own tiles last, peers interleaved block by block and staggered per
 rank (rank r sends block 0 to r+1, r+2, ..., then block 1, ...); consecutive positions grouped
 ``GROUP_M`` M-blocks at a time (``ag_gemm``'s L2 grouping), separately for the peers' segment and
@@ -288,7 +289,8 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
             count if count is not None else err, seen if seen is not None else err,
             m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
             rank, epochs, budget, trace.record_pointer(records, err))
-    kw = dict(SPREAD=spread, lag=spread_lag(m_loc, cfg, lag), WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+    kw = dict(SPREAD=spread, lag=spread_lag(m_loc, cfg, lag),
+              WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
               NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
               INSTRUMENT=trace.instrument_code(records),
