@@ -429,7 +429,7 @@ def persistent_gemm(
                 tl.atomic_add(count_ptr + (slab * blocks_per_rank + j) * n_tiles + pid_n, 1)
         else:
             t_rec = trace.mark(rec_ptr, pid, trace.COMPUTE, t_rec, INSTRUMENT, SYNC_MODE)
-            dst = c_ptr + offs_r[:, None] * N + offs_n[None, :]
+            dst = c_ptr + offs_r[:, None] * stride_cm + offs_n[None, :] * stride_cn  # the slot's row stride
             mask = row_ok[:, None] & col_ok[None, :]
             val = acc.to(c_ptr.dtype.element_ty)
             # One store for own and peers' tiles (an own tile's pointer translates to itself): a

@@ -36,7 +36,8 @@ import torch
 from taxmodel.kernels.device.epochs import new_epoch_slots
 from taxmodel.kernels.device.sync import check_errors
 
-from .tiles import (KERNEL_NAMES, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, reduce_record_layout)
+from .tiles import (KERNEL_NAMES, flag_rows, gemm_record_layout, launch_gemm_rs, launch_rs_reduce, reduce_record_layout,
+                    slot_row_stride)
 from .state import (FUSED_GEMM_KERNEL, FUSED_REDUCE_KERNEL, GemmRsState, GemmRsVariant, heap_bytes,
                        symmetric_heap)
 
@@ -46,7 +47,7 @@ def prepare(st: GemmRsState) -> None:
     if st.cfg.reduce not in ("kernel", "tail"):
         raise ValueError(f"gemm_rs fused: unknown reduce placement {st.cfg.reduce!r} (use 'kernel' or 'tail')")
     heap = symmetric_heap(st, heap_bytes(st.shape, st.world, "fused", st.dtype, st.cfg))
-    st.recv = heap.empty((2, st.world, st.m_loc, st.n), st.dtype)
+    st.recv = heap.empty((2, st.world, st.m_loc, slot_row_stride(st.n)), st.dtype)  # rows 16-element aligned
     st.flags = heap.zeros((flag_rows(st.m_loc, st.n, st.cfg.gemm), st.world), torch.int32)
     st.epochs = new_epoch_slots(st.out.device)  # the GEMM's, one per program (tiles.py, "Epochs")
     st.cache["heap_bases"] = heap.heap_bases.to(st.out.device)

@@ -20,7 +20,7 @@ from taxmodel.kernels.ag_gemm.state import symmetric_heap  # noqa: F401  (duck-t
 from taxmodel.kernels.names import GEMM_RS_KERNEL, RS_REDUCE_KERNEL
 from taxmodel.workload import RankBound, Variant
 
-from .tiles import own_tiles
+from .tiles import own_tiles, slot_row_stride
 
 #: Kernel names. (The bulk-synchronous pair, the partial-product GEMM and the collective, are other
 #: libraries' kernels: ``taxmodel.vocabulary``'s ``GEMM_KERNELS`` and ``COLLECTIVE_KERNELS``.)
@@ -119,7 +119,7 @@ class GemmRsState(RankBound):
     sync: int
     budget: int
     partial: torch.Tensor | None = None  # bsp: A_r @ B_r [M, N] (on the heap for thread ranks)
-    recv: torch.Tensor | None = None  # fused: heap [2 parities, world sources, M/world, N]
+    recv: torch.Tensor | None = None  # fused: heap [2 parities, world sources, M/world, N padded to 16]
     flags: torch.Tensor | None = None  # fused: heap [tiles of this rank's rows, world sources] int32
     heap: Any = None
     epochs: torch.Tensor | None = None  # fused: int32 [EPOCH_SLOTS], the GEMM's epoch slots (tiles.py, "Epochs")
@@ -162,7 +162,7 @@ def heap_bytes(shape: Mapping[str, int], world: int, variant: str, dtype: torch.
     elt = torch.empty((), dtype=dtype).element_size()
     slack = 4096
     if variant == "fused":
-        return 2 * world * m_loc * n * elt + own_tiles(m_loc, n, cfg.gemm) * world * 4 + 2 * slack
+        return 2 * world * m_loc * slot_row_stride(n) * elt + own_tiles(m_loc, n, cfg.gemm) * world * 4 + 2 * slack
     if variant == "bsp":
         return m * n * elt + slack  # CPU thread ranks emulate the collective through the heap
     return 0

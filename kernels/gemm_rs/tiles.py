@@ -90,14 +90,15 @@ KERNEL_NAMES = {GEMM_KERNEL_ID: GEMM_RS_KERNEL, REDUCE_KERNEL_ID: RS_REDUCE_KERN
 
 
 @triton.jit
-def _epoch_half(recv_ptr, epoch, M_loc, N, WORLD: tl.constexpr):
-    """This epoch's half of the receive buffer [2, WORLD, M_loc, N] (64-bit offset: both halves
-    together may pass 2^31 elements where one does not)."""
-    return recv_ptr + (epoch % 2).to(tl.int64) * WORLD * M_loc * N
+def _epoch_half(recv_ptr, epoch, M_loc, ldr, WORLD: tl.constexpr):
+    """This epoch's half of the receive buffer [2, WORLD, M_loc, ldr] (``ldr``: a slot's row stride,
+    ``slot_row_stride``; 64-bit offset: both halves together may pass 2^31 elements where one
+    does not)."""
+    return recv_ptr + (epoch % 2).to(tl.int64) * WORLD * M_loc * ldr
 
 
 @triton.jit
-def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N, stride_om,
+def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N, ldr, stride_om,
                 rank, epoch, budget, kernel_id, rec_ptr, cta, t,
                 WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                 SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, INSTRUMENT: tl.constexpr):
@@ -123,11 +124,11 @@ def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile
         tl.atomic_add(count_ptr + tile, 1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = offs_n < N
-    slot = M_loc * N
+    slot = M_loc * ldr
     for r0 in range(0, BLOCK_M, ROWS):
         rows = j * BLOCK_M + r0 + tl.arange(0, ROWS)
         mask = (rows < M_loc)[:, None] & col_ok[None, :]
-        off = rows[:, None] * N + offs_n[None, :]
+        off = rows[:, None] * ldr + offs_n[None, :]
         acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
         for s in tl.static_range(WORLD):  # source order: deterministic sum
             acc += tl.load(recv_ptr + s * slot + off, mask=mask, other=0.0).to(tl.float32)
@@ -144,7 +145,7 @@ def reduce_tile(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile
 @triton.jit(do_not_specialize=["rank", "budget"])
 def gemm_rs_kernel(
     a_ptr, b_ptr, a_desc, b_desc, recv_ptr, out_ptr, flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
-    M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om,
+    M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_om, ldr,
     rank, epoch_ptr, budget, rec_ptr,
     WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, NUM_PROGS: tl.constexpr, NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr,
@@ -157,12 +158,12 @@ def gemm_rs_kernel(
     blocks_per_rank = tl.cdiv(M_loc, BLOCK_M)
     n_tiles = tl.cdiv(N, BLOCK_N)
     epoch = launch_epoch(epoch_ptr, pid)  # this program's slot, published by its previous launch
-    recv = _epoch_half(recv_ptr, epoch, M_loc, N, WORLD)
-    mine = recv + rank * M_loc * N  # this source's slot (same offset in every owner's heap)
+    recv = _epoch_half(recv_ptr, epoch, M_loc, ldr, WORLD)
+    mine = recv + rank * M_loc * ldr  # this source's slot (same offset in every owner's heap)
 
     t_rec = persistent_gemm(
         pid, a_ptr, b_ptr, mine, a_desc, b_desc, err_ptr, flags_ptr, heap_bases, err_ptr, count_ptr, seen_ptr,
-        rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, N, 1,
+        rec_ptr, t_rec, M_loc, N, K, stride_am, stride_ak, stride_bk, stride_bn, ldr, 1,
         0, rank, epoch, budget, 1,
         ROLE_RS, WORLD, 0, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_PROGS, NUM_STAGES, USE_TMA, SYNC_MODE,
         False, False, 1, 1, 1, INSTRUMENT, FLATTEN, VEC_HINT, RS_SPREAD=SPREAD, rs_lag=lag)
@@ -170,7 +171,7 @@ def gemm_rs_kernel(
     if TAIL_REDUCE:
         for tile in range(pid, blocks_per_rank * n_tiles, NUM_PROGS):
             t_rec = reduce_tile(recv, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, tile, n_tiles, M_loc, N,
-                                stride_om, rank, epoch, budget, 1, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
+                                ldr, stride_om, rank, epoch, budget, 1, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
                                 SYNC_MODE, COUNT, INSTRUMENT)
     # Last, after this program's pushes and tail reductions: its slot holds the epoch for the reduce
     # kernel of this iteration and the next iteration's GEMM.
@@ -178,7 +179,7 @@ def gemm_rs_kernel(
 
 
 @triton.jit(do_not_specialize=["rank", "budget"])
-def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, M_loc, N, stride_om,
+def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, M_loc, N, ldr, stride_om,
                      rank, epoch_ptr, budget, rec_ptr,
                      WORLD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ROWS: tl.constexpr,
                      SYNC_MODE: tl.constexpr, COUNT: tl.constexpr, INSTRUMENT: tl.constexpr = False):
@@ -189,9 +190,9 @@ def rs_reduce_kernel(recv_ptr, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr,
     t_rec = trace.begin(INSTRUMENT, SYNC_MODE)
     n_tiles = tl.cdiv(N, BLOCK_N)
     epoch = tl.load(epoch_ptr)  # slot 0
-    recv = _epoch_half(recv_ptr, epoch, M_loc, N, WORLD)
+    recv = _epoch_half(recv_ptr, epoch, M_loc, ldr, WORLD)
     t_rec = reduce_tile(recv, out_ptr, flags_ptr, err_ptr, count_ptr, seen_ptr, pid, n_tiles, M_loc, N,
-                        stride_om, rank, epoch, budget, 2, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
+                        ldr, stride_om, rank, epoch, budget, 2, rec_ptr, pid, t_rec, WORLD, BLOCK_M, BLOCK_N, ROWS,
                         SYNC_MODE, COUNT, INSTRUMENT)
 
 
@@ -232,6 +233,13 @@ def records_per_iteration(m_loc: int, n: int, world: int, cfg: GemmConfig) -> in
     """Records one iteration of the fused variant writes, either reduction placement: 2 per tile of
     the partial product, 2 per own output tile reduced."""
     return 2 * (world + 1) * own_tiles(m_loc, n, cfg)
+
+
+def slot_row_stride(n: int) -> int:
+    """Elements per row of a receive slot: N rounded up to 16, so that every row of a slot starts
+    16-element aligned and the pushes store whole 16-byte vectors (at N = 1000 on 4x H200, unaligned
+    rows made every push a 2-byte store: 102 us a tile against the whole GEMM's 16 us at N = 1008)."""
+    return triton.cdiv(n, 16) * 16
 
 
 def spread_lag(m_loc: int, cfg: GemmConfig, lag: int) -> int:
@@ -287,11 +295,11 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
     b_desc = cached_descriptor(b, [cfg.block_k, cfg.block_n]) if tma else None
     args = (a, b, a_desc, b_desc, recv, out, flags, heap_bases, err,
             count if count is not None else err, seen if seen is not None else err,
-            m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0),
+            m_loc, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), recv.shape[-1],
             rank, epochs, budget, trace.record_pointer(records, err))
     kw = dict(SPREAD=spread, lag=spread_lag(m_loc, cfg, lag),
               WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=n % 16 == 0, TAIL_REDUCE=tail,
+              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=recv.shape[-1] % 16 == 0, TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
               INSTRUMENT=trace.instrument_code(records),
               FLATTEN=cfg.flatten and flatten_ok(1, bool(trace.instrument_code(records)), tma), num_warps=cfg.num_warps)
@@ -312,7 +320,7 @@ def launch_rs_reduce(recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
     n = out.shape[1]
     grid = (own_tiles(m_loc, n, cfg),)
     args = (recv, out, flags, err, count if count is not None else err, seen if seen is not None else err,
-            m_loc, n, out.stride(0), rank, epochs, budget, trace.record_pointer(records, err))
+            m_loc, n, recv.shape[-1], out.stride(0), rank, epochs, budget, trace.record_pointer(records, err))
     kw = dict(WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ROWS=reduce_rows(cfg.block_m, rows),
               SYNC_MODE=sync, COUNT=count is not None, INSTRUMENT=trace.instrument_code(records), num_warps=warps)
     if warmup_only:

@@ -37,11 +37,12 @@ def gemm_args(tma):
     return ([("a_ptr", "*bf16", 0), ("b_ptr", "*bf16", 0)] + desc + common
             + [("heap_bases", "*i64", 0), ("err_ptr", "*i64", 0), ("count_ptr", "*i64", 0), ("seen_ptr", "*i64", 0),
                ("M_loc", "i32", M_LOC), ("N", "i32", N), ("K", "i32", K_LOC), ("stride_am", "i32", K_LOC),
-               ("stride_ak", "i32", 1), ("stride_bk", "i32", N), ("stride_bn", "i32", 1), ("stride_om", "i32", N)]
+               ("stride_ak", "i32", 1), ("stride_bk", "i32", N), ("stride_bn", "i32", 1), ("stride_om", "i32", N),
+               ("ldr", "i32", N)]
             + ints + [("lag", "i32", 1)])
 
 reduce_args = common + [("err_ptr", "*i64", 0), ("count_ptr", "*i64", 0), ("seen_ptr", "*i64", 0),
-                        ("M_loc", "i32", M_LOC), ("N", "i32", N), ("stride_om", "i32", N)] + ints
+                        ("M_loc", "i32", M_LOC), ("N", "i32", N), ("ldr", "i32", N), ("stride_om", "i32", N)] + ints
 report = {"triton": triton.__version__}
 for inst in (False, True):
     for tail in (False, True):
