@@ -241,8 +241,10 @@ def wait_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
 def rs_fn(ops: Operands, cfg: Any, world: int) -> Callable[[], None]:
     """GEMM+RS's kernel as rank 0 of ``world`` launches it, on one GPU: the ``world`` heaps are
     slices of one buffer (``heap_bases``), so every tile goes to its owner's receive slot and
-    flag as on the real ranks, without the link. ``ops.result`` reassembles the product from
-    the owners' slots (for the correctness check)."""
+    flag as on the real ranks, without the link, in the tile order the workload ships
+    (``launch_gemm_rs``'s default: spread, kernel revision 6; rows of this script's results before
+    2026-11-28 19:00 UTC were peers first). ``ops.result`` reassembles the product from the owners'
+    slots (for the correctness check)."""
     from taxmodel.kernels.device.epochs import new_epoch_slots
     from taxmodel.kernels.device.sync import new_error_buffer, sync_mode
     from taxmodel.kernels.gemm_rs import tiles

@@ -22,7 +22,7 @@ REVISIONS: tuple[tuple[int, str, str], ...] = (
             "(GemmConfig.ce_order 'auto'); the GEMM takes the blocks in that order"),
     (5, "2026-11-28T16:00:00+00:00", "AG+GEMM pull on the copy engines takes 128x128 tiles where the own slab's 128x256 tiles fill "
             "less than half a wave, and pull there goes peer by peer (gemm_tiles.first_wave_tiles: M=1024 on 4 ranks)"),
-    (6, "2026-11-28T19:00:00+00:00", "GEMM+RS's GEMM takes its tiles in rounds of one block of every peer and, a round "
+    (6, "2026-11-28T18:30:00+00:00", "GEMM+RS's GEMM takes its tiles in rounds of one block of every peer and, a round "
             "behind, one own block (RsConfig.spread), so its pushes spread over the whole kernel instead of its "
             "first (W-1)/W"),
 )

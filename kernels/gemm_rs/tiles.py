@@ -273,14 +273,16 @@ def gemm_programs(cfg: GemmConfig, device: torch.device, num_tiles: int, tail: b
 def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: torch.Tensor, flags: torch.Tensor,
                    heap_bases: torch.Tensor, err: torch.Tensor, *, rank: int, world: int, m_loc: int,
                    epochs: torch.Tensor, budget: int, sync: int, cfg: GemmConfig, tail: bool, rows: int,
-                   spread: bool = False, lag: int = 1,
+                   spread: bool = True, lag: int = 1,
                    count: torch.Tensor | None = None, seen: torch.Tensor | None = None,
                    records: Any = None, warmup_only: bool = False) -> None:
     """Enqueue ``gemm_rs_kernel`` (``tail``: with the reduction in the same launch; ``spread``: the
-    spread tile order with own blocks ``lag`` rounds behind, ``spread_lag``); no host sync.
+    spread tile order with own blocks ``lag`` rounds behind, ``spread_lag``, as ``RsConfig`` ships it;
+    ``False``: every peer's tile first); no host sync.
 
-    ``recv`` is the whole receive buffer ([2, world, m_loc, N] on the heap: the kernel picks the
-    epoch's half); ``epochs`` the GEMM's epoch slots (``GemmRsState.epochs``), which the launch
+    ``recv`` is the whole receive buffer ([2, world, m_loc, row stride] on the heap, the row stride
+    at least N: ``slot_row_stride`` where the workload allocates it; the kernel picks the epoch's
+    half); ``epochs`` the GEMM's epoch slots (``GemmRsState.epochs``), which the launch
     advances; every launch on them must have the same grid (else ``ValueError``). The arguments
     are the same every iteration (graph-capturable). ``records``: an in-kernel record buffer
     (``gemm_record_layout``; compiles ``INSTRUMENT=True``).
@@ -299,7 +301,8 @@ def launch_gemm_rs(a: torch.Tensor, b: torch.Tensor, recv: torch.Tensor, out: to
             rank, epochs, budget, trace.record_pointer(records, err))
     kw = dict(SPREAD=spread, lag=spread_lag(m_loc, cfg, lag),
               WORLD=world, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=recv.shape[-1] % 16 == 0, TAIL_REDUCE=tail,
+              NUM_PROGS=progs, NUM_STAGES=cfg.num_stages, USE_TMA=tma, VEC_HINT=recv.shape[-1] % 16 == 0,
+              TAIL_REDUCE=tail,
               ROWS=reduce_rows(cfg.block_m, rows), SYNC_MODE=sync, COUNT=count is not None,
               INSTRUMENT=trace.instrument_code(records),
               FLATTEN=cfg.flatten and flatten_ok(1, bool(trace.instrument_code(records)), tma), num_warps=cfg.num_warps)

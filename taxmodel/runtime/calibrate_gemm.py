@@ -208,8 +208,8 @@ RS_MS = (1024, 4096, 8192)
 def measure_rs_gemm(device: torch.device, heap: Any, rank: int, world: int, barrier: Callable[[], None],
                     ms: tuple[int, ...] | None = None, nk: int | None = None) -> dict:
     """Per M: GEMM+RS's GEMM kernel (``gemm_rs_kernel``, reduction in its own kernel, the workload's
-    per-shape tiles and tile order, which each row names: ``order``) as this rank launches it, every rank at once pushing its peers' tiles into
-    their owners' receive slots on ``heap``, and the vendor GEMM on the same shard [M, K/W] x
+    per-shape tiles and tile order, which each row names: ``order``) as this rank launches it,
+    every rank at once pushing its peers' tiles into their owners' receive slots on ``heap``, and the vendor GEMM on the same shard [M, K/W] x
     [K/W, N]: median kernel times (s). The GEMM kernel waits on nothing (the owners' reductions
     do), so launches follow one another without them. ``heap``: the ranks' symmetric heap, or a
     ``PseudoPeerHeap`` (``world`` 2 on one GPU: pushes into a second half of its own memory)."""

@@ -155,9 +155,10 @@ def _fused(m, m_loc, n, k_loc, elt, dtype, world, hw, params, det, notes):
     # Revision 2 on (kernels/revisions.py): a program's pushes are stores it does not wait for: it
     # goes on to its next tile and releases its flags once, after its last tile, which waits for
     # the stores still in flight. Own tiles end the order (all of them, or from revision 6 the last
-    # two own blocks), so only programs whose last tile is a peer's (fewer of those own tiles than
-    # programs) wait for a wave of pushes; the others for the release alone. Revision 1 signalled each pushed tile with a system-scope release that waited for its
-    # stores: a program took its products plus its push time.
+    # own block), so only programs whose last tile is a peer's (fewer of those own tiles than
+    # programs) wait for a wave of pushes; the others for the release alone. Revision 1 signalled
+    # each pushed tile with a system-scope release that waited for its stores: a program took its
+    # products plus its push time.
     own_tiles = blocks * cdiv(n, tn)
     # the own tiles after the last peer tile: every own tile (peers first), or the last own block
     # (spread: own blocks a round behind the peers')
